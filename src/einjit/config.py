@@ -1,0 +1,43 @@
+"""Process-wide settings read from the environment: debug level and cache location.
+
+Every layer may import this module; it imports nothing from einjit.
+
+`EINJIT_DEBUG=N`: 0 silent; 1 compile timings; 2 + assignments and optimized low-level code;
+3 + generated C/CUDA and the compiler command; 4 + unoptimized low-level code and
+virtualization decisions with their `NonVirtual` codes. Output goes to stderr (or to the file
+named by `EINJIT_DEBUG_FILE`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def debug_level() -> int:
+    try:
+        return int(os.environ.get("EINJIT_DEBUG", "0"))
+    except ValueError:
+        return 0
+
+
+def debug(level: int, message: str) -> None:
+    """Emit `message` if the debug level is at least `level`."""
+    if debug_level() < level:
+        return
+    target = os.environ.get("EINJIT_DEBUG_FILE")
+    text = f"[einjit:{level}] {message}\n"
+    if target:
+        with open(target, "a", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stderr.write(text)
+
+
+def cache_dir() -> Path:
+    """Where compiled objects and kept sources live; created on first use."""
+    base = os.environ.get("EINJIT_CACHE_DIR")
+    path = Path(base) if base else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "einjit"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,468 @@
+"""The assignments IR: whole-array accumulating operations, and their lowering to loops.
+
+Projections are lazy (`Lazy`) because shape inference finishes only when a program is
+compiled; an assignment can be built long before its loops are known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Generic, TypeVar
+
+from einjit.ir import low_level as ll
+from einjit.ir import ops
+from einjit.ir.indexing import (Affine, AxisIndex, FixedIdx, Iterator, Projections, StaticSymbol, SubAxis, Symbol,
+                                get_symbol, subst_index)
+from einjit.ir.tnode import Tnode
+
+T = TypeVar("T")
+
+
+class Lazy(Generic[T]):
+    """A value computed on first use and then remembered."""
+
+    __slots__ = ("_thunk", "_value", "_forced")
+
+    def __init__(self, thunk: Callable[[], T]):
+        self._thunk, self._value, self._forced = thunk, None, False
+
+    @classmethod
+    def of(cls, value: T) -> "Lazy[T]":
+        lz = cls(lambda: value)
+        lz._value, lz._forced = value, True
+        return lz
+
+    def force(self) -> T:
+        if not self._forced:
+            self._value, self._forced = self._thunk(), True
+            self._thunk = None
+        return self._value
+
+    __call__ = force
+
+
+class LoweringError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A buffer: the node's own array on this device."""
+
+    tn: Tnode
+
+
+@dataclass(frozen=True, slots=True)
+class MergeBuffer:
+    """A buffer: the copy of the node's array received from another device."""
+
+    tn: Tnode
+
+
+Buffer = Node | MergeBuffer
+
+
+@dataclass(frozen=True, slots=True)
+class Noop:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Seq:
+    first: "Asgns"
+    second: "Asgns"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockComment:
+    message: str
+    body: "Asgns"
+
+
+@dataclass(frozen=True, slots=True)
+class AccumBinop:
+    initialize_neutral: bool
+    accum: ops.Binop
+    op: ops.Binop
+    lhs: Tnode
+    rhs1: Buffer
+    rhs2: Buffer
+    projections: Lazy[Projections] = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class AccumUnop:
+    initialize_neutral: bool
+    accum: ops.Binop
+    op: ops.Unop
+    lhs: Tnode
+    rhs: Buffer
+    projections: Lazy[Projections] = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class AccumTernop:
+    initialize_neutral: bool
+    accum: ops.Binop
+    op: ops.Ternop
+    lhs: Tnode
+    rhs1: Buffer
+    rhs2: Buffer
+    rhs3: Buffer
+    projections: Lazy[Projections] = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SetVecUnop:
+    """`lhs[.., k : k+length] := op(rhs[..])`: the last lhs axis is filled by the vector op."""
+
+    op: ops.VecUnop
+    lhs: Tnode
+    rhs: Buffer
+    projections: Lazy[Projections] = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchConstant:
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class ConstantFill:
+    """Fill with `values` in row-major order, repeating them cyclically when `strict` is False."""
+
+    values: tuple[float, ...]
+    strict: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RangeOverOffsets:
+    """Each cell gets its own row-major offset: 0, 1, 2, ..."""
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """`array[...] := sliced[batch_idx, ...]`: the leading axis of `sliced` fixed by a static symbol."""
+
+    batch_idx: StaticSymbol
+    sliced: Tnode
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedSymbol:
+    static_sym: StaticSymbol
+
+
+FetchOp = FetchConstant | ConstantFill | RangeOverOffsets | Slice | EmbedSymbol
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    array: Tnode
+    fetch_op: FetchOp
+
+
+Asgns = Noop | Seq | BlockComment | AccumBinop | AccumUnop | AccumTernop | SetVecUnop | Fetch
+
+
+def sequence(*items: Asgns) -> Asgns:
+    """Sequence assignments, dropping `Noop`s."""
+    kept = [a for a in items if not isinstance(a, Noop)]
+    if not kept:
+        return Noop()
+    out = kept[-1]
+    for a in reversed(kept[:-1]):
+        out = Seq(a, out)
+    return out
+
+
+def flatten(asgns: Asgns) -> list[Asgns]:
+    out: list[Asgns] = []
+    stack = [asgns]
+    while stack:
+        a = stack.pop()
+        match a:
+            case Seq(x, y):
+                stack.append(y)
+                stack.append(x)
+            case Noop():
+                pass
+            case _:
+                out.append(a)
+    return out
+
+
+def lhs_of(a: Asgns) -> Tnode | None:
+    match a:
+        case AccumBinop(lhs=tn) | AccumUnop(lhs=tn) | AccumTernop(lhs=tn) | SetVecUnop(lhs=tn) | Fetch(array=tn):
+            return tn
+    return None
+
+
+def rhs_buffers(a: Asgns) -> list[Buffer]:
+    match a:
+        case AccumBinop(rhs1=r1, rhs2=r2):
+            return [r1, r2]
+        case AccumUnop(rhs=r) | SetVecUnop(rhs=r):
+            return [r]
+        case AccumTernop(rhs1=r1, rhs2=r2, rhs3=r3):
+            return [r1, r2, r3]
+        case Fetch(fetch_op=Slice(sliced=tn)):
+            return [Node(tn)]
+    return []
+
+
+def guessed_nodes(asgns: Asgns) -> list[Tnode]:
+    """Every node written or read, in order of first appearance."""
+    seen: dict[int, Tnode] = {}
+    for a in flatten_with_comments(asgns):
+        for tn in [lhs_of(a)] + [b.tn for b in rhs_buffers(a)]:
+            if tn is not None:
+                seen.setdefault(tn.id, tn)
+    return list(seen.values())
+
+
+def flatten_with_comments(asgns: Asgns) -> list[Asgns]:
+    """Like `flatten`, but also looks inside block comments."""
+    out: list[Asgns] = []
+    for a in flatten(asgns):
+        if isinstance(a, BlockComment):
+            out.extend(flatten_with_comments(a.body))
+        else:
+            out.append(a)
+    return out
+
+
+# ---------------------------------------------------------------- printing
+
+
+def _buf(b: Buffer) -> str:
+    return b.tn.name if isinstance(b, Node) else f"{b.tn.name}.merge"
+
+
+def to_doc(asgns: Asgns, indent: str = "") -> str:
+    """A `%cd`-like rendering: `c =:+ a * b;` with the projections' spec as a comment."""
+    lines: list[str] = []
+    for a in flatten(asgns):
+        match a:
+            case BlockComment(msg, body):
+                lines.append(f"{indent}# {msg}\n{to_doc(body, indent + '  ')}")
+                continue
+            case AccumBinop(init, accum, op, lhs, r1, r2, _):
+                rhs = f"{_buf(r1)} {op.infix} {_buf(r2)}" if not op.infix.isalnum() else f"{op.symbol}({_buf(r1)}, {_buf(r2)})"
+            case AccumUnop(init, accum, op, lhs, r, _):
+                rhs = _buf(r) if op is ops.Unop.IDENTITY else f"{op.symbol}({_buf(r)})"
+            case AccumTernop(init, accum, op, lhs, r1, r2, r3, _):
+                rhs = f"{op.symbol}({_buf(r1)}, {_buf(r2)}, {_buf(r3)})"
+            case SetVecUnop(op, lhs, r, _):
+                lines.append(f"{indent}{lhs.name} := {op.symbol}({_buf(r)});\n")
+                continue
+            case Fetch(tn, fop):
+                lines.append(f"{indent}{tn.name} := {_fetch_doc(fop)};\n")
+                continue
+            case _:
+                raise TypeError(f"not an assignment: {a!r}")
+        asgn = "=" + (":" if init else "") + ("" if accum is ops.Binop.ARG2 else accum.infix)
+        lines.append(f"{indent}{lhs.name} {asgn} {rhs};\n")
+    return "".join(lines)
+
+
+def _fetch_doc(fop: FetchOp) -> str:
+    match fop:
+        case FetchConstant(v):
+            return repr(v)
+        case ConstantFill(values, strict):
+            shown = ", ".join(repr(v) for v in values[:6]) + (", ..." if len(values) > 6 else "")
+            return f"fill[{shown}]" + ("" if strict else " (cyclic)")
+        case RangeOverOffsets():
+            return "range_over_offsets"
+        case Slice(sym, sliced):
+            return f"{sliced.name}[{sym!r}, ...]"
+        case EmbedSymbol(sym):
+            return f"embed({sym!r})"
+    raise TypeError(fop)
+
+
+# ---------------------------------------------------------------- lowering
+
+
+def _check_fixed(tn: Tnode, idcs: tuple[AxisIndex, ...], what: str) -> None:
+    dims = tn.dims
+    if len(idcs) != len(dims):
+        raise LoweringError(f"einjit: {what} {tn.debug_name()} has dims {dims} but is indexed by {len(idcs)} indices")
+    for pos, (idx, d) in enumerate(zip(idcs, dims)):
+        if isinstance(idx, FixedIdx) and not 0 <= idx.index < d:
+            raise LoweringError(
+                f"einjit: fixed index {idx.index} out of range for axis {pos} of {what} "
+                f"{tn.debug_name()} with dims {dims}")
+
+
+def _index_range(idx: AxisIndex, ranges: dict[Symbol, int]) -> tuple[int, int] | None:
+    """The least and greatest values an affine index takes over the loops (None if unknown)."""
+    if not isinstance(idx, Affine):
+        return None
+    lo = hi = idx.offset
+    for c, s in idx.symbols:
+        if s not in ranges:
+            return None
+        span = c * (ranges[s] - 1)
+        lo, hi = lo + min(0, span), hi + max(0, span)
+    return lo, hi
+
+
+def _in_bounds_guard(idcs: tuple[AxisIndex, ...], dims: tuple[int, ...], ranges: dict[Symbol, int]) -> ll.LLScalar | None:
+    """A condition that an affine read stays inside the array, where it might not (padding)."""
+    conds: list[ll.LLScalar] = []
+    for idx, d in zip(idcs, dims):
+        rng = _index_range(idx, ranges)
+        if rng is None:
+            continue
+        lo, hi = rng
+        if lo < 0:
+            conds.append(ll.Binop(ops.Binop.CMPLT, ll.Constant(-1.0), ll.EmbedIndex(idx)))
+        if hi >= d:
+            conds.append(ll.Binop(ops.Binop.CMPLT, ll.EmbedIndex(idx), ll.Constant(float(d))))
+    if not conds:
+        return None
+    out = conds[0]
+    for c in conds[1:]:
+        out = ll.Binop(ops.Binop.AND, out, c)
+    return out
+
+
+def _get(buf: Buffer, idcs: tuple[AxisIndex, ...], ranges: dict[Symbol, int]) -> ll.LLScalar:
+    _check_fixed(buf.tn, idcs, "argument")
+    read = ll.Get(buf.tn, idcs) if isinstance(buf, Node) else ll.GetMergeBuffer(buf.tn, idcs)
+    guard = _in_bounds_guard(idcs, buf.tn.dims, ranges)
+    if guard is None:
+        return read
+    return ll.Ternop(ops.Ternop.WHERE, guard, read, ll.Constant(0.0))
+
+
+def _fresh_env(proj: Projections) -> tuple[dict[Symbol, AxisIndex], list[Symbol]]:
+    fresh = [get_symbol(s.name) for s in proj.product_iterators]
+    return {s: Iterator(f) for s, f in zip(proj.product_iterators, fresh)}, fresh
+
+
+def _loops(syms: list[Symbol], dims: tuple[int, ...], body: ll.LLStmt) -> ll.LLStmt:
+    for s, d in reversed(list(zip(syms, dims))):
+        body = ll.ForLoop(s, 0, d - 1, body, True)
+    return body
+
+
+def _fill(tn: Tnode, value: ll.LLScalar, debug: str) -> ll.LLStmt:
+    syms = [get_symbol() for _ in tn.dims]
+    return _loops(syms, tn.dims, ll.Set(tn, tuple(Iterator(s) for s in syms), value, debug))
+
+
+def _lower_accum(init: bool, accum: ops.Binop, lhs: Tnode, proj: Projections, bufs: list[Buffer],
+                 make_rhs: Callable[[list[ll.LLScalar]], ll.LLScalar], debug: str) -> ll.LLStmt:
+    if lhs.dims != proj.lhs_dims:
+        raise LoweringError(f"einjit: {debug}: projections expect lhs dims {proj.lhs_dims}, "
+                            f"{lhs.debug_name()} has {lhs.dims}")
+    env, fresh = _fresh_env(proj)
+    ranges = dict(zip(fresh, proj.product_space))
+    lhs_idcs = tuple(subst_index(env, i) for i in proj.project_lhs)
+    _check_fixed(lhs, lhs_idcs, "assigned-to")
+    args = [_get(b, tuple(subst_index(env, i) for i in p), ranges) for b, p in zip(bufs, proj.project_rhs)]
+    value = make_rhs(args)
+    total = proj.is_surjective() and proj.is_injective()
+    if accum is not ops.Binop.ARG2 and not (init and total):
+        value = ll.Binop(accum, ll.Get(lhs, lhs_idcs), value)
+    body = _loops(fresh, proj.product_space, ll.Set(lhs, lhs_idcs, value, debug))
+    if init and not total:
+        neutral = accum.neutral
+        if neutral is None:
+            raise LoweringError(f"einjit: {debug}: accumulation {accum.name} has no neutral element "
+                                f"to initialize {lhs.debug_name()}")
+        return ll.seq(_fill(lhs, ll.Constant(neutral), f"{lhs.name} := neutral of {accum.symbol}"), body)
+    return body
+
+
+def _lower_fetch(tn: Tnode, fop: FetchOp) -> ll.LLStmt:
+    dims = tn.dims
+    syms = [get_symbol() for _ in dims]
+    idcs = tuple(Iterator(s) for s in syms)
+    match fop:
+        case FetchConstant(v):
+            return _fill(tn, ll.Constant(v), f"{tn.name} := {v!r}")
+        case RangeOverOffsets():
+            strides = _strides(dims)
+            offset = Affine(tuple((st, s) for st, s in zip(strides, syms)), 0) if syms else FixedIdx(0)
+            return _loops(syms, dims, ll.Set(tn, idcs, ll.EmbedIndex(offset), f"{tn.name} := offsets"))
+        case ConstantFill(values, strict):
+            size = tn.size
+            if strict and len(values) != size:
+                raise LoweringError(f"einjit: constant fill of {tn.debug_name()} with dims {dims} needs "
+                                    f"{size} values, got {len(values)}")
+            if not values:
+                raise LoweringError(f"einjit: constant fill of {tn.debug_name()} with no values")
+            stmts = []
+            for off in range(size):
+                pos, rest = [], off
+                for d in reversed(dims):
+                    pos.append(rest % d)
+                    rest //= d
+                stmts.append(ll.Set(tn, tuple(FixedIdx(p) for p in reversed(pos)),
+                                    ll.Constant(float(values[off % len(values)])), ""))
+            return ll.seq(*stmts)
+        case Slice(sym, sliced):
+            if sliced.dims[1:] != dims:
+                raise LoweringError(f"einjit: slice of {sliced.debug_name()} {sliced.dims} into "
+                                    f"{tn.debug_name()} {dims}: trailing dims differ")
+            read = ll.Get(sliced, (Iterator(sym.symbol),) + idcs)
+            return _loops(syms, dims, ll.Set(tn, idcs, read, f"{tn.name} := {sliced.name}[{sym!r}]"))
+        case EmbedSymbol(sym):
+            return _fill(tn, ll.EmbedIndex(Iterator(sym.symbol)), f"{tn.name} := {sym!r}")
+    raise TypeError(fop)
+
+
+def _strides(dims: tuple[int, ...]) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(dims):
+        out.append(acc)
+        acc *= d
+    return list(reversed(out))
+
+
+def _describe(a: Asgns) -> str:
+    return to_doc(a).strip().rstrip(";")
+
+
+def to_low_level(asgns: Asgns) -> ll.LLStmt:
+    """Lower assignments to loops; every assignment gets fresh loop symbols."""
+    out: list[ll.LLStmt] = []
+    for a in flatten(asgns):
+        match a:
+            case BlockComment(msg, body):
+                out.append(ll.Comment(msg))
+                out.append(to_low_level(body))
+            case AccumBinop(init, accum, op, lhs, r1, r2, proj):
+                out.append(_lower_accum(init, accum, lhs, proj.force(), [r1, r2],
+                                        lambda xs, op=op: ll.Binop(op, xs[0], xs[1]), _describe(a)))
+            case AccumUnop(init, accum, op, lhs, r, proj):
+                out.append(_lower_accum(init, accum, lhs, proj.force(), [r],
+                                        lambda xs, op=op: xs[0] if op is ops.Unop.IDENTITY else ll.Unop(op, xs[0]),
+                                        _describe(a)))
+            case AccumTernop(init, accum, op, lhs, r1, r2, r3, proj):
+                out.append(_lower_accum(init, accum, lhs, proj.force(), [r1, r2, r3],
+                                        lambda xs, op=op: ll.Ternop(op, xs[0], xs[1], xs[2]), _describe(a)))
+            case SetVecUnop(op, lhs, r, proj):
+                out.append(_lower_set_vec(op, lhs, r, proj.force(), _describe(a)))
+            case Fetch(tn, fop):
+                out.append(_lower_fetch(tn, fop))
+            case _:
+                raise TypeError(f"not an assignment: {a!r}")
+    return ll.seq(*out)
+
+
+def _lower_set_vec(op: ops.VecUnop, lhs: Tnode, rhs: Buffer, proj: Projections, debug: str) -> ll.LLStmt:
+    """The last lhs axis must be `SubAxis` in the projections: the vector op covers it."""
+    if not proj.project_lhs or not isinstance(proj.project_lhs[-1], SubAxis):
+        raise LoweringError(f"einjit: {debug}: the last lhs axis of a vector assignment must be a sub-axis")
+    env, fresh = _fresh_env(proj)
+    ranges = dict(zip(fresh, proj.product_space))
+    lhs_idcs = tuple(subst_index(env, i) for i in proj.project_lhs[:-1]) + (FixedIdx(0),)
+    arg = _get(rhs, tuple(subst_index(env, i) for i in proj.project_rhs[0]), ranges)
+    return _loops(fresh, proj.product_space, ll.SetFromVec(lhs, lhs_idcs, lhs.dims[-1], op, arg, debug))
+

@@ -1,0 +1,212 @@
+"""Symbols, axis indices and projections: how loops index into arrays.
+
+Projections are the meeting point of shape inference (which derives them) and the compiler
+(which lowers them to loops), so this module is the only one of `ir/` that `shape/` imports.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Iterable
+
+_symbol_counter = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class Symbol:
+    """A loop or static index variable. Identity is its `id`; `name` is only for printing."""
+
+    id: int
+    name: str = "i"
+
+    def __repr__(self) -> str:
+        return f"{self.name}{self.id}"
+
+
+def get_symbol(name: str = "i") -> Symbol:
+    """A fresh symbol, distinct from every symbol made before."""
+    return Symbol(next(_symbol_counter), name)
+
+
+@dataclass(frozen=True, slots=True)
+class StaticSymbol:
+    """A symbol whose value is fixed for one call of a routine and passed as an argument.
+
+    `static_range` is the number of values it ranges over, when known (e.g. the number of
+    batches when it slices a dataset).
+    """
+
+    symbol: Symbol
+    static_range: int | None = None
+
+    def __repr__(self) -> str:
+        return f"{self.symbol!r}" + ("" if self.static_range is None else f"<{self.static_range}>")
+
+
+def get_static_symbol(static_range: int | None = None, name: str = "s") -> StaticSymbol:
+    return StaticSymbol(get_symbol(name), static_range)
+
+
+@dataclass(slots=True)
+class IntRef:
+    """A mutable integer cell: the current value of a static symbol seen by routines."""
+
+    value: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FixedIdx:
+    index: int
+
+    def __repr__(self) -> str:
+        return str(self.index)
+
+
+@dataclass(frozen=True, slots=True)
+class Iterator:
+    symbol: Symbol
+
+    def __repr__(self) -> str:
+        return repr(self.symbol)
+
+
+@dataclass(frozen=True, slots=True)
+class Affine:
+    """`sum(coeff * symbol) + offset`; convolutions use `[(stride, i), (dilation, j)]`, `-padding`."""
+
+    symbols: tuple[tuple[int, Symbol], ...]
+    offset: int = 0
+
+    def __repr__(self) -> str:
+        terms = [f"{s!r}" if c == 1 else f"{c}*{s!r}" for c, s in self.symbols]
+        if self.offset or not terms:
+            terms.append(str(self.offset))
+        return "+".join(terms).replace("+-", "-")
+
+
+@dataclass(frozen=True, slots=True)
+class SubAxis:
+    """Part of a multi-axis vectorized access: the position is covered by a vector op."""
+
+    def __repr__(self) -> str:
+        return "_"
+
+
+AxisIndex = FixedIdx | Iterator | Affine | SubAxis
+
+
+def index_symbols(idx: AxisIndex) -> tuple[Symbol, ...]:
+    match idx:
+        case Iterator(s):
+            return (s,)
+        case Affine(symbols, _):
+            return tuple(s for _, s in symbols)
+        case _:
+            return ()
+
+
+def make_affine(terms: Iterable[tuple[int, Symbol]], offset: int = 0) -> AxisIndex:
+    """Normalize an affine combination: merge repeated symbols, drop zero terms, and return
+    the simplest index variant that represents it."""
+    merged: dict[Symbol, int] = {}
+    for c, s in terms:
+        merged[s] = merged.get(s, 0) + c
+    kept = tuple((c, s) for s, c in merged.items() if c != 0)
+    if not kept:
+        return FixedIdx(offset)
+    if len(kept) == 1 and kept[0][0] == 1 and offset == 0:
+        return Iterator(kept[0][1])
+    return Affine(kept, offset)
+
+
+def subst_index(env: dict[Symbol, AxisIndex], idx: AxisIndex) -> AxisIndex:
+    """Substitute symbols by indices, expanding nested affine indices and folding fixed ones."""
+    match idx:
+        case Iterator(s) if s in env:
+            return env[s]
+        case Affine(symbols, offset):
+            terms: list[tuple[int, Symbol]] = []
+            for c, s in symbols:
+                match env.get(s):
+                    case None:
+                        terms.append((c, s))
+                    case Iterator(new_s):
+                        terms.append((c, new_s))
+                    case FixedIdx(i):
+                        offset += c * i
+                    case Affine(inner, inner_off):
+                        terms.extend((c * ic, s2) for ic, s2 in inner)
+                        offset += c * inner_off
+                    case SubAxis():
+                        pass
+            return make_affine(terms, offset)
+        case _:
+            return idx
+
+
+@dataclass(frozen=True, slots=True)
+class Projections:
+    """How one assignment's loops index its arguments.
+
+    `product_space[k]` is the trip count of the loop over `product_iterators[k]`;
+    `project_lhs` / `project_rhs[j]` give, per axis of the assigned-to / j-th argument array,
+    its index in terms of the product iterators. `lhs_dims` / `rhs_dims` are the arrays' dims.
+    """
+
+    product_space: tuple[int, ...]
+    product_iterators: tuple[Symbol, ...]
+    lhs_dims: tuple[int, ...]
+    rhs_dims: tuple[tuple[int, ...], ...]
+    project_lhs: tuple[AxisIndex, ...]
+    project_rhs: tuple[tuple[AxisIndex, ...], ...]
+    debug_info: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.product_space) != len(self.product_iterators):
+            raise ValueError(
+                f"Projections {self.debug_info!r}: product space {self.product_space} and "
+                f"iterators {self.product_iterators} differ in length")
+        if len(self.project_lhs) != len(self.lhs_dims):
+            raise ValueError(
+                f"Projections {self.debug_info!r}: {len(self.project_lhs)} lhs indices for "
+                f"lhs dims {self.lhs_dims}")
+        for j, (p, d) in enumerate(zip(self.project_rhs, self.rhs_dims, strict=True)):
+            if len(p) != len(d):
+                raise ValueError(
+                    f"Projections {self.debug_info!r}: {len(p)} indices for rhs{j + 1} dims {d}")
+
+    def iterator_dims(self) -> dict[Symbol, int]:
+        return dict(zip(self.product_iterators, self.product_space))
+
+    def is_surjective(self) -> bool:
+        """Every cell of the lhs is written: each lhs axis is swept by its own full-range loop."""
+        dims = self.iterator_dims()
+        for idx, d in zip(self.project_lhs, self.lhs_dims):
+            match idx:
+                case Iterator(s) if dims.get(s) == d:
+                    continue
+                case FixedIdx(0) if d == 1:
+                    continue
+                case _:
+                    return False
+        seen = [s for idx in self.project_lhs for s in index_symbols(idx)]
+        return len(seen) == len(set(seen))
+
+    def is_injective(self) -> bool:
+        """Each lhs cell is written at most once: no loop of trip count > 1 is a reduction."""
+        lhs_syms = {s for idx in self.project_lhs for s in index_symbols(idx)}
+        for s, d in zip(self.product_iterators, self.product_space):
+            if d > 1 and s not in lhs_syms:
+                return False
+        for idx in self.project_lhs:
+            if isinstance(idx, Affine):
+                return False
+        return True
+
+
+def identity_projections(dims: tuple[int, ...], n_rhs: int = 1, debug_info: str = "pointwise") -> Projections:
+    """Pointwise projections over arrays that all have `dims`."""
+    syms = tuple(get_symbol() for _ in dims)
+    idcs = tuple(Iterator(s) for s in syms)
+    return Projections(tuple(dims), syms, tuple(dims), (tuple(dims),) * n_rhs, idcs, (idcs,) * n_rhs, debug_info)

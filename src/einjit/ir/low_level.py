@@ -1,0 +1,363 @@
+"""The C-like low-level IR of seed 000: loops over scalar statements.
+
+Statements (`LLStmt`) and scalar expressions (`LLScalar`) are frozen dataclasses; passes
+`match` on them. One deliberate simplification of the seed: a scalar argument does not carry
+its own precision. Every scalar expression is computed in the precision of the node it is
+stored into (`Set.tn`, or the node of a `LocalScope`'s scope id), which is what the seed's
+lowering produces anyway; renderers cast array reads whose precision differs.
+
+`ForLoop.to_` is inclusive, as in the seed (`for i = from_ to to_`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Iterator as PyIterator
+
+from einjit.ir import ops
+from einjit.ir.indexing import AxisIndex, Symbol
+from einjit.ir.tnode import Tnode
+
+_scope_ids = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeId:
+    """A local scalar variable; it has the precision of `tn`, the node it computes a cell of."""
+
+    tn: Tnode
+    id: int
+
+    def __repr__(self) -> str:
+        return f"v{self.id}"
+
+
+def fresh_scope_id(tn: Tnode) -> ScopeId:
+    return ScopeId(tn, next(_scope_ids))
+
+
+# ---------------------------------------------------------------- statements
+
+
+@dataclass(frozen=True, slots=True)
+class Noop:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Comment:
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class StagedCompilation:
+    """Backend-provided code, rendered by calling `render`; blocks virtualization (code 8)."""
+
+    render: Callable[[], str] = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Seq:
+    first: "LLStmt"
+    second: "LLStmt"
+
+
+@dataclass(frozen=True, slots=True)
+class ForLoop:
+    index: Symbol
+    from_: int
+    to_: int
+    body: "LLStmt"
+    trace_it: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroOut:
+    tn: Tnode
+
+
+@dataclass(frozen=True, slots=True)
+class Set:
+    tn: Tnode
+    idcs: tuple[AxisIndex, ...]
+    llsc: "LLScalar"
+    debug: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SetFromVec:
+    """Writes `length` consecutive cells along the last axis, starting at `idcs`."""
+
+    tn: Tnode
+    idcs: tuple[AxisIndex, ...]
+    length: int
+    vec_unop: ops.VecUnop
+    arg: "LLScalar"
+    debug: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SetLocal:
+    id: ScopeId
+    value: "LLScalar"
+
+
+LLStmt = Noop | Comment | StagedCompilation | Seq | ForLoop | ZeroOut | Set | SetFromVec | SetLocal
+
+
+# ---------------------------------------------------------------- scalars
+
+
+@dataclass(frozen=True, slots=True)
+class LocalScope:
+    """A statement block computing one scalar into a local variable, used as an expression."""
+
+    id: ScopeId
+    body: LLStmt
+    orig_indices: tuple[AxisIndex, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GetLocal:
+    id: ScopeId
+
+
+@dataclass(frozen=True, slots=True)
+class Get:
+    tn: Tnode
+    idcs: tuple[AxisIndex, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GetMergeBuffer:
+    """A read from the merge buffer holding a copy of `tn` from another device."""
+
+    tn: Tnode
+    idcs: tuple[AxisIndex, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Ternop:
+    op: ops.Ternop
+    arg1: "LLScalar"
+    arg2: "LLScalar"
+    arg3: "LLScalar"
+
+
+@dataclass(frozen=True, slots=True)
+class Binop:
+    op: ops.Binop
+    arg1: "LLScalar"
+    arg2: "LLScalar"
+
+
+@dataclass(frozen=True, slots=True)
+class Unop:
+    op: ops.Unop
+    arg: "LLScalar"
+
+
+@dataclass(frozen=True, slots=True)
+class Constant:
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class ConstantBits:
+    """An exact integer constant (bit patterns, counters): never rounded through a float."""
+
+    bits: int
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedIndex:
+    idx: AxisIndex
+
+
+LLScalar = LocalScope | GetLocal | Get | GetMergeBuffer | Ternop | Binop | Unop | Constant | ConstantBits | EmbedIndex
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def seq(*stmts: LLStmt) -> LLStmt:
+    """A sequence without `Noop`s, built as a balanced tree so passes recurse shallowly."""
+    items = [s for st in stmts for s in flatten(st)]
+    return _balanced(items)
+
+
+def seq_list(stmts: list[LLStmt]) -> LLStmt:
+    return seq(*stmts)
+
+
+def _balanced(items: list[LLStmt]) -> LLStmt:
+    if not items:
+        return Noop()
+    if len(items) == 1:
+        return items[0]
+    mid = len(items) // 2
+    return Seq(_balanced(items[:mid]), _balanced(items[mid:]))
+
+
+def flatten(stmt: LLStmt) -> PyIterator[LLStmt]:
+    """The non-`Seq`, non-`Noop` statements of a sequence, in order (iteratively)."""
+    stack = [stmt]
+    while stack:
+        s = stack.pop()
+        match s:
+            case Seq(a, b):
+                stack.append(b)
+                stack.append(a)
+            case Noop():
+                pass
+            case _:
+                yield s
+
+
+def scalar_children(sc: LLScalar) -> tuple[LLScalar, ...]:
+    match sc:
+        case Ternop(_, a, b, c):
+            return (a, b, c)
+        case Binop(_, a, b):
+            return (a, b)
+        case Unop(_, a):
+            return (a,)
+        case _:
+            return ()
+
+
+def iter_stmts(stmt: LLStmt) -> PyIterator[LLStmt]:
+    """Every statement, including those nested in loops and local scopes, pre-order."""
+    for s in flatten(stmt):
+        yield s
+        match s:
+            case ForLoop(body=body):
+                yield from iter_stmts(body)
+            case Set(llsc=sc) | SetLocal(value=sc) | SetFromVec(arg=sc):
+                for ls in iter_scalars(sc):
+                    if isinstance(ls, LocalScope):
+                        yield from iter_stmts(ls.body)
+
+
+def iter_scalars(sc: LLScalar) -> PyIterator[LLScalar]:
+    """The scalar and its sub-expressions (not descending into local scope bodies)."""
+    stack = [sc]
+    while stack:
+        s = stack.pop()
+        yield s
+        stack.extend(scalar_children(s))
+
+
+def nodes_of(stmt: LLStmt) -> list[Tnode]:
+    """Every tensor node the code touches, in order of first appearance."""
+    seen: dict[int, Tnode] = {}
+
+    def add(tn: Tnode) -> None:
+        seen.setdefault(tn.id, tn)
+
+    for s in iter_stmts(stmt):
+        match s:
+            case Set(tn=tn, llsc=sc) | SetFromVec(tn=tn, arg=sc):
+                add(tn)
+                scs = [sc]
+            case SetLocal(value=sc):
+                scs = [sc]
+            case ZeroOut(tn):
+                add(tn)
+                scs = []
+            case _:
+                scs = []
+        for top in scs:
+            for x in iter_scalars(top):
+                match x:
+                    case Get(tn, _) | GetMergeBuffer(tn, _):
+                        add(tn)
+                    case LocalScope(id=sid):
+                        add(sid.tn)
+    return list(seen.values())
+
+
+# ---------------------------------------------------------------- printing
+
+
+def _idx(idcs: tuple[AxisIndex, ...]) -> str:
+    return ", ".join(repr(i) for i in idcs)
+
+
+def scalar_to_doc(sc: LLScalar, cstyle: bool = False, indent: str = "") -> str:
+    match sc:
+        case LocalScope(id=sid, body=body):
+            inner = stmt_to_doc(body, cstyle, indent + "  ")
+            return f"({sid!r} := 0;\n{inner}{indent}  {sid!r})" if not cstyle else \
+                f"({{ {sid.tn.prec.c_type} {sid!r} = 0;\n{inner}{indent}  {sid!r}; }})"
+        case GetLocal(sid):
+            return repr(sid)
+        case Get(tn, idcs):
+            return f"{tn.name}[{_idx(idcs)}]"
+        case GetMergeBuffer(tn, idcs):
+            return f"merge_buffer({tn.name})[{_idx(idcs)}]"
+        case Ternop(op, a, b, c):
+            args = [scalar_to_doc(x, cstyle, indent) for x in (a, b, c)]
+            if cstyle:
+                return op.c_template.format(*args, f="")
+            return f"{op.symbol}({', '.join(args)})"
+        case Binop(op, a, b):
+            x, y = scalar_to_doc(a, cstyle, indent), scalar_to_doc(b, cstyle, indent)
+            if cstyle:
+                return op.c_template.format(x, y, f="")
+            if op.infix.isalnum() or op in (ops.Binop.MAX, ops.Binop.MIN, ops.Binop.ARG1, ops.Binop.ARG2):
+                return f"{op.symbol}({x}, {y})"
+            return f"({x} {op.infix} {y})"
+        case Unop(op, a):
+            x = scalar_to_doc(a, cstyle, indent)
+            if cstyle:
+                return op.c_template.format(x, f="")
+            return x if op is ops.Unop.IDENTITY else f"{op.symbol}({x})"
+        case Constant(v):
+            return repr(float(v))
+        case ConstantBits(b):
+            return f"{b}"
+        case EmbedIndex(i):
+            return f"({i!r})"
+    raise TypeError(f"not a low-level scalar: {sc!r}")
+
+
+def stmt_to_doc(stmt: LLStmt, cstyle: bool = False, indent: str = "") -> str:
+    out: list[str] = []
+    for s in flatten(stmt):
+        match s:
+            case Comment(msg):
+                out.append(f"{indent}/* {msg} */\n")
+            case StagedCompilation(render):
+                out.append(f"{indent}{render()}\n")
+            case ForLoop(index, from_, to_, body, trace_it):
+                head = (f"for (int {index!r} = {from_}; {index!r} <= {to_}; ++{index!r}) {{" if cstyle
+                        else f"for {index!r} = {from_} to {to_}{'' if trace_it else ' (untraced)'} {{")
+                out.append(f"{indent}{head}\n{stmt_to_doc(body, cstyle, indent + '  ')}{indent}}}\n")
+            case ZeroOut(tn):
+                out.append(f"{indent}zero_out({tn.name});\n")
+            case Set(tn, idcs, llsc, debug):
+                rhs = scalar_to_doc(llsc, cstyle, indent)
+                eq = "=" if cstyle else ":="
+                note = f" /* {debug} */" if debug and cstyle else ""
+                out.append(f"{indent}{tn.name}[{_idx(idcs)}] {eq} {rhs};{note}\n")
+            case SetFromVec(tn, idcs, length, vec_unop, arg, _):
+                out.append(f"{indent}{tn.name}[{_idx(idcs)} : +{length}] := "
+                           f"{vec_unop.symbol}({scalar_to_doc(arg, cstyle, indent)});\n")
+            case SetLocal(sid, value):
+                eq = "=" if cstyle else ":="
+                out.append(f"{indent}{sid!r} {eq} {scalar_to_doc(value, cstyle, indent)};\n")
+            case _:
+                raise TypeError(f"not a low-level statement: {s!r}")
+    return "".join(out)
+
+
+def to_doc(stmt: LLStmt) -> str:
+    """The `%cd`-like rendering used in debug output and golden tests."""
+    return stmt_to_doc(stmt, cstyle=False)
+
+
+def to_doc_cstyle(stmt: LLStmt) -> str:
+    """A C-like rendering, close to what the C backend emits."""
+    return stmt_to_doc(stmt, cstyle=True)

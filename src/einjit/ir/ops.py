@@ -1,0 +1,221 @@
+"""Numeric precisions and the fixed set of scalar operations of the IR.
+
+Every operation carries three faces that must agree: its C syntax (used by the C and CUDA
+renderers), its NumPy semantics (used by the reference interpreter) and, for operations that
+can accumulate, its neutral element. Keeping them side by side in one table is what lets the
+interpreter serve as the oracle for the backends.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class Prec:
+    """A numeric precision: how a tensor node's cells are stored and computed."""
+
+    name: str
+    dtype: np.dtype
+    c_type: str
+    is_float: bool
+
+    def __repr__(self) -> str:
+        return self.name
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def c_literal_suffix(self) -> str:
+        return {"single": "f", "half": "f"}.get(self.name, "")
+
+
+byte = Prec("byte", np.dtype(np.uint8), "unsigned char", False)
+int32 = Prec("int32", np.dtype(np.int32), "int", False)
+int64 = Prec("int64", np.dtype(np.int64), "long long", False)
+half = Prec("half", np.dtype(np.float16), "_Float16", True)
+single = Prec("single", np.dtype(np.float32), "float", True)
+double = Prec("double", np.dtype(np.float64), "double", True)
+
+PRECISIONS: dict[str, Prec] = {p.name: p for p in (byte, int32, int64, half, single, double)}
+
+
+def prec_of_dtype(dtype: np.dtype | type) -> Prec:
+    """The precision that stores NumPy arrays of `dtype`."""
+    dt = np.dtype(dtype)
+    for p in PRECISIONS.values():
+        if p.dtype == dt:
+            return p
+    raise TypeError(f"einjit: no precision stores NumPy dtype {dt}; use one of {sorted(PRECISIONS)}")
+
+
+def promote(p1: Prec, p2: Prec) -> Prec:
+    """The precision wide enough for both: floats win over integers, wider over narrower."""
+    if p1.is_float != p2.is_float:
+        return p1 if p1.is_float else p2
+    return p1 if p1.itemsize >= p2.itemsize else p2
+
+
+def _np_where(c, a, b):
+    return np.where(c != 0, a, b)
+
+
+class Unop(enum.Enum):
+    """Unary scalar operations. The value tuple is (C template, NumPy function)."""
+
+    IDENTITY = ("{0}", lambda x: x)
+    RELU = ("({0} > 0 ? {0} : 0)", lambda x: np.where(x > 0, x, 0).astype(np.asarray(x).dtype))
+    SATUR01 = ("({0} < 0 ? 0 : ({0} > 1 ? 1 : {0}))", lambda x: np.clip(x, 0, 1))
+    EXP = ("exp{f}({0})", np.exp)
+    LOG = ("log{f}({0})", np.log)
+    EXP2 = ("exp2{f}({0})", np.exp2)
+    LOG2 = ("log2{f}({0})", np.log2)
+    SIN = ("sin{f}({0})", np.sin)
+    COS = ("cos{f}({0})", np.cos)
+    SQRT = ("sqrt{f}({0})", np.sqrt)
+    RECIP = ("(1 / {0})", lambda x: 1 / x)
+    RECIP_SQRT = ("(1 / sqrt{f}({0}))", lambda x: 1 / np.sqrt(x))
+    NEG = ("(-{0})", np.negative)
+    TANH = ("tanh{f}({0})", np.tanh)
+    NOT = ("({0} == 0 ? 1 : 0)", lambda x: (x == 0).astype(np.asarray(x).dtype))
+
+    @property
+    def c_template(self) -> str:
+        return self.value[0]
+
+    @property
+    def numpy(self) -> Callable:
+        return self.value[1]
+
+    @property
+    def symbol(self) -> str:
+        return self.name.lower()
+
+    def __repr__(self) -> str:
+        return f"Unop.{self.name}"
+
+
+class Binop(enum.Enum):
+    """Binary scalar operations: (C template, NumPy function, neutral element or None, %cd infix)."""
+
+    ADD = ("({0} + {1})", np.add, 0.0, "+")
+    SUB = ("({0} - {1})", np.subtract, 0.0, "-")
+    MUL = ("({0} * {1})", np.multiply, 1.0, "*")
+    DIV = ("({0} / {1})", np.divide, 1.0, "/")
+    TO_POW_OF = ("pow{f}({0}, {1})", np.power, 1.0, "**")
+    RELU_GATE = ("({0} > 0 ? {1} : 0)", lambda a, b: np.where(a > 0, b, 0), None, "-?/")
+    SATUR01_GATE = ("(({0} > 0 && {0} < 1) ? {1} : 0)", lambda a, b: np.where((a > 0) & (a < 1), b, 0), None, "-?^")
+    MAX = ("fmax{f}({0}, {1})", np.maximum, -math.inf, "^^")
+    MIN = ("fmin{f}({0}, {1})", np.minimum, math.inf, "vv")
+    MOD = ("fmod{f}({0}, {1})", np.fmod, None, "%")
+    CMPLT = ("({0} < {1})", lambda a, b: np.less(a, b), None, "<")
+    CMPEQ = ("({0} == {1})", lambda a, b: np.equal(a, b), None, "==")
+    CMPNE = ("({0} != {1})", lambda a, b: np.not_equal(a, b), None, "<>")
+    AND = ("({0} && {1})", lambda a, b: np.logical_and(a != 0, b != 0), 1.0, "&&")
+    OR = ("({0} || {1})", lambda a, b: np.logical_or(a != 0, b != 0), 0.0, "||")
+    ARG1 = ("{0}", lambda a, b: np.broadcast_arrays(a, b)[0], None, "-@>")
+    ARG2 = ("{1}", lambda a, b: np.broadcast_arrays(a, b)[1], None, "-/>")
+
+    @property
+    def c_template(self) -> str:
+        return self.value[0]
+
+    @property
+    def numpy(self) -> Callable:
+        return self.value[1]
+
+    @property
+    def neutral(self) -> float | None:
+        """The neutral element when used as an accumulation operator, None if it has none."""
+        return self.value[2]
+
+    @property
+    def infix(self) -> str:
+        return self.value[3]
+
+    @property
+    def symbol(self) -> str:
+        return self.name.lower()
+
+    @property
+    def is_commutative(self) -> bool:
+        return self in (Binop.ADD, Binop.MUL, Binop.MAX, Binop.MIN, Binop.CMPEQ, Binop.CMPNE, Binop.AND, Binop.OR)
+
+    def __repr__(self) -> str:
+        return f"Binop.{self.name}"
+
+
+class Ternop(enum.Enum):
+    """Ternary scalar operations: (C template, NumPy function)."""
+
+    WHERE = ("({0} != 0 ? {1} : {2})", _np_where)
+    FMA = ("fma{f}({0}, {1}, {2})", lambda a, b, c: a * b + c)
+
+    @property
+    def c_template(self) -> str:
+        return self.value[0]
+
+    @property
+    def numpy(self) -> Callable:
+        return self.value[1]
+
+    @property
+    def symbol(self) -> str:
+        return self.name.lower()
+
+    def __repr__(self) -> str:
+        return f"Ternop.{self.name}"
+
+
+class VecUnop(enum.Enum):
+    """Operations producing several consecutive cells from one argument (`Set_from_vec`).
+
+    `UNIFORM_HASH` turns one counter into `length` pseudo-random numbers in [0, 1): a
+    counter-based generator (splitmix64) so every backend can produce identical streams.
+    """
+
+    UNIFORM_HASH = "uniform_hash"
+
+    @property
+    def symbol(self) -> str:
+        return self.value
+
+
+_SPLITMIX_GAMMA = 0x9E3779B97F4A7C15
+_MASK64 = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    """One step of the splitmix64 finalizer on a 64-bit unsigned integer."""
+    z = (x + _SPLITMIX_GAMMA) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def uniform_hash(counter: int, length: int) -> list[float]:
+    """The reference semantics of `VecUnop.UNIFORM_HASH`: `length` uniforms in [0, 1)."""
+    base = (int(counter) * length) & _MASK64
+    return [(splitmix64((base + k) & _MASK64) >> 11) * (1.0 / (1 << 53)) for k in range(length)]
+
+
+def apply_unop(op: Unop, x):
+    with np.errstate(all="ignore"):
+        return op.numpy(x)
+
+
+def apply_binop(op: Binop, a, b):
+    with np.errstate(all="ignore"):
+        return op.numpy(a, b)
+
+
+def apply_ternop(op: Ternop, a, b, c):
+    with np.errstate(all="ignore"):
+        return op.numpy(a, b, c)
