@@ -124,7 +124,12 @@ class SetVecUnop:
 
 @dataclass(frozen=True, slots=True)
 class FetchConstant:
-    value: float
+    """A constant fill; the value may be lazy when it depends on inferred shapes (e.g. a mean)."""
+
+    value: "float | Lazy[float]"
+
+    def number(self) -> float:
+        return float(self.value.force() if isinstance(self.value, Lazy) else self.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +275,7 @@ def to_doc(asgns: Asgns, indent: str = "") -> str:
 def _fetch_doc(fop: FetchOp) -> str:
     match fop:
         case FetchConstant(v):
-            return repr(v)
+            return repr(v) if not isinstance(v, Lazy) else "<lazy constant>"
         case ConstantFill(values, strict):
             shown = ", ".join(repr(v) for v in values[:6]) + (", ..." if len(values) > 6 else "")
             return f"fill[{shown}]" + ("" if strict else " (cyclic)")
@@ -384,7 +389,8 @@ def _lower_fetch(tn: Tnode, fop: FetchOp) -> ll.LLStmt:
     syms = [get_symbol() for _ in dims]
     idcs = tuple(Iterator(s) for s in syms)
     match fop:
-        case FetchConstant(v):
+        case FetchConstant():
+            v = fop.number()
             return _fill(tn, ll.Constant(v), f"{tn.name} := {v!r}")
         case RangeOverOffsets():
             strides = _strides(dims)

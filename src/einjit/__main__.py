@@ -1,0 +1,26 @@
+"""`python -m einjit demo moons [...]`: the command-line entry point."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="einjit", description="einjit: a compiled deep-learning framework")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run a demo")
+    demos = demo.add_subparsers(dest="demo", required=True)
+    moons = demos.add_parser("moons", help="train the half-moons MLP (one C routine per step)")
+    moons.add_argument("--epochs", type=int, default=80)
+    moons.add_argument("--batch-size", type=int, default=10)
+    moons.add_argument("--seed", type=int, default=0)
+    moons.add_argument("--plot", metavar="FILE.png", help="write the decision boundary and loss curve")
+    moons.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    args = parser.parse_args(argv)
+    from einjit.demo import main_moons
+    return main_moons(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

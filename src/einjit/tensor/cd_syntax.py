@@ -1,0 +1,317 @@
+"""The textual `%cd` notation: its grammar, parsed once per text and cached.
+
+    code   := item (';' item)* ';'?
+    item   := '~~' '(' STRING ';' code ')'                      block comment
+            | lhs ASGN expr option*                             one assignment
+    lhs    := ref | STRING                                      a string declares a new tensor
+    ASGN   := '=' [':'] [accum]     accum one of + - * / ** ?/ ^^ vv && ||   ('=:' alone assigns)
+    expr   := the usual precedence over  || && (< == <>) (+ -) (* / % -?/ -?^) (**) unary-minus
+    atom   := ref | NUMBER | LABEL-PREFIXED NUMBER ("'q' 2.0") | NAME '(' expr, ... ')' | '(' expr ')'
+    ref    := NAME ('.' ('grad' | 'value' | 'merge'))?
+    option := '~logic:' STRING | '~projections:' NAME
+
+The outermost operator of the right-hand side decides the assignment's kind (binary, unary,
+ternary); any deeper sub-expression becomes a new non-differentiable tensor, as in the seed.
+Errors are `CdSyntaxError`s that quote the text and point at the 1-based column.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+from einjit.ir import ops
+
+
+class CdSyntaxError(ValueError):
+    pass
+
+
+ACCUM_SPELLINGS: dict[str, ops.Binop] = {
+    "+": ops.Binop.ADD, "-": ops.Binop.SUB, "*": ops.Binop.MUL, "/": ops.Binop.DIV, "**": ops.Binop.TO_POW_OF,
+    "?/": ops.Binop.RELU_GATE, "^^": ops.Binop.MAX, "vv": ops.Binop.MIN, "&&": ops.Binop.AND, "||": ops.Binop.OR,
+}
+
+_INFIX_LEVELS: list[dict[str, ops.Binop]] = [
+    {"||": ops.Binop.OR},
+    {"&&": ops.Binop.AND},
+    {"<": ops.Binop.CMPLT, "==": ops.Binop.CMPEQ, "<>": ops.Binop.CMPNE},
+    {"+": ops.Binop.ADD, "-": ops.Binop.SUB},
+    {"*": ops.Binop.MUL, "/": ops.Binop.DIV, "%": ops.Binop.MOD, "-?/": ops.Binop.RELU_GATE,
+     "-?^": ops.Binop.SATUR01_GATE},
+]
+_POW = "**"
+
+FUNCTIONS: dict[str, ops.Unop | ops.Binop | ops.Ternop] = {
+    **{u.symbol: u for u in ops.Unop},
+    **{b.symbol: b for b in ops.Binop},
+    **{t.symbol: t for t in ops.Ternop},
+}
+FUNCTION_ARITY = {name: (1 if isinstance(op, ops.Unop) else 2 if isinstance(op, ops.Binop) else 3)
+                  for name, op in FUNCTIONS.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    name: str
+    field: str | None
+    col: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decl:
+    name: str
+    col: int
+
+
+@dataclass(frozen=True, slots=True)
+class Num:
+    value: float
+    label: str | None
+    col: int
+
+
+@dataclass(frozen=True, slots=True)
+class Apply:
+    """An operation applied to arguments: infix, prefix minus, or a function call."""
+
+    op: ops.Unop | ops.Binop | ops.Ternop
+    args: tuple["Expr", ...]
+    col: int
+
+
+Expr = Ref | Num | Apply
+
+
+@dataclass(frozen=True, slots=True)
+class Stmt:
+    lhs: Ref | Decl
+    initialize_neutral: bool
+    accum: ops.Binop
+    rhs: Expr
+    logic: str | None
+    projections: str | None
+    col: int
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    comment: str
+    body: tuple["Item", ...]
+
+
+Item = Stmt | Block
+
+_TOKEN = re.compile(r"""
+    (?P<ws>\s+)
+  | (?P<string>"[^"]*"|'[^']*')
+  | (?P<number>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
+  | (?P<name>[A-Za-z_][A-Za-z_0-9]*)
+  | (?P<op>~~|~logic:|~projections:|-\?/|-\?\^|\*\*|==|<>|&&|\|\||\?/|\^\^|[-+*/%<=:;(),.])
+""", re.VERBOSE)
+
+
+@dataclass(frozen=True, slots=True)
+class _Tok:
+    kind: str
+    text: str
+    col: int
+
+
+def _tokenize(text: str) -> list[_Tok]:
+    out: list[_Tok] = []
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise CdSyntaxError(f'cd "{text}": column {pos + 1}: unexpected character {text[pos]!r}')
+        if m.lastgroup != "ws":
+            out.append(_Tok(m.lastgroup, m.group(), pos + 1))
+        pos = m.end()
+    out.append(_Tok("end", "", len(text) + 1))
+    return out
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.text = text
+        self.toks = _tokenize(text)
+        self.i = 0
+
+    def error(self, tok: _Tok, msg: str) -> CdSyntaxError:
+        return CdSyntaxError(f'cd "{self.text}": column {tok.col}: {msg}')
+
+    @property
+    def tok(self) -> _Tok:
+        return self.toks[self.i]
+
+    def at(self, text: str) -> bool:
+        return self.tok.kind == "op" and self.tok.text == text
+
+    def take(self) -> _Tok:
+        t = self.tok
+        self.i += 1
+        return t
+
+    def expect(self, text: str) -> _Tok:
+        if not self.at(text):
+            raise self.error(self.tok, f"expected {text!r}, found {self.tok.text or 'end of text'!r}")
+        return self.take()
+
+    def code(self, closing: str | None) -> tuple[Item, ...]:
+        items: list[Item] = []
+        while True:
+            while self.at(";"):
+                self.take()
+            if self.tok.kind == "end" or (closing and self.at(closing)):
+                break
+            items.append(self.item())
+            if not (self.at(";") or self.tok.kind == "end" or (closing and self.at(closing))):
+                raise self.error(self.tok, f"expected ';' between assignments, found {self.tok.text!r}")
+        return tuple(items)
+
+    def item(self) -> Item:
+        if self.at("~~"):
+            self.take()
+            self.expect("(")
+            if self.tok.kind != "string":
+                raise self.error(self.tok, "a block comment starts with a string: ~~(\"comment\"; ...)")
+            comment = self.take().text[1:-1]
+            self.expect(";")
+            body = self.code(")")
+            self.expect(")")
+            return Block(comment, body)
+        return self.stmt()
+
+    def stmt(self) -> Stmt:
+        start = self.tok
+        if self.tok.kind == "string":
+            tok = self.take()
+            name = tok.text[1:-1]
+            if not name.isidentifier():
+                raise self.error(tok, f"an inline declaration needs an identifier, got {name!r}")
+            lhs: Ref | Decl = Decl(name, tok.col)
+        elif self.tok.kind == "name":
+            lhs = self.ref()
+        else:
+            raise self.error(self.tok, f"an assignment starts with the assigned-to tensor, found {self.tok.text!r}")
+        init, accum = self.asgn_op()
+        rhs = self.expr(0)
+        logic = projections = None
+        while self.at("~logic:") or self.at("~projections:"):
+            opt = self.take()
+            if opt.text == "~logic:":
+                if self.tok.kind != "string":
+                    raise self.error(self.tok, "~logic: takes a string, e.g. ~logic:\"@\"")
+                logic = self.take().text[1:-1]
+            else:
+                if self.tok.kind != "name":
+                    raise self.error(self.tok, "~projections: takes a name")
+                projections = self.take().text
+        return Stmt(lhs, init, accum, rhs, logic, projections, start.col)
+
+    def asgn_op(self) -> tuple[bool, ops.Binop]:
+        tok = self.tok
+        if not self.at("="):
+            raise self.error(tok, f"expected an assignment operator such as '=:' or '=+', found {tok.text!r}")
+        self.take()
+        init = False
+        if self.at(":"):
+            self.take()
+            init = True
+        nxt = self.tok
+        adjacent = nxt.col == tok.col + 1 + int(init)
+        if adjacent and nxt.kind == "op" and nxt.text in ACCUM_SPELLINGS:
+            self.take()
+            return init, ACCUM_SPELLINGS[nxt.text]
+        if adjacent and nxt.kind == "name" and nxt.text == "vv":
+            self.take()
+            return init, ops.Binop.MIN
+        if not init:
+            raise self.error(tok, "'=' must be followed by ':' or an accumulation operator (=: =+ =:+ =- =* ...)")
+        return False, ops.Binop.ARG2
+
+    def expr(self, level: int) -> Expr:
+        if level == len(_INFIX_LEVELS):
+            return self.power()
+        left = self.expr(level + 1)
+        while self.tok.kind == "op" and self.tok.text in _INFIX_LEVELS[level]:
+            tok = self.take()
+            right = self.expr(level + 1)
+            left = Apply(_INFIX_LEVELS[level][tok.text], (left, right), tok.col)
+        return left
+
+    def power(self) -> Expr:
+        base = self.unary()
+        if self.at(_POW):
+            tok = self.take()
+            return Apply(ops.Binop.TO_POW_OF, (base, self.power()), tok.col)
+        return base
+
+    def unary(self) -> Expr:
+        if self.at("-"):
+            tok = self.take()
+            operand = self.unary()
+            if isinstance(operand, Num):
+                return Num(-operand.value, operand.label, tok.col)
+            return Apply(ops.Unop.NEG, (operand,), tok.col)
+        return self.atom()
+
+    def atom(self) -> Expr:
+        tok = self.tok
+        if self.at("("):
+            self.take()
+            inner = self.expr(0)
+            self.expect(")")
+            return inner
+        if tok.kind == "number":
+            self.take()
+            return Num(float(tok.text), None, tok.col)
+        if tok.kind == "string":
+            self.take()
+            if self.tok.kind != "number":
+                raise self.error(self.tok, "a quoted label must prefix a number, e.g. 'q' 2.0")
+            return Num(float(self.take().text), tok.text[1:-1], tok.col)
+        if tok.kind == "name":
+            if self.toks[self.i + 1].kind == "op" and self.toks[self.i + 1].text == "(":
+                return self.call()
+            return self.ref()
+        raise self.error(tok, f"expected a tensor, a number or '(', found {tok.text or 'end of text'!r}")
+
+    def call(self) -> Expr:
+        tok = self.take()
+        if tok.text not in FUNCTIONS:
+            raise self.error(tok, f"unknown operation {tok.text!r}; known: {', '.join(sorted(FUNCTIONS))}")
+        self.expect("(")
+        args = [self.expr(0)]
+        while self.at(","):
+            self.take()
+            args.append(self.expr(0))
+        self.expect(")")
+        if len(args) != FUNCTION_ARITY[tok.text]:
+            raise self.error(tok, f"{tok.text} takes {FUNCTION_ARITY[tok.text]} argument(s), got {len(args)}")
+        return Apply(FUNCTIONS[tok.text], tuple(args), tok.col)
+
+    def ref(self) -> Ref:
+        tok = self.take()
+        field = None
+        if self.at("."):
+            self.take()
+            f = self.tok
+            if f.kind != "name" or f.text not in ("grad", "value", "merge"):
+                raise self.error(f, f"after '.', expected grad, value or merge, found {f.text!r}")
+            field = self.take().text
+        return Ref(tok.text, field, tok.col)
+
+
+@functools.lru_cache(maxsize=1024)
+def parse(text: str) -> tuple[Item, ...]:
+    """Parse `%cd` text once; the result is cached by text."""
+    p = _Parser(text)
+    items = p.code(None)
+    if p.tok.kind != "end":
+        raise p.error(p.tok, f"unexpected {p.tok.text!r}")
+    if not items:
+        raise CdSyntaxError(f'cd "{text}": column 1: no assignment')
+    return items

@@ -1,0 +1,396 @@
+"""The Python forms of `%cd` (assignments) and `%op` (tensor construction).
+
+`cd("c =:+ a * b ~logic:'@'", c=c, a=a, b=b)` builds assignments from the seed's own syntax
+(see `cd_syntax` for the grammar). Operation definitions use the same text as *templates*:
+`Template("g1 =+ g * t2")` is parsed once and instantiated per tensor with the slot fillers
+`t t1 t2 t3` (values), `g g1 g2 g3` (gradients), `v v1 v2 v3` (values again) and the
+operation's projections, which are re-targeted per assignment by slot (lhs, rhs1, ...), as
+the seed's "advanced note" describes.
+
+A sub-expression that is not the outermost operation of a right-hand side becomes a new
+non-differentiable tensor (its forward code is placed before the assignment). Inside an
+operation definition such a tensor takes the projection slot of its arguments: the slot they
+all share, or the result's slot `t` when they mix slots (a pointwise combination of
+arguments broadcasts to the result's shape).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from einjit import shape as sh
+from einjit.ir import assignments as asg
+from einjit.ir import ops
+from einjit.ir.indexing import FixedIdx, Projections
+from einjit.ir.tnode import Tnode
+from einjit.tensor import cd_syntax as syn
+from einjit.tensor.tensor import (GradSpec, NodeView, Tensor, TensorError, consume_forward_code, default_prec,
+                                  is_forward_root, make_node, needs_grad, new_label, register)
+
+SLOT_NAMES = ("t", "t1", "t2", "t3")
+NUMBER_SLOT = "number"
+
+
+class CdError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Operand:
+    """A tensor node in an assignment, with the shape that governs its axes and its slot."""
+
+    tn: Tnode
+    shape: sh.Shape
+    slot: str | None
+    merge: bool = False
+
+    def buffer(self) -> asg.Buffer:
+        return asg.MergeBuffer(self.tn) if self.merge else asg.Node(self.tn)
+
+
+@dataclass
+class Code:
+    """The result of `cd`: assignments plus the tensors declared inline (by name)."""
+
+    asgns: asg.Asgns
+    decls: dict[str, Tensor] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Tensor:
+        try:
+            return self.decls[name]
+        except KeyError:
+            raise AttributeError(f"no tensor {name!r} was declared in this code") from None
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.decls[name]
+
+    def __str__(self) -> str:
+        return asg.to_doc(self.asgns)
+
+
+def as_asgns(code: "Code | asg.Asgns") -> asg.Asgns:
+    return code.asgns if isinstance(code, Code) else code
+
+
+# ------------------------------------------------------------------ shape logic
+
+
+def logic_of(kind: str | None, arity: int, shapes: list[sh.Shape], where: str) -> sh.Logic:
+    """Shape logic for a `~logic` string (or the pointwise default when `kind` is None)."""
+    if arity == 1:
+        match kind:
+            case None | ".":
+                return sh.Transpose(sh.PointwiseUn(), shapes[0])
+            case "T":
+                return sh.Transpose(sh.TransposeIO(), shapes[0])
+            case "@":
+                raise CdError(f"{where}: ~logic:\"@\" needs two arguments")
+            case spec:
+                return sh.Transpose(sh.Permute(spec), shapes[0])
+    match kind:
+        case None | ".":
+            return sh.Broadcast(sh.PointwiseBin(), shapes[0], shapes[1])
+        case "@":
+            return sh.Broadcast(sh.Compose(), shapes[0], shapes[1])
+        case "T":
+            raise CdError(f"{where}: ~logic:\"T\" takes one argument")
+        case spec:
+            return sh.Broadcast(sh.Einsum(spec), shapes[0], shapes[1])
+
+
+def infer_projections(lhs: sh.Shape, kind, shapes: list[sh.Shape], where: str) -> asg.Lazy:
+    """Add the shape constraints of one operation and return its (lazy) projections.
+
+    Ternary operations are pointwise only: two binary steps share the lhs, and the third
+    argument's projection is re-expressed in the first step's iterators.
+    """
+    if len(shapes) == 3:
+        if kind not in (None, "."):
+            raise CdError(f"{where}: a ternary operation supports only pointwise logic")
+        s1 = sh.UpdateStep(lhs, sh.Broadcast(sh.PointwiseBin(), shapes[0], shapes[1]))
+        s2 = sh.UpdateStep(lhs, sh.Broadcast(sh.PointwiseBin(), shapes[0], shapes[2]))
+        sh.propagate_shapes(s1)
+        sh.propagate_shapes(s2)
+        return asg.Lazy(lambda: merge_ternary(sh.derive_projections(s1), sh.derive_projections(s2)))
+    logic = kind(shapes) if callable(kind) else logic_of(kind, len(shapes), shapes, where)
+    step = sh.UpdateStep(lhs, logic)
+    sh.propagate_shapes(step)
+    return asg.Lazy(lambda: sh.derive_projections(step))
+
+
+def merge_ternary(p1: Projections, p2: Projections) -> Projections:
+    from einjit.ir.indexing import Iterator, subst_index
+    env = {}
+    for a, b in zip(p2.project_lhs, p1.project_lhs):
+        if isinstance(a, Iterator):
+            env[a.symbol] = b
+    third = tuple(subst_index(env, i) for i in p2.project_rhs[1])
+    return Projections(p1.product_space, p1.product_iterators, p1.lhs_dims, p1.rhs_dims + (p2.rhs_dims[1],),
+                       p1.project_lhs, p1.project_rhs + (third,), p1.debug_info)
+
+
+def retarget(proj: asg.Lazy, lhs_slot: str, rhs_slots: list[str], where: str) -> asg.Lazy:
+    """The operation's projections seen from an assignment whose positions hold other slots."""
+
+    def pick(p: Projections, slot: str):
+        if slot == "t":
+            return p.lhs_dims, p.project_lhs
+        if slot == NUMBER_SLOT:
+            return (1,), (FixedIdx(0),)
+        k = int(slot[1]) - 1
+        if k >= len(p.project_rhs):
+            raise CdError(f"{where}: slot {slot} is not an argument of this operation")
+        return p.rhs_dims[k], p.project_rhs[k]
+
+    def build() -> Projections:
+        p = proj.force()
+        ld, lp = pick(p, lhs_slot)
+        picked = [pick(p, s) for s in rhs_slots]
+        return Projections(p.product_space, p.product_iterators, ld, tuple(d for d, _ in picked), lp,
+                           tuple(i for _, i in picked), f"{p.debug_info} [{lhs_slot} <- {', '.join(rhs_slots)}]")
+
+    return asg.Lazy(build)
+
+
+# ------------------------------------------------------------------ instantiation
+
+
+class _Scope:
+    def __init__(self, text: str, slots: Mapping[str, Operand | None], env: Mapping[str, object],
+                 projections: asg.Lazy | None, decls: dict[str, Tensor]):
+        self.text = text
+        self.slots = slots
+        self.env = env
+        self.projections = projections
+        self.decls = decls
+        self.pre: list[asg.Asgns] = []
+
+    def error(self, col: int, msg: str) -> CdError:
+        return CdError(f'cd "{self.text}": column {col}: {msg}')
+
+    def resolve(self, ref: syn.Ref) -> Operand | None:
+        name, fld = ref.name, ref.field
+        if name in self.slots or (name in ("g", "g1", "g2", "g3", "v", "v1", "v2", "v3") and self.slots):
+            key = name
+            if name.startswith("v"):
+                key = "t" + name[1:]
+            if fld == "grad":
+                if not name.startswith("t"):
+                    raise self.error(ref.col, f"{name}.grad: only value slots (t, t1, ...) have gradients")
+                key = "g" + name[1:]
+            op = self.slots.get(key)
+            if op is not None and fld == "merge":
+                op = Operand(op.tn, op.shape, op.slot, merge=True)
+            return op
+        if name in self.decls:
+            return self.tensor_operand(self.decls[name], fld, ref)
+        if name not in self.env:
+            raise self.error(ref.col, f"unknown name {name!r}: pass it as a keyword argument of cd")
+        val = self.env[name]
+        if isinstance(val, Tensor):
+            return self.tensor_operand(val, fld, ref)
+        if isinstance(val, NodeView):
+            if fld == "grad":
+                raise self.error(ref.col, f"{name} is already a node; .grad applies to tensors")
+            return Operand(val.tn, val.shape, None, merge=(fld == "merge"))
+        if isinstance(val, (int, float)) and fld is None:
+            return self.number(float(val), None)
+        raise self.error(ref.col, f"{name!r} is a {type(val).__name__}, not a tensor")
+
+    def tensor_operand(self, t: Tensor, fld: str | None, ref: syn.Ref) -> Operand | None:
+        if is_forward_root(t):
+            self.pre.append(consume_forward_code(t))
+        if fld == "grad":
+            if t.grad_tn is None:
+                raise self.error(ref.col, f"tensor {t.label_str} ({ref.name}) is not differentiable: it has no .grad")
+            return Operand(t.grad_tn, t.shape, None)
+        return Operand(t.value_tn, t.shape, None, merge=(fld == "merge"))
+
+    def number(self, value: float, label: str | None) -> Operand:
+        from einjit.tensor.operation import number
+        t = number(value, label=label, grad_spec=GradSpec.PROHIBIT_GRAD)
+        self.pre.append(consume_forward_code(t))
+        return Operand(t.value_tn, t.shape, NUMBER_SLOT if self.projections is not None else None)
+
+    def operand(self, e: syn.Expr) -> Operand | None:
+        match e:
+            case syn.Ref():
+                return self.resolve(e)
+            case syn.Num(value, label, _):
+                return self.number(value, label)
+            case syn.Apply(op, args, col):
+                operands = [self.operand(a) for a in args]
+                if any(o is None for o in operands):
+                    raise self.error(col, "a sub-expression uses a gradient that does not exist")
+                return self.nested(op, operands, col)
+        raise TypeError(e)
+
+    def nested(self, op, args: list[Operand], col: int) -> Operand:
+        slots = {a.slot for a in args if a.slot not in (None, NUMBER_SLOT)}
+        if self.projections is not None:
+            slot = slots.pop() if len(slots) == 1 else ("t" if slots else NUMBER_SLOT)
+        else:
+            slot = None
+        t = pointwise_tensor(op, args, where=f'cd "{self.text}": column {col}')
+        self.pre.append(consume_forward_code(t))
+        return Operand(t.value_tn, t.shape, slot)
+
+    def stmt(self, st: syn.Stmt) -> asg.Asgns:
+        where = f'cd "{self.text}": column {st.col}'
+        if isinstance(st.lhs, syn.Decl):
+            lhs = self.declare(st.lhs)
+        else:
+            lhs = self.resolve(st.lhs)
+            if lhs is None:
+                return asg.Noop()
+        if lhs.merge:
+            raise self.error(st.lhs.col, "cannot assign to a merge buffer")
+        if isinstance(st.rhs, syn.Num) and st.accum is ops.Binop.ARG2 and st.logic is None:
+            return asg.Fetch(lhs.tn, asg.FetchConstant(st.rhs.value))
+        if isinstance(st.rhs, syn.Apply):
+            op, args = st.rhs.op, [self.operand(a) for a in st.rhs.args]
+        else:
+            op, args = ops.Unop.IDENTITY, [self.operand(st.rhs)]
+        if any(a is None for a in args):
+            return asg.Noop()
+        proj = self.projections_for(st, lhs, args, where)
+        bufs = [a.buffer() for a in args]
+        match op:
+            case ops.Unop():
+                return asg.AccumUnop(st.initialize_neutral, st.accum, op, lhs.tn, bufs[0], proj)
+            case ops.Binop():
+                return asg.AccumBinop(st.initialize_neutral, st.accum, op, lhs.tn, bufs[0], bufs[1], proj)
+            case ops.Ternop():
+                return asg.AccumTernop(st.initialize_neutral, st.accum, op, lhs.tn, bufs[0], bufs[1], bufs[2], proj)
+        raise TypeError(op)
+
+    def projections_for(self, st: syn.Stmt, lhs: Operand, args: list[Operand], where: str) -> asg.Lazy:
+        if st.projections is not None:
+            proj = self.env.get(st.projections)
+            if not isinstance(proj, (asg.Lazy, Projections)):
+                raise CdError(f"{where}: ~projections:{st.projections} must name Projections passed to cd")
+            return proj if isinstance(proj, asg.Lazy) else asg.Lazy.of(proj)
+        if st.logic is None and self.projections is not None:
+            missing = [a for a in [lhs] + args if a.slot is None]
+            if missing:
+                raise CdError(f"{where}: {missing[0].tn.debug_name()} has no slot in the operation's "
+                              f"projections; give ~logic")
+            return retarget(self.projections, lhs.slot, [a.slot for a in args], where)
+        try:
+            return infer_projections(lhs.shape, st.logic, [a.shape for a in args], where)
+        except sh.ShapeError as e:
+            raise sh.ShapeError(f"{where}: {e}") from None
+
+    def declare(self, decl: syn.Decl) -> Operand:
+        if decl.name in self.decls or decl.name in self.env:
+            raise self.error(decl.col, f"{decl.name!r} is already defined")
+        shape = sh.Shape.make(debug_name=decl.name)
+        t = Tensor(label=[decl.name], op_label="decl", shape=shape, update_step=None, children=(),
+                   value_tn=make_node([decl.name], shape, default_prec()), grad_tn=None, projections=None)
+        t._fwd_done = True
+        self.decls[decl.name] = t
+        return Operand(t.value_tn, shape, None)
+
+    def items(self, items: tuple[syn.Item, ...]) -> asg.Asgns:
+        out: list[asg.Asgns] = []
+        for it in items:
+            match it:
+                case syn.Block(comment, body):
+                    out.append(asg.BlockComment(comment, self.items(body)))
+                case syn.Stmt():
+                    a = self.stmt(it)
+                    out.extend(self.pre)
+                    self.pre = []
+                    out.append(a)
+        return asg.sequence(*out)
+
+
+class Template:
+    """`%cd` text parsed once, instantiated for each tensor of an operation."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.items = syn.parse(text)
+
+    def instantiate(self, slots: Mapping[str, Operand | None], projections: asg.Lazy | None,
+                    env: Mapping[str, object] | None = None) -> asg.Asgns:
+        return _Scope(self.text, slots, env or {}, projections, {}).items(self.items)
+
+
+def cd(text: str, **env: object) -> Code:
+    """Assignments in the seed's `%cd` syntax; keyword arguments bind the names used."""
+    items = syn.parse(text)
+    decls: dict[str, Tensor] = {}
+    scope = _Scope(text, {}, env, None, decls)
+    return Code(scope.items(items), decls)
+
+
+# ------------------------------------------------------------------ building tensors
+
+
+def slots_for(t: Tensor, children: list[Operand]) -> dict[str, Operand | None]:
+    slots: dict[str, Operand | None] = {"t": Operand(t.value_tn, t.shape, "t"),
+                                        "g": None if t.grad_tn is None else Operand(t.grad_tn, t.shape, "t")}
+    for k, c in enumerate(children, start=1):
+        slots[f"t{k}"] = Operand(c.tn, c.shape, f"t{k}", c.merge)
+    return slots
+
+
+def pointwise_tensor(op, args: list[Operand], *, where: str) -> Tensor:
+    """A non-differentiable tensor `t =: op(args)` with pointwise broadcasting."""
+    name = op.symbol
+    shape = sh.Shape.make(debug_name=name)
+    try:
+        proj = infer_projections(shape, None, [a.shape for a in args], where)
+    except sh.ShapeError as e:
+        raise sh.ShapeError(f"{where}: {e}") from None
+    t = Tensor(label=[name], op_label=name, shape=shape, update_step=None, children=(),
+               value_tn=make_node([name], shape, default_prec()), grad_tn=None, projections=proj)
+    bufs = [a.buffer() for a in args]
+    match op:
+        case ops.Unop():
+            t.own_forward = asg.AccumUnop(False, ops.Binop.ARG2, op, t.value_tn, bufs[0], proj)
+        case ops.Binop():
+            t.own_forward = asg.AccumBinop(False, ops.Binop.ARG2, op, t.value_tn, bufs[0], bufs[1], proj)
+        case ops.Ternop():
+            t.own_forward = asg.AccumTernop(False, ops.Binop.ARG2, op, t.value_tn, *bufs, proj)
+    register(t)
+    return t
+
+
+def make_op(op_label: str, children: list[Tensor], *, logic: str | None, forward: Template,
+            backprop: Template | None, grad_spec: GradSpec = GradSpec.IF_NEEDED, label=None,
+            batch_dims=None, input_dims=None, output_dims=None, prec: ops.Prec | None = None) -> Tensor:
+    """The `%op` building block: shape logic, nodes, forward and backprop code of one tensor.
+
+    `logic` is a `~logic` string: None/"." pointwise, "@" compose, "T" transpose, or an
+    einsum spec (binary `a;b=>c` for two children, unary `a=>c` for one).
+    """
+    lbl = new_label(label, op_label)
+    shape = sh.Shape.make(batch_dims=batch_dims, input_dims=input_dims, output_dims=output_dims,
+                          debug_name=".".join(lbl))
+    where = f"operation {op_label!r} ({'.'.join(lbl)})"
+    proj = infer_projections(shape, logic, [c.shape for c in children], where)
+    p = prec or default_prec()
+    diff = needs_grad(grad_spec, children)
+    t = Tensor(label=lbl, op_label=op_label, shape=shape, update_step=None, children=tuple(children),
+               value_tn=make_node(lbl, shape, p), grad_tn=make_node(lbl + ["grad"], shape, p) if diff else None,
+               projections=proj)
+    slots = slots_for(t, [Operand(c.value_tn, c.shape, None) for c in children])
+    for k, c in enumerate(children, start=1):
+        slots[f"g{k}"] = None if c.grad_tn is None else Operand(c.grad_tn, c.shape, f"t{k}")
+    t.own_forward = forward.instantiate(slots, proj)
+    if diff and backprop is not None:
+        t.own_backprop = backprop.instantiate(slots, proj)
+    register(t)
+    return t
+
+
+def operand_of(x: "Tensor | NodeView") -> Operand:
+    if isinstance(x, Tensor):
+        return Operand(x.value_tn, x.shape, None)
+    if isinstance(x, NodeView):
+        return Operand(x.tn, x.shape, None)
+    raise TensorError(f"einjit: expected a tensor, got {type(x).__name__}")
+

@@ -1,0 +1,174 @@
+"""Training: gradient and update code, parameter initialization, compiling to routines, loops.
+
+Everything a step needs — forward, zeroing gradients, backprop, the optimizer update — is
+assignments, so `to_routine` compiles a whole training step into one C routine: one ctypes
+call per step, no Python in the loop body.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from einjit import config
+from einjit import shape as sh
+from einjit.backends import cc
+from einjit.ir import assignments as asg
+from einjit.ir import low_level as ll
+from einjit.ir.indexing import IntRef, StaticSymbol
+from einjit.ir.optimize import VirtualizeSettings, optimize_proc
+from einjit.tensor.notation import Code, as_asgns, cd
+from einjit.tensor.tensor import (Tensor, TensorError, consume_backprop_code, consume_forward_code)
+
+Asgns = asg.Asgns
+
+
+def forward(t: Tensor) -> Asgns:
+    """The forward code of `t`'s subtree; `t`'s value becomes readable from the host."""
+    t.hosted()
+    return asg.BlockComment(f"forward {t.label_str}", consume_forward_code(t))
+
+
+def grad_update(loss: Tensor) -> Asgns:
+    """Forward, zero the gradients, `loss.grad =: 1`, backprop — the seed's order."""
+    if loss.grad_tn is None:
+        raise TensorError(f"einjit: grad_update needs a differentiable loss; {loss.label_str} has no "
+                          f"parameters under it")
+    loss.hosted()
+    fwd = consume_forward_code(loss)
+    zeros = [asg.Fetch(t.grad_tn, asg.FetchConstant(0.0)) for t in loss.subtree() if t.grad_tn is not None]
+    bprop = consume_backprop_code(loss)
+    return asg.sequence(
+        asg.BlockComment(f"forward {loss.label_str}", fwd),
+        asg.BlockComment("zero gradients", asg.sequence(*zeros)),
+        asg.BlockComment(f"backprop {loss.label_str}", asg.sequence(
+            cd("g =: 1", g=loss.grad).asgns, bprop)))
+
+
+def _params_of(x: "Tensor | Iterable[Tensor]") -> list[Tensor]:
+    if isinstance(x, Tensor):
+        ps = x.params()
+        if not ps:
+            raise TensorError(f"einjit: tensor {x.label_str} has no parameters to update")
+        return ps
+    return list(x)
+
+
+def sgd_one(p: Tensor, learning_rate: Tensor | float, *, weight_decay: float = 0.0, momentum: float = 0.0,
+            nesterov: bool = False) -> Code:
+    """One parameter's SGD step in `%cd`: decoupled from the loss so it fuses into the step."""
+    text = ['"sgd_delta" =: p.grad + wd * p']
+    if momentum > 0.0:
+        text.append('"sgd_momentum" =: mom * sgd_momentum + sgd_delta')
+        text.append("sgd_delta =+ mom * sgd_momentum" if nesterov else "sgd_delta =: sgd_momentum")
+    text.append('p =- lr * sgd_delta ~logic:"."')
+    body = "; ".join(text)
+    return cd(f'~~("sgd {p.label_str}"; {body})', p=p, lr=learning_rate, wd=weight_decay, mom=momentum)
+
+
+def sgd_update(loss_or_params: "Tensor | Iterable[Tensor]", learning_rate: Tensor | float, *,
+               weight_decay: float = 0.0, momentum: float = 0.0, nesterov: bool = False) -> Asgns:
+    """SGD over all parameters under a loss (or the given parameters)."""
+    if nesterov and momentum <= 0.0:
+        raise TensorError("einjit: Nesterov momentum needs momentum > 0")
+    return asg.sequence(*[sgd_one(p, learning_rate, weight_decay=weight_decay, momentum=momentum,
+                                  nesterov=nesterov).asgns for p in _params_of(loss_or_params)])
+
+
+def adam_update(loss_or_params: "Tensor | Iterable[Tensor]", learning_rate: Tensor | float, *, step: Tensor,
+                beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0) -> Asgns:
+    """Adam (with decoupled weight decay when `weight_decay` > 0); `step` counts from 1."""
+    out = []
+    for p in _params_of(loss_or_params):
+        c = cd(f'~~("adam {p.label_str}"; '
+               '"adam_m" =: b1 * adam_m + (1 - b1) * p.grad; '
+               '"adam_v" =: b2 * adam_v + (1 - b2) * (p.grad * p.grad); '
+               '"m_hat" =: adam_m / (1 - b1 ** step); '
+               '"v_hat" =: adam_v / (1 - b2 ** step); '
+               'p =- lr * (m_hat / (sqrt(v_hat) + eps) + wd * p) ~logic:".")',
+               p=p, lr=learning_rate, b1=beta1, b2=beta2, eps=eps, wd=weight_decay, step=step)
+        out.append(c.asgns)
+    return asg.sequence(*out)
+
+
+def init_params(t: "Tensor | Iterable[Tensor]", *, seed: int = 0) -> None:
+    """Give every parameter under `t` its initial values (in place, on the host)."""
+    sh.finish_inference()
+    rng = np.random.default_rng(seed)
+    for p in _params_of(t):
+        values = np.asarray(p.init(rng), dtype=p.value_tn.prec.dtype)
+        host = p.value_tn.host_array()
+        host[...] = values.reshape(host.shape)
+
+
+def lower(code: "Code | Asgns", *, name: str = "routine", static_indices=frozenset(),
+          settings: VirtualizeSettings | None = None):
+    """Assignments to optimized low-level code (finishing shape inference first)."""
+    sh.finish_inference()
+    asgns = as_asgns(code)
+    config.debug(2, f"assignments of {name}:\n{asg.to_doc(asgns)}")
+    llc = asg.to_low_level(asgns)
+    config.debug(4, f"unoptimized low-level code of {name}:\n{ll.to_doc(llc)}")
+    opt = optimize_proc(llc, name=name, static_indices=frozenset(static_indices), settings=settings)
+    config.debug(2, f"optimized low-level code of {name}:\n{ll.to_doc(opt.llc)}")
+    return opt
+
+
+def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *, bindings: Mapping[StaticSymbol, IntRef] | Sequence[StaticSymbol] = (),
+               name: str = "routine", context: cc.CpuContext | None = None,
+               settings: VirtualizeSettings | None = None, options: cc.CcOptions | None = None) -> cc.Routine:
+    """Compile assignments into one routine linked into `context` (a fresh CPU context if None)."""
+    if isinstance(code, (list, tuple)):
+        code = asg.sequence(*[as_asgns(c) for c in code])
+    refs = dict(bindings) if isinstance(bindings, Mapping) else {s: IntRef(0) for s in bindings}
+    start = time.perf_counter()
+    opt = lower(code, name=name, static_indices={s.symbol for s in refs}, settings=settings)
+    proc = cc.compile_proc(opt, name=name, bindings=tuple(refs), options=options)
+    routine = cc.link(context or cc.CpuContext(), proc, refs)
+    config.debug(1, f"to_routine {name}: {1000 * (time.perf_counter() - start):.1f} ms")
+    return routine
+
+
+def run(routine: cc.Routine) -> None:
+    routine()
+
+
+def sequential_loop(bindings: Mapping[StaticSymbol, IntRef], f: Callable[[], None]) -> None:
+    """Call `f` for every combination of the ranged static symbols' values, the first symbol
+    outermost; symbols without a range are left to the caller."""
+    ranged = [(s, r) for s, r in bindings.items() if s.static_range is not None]
+    for values in itertools.product(*[range(s.static_range) for s, _ in ranged]):
+        for (_, r), v in zip(ranged, values):
+            r.value = v
+        f()
+
+
+_once_cache: dict[int, cc.Routine] = {}
+
+
+def forward_once(t: Tensor, *, context: cc.CpuContext | None = None) -> np.ndarray:
+    """Compile (once) and run the forward code of `t`; return its value."""
+    routine = _once_cache.get(t.id)
+    if routine is None:
+        if any(p.value_tn.array is None for p in t.params()):
+            init_params(t)
+        routine = _once_cache[t.id] = to_routine(forward(t), name=f"forward_{t.value_tn.name}", context=context)
+    routine()
+    return t.value.numpy()
+
+
+def update_once(loss: Tensor, *, learning_rate: float = 0.1, context: cc.CpuContext | None = None) -> float:
+    """Compile (once) and run one gradient + SGD step on `loss`; return the loss value."""
+    key = -loss.id
+    routine = _once_cache.get(key)
+    if routine is None:
+        if any(p.value_tn.array is None for p in loss.params()):
+            init_params(loss)
+        grads = grad_update(loss)
+        routine = _once_cache[key] = to_routine([grads, sgd_update(loss, learning_rate)],
+                                                name=f"update_{loss.value_tn.name}", context=context)
+    routine()
+    return float(loss.value.numpy().ravel()[0])
