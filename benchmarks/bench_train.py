@@ -1,0 +1,128 @@
+"""Time per training step of the moons MLP (2 → 16 → 16 → 1, hinge loss, SGD) at batch 10 and
+1024: einjit (one compiled C routine per step) against PyTorch eager and tinygrad when they are
+installed, side by side in one process; plus first-compile and cached-compile times.
+
+    python benchmarks/bench_train.py [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+import numpy as np
+
+
+def einjit_step_time(batch: int, steps: int, cache_dir: str) -> tuple[float, float]:
+    """Seconds per step, and seconds to build + compile the step routine."""
+    os.environ["EINJIT_CACHE_DIR"] = cache_dir
+    import einjit as ej
+    from einjit import train
+    from einjit.demo import mlp, mlp_params
+    from einjit.ir.indexing import IntRef, get_static_symbol
+
+    rng = np.random.default_rng(0)
+    n_batches = 4
+    data = rng.standard_normal((n_batches, batch, 2)).astype(np.float32)
+    labels = np.sign(rng.standard_normal((n_batches, batch, 1))).astype(np.float32)
+    batch_n = get_static_symbol(n_batches, "batch")
+    flat = ej.ndarray(data, batch_axes=2, label="x_all")
+    classes = ej.ndarray(labels, batch_axes=2, label="y_all")
+    params = mlp_params()
+    x, y = ej.batch_slice(flat, batch_n), ej.batch_slice(classes, batch_n)
+    loss = ej.div(ej.sum(ej.relu(1 - y * mlp(params, x)), "...|... => 0"), batch)
+    train.init_params(loss)
+    t0 = time.perf_counter()
+    routine = train.to_routine([train.grad_update(loss), train.sgd_update(loss, 0.01, weight_decay=1e-4)],
+                               bindings={batch_n: IntRef(0)}, name="bench_step")
+    compile_s = time.perf_counter() - t0
+    ref = routine.bindings[batch_n]
+    for _ in range(20):
+        routine()
+    t1 = time.perf_counter()
+    for k in range(steps):
+        ref.value = k % n_batches
+        routine()
+    return (time.perf_counter() - t1) / steps, compile_s
+
+
+def torch_step_time(batch: int, steps: int) -> float | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, weight_decay=1e-4)
+    x = torch.randn(batch, 2)
+    y = torch.sign(torch.randn(batch, 1))
+
+    def step():
+        opt.zero_grad()
+        loss = torch.relu(1 - y * model(x)).sum() / batch
+        loss.backward()
+        opt.step()
+
+    for _ in range(20):
+        step()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - t) / steps
+
+
+def tinygrad_step_time(batch: int, steps: int) -> float | None:
+    try:
+        from tinygrad import Tensor, nn
+    except ImportError:
+        return None
+    layers = [nn.Linear(2, 16), nn.Linear(16, 16), nn.Linear(16, 1)]
+    params = nn.state.get_parameters(layers)
+    opt = nn.optim.SGD(params, lr=0.01, weight_decay=1e-4)
+    x = Tensor.randn(batch, 2)
+    y = Tensor.randn(batch, 1).sign()
+
+    def step():
+        with Tensor.train():
+            opt.zero_grad()
+            h = layers[0](x).relu()
+            h = layers[1](h).relu()
+            loss = (1 - y * layers[2](h)).relu().sum() / batch
+            loss.backward()
+            opt.step()
+            loss.realize()
+
+    for _ in range(5):
+        step()
+    n = max(10, steps // 20)
+    t = time.perf_counter()
+    for _ in range(n):
+        step()
+    return (time.perf_counter() - t) / n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=2000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as cold:
+        _, cold_compile = einjit_step_time(10, 10, cold)
+        _, cached_compile = einjit_step_time(10, 10, cold)
+    print(f"compile of the moons step routine: cold {cold_compile:.3f} s, cached {cached_compile:.3f} s")
+    for batch in (10, 1024):
+        steps = args.steps if batch == 10 else max(50, args.steps // 10)
+        with tempfile.TemporaryDirectory() as cache:
+            ej_t, _ = einjit_step_time(batch, steps, cache)
+        line = f"batch {batch:5d}: einjit {1e6 * ej_t:9.1f} µs/step"
+        for name, fn in (("torch eager", torch_step_time), ("tinygrad", tinygrad_step_time)):
+            other = fn(batch, steps)
+            line += f" | {name}: " + ("not installed" if other is None else
+                                       f"{1e6 * other:9.1f} µs/step ({other / ej_t:5.1f}x einjit's time)")
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
