@@ -1,0 +1,668 @@
+"""Rendering the low-level IR to C-family source code.
+
+One function per routine, readable enough to debug by eye: tensor names come from their
+labels, `Set.debug` strings and `Comment`s become comments, multi-axis indices are flattened
+row-major with constant strides. The output is shaped for gcc's vectorizer (`restrict`
+pointers, constant trip counts, no calls in loop bodies other than math functions).
+
+What differs between C and CUDA — function qualifiers, the `restrict` spelling, how local
+arrays are declared, which math functions exist for a precision — lives in the frozen
+`CSyntax` configuration, so a CUDA renderer reuses this module by passing its own.
+
+Memory classes (seed 001, CPU backends) decide where a node's storage comes from:
+`LOCAL_ONLY` nodes are declared inside the function, `FROM_CONTEXT` nodes are passed as
+arguments (a per-context copy), `CONSTANT_FROM_HOST` nodes are read directly from the host
+array through a `const` pointer. Virtual nodes have no storage and must not appear.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from einjit.ir import low_level as ll
+from einjit.ir import ops
+from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, StaticSymbol, SubAxis, Symbol, index_symbols
+from einjit.ir.tnode import Tnode
+
+_INT_MAX = 2**31 - 1
+
+
+class RenderError(ValueError):
+    """The low-level program cannot be rendered: a virtual node, an unbound symbol, an
+    out-of-bounds constant index range, a malformed routine name."""
+
+
+class MemClass(enum.Enum):
+    LOCAL_ONLY = "Local_only"
+    FROM_CONTEXT = "From_context"
+    CONSTANT_FROM_HOST = "Constant_from_host"
+
+
+class ParamKind(enum.Enum):
+    ARRAY = "array"
+    MERGE_BUFFER = "merge_buffer"
+    STATIC = "static"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Param:
+    """One parameter of a rendered routine, in calling order."""
+
+    kind: ParamKind
+    c_name: str
+    tn: Tnode | None = None
+    mem: MemClass | None = None
+    static: StaticSymbol | None = None
+
+    def __repr__(self) -> str:
+        what = self.tn.debug_name() if self.tn is not None else repr(self.static)
+        mem = f" {self.mem.value}" if self.mem is not None else ""
+        return f"<Param {self.kind.value} {self.c_name}: {what}{mem}>"
+
+
+def mem_class(tn: Tnode, written: bool) -> MemClass:
+    """The CPU memory class of a node a routine touches; `written` says whether it assigns it.
+
+    A constant hosted node that the routine itself writes (its initialization) cannot be a
+    `const` pointer, so it falls back to `FROM_CONTEXT`. Nodes without a memory mode
+    (unoptimized code) are `FROM_CONTEXT`. Whether a node is only used within one routine is
+    the optimizer's decision, recorded as the `Local` memory mode.
+    """
+    _reject_virtual(tn)
+    if tn.is_local():
+        return MemClass.LOCAL_ONLY
+    if tn.is_constant() and not written:
+        return MemClass.CONSTANT_FROM_HOST
+    return MemClass.FROM_CONTEXT
+
+
+def _reject_virtual(tn: Tnode) -> None:
+    if tn.is_virtual():
+        raise RenderError(
+            f"einjit: virtual tensor {tn.debug_name()} appears in code to render; virtual nodes have "
+            f"no storage (provenance {tn.provenance}) — its computation should have been inlined")
+
+
+def c_math_suffix(prec: ops.Prec) -> str:
+    """`expf` for single (and half, computed through float), `exp` for double and integers."""
+    return "f" if prec in (ops.single, ops.half) else ""
+
+
+def c_type_name(prec: ops.Prec) -> str:
+    return prec.c_type
+
+
+@dataclass(frozen=True)
+class CSyntax:
+    """The C-family dialect to render. Templates use `{t}` (element type), `{name}`, `{size}`
+    and `{restrict}`; `local_heap_decl=None` makes oversized local arrays an error (for
+    dialects without a heap). `prelude` is emitted verbatim after the includes."""
+
+    function_qualifier: str = ""
+    restrict: str = "restrict"
+    helper_qualifier: str = "static inline"
+    type_name: Callable[[ops.Prec], str] = c_type_name
+    math_suffix: Callable[[ops.Prec], str] = c_math_suffix
+    includes: tuple[str, ...] = ("math.h", "stdlib.h", "string.h")
+    prelude: str = ""
+    stack_limit_bytes: int = 16 * 1024
+    local_stack_decl: str = "{t} {name}[{size}] = {{0}};"
+    local_heap_decl: str | None = "{t} *{restrict} {name} = ({t} *)calloc({size}, sizeof({t}));\nif (!{name}) abort();"
+    local_heap_free: str = "free({name});"
+    zero_out_memset: bool = True
+    interchange_loops: bool = True
+
+
+C_SYNTAX = CSyntax()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RenderedRoutine:
+    name: str
+    code: str
+    params: tuple[Param, ...]
+    local_nodes: tuple[Tnode, ...]
+    helpers: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CProgram:
+    """A whole translation unit: prelude, helpers, and the routines in the order given."""
+
+    source: str
+    routines: tuple[RenderedRoutine, ...]
+
+
+# ---------------------------------------------------------------- helpers emitted on demand
+
+_HELPERS = {
+    "uniform01": """\
+/* VecUnop.UNIFORM_HASH: splitmix64 of a counter, top 53 bits scaled to [0, 1). */
+{q} double einjit_uniform01(unsigned long long x) {{
+  unsigned long long z = x + 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z = z ^ (z >> 31);
+  return (double)(z >> 11) * (1.0 / 9007199254740992.0);
+}}
+""",
+}
+
+_INT_TEMPLATES = {
+    ops.Binop.MAX: "({0} > {1} ? {0} : {1})",
+    ops.Binop.MIN: "({0} < {1} ? {0} : {1})",
+    ops.Binop.MOD: "({0} % {1})",
+}
+_INT_TERNOP_TEMPLATES = {ops.Ternop.FMA: "({0} * {1} + {2})"}
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SIMPLE = re.compile(r"(\(\w[\w ]*\))?[\w.]+(\[[^\[\]]*\])?")
+
+
+def _sanitize(name: str) -> str:
+    clean = re.sub(r"\W", "_", name)
+    return clean if clean and not clean[0].isdigit() else "n" + clean
+
+
+def symbol_name(s: Symbol) -> str:
+    return _sanitize(f"{s.name}{s.id}")
+
+
+def local_name(sid: ll.ScopeId) -> str:
+    """Generated names end in `_` (locals `v3_`, temporaries `t1_`) so they can never equal a
+    loop symbol (`i3`) or a node name (`x_3`), which end in digits."""
+    return f"v{sid.id}_"
+
+
+def _comment(text: str) -> str:
+    return "/* " + text.replace("*/", "* /").replace("\n", " ") + " */"
+
+
+def _float_literal(v: float, prec: ops.Prec, syn: CSyntax) -> str:
+    t = syn.type_name(prec)
+    if math.isnan(v):
+        body = "NAN"
+    elif math.isinf(v):
+        body = "INFINITY" if v > 0 else "(-INFINITY)"
+    else:
+        text = repr(float(v))
+        body = text + prec.c_literal_suffix if prec is not ops.half else text
+        if v < 0:
+            body = f"({body})"
+    return body if prec in (ops.single, ops.double) else f"(({t}){body})"
+
+
+def _int_literal(v: int, prec: ops.Prec) -> str:
+    suffix = "LL" if prec is ops.int64 or not -_INT_MAX - 1 <= v <= _INT_MAX else ""
+    if v >= 2**63:
+        return f"{v}ULL"
+    if v < 0:
+        return f"(-{-v}{suffix})" if v != -(2**63) else "(-9223372036854775807LL - 1)"
+    return f"{v}{suffix}"
+
+
+def constant_literal(v: float, prec: ops.Prec, syn: CSyntax = C_SYNTAX) -> str:
+    """A C literal for `v` computed in `prec`: `1.0f`, `INFINITY`, `3` or `3LL`."""
+    if prec.is_float:
+        return _float_literal(v, prec, syn)
+    if math.isfinite(v) and float(v).is_integer():
+        return _int_literal(int(v), prec)
+    return _float_literal(v, ops.double, syn)
+
+
+# ---------------------------------------------------------------- index expressions
+
+
+def _affine_text(terms: Iterable[tuple[int, Symbol]], offset: int) -> str:
+    out = ""
+    for c, s in terms:
+        name = symbol_name(s)
+        mag = name if abs(c) == 1 else f"{abs(c)}*{name}"
+        out += (mag if c > 0 else f"-{mag}") if not out else (f" + {mag}" if c > 0 else f" - {mag}")
+    if offset or not out:
+        out += str(offset) if not out else (f" + {offset}" if offset > 0 else f" - {-offset}")
+    return out
+
+
+def _strides(dims: tuple[int, ...]) -> list[int]:
+    strides, acc = [], 1
+    for d in reversed(dims):
+        strides.append(acc)
+        acc *= d
+    return strides[::-1]
+
+
+def flat_index(dims: tuple[int, ...], idcs: tuple[AxisIndex, ...]) -> str:
+    """Row-major flattening with constant strides: `i1 * 16 + i2`, `(2*i4 + i5 - 1) * 8 + 3`."""
+    parts: list[str] = []
+    const = 0
+    for idx, st in zip(idcs, _strides(dims)):
+        match idx:
+            case FixedIdx(i):
+                const += i * st
+            case SubAxis():
+                pass
+            case Iterator(s):
+                parts.append(symbol_name(s) if st == 1 else f"{symbol_name(s)} * {st}")
+            case Affine(terms, offset):
+                text = f"({_affine_text(terms, offset)})"
+                parts.append(text if st == 1 else f"{text} * {st}")
+    if not parts:
+        return str(const)
+    if len(parts) == 1 and not const and parts[0].endswith(")") and parts[0].startswith("("):
+        return parts[0][1:-1]
+    text = " + ".join(parts)
+    return text + (f" + {const}" if const > 0 else f" - {-const}" if const else "")
+
+
+def axis_index_text(idx: AxisIndex) -> str:
+    match idx:
+        case FixedIdx(i):
+            return str(i)
+        case Iterator(s):
+            return symbol_name(s)
+        case Affine(terms, offset):
+            return f"({_affine_text(terms, offset)})"
+        case SubAxis():
+            return "0"
+    raise TypeError(f"not an axis index: {idx!r}")
+
+
+# ---------------------------------------------------------------- loop interchange
+
+
+def interchange_loops(stmt: ll.LLStmt) -> ll.LLStmt:
+    """Move the lhs's unit-stride loop innermost in perfect nests around one accumulation.
+
+    Lowering emits product-space loops in einsum order, so `c[i,j] += a[i,k] * b[k,j]`
+    arrives as i-j-k with a strided innermost read of `b`. The pass only touches a perfect
+    nest whose body is a single `Set` that reads its lhs at exactly the written position,
+    whose lhs indices are distinct plain iterators or constants, and that has no local scope.
+    Then every lhs cell is updated by its own sequence of statement instances, and moving an
+    lhs loop inward keeps the order of that sequence: results are bit-identical.
+    """
+    return ll.seq(*(_interchange_stmt(s) for s in ll.flatten(stmt)))
+
+
+def _interchange_stmt(s: ll.LLStmt) -> ll.LLStmt:
+    if not isinstance(s, ll.ForLoop):
+        return s
+    loops, body = _perfect_nest(s)
+    inner = list(ll.flatten(body))
+    if len(loops) > 1 and len(inner) == 1 and isinstance(inner[0], ll.Set) and _reorderable(inner[0]):
+        loops = _best_order(loops, inner[0])
+    else:
+        body = interchange_loops(body)
+    for loop in reversed(loops):
+        body = dataclasses.replace(loop, body=body)
+    return body
+
+
+def _perfect_nest(loop: ll.ForLoop) -> tuple[list[ll.ForLoop], ll.LLStmt]:
+    loops, body = [loop], loop.body
+    while True:
+        inner = list(ll.flatten(body))
+        if len(inner) != 1 or not isinstance(inner[0], ll.ForLoop):
+            return loops, body
+        loops.append(inner[0])
+        body = inner[0].body
+
+
+def _reorderable(st: ll.Set) -> bool:
+    syms = [idx.symbol for idx in st.idcs if isinstance(idx, Iterator)]
+    if len(syms) != len(set(syms)) or not all(isinstance(i, (Iterator, FixedIdx)) for i in st.idcs):
+        return False
+    for x in ll.iter_scalars(st.llsc):
+        match x:
+            case ll.LocalScope():
+                return False
+            case ll.Get(tn, idcs) if tn is st.tn and idcs != st.idcs:
+                return False
+    return True
+
+
+def _unit_stride_symbol(tn: Tnode, idcs: tuple[AxisIndex, ...], s: Symbol) -> bool:
+    for d, idx in reversed(list(zip(tn.dims, idcs))):
+        if d == 1:
+            continue
+        match idx:
+            case Iterator(sym):
+                return sym == s
+            case Affine(terms, _):
+                return any(sym == s and abs(c) == 1 for c, sym in terms)
+            case _:
+                return False
+    return False
+
+
+def _best_order(loops: list[ll.ForLoop], st: ll.Set) -> list[ll.ForLoop]:
+    accesses = [(st.tn, st.idcs)] + [(x.tn, x.idcs) for x in ll.iter_scalars(st.llsc)
+                                     if isinstance(x, ll.Get) and x.tn is not st.tn]
+
+    def score(loop: ll.ForLoop) -> int:
+        return sum(_unit_stride_symbol(tn, idcs, loop.index) for tn, idcs in accesses)
+
+    lhs_syms = {idx.symbol for idx in st.idcs if isinstance(idx, Iterator)}
+    candidates = [lp for lp in loops[:-1] if lp.index in lhs_syms and lp.to_ > lp.from_]
+    if not candidates:
+        return loops
+    best = max(candidates, key=score)
+    if score(best) <= score(loops[-1]):
+        return loops
+    return [lp for lp in loops if lp is not best] + [best]
+
+
+# ---------------------------------------------------------------- function bodies
+
+
+class _Writer:
+    """Renders one routine's body, collecting the nodes, buffers and helpers it needs."""
+
+    def __init__(self, syn: CSyntax, statics: Sequence[StaticSymbol], index_type: str):
+        self.syn = syn
+        self.index_type = index_type
+        self.static_ranges: dict[Symbol, int | None] = {b.symbol: b.static_range for b in statics}
+        self.loops: dict[Symbol, tuple[int, int]] = {}
+        self.locals_in_scope: set[ll.ScopeId] = set()
+        self.nodes: dict[int, Tnode] = {}
+        self.written: set[int] = set()
+        self.merges: dict[int, Tnode] = {}
+        self.helpers: set[str] = set()
+        self.lines: list[str] = []
+        self.guarded = 0
+        self.temps = 0
+
+    # -- names and storage
+
+    def node_name(self, tn: Tnode, written: bool = False) -> str:
+        _reject_virtual(tn)
+        self.nodes.setdefault(tn.id, tn)
+        if written:
+            self.written.add(tn.id)
+        return tn.name
+
+    def _check_symbol(self, s: Symbol, where: str) -> None:
+        if s not in self.loops and s not in self.static_ranges:
+            raise RenderError(f"einjit: symbol {s!r} used in {where} is bound neither by an enclosing loop "
+                              f"nor by the routine's static bindings {sorted(map(repr, self.static_ranges))}")
+
+    def _range(self, idx: AxisIndex) -> tuple[int, int] | None:
+        match idx:
+            case FixedIdx(i):
+                return i, i
+            case SubAxis():
+                return 0, 0
+            case Iterator(s):
+                terms, offset = ((1, s),), 0
+            case Affine(terms, offset):
+                pass
+        lo = hi = offset
+        for c, s in terms:
+            if s in self.loops:
+                a, b = self.loops[s]
+            elif self.static_ranges.get(s) is not None:
+                a, b = 0, self.static_ranges[s] - 1
+            else:
+                return None
+            lo, hi = lo + min(c * a, c * b), hi + max(c * a, c * b)
+        return lo, hi
+
+    def index(self, tn: Tnode, idcs: tuple[AxisIndex, ...], what: str, extra_last: int = 0) -> str:
+        """The flat index, after checking symbols are bound and, where loop ranges are known,
+        that it stays in bounds (reads under a `where` guard are exempt: padding)."""
+        dims = tn.dims
+        if len(idcs) != len(dims):
+            raise RenderError(f"einjit: {what} of {tn.debug_name()} uses {len(idcs)} indices {idcs} "
+                              f"but the node has dims {dims}")
+        for axis, (idx, d) in enumerate(zip(idcs, dims)):
+            for s in index_symbols(idx):
+                self._check_symbol(s, f"{what} of {tn.debug_name()}")
+            unchecked = self.guarded and what == "read" or any(a > b for a, b in self.loops.values())
+            rng = None if unchecked else self._range(idx)
+            if rng is not None:
+                hi = rng[1] + (extra_last if axis == len(dims) - 1 else 0)
+                if rng[0] < 0 or hi >= d:
+                    raise RenderError(
+                        f"einjit: {what} of {tn.debug_name()} with dims {dims}: index {idx!r} on axis {axis} "
+                        f"ranges over [{rng[0]}, {hi}], outside [0, {d - 1}]")
+        return flat_index(dims, idcs)
+
+    # -- scalars
+
+    def typed(self, text: str, prec: ops.Prec) -> str:
+        return f"(({self.syn.type_name(prec)}){text})"
+
+    def cast(self, text: str, have: ops.Prec, want: ops.Prec) -> str:
+        return text if have is want else f"({self.syn.type_name(want)}){text}"
+
+    def scalar(self, sc: ll.LLScalar, prec: ops.Prec, pre: list[str], indent: str) -> str:
+        """C text of `sc` computed in `prec`; local scopes are hoisted into `pre`."""
+        match sc:
+            case ll.Constant(v):
+                return constant_literal(v, prec, self.syn)
+            case ll.ConstantBits(b):
+                lit = _int_literal(int(b), ops.int64)
+                return self.typed(lit, prec) if prec is not ops.int64 else lit
+            case ll.Get(tn, idcs):
+                text = f"{self.node_name(tn)}[{self.index(tn, idcs, 'read')}]"
+                return self.cast(text, tn.prec, prec)
+            case ll.GetMergeBuffer(tn, idcs):
+                self.merges.setdefault(tn.id, tn)
+                return self.cast(f"merge_{tn.name}[{self.index(tn, idcs, 'merge-buffer read')}]", tn.prec, prec)
+            case ll.GetLocal(sid):
+                if sid not in self.locals_in_scope:
+                    raise RenderError(f"einjit: local {sid!r} (of {sid.tn.debug_name()}) read outside its scope")
+                return self.cast(local_name(sid), sid.tn.prec, prec)
+            case ll.LocalScope(sid, body, _):
+                pre.append(f"{indent}{self.syn.type_name(sid.tn.prec)} {local_name(sid)} = 0;")
+                self.locals_in_scope.add(sid)
+                saved, self.lines = self.lines, pre
+                self.stmt(body, indent)
+                self.lines = saved
+                return self.cast(local_name(sid), sid.tn.prec, prec)
+            case ll.EmbedIndex(idx):
+                for s in index_symbols(idx):
+                    self._check_symbol(s, "an embedded index")
+                return f"(({self.syn.type_name(prec)}){axis_index_text(idx)})"
+            case ll.Unop(op, a):
+                return self.apply(op.c_template, op.c_template, prec, [self.scalar(a, prec, pre, indent)], pre, indent)
+            case ll.Binop(op, a, b):
+                args = [self.scalar(x, prec, pre, indent) for x in (a, b)]
+                return self.apply(op.c_template, _INT_TEMPLATES.get(op, op.c_template), prec, args, pre, indent)
+            case ll.Ternop(ops.Ternop.WHERE, c, a, b):
+                args = [self.scalar(c, prec, pre, indent)]
+                self.guarded += 1
+                args += [self.scalar(x, prec, pre, indent) for x in (a, b)]
+                self.guarded -= 1
+                return self.apply(ops.Ternop.WHERE.c_template, ops.Ternop.WHERE.c_template, prec, args, pre, indent)
+            case ll.Ternop(op, a, b, c):
+                args = [self.scalar(x, prec, pre, indent) for x in (a, b, c)]
+                return self.apply(op.c_template, _INT_TERNOP_TEMPLATES.get(op, op.c_template), prec, args, pre, indent)
+        raise TypeError(f"not a low-level scalar: {sc!r}")
+
+    def apply(self, template: str, int_template: str, prec: ops.Prec, args: list[str], pre: list[str],
+              indent: str) -> str:
+        """Instantiate an op template. An argument the template repeats (`relu`, `max` on
+        integers) is bound to a temporary first unless trivial, so it is computed once — except
+        under a `where` guard, where it must stay inside the conditional. Results are cast back
+        to `prec` where C would compute in another type (half arithmetic, integer math through
+        double functions)."""
+        if not prec.is_float:
+            template = int_template
+        if not self.guarded:
+            args = [self.bind(a, prec, pre, indent) if template.count(f"{{{k}}}") > 1 and not _SIMPLE.fullmatch(a)
+                    else a for k, a in enumerate(args)]
+        text = template.format(*args, f=self.syn.math_suffix(prec))
+        needs_cast = prec is ops.half or (not prec.is_float and "{f}" in template)
+        return self.typed(text, prec) if needs_cast else text
+
+    def bind(self, text: str, prec: ops.Prec, pre: list[str], indent: str) -> str:
+        self.temps += 1
+        name = f"t{self.temps}_"
+        pre.append(f"{indent}const {self.syn.type_name(prec)} {name} = {text};")
+        return name
+
+    # -- statements
+
+    def emit(self, indent: str, text: str) -> None:
+        self.lines.extend(indent + line for line in text.split("\n"))
+
+    def with_scalar(self, indent: str, render: Callable[[list[str], str], str]) -> None:
+        """Emit a statement whose scalar may hoist local scopes: then both go in a block."""
+        pre: list[str] = []
+        before = set(self.locals_in_scope)
+        text = render(pre, indent + "  ")
+        if pre:
+            self.lines.append(indent + "{")
+            self.lines.extend(pre)
+            self.emit(indent + "  ", text)
+            self.lines.append(indent + "}")
+        else:
+            self.emit(indent, text)
+        self.locals_in_scope = before
+
+    def stmt(self, stmt: ll.LLStmt, indent: str) -> None:
+        for s in ll.flatten(stmt):
+            match s:
+                case ll.Comment(msg):
+                    self.lines.append(indent + _comment(msg))
+                case ll.StagedCompilation(render):
+                    self.emit(indent, render().rstrip("\n"))
+                case ll.ForLoop(index, from_, to_, body, _):
+                    if index in self.loops or index in self.static_ranges:
+                        raise RenderError(f"einjit: loop symbol {index!r} is already bound in an enclosing scope")
+                    name = symbol_name(index)
+                    self.lines.append(f"{indent}for ({self.index_type} {name} = {from_}; {name} < {to_ + 1}; "
+                                      f"++{name}) {{")
+                    self.loops[index] = (from_, to_)
+                    self.stmt(body, indent + "  ")
+                    del self.loops[index]
+                    self.lines.append(indent + "}")
+                case ll.ZeroOut(tn):
+                    self.zero_out(tn, indent)
+                case ll.Set(tn, idcs, llsc, debug):
+                    def render(pre, ind, tn=tn, idcs=idcs, llsc=llsc, debug=debug):
+                        lhs = f"{self.node_name(tn, written=True)}[{self.index(tn, idcs, 'write')}]"
+                        note = " " + _comment(debug) if debug else ""
+                        return f"{lhs} = {self.scalar(llsc, tn.prec, pre, ind)};{note}"
+                    self.with_scalar(indent, render)
+                case ll.SetLocal(sid, value):
+                    if sid not in self.locals_in_scope:
+                        raise RenderError(f"einjit: local {sid!r} (of {sid.tn.debug_name()}) set outside its scope")
+                    self.with_scalar(indent, lambda pre, ind, sid=sid, value=value:
+                                     f"{local_name(sid)} = {self.scalar(value, sid.tn.prec, pre, ind)};")
+                case ll.SetFromVec():
+                    self.with_scalar(indent, lambda pre, ind, s=s: self.set_from_vec(s, pre, ind))
+                case _:
+                    raise TypeError(f"not a low-level statement: {s!r}")
+
+    def zero_out(self, tn: Tnode, indent: str) -> None:
+        name, t = self.node_name(tn, written=True), self.syn.type_name(tn.prec)
+        if self.syn.zero_out_memset:
+            self.lines.append(f"{indent}memset({name}, 0, sizeof({t}) * {tn.size});")
+        else:
+            self.lines.append(f"{indent}for ({self.index_type} z = 0; z < {tn.size}; ++z) {name}[z] = 0;")
+
+    def set_from_vec(self, s: ll.SetFromVec, pre: list[str], indent: str) -> str:
+        match s.vec_unop:
+            case ops.VecUnop.UNIFORM_HASH:
+                self.helpers.add("uniform01")
+        name = self.node_name(s.tn, written=True)
+        start = self.index(s.tn, s.idcs, "vector write", extra_last=s.length - 1)
+        counter = self.scalar(s.arg, ops.int64, pre, indent)
+        note = " " + _comment(s.debug) if s.debug else ""
+        t = self.syn.type_name(s.tn.prec)
+        return "\n".join([
+            f"{{{note}",
+            f"  const unsigned long long vec_base = (unsigned long long){counter} * {s.length}ULL;",
+            f"  for ({self.index_type} vec_k = 0; vec_k < {s.length}; ++vec_k)",
+            f"    {name}[{start} + vec_k] = ({t})einjit_uniform01(vec_base + (unsigned long long)vec_k);",
+            "}",
+        ])
+
+
+# ---------------------------------------------------------------- routines and programs
+
+
+def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] = (),
+                   syntax: CSyntax = C_SYNTAX) -> RenderedRoutine:
+    """Render one routine as a C function definition (without the prelude).
+
+    Parameters: the arrays of `FROM_CONTEXT` and `CONSTANT_FROM_HOST` nodes sorted by node
+    id, then merge buffers (`merge_NODE`) sorted by node id, then one `int` per static
+    binding in the order given.
+    """
+    if not _IDENT.match(name):
+        raise RenderError(f"einjit: routine name {name!r} is not a C identifier")
+    if syntax.interchange_loops:
+        llc = interchange_loops(llc)
+    index_type = "int" if all(tn.size <= _INT_MAX for tn in ll.nodes_of(llc)) else "long long"
+    w = _Writer(syntax, tuple(bindings), index_type)
+    w.stmt(llc, "  ")
+
+    params: list[Param] = []
+    decls: list[str] = []
+    local_decls: list[str] = []
+    frees: list[str] = []
+    local_nodes: list[Tnode] = []
+    r = syntax.restrict
+    for tn in sorted(w.nodes.values(), key=lambda n: n.id):
+        mem = mem_class(tn, tn.id in w.written)
+        t = syntax.type_name(tn.prec)
+        if mem is MemClass.LOCAL_ONLY:
+            local_nodes.append(tn)
+            local_decls.append(_local_decl(tn, syntax))
+            if tn.size * tn.prec.itemsize > syntax.stack_limit_bytes:
+                frees.append("  " + syntax.local_heap_free.format(name=tn.name))
+            continue
+        const = "" if tn.id in w.written else "const "
+        params.append(Param(ParamKind.ARRAY, tn.name, tn=tn, mem=mem))
+        decls.append(f"{const}{t} *{r} {tn.name}")
+    for tn in sorted(w.merges.values(), key=lambda n: n.id):
+        if tn.is_local():
+            raise RenderError(f"einjit: merge buffer of {tn.debug_name()} read, but the node is Local")
+        params.append(Param(ParamKind.MERGE_BUFFER, f"merge_{tn.name}", tn=tn))
+        decls.append(f"const {syntax.type_name(tn.prec)} *{r} merge_{tn.name}")
+    for b in bindings:
+        params.append(Param(ParamKind.STATIC, symbol_name(b.symbol), static=b))
+        decls.append(f"int {symbol_name(b.symbol)}")
+
+    qual = f"{syntax.function_qualifier} " if syntax.function_qualifier else ""
+    head = f"{qual}void {name}({', '.join(decls) or 'void'}) {{"
+    body = [line for d in local_decls for line in d.split("\n")] + w.lines + frees
+    code = "\n".join([head, *body, "}"]) + "\n"
+    return RenderedRoutine(name, code, tuple(params), tuple(local_nodes), frozenset(w.helpers))
+
+
+def _local_decl(tn: Tnode, syn: CSyntax) -> str:
+    fields = dict(t=syn.type_name(tn.prec), name=tn.name, size=tn.size, restrict=syn.restrict)
+    if tn.size * tn.prec.itemsize <= syn.stack_limit_bytes:
+        template = syn.local_stack_decl
+    elif syn.local_heap_decl is None:
+        raise RenderError(f"einjit: local tensor {tn.debug_name()} needs {tn.size * tn.prec.itemsize} bytes, "
+                          f"over the {syn.stack_limit_bytes}-byte limit for locals of this backend")
+    else:
+        template = syn.local_heap_decl
+    return "\n".join("  " + line for line in template.format(**fields).split("\n"))
+
+
+def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence[StaticSymbol] = (),
+                   syntax: CSyntax = C_SYNTAX) -> CProgram:
+    """Render routines into one translation unit, with only the helpers they use."""
+    names = [n for n, _ in routines]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise RenderError(f"einjit: routine names must be distinct in one program, repeated: {dup}")
+    rendered = tuple(render_routine(n, llc, bindings, syntax) for n, llc in routines)
+    helpers = sorted(set().union(*(r.helpers for r in rendered)))
+    parts = ["/* Generated by einjit: C backend. */\n" + "".join(f"#include <{h}>\n" for h in syntax.includes)]
+    if syntax.prelude:
+        parts.append(syntax.prelude)
+    parts += [_HELPERS[h].format(q=syntax.helper_qualifier) for h in helpers]
+    parts += [r.code for r in rendered]
+    return CProgram("\n".join(parts), rendered)
