@@ -1,0 +1,92 @@
+"""ATL matmul and matvec compiled through Halide (autoscheduled) against NumPy.
+
+    python benchmarks/bench_atl.py [--n 1024] [--threads N] [--repeat 5]
+
+Both sides get the same number of threads (BLAS through its environment variables,
+Halide through HL_NUM_THREADS and the autoscheduler's parallelism). Times are the best
+of ``--repeat`` runs after one warm-up run, in one process; ratios are ATL time over
+NumPy time (lower is better). The einjit column needs ``einjit.atl.to_assignments``
+and is skipped with a note while that module is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+
+def _parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=1024, help="matrix size")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="threads for BLAS and Halide")
+    ap.add_argument("--repeat", type=int, default=5)
+    return ap.parse_args()
+
+
+ARGS = _parse() if __name__ == "__main__" else None
+if ARGS is not None:
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HL_NUM_THREADS"):
+        os.environ[var] = str(ARGS.threads)
+
+import numpy as np  # noqa: E402  (after the thread settings)
+
+from einjit.atl import Func, Gen, R, Sum, TTensor, Var  # noqa: E402
+
+
+def best_time(fn, args, repeat: int) -> float:
+    fn(*args)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn(*args)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def programs(n: int) -> dict:
+    A, B, x = Var("A"), Var("B"), Var("x")
+    Rn, Rnn = TTensor(n, R), TTensor(n, TTensor(n, R))
+    rng = np.random.default_rng(0)
+    a, b, v = rng.standard_normal((n, n)), rng.standard_normal((n, n)), rng.standard_normal(n)
+    return {
+        "matmul": (Func([("A", Rnn), ("B", Rnn)],
+                        Gen("i", n, Gen("j", n, Sum("k", n, A["i", "k"] * B["k", "j"])))),
+                   (a, b), np.matmul),
+        "matvec": (Func([("A", Rnn), ("x", Rn)],
+                        Gen("i", n, Sum("j", n, A["i", "j"] * x["j"]))),
+                   (a, v), np.matmul),
+    }
+
+
+def einjit_column(f: Func, args, expected, repeat: int) -> str:
+    try:
+        fn = f.compiled("einjit")
+    except ImportError as exc:
+        return f"skipped: {exc.__cause__ or exc}"
+    got = fn(*args)
+    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9)
+    return f"{best_time(fn, args, repeat) * 1e3:9.2f} ms"
+
+
+def main(args: argparse.Namespace) -> None:
+    print(f"n = {args.n}, threads = {args.threads}, best of {args.repeat}")
+    print(f"{'op':8} {'numpy':>10} {'halide':>10} {'ratio':>7}  {'schedule':12} "
+          f"{'compile':>8}  einjit")
+    for name, (f, inputs, ref) in programs(args.n).items():
+        expected = ref(*inputs)
+        t0 = time.perf_counter()
+        fn = f.compiled("halide")
+        got = fn(*inputs)
+        compile_s = time.perf_counter() - t0
+        np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9)
+        t_np = best_time(ref, inputs, args.repeat)
+        t_hl = best_time(fn, inputs, args.repeat)
+        print(f"{name:8} {t_np * 1e3:7.2f} ms {t_hl * 1e3:7.2f} ms {t_hl / t_np:7.2f}  "
+              f"{fn.scheduler:12} {compile_s:7.2f}s  "
+              f"{einjit_column(f, inputs, expected, args.repeat)}")
+
+
+if __name__ == "__main__":
+    main(ARGS)
