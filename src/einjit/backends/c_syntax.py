@@ -101,7 +101,12 @@ def c_type_name(prec: ops.Prec) -> str:
 class CSyntax:
     """The C-family dialect to render. Templates use `{t}` (element type), `{name}`, `{size}`
     and `{restrict}`; `local_heap_decl=None` makes oversized local arrays an error (for
-    dialects without a heap). `prelude` is emitted verbatim after the includes."""
+    dialects without a heap). `prelude` is emitted verbatim after the includes.
+
+    Hooks for dialects that map loops and storage differently (CUDA): `loop_head(loop,
+    symbol_name, index_type)` returns a loop's header text (ending in `{`) or None for the
+    plain `for`; `classify(tn, written)` replaces `mem_class` (a non-`LOCAL_ONLY` class makes
+    the node a parameter)."""
 
     function_qualifier: str = ""
     restrict: str = "restrict"
@@ -116,6 +121,8 @@ class CSyntax:
     local_heap_free: str = "free({name});"
     zero_out_memset: bool = True
     interchange_loops: bool = True
+    loop_head: Callable[[ll.ForLoop, str, str], str | None] | None = None
+    classify: Callable[[Tnode, bool], MemClass] | None = None
 
 
 C_SYNTAX = CSyntax()
@@ -258,6 +265,18 @@ def flat_index(dims: tuple[int, ...], idcs: tuple[AxisIndex, ...]) -> str:
         return parts[0][1:-1]
     text = " + ".join(parts)
     return text + (f" + {const}" if const > 0 else f" - {-const}" if const else "")
+
+
+def clamped_flat_index(dims: tuple[int, ...], idcs: tuple[AxisIndex, ...], clamped: list[int]) -> str:
+    """Row-major flattening where the axes in `clamped` are clamped into range: a read under a
+    `where` guard (padding) is then always in bounds and can be done unconditionally."""
+    parts = []
+    for axis, (idx, st) in enumerate(zip(idcs, _strides(dims))):
+        text = axis_index_text(idx)
+        if axis in clamped:
+            text = f"EINJIT_CLAMP({text}, {dims[axis] - 1})"
+        parts.append(text if st == 1 else f"{text} * {st}")
+    return " + ".join(parts)
 
 
 def axis_index_text(idx: AxisIndex) -> str:
@@ -419,17 +438,23 @@ class _Writer:
         if len(idcs) != len(dims):
             raise RenderError(f"einjit: {what} of {tn.debug_name()} uses {len(idcs)} indices {idcs} "
                               f"but the node has dims {dims}")
+        clamped: list[int] = []
+        empty_loop = any(a > b for a, b in self.loops.values())
         for axis, (idx, d) in enumerate(zip(idcs, dims)):
             for s in index_symbols(idx):
                 self._check_symbol(s, f"{what} of {tn.debug_name()}")
-            unchecked = self.guarded and what == "read" or any(a > b for a, b in self.loops.values())
-            rng = None if unchecked else self._range(idx)
-            if rng is not None:
-                hi = rng[1] + (extra_last if axis == len(dims) - 1 else 0)
-                if rng[0] < 0 or hi >= d:
-                    raise RenderError(
-                        f"einjit: {what} of {tn.debug_name()} with dims {dims}: index {idx!r} on axis {axis} "
-                        f"ranges over [{rng[0]}, {hi}], outside [0, {d - 1}]")
+            rng = None if empty_loop else self._range(idx)
+            hi = None if rng is None else rng[1] + (extra_last if axis == len(dims) - 1 else 0)
+            in_bounds = rng is not None and rng[0] >= 0 and hi < d
+            if self.guarded and what == "read":
+                if not in_bounds and not isinstance(idx, FixedIdx):
+                    clamped.append(axis)
+            elif rng is not None and not in_bounds:
+                raise RenderError(
+                    f"einjit: {what} of {tn.debug_name()} with dims {dims}: index {idx!r} on axis {axis} "
+                    f"ranges over [{rng[0]}, {hi}], outside [0, {d - 1}]")
+        if clamped:
+            return clamped_flat_index(dims, idcs, clamped)
         return flat_index(dims, idcs)
 
     # -- scalars
@@ -474,6 +499,19 @@ class _Writer:
             case ll.Binop(op, a, b):
                 args = [self.scalar(x, prec, pre, indent) for x in (a, b)]
                 return self.apply(op.c_template, _INT_TEMPLATES.get(op, op.c_template), prec, args, pre, indent)
+            case ll.Ternop(ops.Ternop.WHERE, c, a, b) if prec.is_float:
+                args = [self.scalar(c, prec, pre, indent)]
+                self.guarded += 1
+                branches = [self.scalar(x, prec, pre, indent) for x in (a, b)]
+                self.guarded -= 1
+                if not self.guarded:
+                    # Loads are hoisted out of the conditional on purpose: gcc 12 miscompiles
+                    # vectorized reductions over conditional (masked) loads; clamped indices
+                    # make the unconditional loads safe.
+                    branches = [x if _SIMPLE.fullmatch(x) and "[" not in x else self.bind(x, prec, pre, indent)
+                                for x in branches]
+                return self.apply(ops.Ternop.WHERE.c_template, ops.Ternop.WHERE.c_template, prec, args + branches,
+                                  pre, indent)
             case ll.Ternop(ops.Ternop.WHERE, c, a, b):
                 args = [self.scalar(c, prec, pre, indent)]
                 self.guarded += 1
@@ -537,8 +575,9 @@ class _Writer:
                     if index in self.loops or index in self.static_ranges:
                         raise RenderError(f"einjit: loop symbol {index!r} is already bound in an enclosing scope")
                     name = symbol_name(index)
-                    self.lines.append(f"{indent}for ({self.index_type} {name} = {from_}; {name} < {to_ + 1}; "
-                                      f"++{name}) {{")
+                    head = self.syn.loop_head(s, name, self.index_type) if self.syn.loop_head else None
+                    self.lines.append(indent + (head or f"for ({self.index_type} {name} = {from_}; "
+                                                        f"{name} < {to_ + 1}; ++{name}) {{"))
                     self.loops[index] = (from_, to_)
                     self.stmt(body, indent + "  ")
                     del self.loops[index]
@@ -612,7 +651,7 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     local_nodes: list[Tnode] = []
     r = syntax.restrict
     for tn in sorted(w.nodes.values(), key=lambda n: n.id):
-        mem = mem_class(tn, tn.id in w.written)
+        mem = (syntax.classify or mem_class)(tn, tn.id in w.written)
         t = syntax.type_name(tn.prec)
         if mem is MemClass.LOCAL_ONLY:
             local_nodes.append(tn)
@@ -660,7 +699,8 @@ def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence
         raise RenderError(f"einjit: routine names must be distinct in one program, repeated: {dup}")
     rendered = tuple(render_routine(n, llc, bindings, syntax) for n, llc in routines)
     helpers = sorted(set().union(*(r.helpers for r in rendered)))
-    parts = ["/* Generated by einjit: C backend. */\n" + "".join(f"#include <{h}>\n" for h in syntax.includes)]
+    parts = ["/* Generated by einjit: C backend. */\n" + "".join(f"#include <{h}>\n" for h in syntax.includes)
+             + "#define EINJIT_CLAMP(x, hi) ((x) < 0 ? 0 : ((x) > (hi) ? (hi) : (x)))\n"]
     if syntax.prelude:
         parts.append(syntax.prelude)
     parts += [_HELPERS[h].format(q=syntax.helper_qualifier) for h in helpers]

@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#define EINJIT_CLAMP(x, hi) ((x) < 0 ? 0 : ((x) > (hi) ? (hi) : (x)))
 
 /* VecUnop.UNIFORM_HASH: splitmix64 of a counter, top 53 bits scaled to [0, 1). */
 static inline double einjit_uniform01(unsigned long long x) {

@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#define EINJIT_CLAMP(x, hi) ((x) < 0 ? 0 : ((x) > (hi) ? (hi) : (x)))
 
 void small(const float *restrict x_1, const float *restrict w_1, float *restrict y_1, const float *restrict merge_y_1, int s1) {
   float h_1[24] = {0};
