@@ -499,19 +499,6 @@ class _Writer:
             case ll.Binop(op, a, b):
                 args = [self.scalar(x, prec, pre, indent) for x in (a, b)]
                 return self.apply(op.c_template, _INT_TEMPLATES.get(op, op.c_template), prec, args, pre, indent)
-            case ll.Ternop(ops.Ternop.WHERE, c, a, b) if prec.is_float:
-                args = [self.scalar(c, prec, pre, indent)]
-                self.guarded += 1
-                branches = [self.scalar(x, prec, pre, indent) for x in (a, b)]
-                self.guarded -= 1
-                if not self.guarded:
-                    # Loads are hoisted out of the conditional on purpose: gcc 12 miscompiles
-                    # vectorized reductions over conditional (masked) loads; clamped indices
-                    # make the unconditional loads safe.
-                    branches = [x if _SIMPLE.fullmatch(x) and "[" not in x else self.bind(x, prec, pre, indent)
-                                for x in branches]
-                return self.apply(ops.Ternop.WHERE.c_template, ops.Ternop.WHERE.c_template, prec, args + branches,
-                                  pre, indent)
             case ll.Ternop(ops.Ternop.WHERE, c, a, b):
                 args = [self.scalar(c, prec, pre, indent)]
                 self.guarded += 1
@@ -527,7 +514,8 @@ class _Writer:
               indent: str) -> str:
         """Instantiate an op template. An argument the template repeats (`relu`, `max` on
         integers) is bound to a temporary first unless trivial, so it is computed once — except
-        under a `where` guard, where it must stay inside the conditional. Results are cast back
+        under a `where` guard, where it must stay inside the conditional; the arguments of a
+        conditional template that read memory are bound too (floating point only). Results are cast back
         to `prec` where C would compute in another type (half arithmetic, integer math through
         double functions)."""
         if not prec.is_float:
@@ -535,6 +523,11 @@ class _Writer:
         if not self.guarded:
             args = [self.bind(a, prec, pre, indent) if template.count(f"{{{k}}}") > 1 and not _SIMPLE.fullmatch(a)
                     else a for k, a in enumerate(args)]
+            if "?" in template and prec.is_float:
+                # Loads are hoisted out of conditionals on purpose: gcc 12 miscompiles vectorized
+                # loops over conditional (masked) loads. Reads under a `where` guard have clamped
+                # indices, so loading them unconditionally is safe.
+                args = [self.bind(a, prec, pre, indent) if "[" in a else a for a in args]
         text = template.format(*args, f=self.syn.math_suffix(prec))
         needs_cast = prec is ops.half or (not prec.is_float and "{f}" in template)
         return self.typed(text, prec) if needs_cast else text

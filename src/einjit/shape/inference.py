@@ -1,0 +1,179 @@
+"""Global, incremental shape inference.
+
+`propagate_shapes` adds one operation's constraints and solves as much as it can, rewriting
+the rows of every shape under inference with what is now known. The result does not depend on
+the order in which operations are added. `finish_inference` then closes what is left —
+unsolved variables take their least upper bound, else dimension 1 / no further axes — and
+starts a fresh state: the shapes are fully known from then on.
+
+Every update is solved on a copy of the state and committed only on success, so a
+`ShapeError` leaves inference exactly as it was before the failing call.
+"""
+
+from __future__ import annotations
+
+from einjit.shape.errors import ShapeError
+from einjit.shape.logic import Generated, Item, constraints_of
+from einjit.shape.row import (
+    Constraint, Dim, Env, Kind, Row, RowEq, RowVar, Var, close_dims, close_rows, solve, subst_row, unsolved_vars,
+)
+from einjit.shape.shape import Shape, UpdateStep, logic_args
+
+
+class InferenceState:
+    """An environment with the items still to check and the shapes kept substituted; `watch`
+    maps each variable and unlabelled axis id to the shapes whose rows mention it. `log`, when
+    a list, records every constraint added (projection inference reads it)."""
+
+    __slots__ = ("env", "items", "shapes", "watch", "spec_rows", "steps", "log")
+
+    def __init__(self) -> None:
+        self.env = Env()
+        self.items: list[Item] = []
+        self.shapes: dict[int, Shape] = {}
+        self.watch: dict[object, frozenset[int]] = {}
+        self.spec_rows: list[Row] = []
+        self.steps: list[UpdateStep] = []
+        self.log: list[Constraint] | None = None
+
+    def copy(self) -> InferenceState:
+        st = InferenceState()
+        st.env, st.items, st.shapes, st.watch = self.env.copy(), list(self.items), dict(self.shapes), dict(self.watch)
+        st.spec_rows, st.steps = list(self.spec_rows), list(self.steps)
+        st.log = None if self.log is None else list(self.log)
+        return st
+
+    def rows(self) -> list[Row]:
+        return [r for sh in self.shapes.values() for r in sh.rows()] + self.spec_rows
+
+    def _watch(self, sh: Shape) -> None:
+        key = id(sh)
+        for row in sh.rows():
+            if isinstance(row.bcast, RowVar):
+                self.watch[row.bcast] = self.watch.get(row.bcast, frozenset()) | {key}
+            for d in row.dims:
+                k = d if isinstance(d, Var) else d.proj_id if d.label is None else None
+                if k is not None:
+                    self.watch[k] = self.watch.get(k, frozenset()) | {key}
+
+    def add(self, gen: Generated, shapes: tuple[Shape, ...]) -> None:
+        for sh in shapes:
+            if id(sh) not in self.shapes:
+                self.shapes[id(sh)] = sh
+                self._watch(sh)
+        self.items += gen.items
+        self.spec_rows += gen.spec_rows
+        self._solve(gen.constraints)
+        self.settle()
+
+    def _solve(self, constraints: list[Constraint]) -> None:
+        if self.log is not None:
+            self.log += constraints
+        solve(self.env, constraints)
+
+    def settle(self) -> None:
+        """Check the items until none derives anything more."""
+        while True:
+            derived: list[Constraint] = []
+            remaining = []
+            for item in self.items:
+                more, done = item.check(self.env)
+                derived += more
+                if not done:
+                    remaining.append(item)
+            self.items = remaining
+            if not derived:
+                return
+            self._solve(derived)
+
+    def close(self) -> None:
+        """Close all variables: row variables first (their LUB, else no further axes, leaving
+        rows that items reserve or own to the items' choice), then dimension variables (LUB;
+        else what items force; else 1)."""
+        self.settle()
+        while True:
+            row_vars, dim_vars = unsolved_vars(self.env, self.rows())
+            if row_vars:
+                forced = [c for it in self.items for c in it.force_rows(self.env)]
+                reserved = set().union(*(it.reserved_rows(self.env) for it in self.items))
+                owned = set().union(*(it.owned_rows(self.env) for it in self.items))
+                closing = close_rows(self.env, row_vars, forced, reserved, owned)
+            elif dim_vars:
+                forced = [c for it in self.items for c in it.force_dims(self.env)]
+                waiting = set().union(*(it.waiting(self.env) for it in self.items))
+                closing = close_dims(self.env, dim_vars, forced, waiting)
+            else:
+                return
+            solve(self.env, closing)
+            self.settle()
+
+    def update_shapes(self) -> None:
+        """Rewrite the rows of the shapes that mention what this state's env solved or labelled
+        (the other rows are substituted already)."""
+        env = self.env
+        stale = set().union(*(self.watch.get(t, ()) for t in env.touched))
+        for key in stale:
+            sh = self.shapes[key]
+            sh.batch, sh.input, sh.output = (subst_row(env, r) for r in (sh.batch, sh.input, sh.output))
+            self._watch(sh)
+
+
+_state = InferenceState()
+
+
+def reset_state() -> None:
+    """Forget every operation under inference (the shapes keep what they have learned)."""
+    global _state
+    _state = InferenceState()
+
+
+def _commit(trial: InferenceState) -> None:
+    global _state
+    trial.update_shapes()
+    _state = trial
+
+
+def propagate_shapes(update_step: UpdateStep) -> None:
+    """Add the constraints of one operation and solve what they determine, updating the shapes
+    of all operations under inference in place."""
+    trial = _state.copy()
+    args = logic_args(update_step.logic)
+    trial.add(constraints_of(update_step.logic, update_step.shape, args), (update_step.shape, *args))
+    trial.steps.append(update_step)
+    _commit(trial)
+
+
+def add_shape_equation(shape: Shape, k1: Kind, k2: Kind) -> None:
+    """Equate two rows of one shape (e.g. `InputEqualsOutput`)."""
+    trial = _state.copy()
+    trial.add(Generated(constraints=[RowEq(shape.row(k1), shape.row(k2))]), (shape,))
+    _commit(trial)
+
+
+def finish_inference() -> None:
+    """Close every still-unsolved variable of the shapes under inference, then start afresh."""
+    global _state
+    trial = _state.copy()
+    trial.close()
+    trial.update_shapes()
+    unsolved = [sh for sh in trial.shapes.values() if not sh.is_solved()]
+    if unsolved:
+        raise ShapeError(f"internal error of shape inference (please report): {unsolved[0]!r} is still "
+                         "unsolved after closing")
+    _state = InferenceState()
+
+
+def is_active(update_step: UpdateStep) -> bool:
+    return any(s is update_step for s in _state.steps)
+
+
+def to_dims(shape: Shape) -> tuple[int, ...]:
+    """The dimensions in memory layout order (batch, output, input); the shape must be solved."""
+    dims: list[int] = []
+    for row in shape.rows():
+        if isinstance(row.bcast, RowVar) or not all(isinstance(d, Dim) for d in row.dims):
+            name = f'"{shape.debug_name}" ' if shape.debug_name else ""
+            raise ShapeError(f"shape {name}#{shape.id} is not fully inferred: {row.id.kind.value} row "
+                             f"[{row!r}] (shape {shape}); call finish_inference() first")
+        dims += [d.d for d in row.dims]
+    return tuple(dims)

@@ -1,0 +1,189 @@
+"""Projection inference: how the loops of one operation index its result and arguments.
+
+The shapes are solved by now, but their solution cannot be reused as is: two axes found equal
+because they are reduced together in *another* operation must not share an iterator in this
+one. So each call copies the operation's shapes with fresh projection ids (one per axis
+occurrence, even when a tensor appears twice), regenerates the operation's constraints and
+solves them in a local state. Axes whose dimensions are lined up by a constraint and are equal
+share an iterator; an axis of dimension 1 lined up with a larger one was broadcast and is
+indexed at 0. Einsum fixed indices, convolution axes and the static symbol of a batch slice
+are attached to their variables (`specials`) and override iteration.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, Projections, get_symbol, make_affine
+from einjit.shape.errors import ShapeError
+from einjit.shape.inference import InferenceState, finish_inference, is_active, propagate_shapes, to_dims
+from einjit.shape.logic import ConvSpec, Generated, Special, constraints_of
+from einjit.shape.row import (
+    AnyDim, Broadcastable, Constraint, Dim, DimEq, DimIneq, Env, Row, RowEq, RowIneq, Solved, Var,
+    expand_row, fresh_proj_id,
+)
+from einjit.shape.shape import Shape, Terminal, UpdateStep, logic_args, logic_to_spec
+
+Key = tuple[str, int]
+_anon = itertools.count()
+
+
+def derive_projections(update_step: UpdateStep) -> Projections:
+    """The projections of one operation: lhs is the step's shape, the rhs are the logic's
+    arguments. Finishes inference first if any of these shapes is not solved yet."""
+    lhs, args = update_step.shape, logic_args(update_step.logic)
+    if not all(sh.is_solved() for sh in (lhs, *args)):
+        if not is_active(update_step):
+            propagate_shapes(update_step)
+        finish_inference()
+    local_lhs, local_args = _fresh_copy(lhs), tuple(_fresh_copy(a) for a in args)
+    state = InferenceState()
+    state.log = []
+    gen = (Generated() if isinstance(update_step.logic, Terminal)
+           else constraints_of(update_step.logic, local_lhs, local_args))
+    state.add(gen, (local_lhs, *local_args))
+    state.close()
+    debug = f"{logic_to_spec(update_step.logic)} for {_name(lhs)}"
+    return _Builder(state.env, gen.specials, debug).build(state.log, local_lhs, local_args,
+                                                          to_dims(lhs), tuple(to_dims(a) for a in args))
+
+
+def _name(sh: Shape) -> str:
+    return f'"{sh.debug_name}" (#{sh.id})' if sh.debug_name else f"shape #{sh.id}"
+
+
+def _fresh_copy(sh: Shape) -> Shape:
+    def row(r: Row) -> Row:
+        return Row(tuple(Dim(d.d, d.label, fresh_proj_id()) for d in r.dims), Broadcastable(), r.id)
+    return Shape(row(sh.batch), row(sh.input), row(sh.output), sh.id, sh.debug_name)
+
+
+class _UnionFind:
+    __slots__ = ("parent",)
+
+    def __init__(self) -> None:
+        self.parent: dict[Key, Key] = {}
+
+    def find(self, k: Key) -> Key:
+        root = k
+        while self.parent.get(root, root) != root:
+            root = self.parent[root]
+        while k != root:
+            self.parent[k], k = root, self.parent.get(k, root)
+        return root
+
+    def union(self, a: Key, b: Key) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+
+
+class _Builder:
+    """Lines up the axes of the logged constraints and assigns an index to each class."""
+
+    def __init__(self, env: Env, specials: dict[Var, Special], debug: str):
+        self.env, self.debug = env, debug
+        self.special_of: dict[Key, Special] = {("s", v.id): sp for v, sp in specials.items()}
+        self.uf = _UnionFind()
+        self.dim_of: dict[Key, int] = {}
+        self.index_of: dict[Key, AxisIndex] = {}
+        self.product: list[tuple[int, object]] = []
+        self.class_dim: dict[Key, int] = {}
+        self.class_special: dict[Key, Special] = {}
+
+    def key(self, d: AnyDim) -> Key:
+        """The class key of a dim: the first special variable on its chain of solutions, else the
+        projection id it resolves to."""
+        x, last = d, None
+        while isinstance(x, Var):
+            if ("s", x.id) in self.special_of:
+                key = ("s", x.id)
+                break
+            last, x = x, self._step(x)
+        else:
+            key = ("p", x.proj_id) if x.proj_id is not None else ("v", last.id) if last else ("a", next(_anon))
+        self.dim_of.setdefault(key, self._resolve(d).d)
+        return key
+
+    def _step(self, v: Var) -> AnyDim:
+        entry = self.env.dims.get(v)
+        if not isinstance(entry, Solved):
+            raise ShapeError(f"projections of {self.debug}: unsolved dimension {v!r}")
+        return entry.value
+
+    def _resolve(self, d: AnyDim) -> Dim:
+        while isinstance(d, Var):
+            d = self._step(d)
+        return d
+
+    def line_up(self, c: Constraint) -> None:
+        match c:
+            case DimEq(d1, d2) | DimIneq(d1, d2):
+                pairs = [(d1, d2)]
+            case RowEq(r1, r2) | RowIneq(r1, r2):
+                a, b = expand_row(self.env, r1).dims, expand_row(self.env, r2).dims
+                k = min(len(a), len(b))
+                pairs = list(zip(a[len(a) - k:], b[len(b) - k:]))
+        for x, y in pairs:
+            kx, ky = self.key(x), self.key(y)
+            if self._resolve(x).d == self._resolve(y).d:
+                self.uf.union(kx, ky)
+
+    def build(self, log: list[Constraint], lhs: Shape, args: tuple[Shape, ...],
+              lhs_dims: tuple[int, ...], rhs_dims: tuple[tuple[int, ...], ...]) -> Projections:
+        for c in log:
+            self.line_up(c)
+        lhs_keys = [self.key(d) for r in lhs.rows() for d in r.dims]
+        rhs_keys = [[self.key(d) for r in a.rows() for d in r.dims] for a in args]
+        for sp in self.special_of.values():
+            if isinstance(sp, ConvSpec):
+                for _, v in sp.terms:
+                    self.key(v)
+        self._classes()
+        project_lhs = tuple(self.index(k) for k in lhs_keys)
+        project_rhs = tuple(tuple(self.index(k) for k in keys) for keys in rhs_keys)
+        return Projections(tuple(d for d, _ in self.product), tuple(s for _, s in self.product), lhs_dims,
+                           rhs_dims, project_lhs, project_rhs, self.debug)
+
+    def _classes(self) -> None:
+        """Per class: its dimension and its special index, if any (at most one)."""
+        for k, d in self.dim_of.items():
+            root = self.uf.find(k)
+            self.class_dim[root] = max(d, self.class_dim.get(root, 1))
+            sp = self.special_of.get(k)
+            if sp is None:
+                continue
+            other = self.class_special.setdefault(root, sp)
+            if other != sp:
+                raise ShapeError(f"projections of {self.debug}: one axis is indexed both by {other} and {sp}")
+
+    def index(self, key: Key) -> AxisIndex:
+        root = self.uf.find(key)
+        if root in self.index_of:
+            return self.index_of[root]
+        match self.class_special.get(root):
+            case FixedIdx() | Iterator() as idx:
+                pass
+            case ConvSpec(terms, offset):
+                idx = self._affine(terms, offset)
+            case None if self.class_dim.get(root, 1) == 1:
+                idx = FixedIdx(0)
+            case None:
+                sym = get_symbol()
+                self.product.append((self.class_dim[root], sym))
+                idx = Iterator(sym)
+        self.index_of[root] = idx
+        return idx
+
+    def _affine(self, terms: tuple[tuple[int, Var], ...], offset: int) -> AxisIndex:
+        flat: list[tuple[int, object]] = []
+        for coeff, v in terms:
+            match self.index(self.key(v)):
+                case Iterator(s):
+                    flat.append((coeff, s))
+                case FixedIdx(i):
+                    offset += coeff * i
+                case Affine(symbols, off):
+                    flat += [(coeff * c, s) for c, s in symbols]
+                    offset += coeff * off
+        return make_affine(flat, offset)
