@@ -151,7 +151,7 @@ def _plot(params: list[ej.Tensor], coords: np.ndarray, labels: np.ndarray, losse
     ax2.plot(np.arange(1, len(losses) + 1), losses)
     ax2.set_xlabel("epoch")
     ax2.set_ylabel("mean hinge loss")
-    ax2.set_yscale("log")
+    ax2.set_yscale("symlog", linthresh=1e-4)
     ax2.set_title("training loss")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

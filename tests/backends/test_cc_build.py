@@ -103,7 +103,7 @@ def test_debug_levels(monkeypatch, tmp_path):
     assert proc.source_path is not None and proc.source_path.read_text() == proc.source
     code6, _ = fill_code(6.0)
     cc.compile_proc(code6, name="dbg")
-    assert re.search(r"cc: \S*gcc .*-O3 .*-o \S+\.so \S+\.c", log.read_text())
+    assert re.search(r"cc: \S*gcc .*-O2 .*-o \S+\.so \S+\.c", log.read_text())
 
 
 def test_keep_source_option():

@@ -12,7 +12,7 @@ from einjit.ir.tnode import Tnode, hosted
 
 
 def test_reduction_over_where_with_conditional_loads():
-    """gcc 12 at -O3 -march=native vectorizes `l += c ? a[k] : b[k]` over a 2x3 nest with masked
+    """gcc 12.2 at -O3 -march=native vectorizes `l += c ? a[k] : b[k]` over a 2x3 nest with masked
     loads and drops the last element; the renderer loads both branches unconditionally."""
     c, a, b, out = (Tnode(n, d, ops.double) for n, d in (("c", (2, 3)), ("a", (2, 3)), ("b", (2, 3)), ("l", (1,))))
     for tn in (c, a, b, out):

@@ -85,10 +85,15 @@ class CcOptions:
     glibc's libmvec (x86-64 glibc only; elsewhere it has no effect). Those vector variants
     are accurate to a few ulps rather than glibc's scalar < 1 ulp; turn it off for results
     that match the scalar math library exactly.
+
+    `-O2`, not `-O3`: gcc 12.2 at `-O3` miscompiles small vectorized reduction nests (a
+    reduction into one cell after store motion, with if-converted conditionals: sums came out
+    missing terms). At `-O2` gcc 12 still vectorizes with its cheap cost model, and the
+    benchmarks (`benchmarks/bench_core.py`) lose little.
     """
 
     compiler: str = field(default_factory=_default_compiler)
-    flags: tuple[str, ...] = ("-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno",
+    flags: tuple[str, ...] = ("-O2", "-march=native", "-fPIC", "-shared", "-fno-math-errno",
                               "-fno-trapping-math", "-ffp-contract=off")
     libs: tuple[str, ...] = ("-lm",)
     keep_source: bool = False
