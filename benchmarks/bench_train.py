@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -48,6 +50,15 @@ def einjit_step_time(batch: int, steps: int, cache_dir: str) -> tuple[float, flo
     return (time.perf_counter() - t1) / steps, compile_s
 
 
+def compile_seconds_in_fresh_process(cache_dir: str) -> float:
+    """A second process building the same program hits the on-disk cache (node ids and symbols
+    are deterministic per process), which is the case a user meets on a re-run."""
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+            f"import bench_train; print(bench_train.einjit_step_time(10, 10, {cache_dir!r})[1])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def torch_step_time(batch: int, steps: int) -> float | None:
     try:
         import torch
@@ -75,9 +86,12 @@ def torch_step_time(batch: int, steps: int) -> float | None:
 
 
 def tinygrad_step_time(batch: int, steps: int) -> float | None:
+    os.environ.setdefault("DEV", "CPU")
     try:
         from tinygrad import Tensor, nn
-    except ImportError:
+        (Tensor.ones(2) + 1).realize()
+    except Exception as e:  # noqa: BLE001 - any failure means tinygrad cannot run here
+        print(f"tinygrad unavailable: {type(e).__name__}: {e}")
         return None
     layers = [nn.Linear(2, 16), nn.Linear(16, 16), nn.Linear(16, 1)]
     params = nn.state.get_parameters(layers)
@@ -108,10 +122,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=2000)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as cold:
-        _, cold_compile = einjit_step_time(10, 10, cold)
-        _, cached_compile = einjit_step_time(10, 10, cold)
-    print(f"compile of the moons step routine: cold {cold_compile:.3f} s, cached {cached_compile:.3f} s")
+    with tempfile.TemporaryDirectory() as cache:
+        cold_compile = compile_seconds_in_fresh_process(cache)
+        cached_compile = compile_seconds_in_fresh_process(cache)
+    print(f"build + compile of the moons step routine (fresh process each): cold cache {cold_compile:.3f} s, "
+          f"warm cache {cached_compile:.3f} s")
     for batch in (10, 1024):
         steps = args.steps if batch == 10 else max(50, args.steps // 10)
         with tempfile.TemporaryDirectory() as cache:
