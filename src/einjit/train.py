@@ -17,7 +17,6 @@ from einjit import config
 from einjit import shape as sh
 from einjit.backends import cc
 from einjit.ir import assignments as asg
-from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.optimize import VirtualizeSettings, optimize_proc
 from einjit.tensor.notation import Code, as_asgns, cd
@@ -111,10 +110,7 @@ def lower(code: "Code | Asgns", *, name: str = "routine", static_indices=frozens
     asgns = as_asgns(code)
     config.debug(2, f"assignments of {name}:\n{asg.to_doc(asgns)}")
     llc = asg.to_low_level(asgns)
-    config.debug(4, f"unoptimized low-level code of {name}:\n{ll.to_doc(llc)}")
-    opt = optimize_proc(llc, name=name, static_indices=frozenset(static_indices), settings=settings)
-    config.debug(2, f"optimized low-level code of {name}:\n{ll.to_doc(opt.llc)}")
-    return opt
+    return optimize_proc(llc, name=name, static_indices=frozenset(static_indices), settings=settings)
 
 
 def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *, bindings: Mapping[StaticSymbol, IntRef] | Sequence[StaticSymbol] = (),

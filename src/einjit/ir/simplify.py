@@ -1,0 +1,351 @@
+"""Simplification of low-level code (seed 000, `simplify_llc`), the last optimization pass.
+
+Rewrites, bottom-up, each scalar expression in the precision it is computed in (that of the
+node or local it is stored into), so that folded constants are exactly what the reference
+interpreter would compute:
+
+- constant folding of unary, binary and ternary operations (only to finite results, which
+  every backend can spell), and of fixed embedded indices;
+- identities: `x + 0`, `0 + x`, `x - 0`, `x * 1`, `1 * x`, `x / 1` → `x`; `0 - x` → `-x`;
+  `--x` → `x`; `identity(x)` → `x`. They are exact except for the sign of a zero result:
+  `-0.0 + 0` is `+0.0` and `0 - 0.0` is `+0.0`, where the rewrites give `-0.0` (compares
+  equal; only a later division by it can tell, as is accepted by ML compilers);
+- `x * 0` → `0` only where `x` cannot be NaN or infinite — in integer precision, or for an
+  embedded index: in floating point `NaN * 0` and `inf * 0` are NaN, so dropping `x` would
+  hide a NaN or an overflow;
+- integer powers up to `MAX_UNROLLED_POWER`: `x ** 3` → `x * x * x`, `x ** 0` → `1`,
+  `x ** -2` → `recip(x * x)` (floating point only). An `x` that is more than a read is
+  computed once into a local first, so unrolling never duplicates work;
+- fused multiply-add: `a + b * c` and `b * c + a` → `fma(b, c, a)` in floating point;
+- `where` with a constant condition, or with equal branches, and comparisons of embedded
+  indices that the enclosing loops' bounds decide (the bounds guards of padded reads that
+  inlining made always true) — with `and`/`or` of such decided conditions;
+- local scopes: comments are dropped, a leading `v := 0` is dropped (locals start at 0),
+  consecutive `v := e` statements are substituted into each other, and a scope whose body is
+  just `v := e` becomes `e`. A substitution that would duplicate a non-trivial `e` is not made,
+  and a scope is replaced by its value only when the local has the precision of the
+  expression around it (otherwise the rounding to the local's precision would be lost).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from einjit.ir import low_level as ll
+from einjit.ir import ops
+from einjit.ir.code_walk import deep_parts
+from einjit.ir.indexing import Affine, FixedIdx, Iterator, SubAxis, Symbol
+from einjit.ir.tnode import Tnode
+
+MAX_UNROLLED_POWER = 4
+
+Ranges = dict[Symbol, tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Ctx:
+    """Where an expression is computed: its precision, the node a new local would belong to
+    (None where no local may be introduced) and the bounds of the enclosing loops."""
+
+    prec: ops.Prec
+    tn: Tnode | None
+    ranges: Ranges
+
+
+def simplify_llc(llc: ll.LLStmt) -> ll.LLStmt:
+    """Simplify every statement and expression of `llc`; loops left empty disappear."""
+    return _stmt(llc, {})
+
+
+def _stmt(stmt: ll.LLStmt, ranges: Ranges) -> ll.LLStmt:
+    out: list[ll.LLStmt] = []
+    for s in ll.flatten(stmt):
+        match s:
+            case ll.ForLoop(index, from_, to_, body, _):
+                if to_ < from_:
+                    continue
+                inner = _stmt(body, {**ranges, index: (from_, to_)})
+                if not isinstance(inner, ll.Noop):
+                    out.append(replace(s, body=inner))
+            case ll.Set(tn, _, llsc, _):
+                out.append(replace(s, llsc=simplify_scalar(llsc, tn.prec, tn, ranges)))
+            case ll.SetFromVec(tn, _, _, _, arg, _):
+                out.append(replace(s, arg=simplify_scalar(arg, ops.int64, None, ranges)))
+            case ll.SetLocal(sid, value):
+                out.append(ll.SetLocal(sid, simplify_scalar(value, sid.tn.prec, sid.tn, ranges)))
+            case _:
+                out.append(s)
+    return ll.seq(*out)
+
+
+def simplify_scalar(sc: ll.LLScalar, prec: ops.Prec, tn: Tnode | None = None, ranges: Ranges | None = None) -> ll.LLScalar:
+    """Simplify an expression computed in `prec`; `tn` is the node a local introduced for
+    power unrolling would belong to, `ranges` the bounds of the loop symbols in scope."""
+    return _scalar(sc, _Ctx(prec, tn, ranges or {}))
+
+
+def _scalar(sc: ll.LLScalar, cx: _Ctx) -> ll.LLScalar:
+    match sc:
+        case ll.EmbedIndex(FixedIdx(i)) | ll.EmbedIndex(Affine((), i)):
+            return ll.Constant(float(i))
+        case ll.EmbedIndex(SubAxis()):
+            return ll.Constant(0.0)
+        case ll.Unop(op, a):
+            return _unop(op, _scalar(a, cx), cx)
+        case ll.Binop(op, a, b):
+            return _binop(op, _scalar(a, cx), _scalar(b, cx), cx)
+        case ll.Ternop(op, a, b, c):
+            return _ternop(op, _scalar(a, cx), _scalar(b, cx), _scalar(c, cx), cx)
+        case ll.LocalScope(sid, body, orig):
+            return _local_scope(sid, body, orig, cx)
+    return sc
+
+
+# ---------------------------------------------------------------- constants
+
+
+def _is_const(sc: ll.LLScalar, value: float) -> bool:
+    return isinstance(sc, ll.Constant) and sc.value == value
+
+
+def _is_positive_zero(sc: ll.LLScalar) -> bool:
+    return _is_const(sc, 0.0) and math.copysign(1.0, sc.value) > 0
+
+
+def _finite_constant(value) -> ll.Constant | None:
+    v = float(value)
+    return ll.Constant(v) if math.isfinite(v) else None
+
+
+def _fold(compute, prec: ops.Prec, *args: float) -> ll.Constant | None:
+    """`compute` applied to `args` converted to `prec`, converted back as the interpreter does;
+    None if that fails (an integer overflow) or is not finite."""
+    dt = prec.dtype.type
+    try:
+        with np.errstate(all="ignore"):
+            return _finite_constant(dt(compute(*(dt(a) for a in args))))
+    except (OverflowError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _fma(prec: ops.Prec):
+    if prec.is_float and prec.itemsize < 8:
+        return lambda x, y, z: np.float64(x) * np.float64(y) + np.float64(z)
+    return lambda x, y, z: ops.apply_ternop(ops.Ternop.FMA, x, y, z)
+
+
+# ---------------------------------------------------------------- operations
+
+
+def _unop(op: ops.Unop, a: ll.LLScalar, cx: _Ctx) -> ll.LLScalar:
+    if op is ops.Unop.IDENTITY:
+        return a
+    if isinstance(a, ll.Constant):
+        folded = _fold(lambda x: ops.apply_unop(op, x), cx.prec, a.value)
+        if folded is not None:
+            return folded
+    if op is ops.Unop.NEG and isinstance(a, ll.Unop) and a.op is ops.Unop.NEG:
+        return a.arg
+    return ll.Unop(op, a)
+
+
+def _binop(op: ops.Binop, a: ll.LLScalar, b: ll.LLScalar, cx: _Ctx) -> ll.LLScalar:
+    if op is ops.Binop.ARG1:
+        return a
+    if op is ops.Binop.ARG2:
+        return b
+    if isinstance(a, ll.Constant) and isinstance(b, ll.Constant):
+        folded = _fold(lambda x, y: ops.apply_binop(op, x, y), cx.prec, a.value, b.value)
+        if folded is not None:
+            return folded
+    match op:
+        case ops.Binop.ADD if _is_const(b, 0.0):
+            return a
+        case ops.Binop.ADD if _is_const(a, 0.0):
+            return b
+        case ops.Binop.SUB if _is_const(b, 0.0):
+            return a
+        case ops.Binop.SUB if _is_const(a, 0.0):
+            return _unop(ops.Unop.NEG, b, cx)
+        case ops.Binop.MUL if _is_const(b, 1.0):
+            return a
+        case ops.Binop.MUL if _is_const(a, 1.0):
+            return b
+        case ops.Binop.MUL if (_is_const(b, 0.0) and _never_nan_or_inf(a, cx)) or \
+                             (_is_const(a, 0.0) and _never_nan_or_inf(b, cx)):
+            return ll.Constant(0.0)
+        case ops.Binop.DIV if _is_const(b, 1.0):
+            return a
+        case ops.Binop.TO_POW_OF if isinstance(b, ll.Constant) and float(b.value).is_integer() \
+                and abs(b.value) <= MAX_UNROLLED_POWER:
+            unrolled = _power(a, int(b.value), cx)
+            if unrolled is not None:
+                return unrolled
+        case ops.Binop.ADD if cx.prec.is_float and _is_mul(b):
+            return ll.Ternop(ops.Ternop.FMA, b.arg1, b.arg2, a)
+        case ops.Binop.ADD if cx.prec.is_float and _is_mul(a):
+            return ll.Ternop(ops.Ternop.FMA, a.arg1, a.arg2, b)
+        case ops.Binop.CMPLT:
+            decided = _decide_less(a, b, cx.ranges)
+            if decided is not None:
+                return ll.Constant(float(decided))
+        case ops.Binop.AND if _is_boolean(a) and _is_boolean(b):
+            for x, y in ((a, b), (b, a)):
+                if isinstance(x, ll.Constant):
+                    return y if x.value != 0 else ll.Constant(0.0)
+        case ops.Binop.OR if _is_boolean(a) and _is_boolean(b):
+            for x, y in ((a, b), (b, a)):
+                if isinstance(x, ll.Constant):
+                    return ll.Constant(1.0) if x.value != 0 else y
+    return ll.Binop(op, a, b)
+
+
+def _ternop(op: ops.Ternop, a: ll.LLScalar, b: ll.LLScalar, c: ll.LLScalar, cx: _Ctx) -> ll.LLScalar:
+    if op is ops.Ternop.WHERE:
+        if isinstance(a, ll.Constant):
+            return b if a.value != 0 else c
+        if b == c:
+            return b
+    elif all(isinstance(x, ll.Constant) for x in (a, b, c)):
+        folded = _fold(_fma(cx.prec), cx.prec, a.value, b.value, c.value)
+        if folded is not None:
+            return folded
+    return ll.Ternop(op, a, b, c)
+
+
+def _is_mul(sc: ll.LLScalar) -> bool:
+    return isinstance(sc, ll.Binop) and sc.op is ops.Binop.MUL
+
+
+def _never_nan_or_inf(sc: ll.LLScalar, cx: _Ctx) -> bool:
+    return not cx.prec.is_float or isinstance(sc, ll.EmbedIndex)
+
+
+_BOOLEAN_BINOPS = {ops.Binop.CMPLT, ops.Binop.CMPEQ, ops.Binop.CMPNE, ops.Binop.AND, ops.Binop.OR}
+
+
+def _is_boolean(sc: ll.LLScalar) -> bool:
+    """Whether the value is always 0 or 1, so that `1 and x` is `x`."""
+    match sc:
+        case ll.Constant(v):
+            return v in (0.0, 1.0)
+        case ll.Binop(op, _, _):
+            return op in _BOOLEAN_BINOPS
+        case ll.Unop(ops.Unop.NOT, _):
+            return True
+    return False
+
+
+def _cheap(sc: ll.LLScalar) -> bool:
+    """Reading it again costs no more than reading a local."""
+    return isinstance(sc, (ll.Constant, ll.ConstantBits, ll.Get, ll.GetLocal, ll.GetMergeBuffer, ll.EmbedIndex))
+
+
+def _power(base: ll.LLScalar, n: int, cx: _Ctx) -> ll.LLScalar | None:
+    if n == 0:
+        return ll.Constant(1.0)
+    if n < 0 and not cx.prec.is_float:
+        return None
+    k = abs(n)
+    if k == 1 or _cheap(base):
+        factor, bind = base, None
+    elif cx.tn is not None and cx.tn.prec == cx.prec:
+        bind = ll.fresh_scope_id(cx.tn)
+        factor = ll.GetLocal(bind)
+    else:
+        return None
+    product = factor
+    for _ in range(k - 1):
+        product = ll.Binop(ops.Binop.MUL, product, factor)
+    if bind is not None:
+        product = ll.LocalScope(bind, ll.seq(ll.SetLocal(bind, base), ll.SetLocal(bind, product)), ())
+    return ll.Unop(ops.Unop.RECIP, product) if n < 0 else product
+
+
+# ---------------------------------------------------------------- index bounds
+
+
+def _interval(sc: ll.LLScalar, ranges: Ranges) -> tuple[float, float] | None:
+    match sc:
+        case ll.Constant(v):
+            return v, v
+        case ll.EmbedIndex(Iterator(s)) if s in ranges:
+            return ranges[s]
+        case ll.EmbedIndex(Affine(symbols, offset)) if all(s in ranges for _, s in symbols):
+            lo = hi = offset
+            for c, s in symbols:
+                a, b = c * ranges[s][0], c * ranges[s][1]
+                lo, hi = lo + min(a, b), hi + max(a, b)
+            return lo, hi
+    return None
+
+
+def _decide_less(a: ll.LLScalar, b: ll.LLScalar, ranges: Ranges) -> bool | None:
+    x, y = _interval(a, ranges), _interval(b, ranges)
+    if x is None or y is None:
+        return None
+    if x[1] < y[0]:
+        return True
+    if x[0] >= y[1]:
+        return False
+    return None
+
+
+# ---------------------------------------------------------------- local scopes
+
+
+def _writes_local(sc: ll.LLScalar, sid: ll.ScopeId) -> bool:
+    return any(isinstance(x, ll.SetLocal) and x.id == sid for x in deep_parts(sc))
+
+
+def _substitute(sc: ll.LLScalar, sid: ll.ScopeId, value: ll.LLScalar) -> ll.LLScalar:
+    match sc:
+        case ll.GetLocal(s) if s == sid:
+            return value
+        case ll.Unop(op, a):
+            return ll.Unop(op, _substitute(a, sid, value))
+        case ll.Binop(op, a, b):
+            return ll.Binop(op, _substitute(a, sid, value), _substitute(b, sid, value))
+        case ll.Ternop(op, a, b, c):
+            return ll.Ternop(op, _substitute(a, sid, value), _substitute(b, sid, value), _substitute(c, sid, value))
+        case ll.LocalScope(s, body, orig):
+            return ll.LocalScope(s, _substitute_stmt(body, sid, value), orig)
+    return sc
+
+
+def _substitute_stmt(stmt: ll.LLStmt, sid: ll.ScopeId, value: ll.LLScalar) -> ll.LLStmt:
+    out = []
+    for s in ll.flatten(stmt):
+        match s:
+            case ll.ForLoop(body=body):
+                out.append(replace(s, body=_substitute_stmt(body, sid, value)))
+            case ll.SetLocal(s2, v):
+                out.append(ll.SetLocal(s2, _substitute(v, sid, value)))
+            case ll.Set(llsc=v):
+                out.append(replace(s, llsc=_substitute(v, sid, value)))
+            case _:
+                out.append(s)
+    return ll.seq(*out)
+
+
+def _local_scope(sid: ll.ScopeId, body: ll.LLStmt, orig, cx: _Ctx) -> ll.LLScalar:
+    inner = _Ctx(sid.tn.prec, sid.tn, cx.ranges)
+    stmts = [s for s in ll.flatten(_stmt(body, cx.ranges)) if not isinstance(s, ll.Comment)]
+    value: ll.LLScalar = ll.Constant(0.0)
+    consumed = 0
+    for s in stmts:
+        if not (isinstance(s, ll.SetLocal) and s.id == sid) or _writes_local(s.value, sid):
+            break
+        uses = sum(1 for x in deep_parts(s.value) if isinstance(x, ll.GetLocal) and x.id == sid)
+        if uses > 1 and not _cheap(value):
+            break
+        value = _scalar(_substitute(s.value, sid, value), inner) if uses else s.value
+        consumed += 1
+    rest = stmts[consumed:]
+    if not rest and sid.tn.prec == cx.prec:
+        return value
+    head = [] if _is_positive_zero(value) else [ll.SetLocal(sid, value)]
+    return ll.LocalScope(sid, ll.seq(*head, *rest), orig)

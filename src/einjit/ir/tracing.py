@@ -1,0 +1,396 @@
+"""Tracing, the first pass of `optimize_proc` (seed 000, `visit_llc`).
+
+The code is executed symbolically: loops run (at most `max_tracing_dim` of their first
+iterations), indices become concrete positions, and every write and read of every tensor node
+is recorded. The result is a `TracedArray` per node plus `reverse_node_map`, the loop symbols
+each node's writes are indexed by. Tracing decides nothing; `virtualize.decide_from_trace` and
+`virtualize.virtual_llc` turn these facts into memory modes.
+
+Unrolling only a prefix of each loop keeps tracing cheap while still seeing the access
+pattern of the whole nest: a node read twice at one position, or read before it is written,
+shows in the first iterations already.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from einjit.ir import low_level as ll
+from einjit.ir import ops
+from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, SubAxis, Symbol, index_symbols
+from einjit.ir.tnode import Tnode
+
+Position = tuple[int, ...]
+
+
+class Recurrent(enum.Enum):
+    """The visit count of a position read before anything wrote it (the node is an input)."""
+
+    RECURRENT = "recurrent"
+
+    def __repr__(self) -> str:
+        return "RECURRENT"
+
+
+RECURRENT = Recurrent.RECURRENT
+Visits = int | Recurrent
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualizeSettings:
+    """What the optimizer may do (seed 000, `virtualize_settings`).
+
+    `max_visits`: a node whose cell is read more often than this stays materialized, unless its
+    computation is simple enough to recompute for free (see `inline_simple_computations`).
+    `max_tracing_dim`: how many iterations of each loop tracing executes.
+    `enable_device_only`: nodes the optimizer materializes may live on the device only; when
+    False they are made hosted, so every intermediate result can be read from the host.
+    `inline_scalar_constexprs`: inline scalar constant expressions however often they are read.
+    `inline_simple_computations`: inline computations made of a single read, index embeddings
+    and scalar constant expressions however often they are read.
+    `inline_complex_computations`: inline computations that loop over a reduction; off by
+    default because without common-subexpression elimination each read replays the loop.
+    `virtualize` / `simplify`: switch the two transformations off, to compare with the
+    unoptimized program.
+    """
+
+    max_visits: int = 1
+    max_tracing_dim: int = 5
+    enable_device_only: bool = True
+    inline_scalar_constexprs: bool = True
+    inline_simple_computations: bool = True
+    inline_complex_computations: bool = False
+    virtualize: bool = True
+    simplify: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_visits < 0:
+            raise ValueError(f"einjit: max_visits must be >= 0, got {self.max_visits}")
+        if self.max_tracing_dim < 1:
+            raise ValueError(f"einjit: max_tracing_dim must be >= 1, got {self.max_tracing_dim}")
+
+
+@dataclass(slots=True, eq=False)
+class TracedArray:
+    """What tracing learned about one tensor node. Mutable: it is filled in as the trace runs.
+
+    `assignments`: positions written. `written_boxes`: per axis `(lo, hi)` ranges of cells that
+    loop iterations tracing skipped have written (exact: only for writes indexed by distinct
+    loop symbols and fixed indices), so that a later read of such a cell is not taken for a
+    read before write. `accesses`: positions read, with how often, or `RECURRENT` when read
+    before written. `zero_initialized_by_code`: the first thing the code
+    does to the node is `ZeroOut`. `read_before_write`: some position is recurrent.
+    `read_only`: never written nor zeroed here. `is_scalar_constexpr`: all dims are 1 and the
+    node is assigned once, before any read, from constants and other scalar constexprs.
+    `is_accessing`: its computation reads non-constexpr nodes. `is_simple`: every assignment is
+    a single read, or a function of constants and index embeddings only — recomputing it costs
+    no more than reading it. `is_complex`: an assignment sits in a loop (of more than one
+    iteration) that does not index the node, i.e. a reduction: inlining it replays that loop at
+    every read.
+    """
+
+    tn: Tnode
+    assignments: set[Position] = field(default_factory=set)
+    written_boxes: list[tuple[tuple[int, int], ...]] = field(default_factory=list)
+    accesses: dict[Position, Visits] = field(default_factory=dict)
+    zero_initialized_by_code: bool = False
+    zeroed_out: bool = False
+    read_before_write: bool = False
+    read_only: bool = False
+    is_scalar_constexpr: bool = False
+    is_accessing: bool = False
+    is_complex: bool = False
+    is_simple: bool = True
+
+    def is_written(self, pos: Position) -> bool:
+        """Whether the code traced so far has written (or zeroed) the cell at `pos`."""
+        return (self.zeroed_out or pos in self.assignments
+                or any(all(lo <= p <= hi for p, (lo, hi) in zip(pos, box)) for box in self.written_boxes))
+
+    def max_visits(self) -> Visits:
+        """The largest visit count of any position (`RECURRENT` dominates), 0 if never read."""
+        if any(v is RECURRENT for v in self.accesses.values()):
+            return RECURRENT
+        return max(self.accesses.values(), default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """The result of `visit_llc`. `reverse_node_map` maps a loop symbol to the node whose
+    computation owns the loop: the first node written with that symbol in its indices or
+    written inside the loop — so a reduction loop outside the loops of the written indices,
+    or around a write at fixed indices, belongs to the computation too."""
+
+    traced_store: dict[Tnode, TracedArray]
+    reverse_node_map: dict[Symbol, Tnode]
+    merge_node: Tnode | None
+
+
+@dataclass(slots=True)
+class _State:
+    max_tracing_dim: int
+    store: dict[Tnode, TracedArray] = field(default_factory=dict)
+    reverse_node_map: dict[Symbol, Tnode] = field(default_factory=dict)
+    merge_node: Tnode | None = None
+
+    def node(self, tn: Tnode) -> TracedArray:
+        ta = self.store.get(tn)
+        if ta is None:
+            ta = self.store[tn] = TracedArray(tn)
+        return ta
+
+
+def lookup(env: dict[Symbol, int], idcs: tuple[AxisIndex, ...]) -> Position:
+    """Concrete position of `idcs`; symbols not bound by a traced loop (static ones) count as 0."""
+    pos = []
+    for idx in idcs:
+        match idx:
+            case FixedIdx(i):
+                pos.append(i)
+            case Iterator(s):
+                pos.append(env.get(s, 0))
+            case Affine(symbols, offset):
+                pos.append(offset + sum(c * env.get(s, 0) for c, s in symbols))
+            case SubAxis():
+                pos.append(0)
+    return tuple(pos)
+
+
+def visit_llc(llc: ll.LLStmt, *, settings: VirtualizeSettings) -> Trace:
+    """Trace `llc`: record every node's writes and reads, and derive the per-node facts."""
+    st = _State(settings.max_tracing_dim)
+    _stmt(st, llc, {}, (), True)
+    for ta in st.store.values():
+        ta.read_only = not ta.zeroed_out and not ta.assignments
+        ta.read_before_write = any(v is RECURRENT for v in ta.accesses.values())
+    return Trace(st.store, st.reverse_node_map, st.merge_node)
+
+
+def _is_scalar_dims(tn: Tnode) -> bool:
+    return all(d == 1 for d in tn.dims)
+
+
+def _stmt(st: _State, stmt: ll.LLStmt, env: dict[Symbol, int], loops: tuple[tuple[Symbol, int], ...],
+          first_visit: bool) -> None:
+    """`loops` are the enclosing loops with their trip counts; `first_visit` holds during the
+    first iteration of every enclosing loop, when per-computation facts are collected."""
+    for s in ll.flatten(stmt):
+        match s:
+            case ll.ForLoop(index, from_, to_, body, trace_it):
+                last = min(to_, from_ + st.max_tracing_dim - 1) if trace_it else min(to_, from_)
+                inner = loops + ((index, to_ - from_ + 1),)
+                for v in range(from_, last + 1):
+                    _stmt(st, body, {**env, index: v}, inner, first_visit and v == from_)
+                if last < to_:
+                    _record_skipped_writes(st, s, env)
+            case ll.ZeroOut(tn):
+                ta = st.node(tn)
+                if not ta.assignments and not ta.accesses:
+                    ta.zero_initialized_by_code = True
+                    ta.is_accessing = False
+                    ta.is_complex = False
+                    ta.is_scalar_constexpr = _is_scalar_dims(tn)
+                ta.zeroed_out = True
+            case ll.Set(tn, idcs, llsc, _):
+                pos = lookup(env, idcs)
+                _scalar(st, llsc, env, (tn, pos))
+                ta = st.node(tn)
+                if not ta.assignments and not ta.accesses and _is_scalar_dims(tn):
+                    ta.is_scalar_constexpr = _is_constexpr(st, llsc)
+                elif ta.assignments:
+                    ta.is_scalar_constexpr = False
+                if first_visit:
+                    ta.is_accessing = ta.is_accessing or _is_accessing(st, llsc)
+                    ta.is_simple = ta.is_simple and _is_simple(st, llsc)
+                    ta.is_complex = ta.is_complex or _is_reduction(loops, idcs)
+                ta.assignments.add(pos)
+                _own_symbols(st, tn, idcs, loops)
+            case ll.SetFromVec(tn, idcs, length, _, arg, _):
+                pos = lookup(env, idcs)
+                _scalar(st, arg, env, None)
+                ta = st.node(tn)
+                ta.is_scalar_constexpr = False
+                if first_visit:
+                    ta.is_accessing = ta.is_accessing or _is_accessing(st, arg)
+                    ta.is_simple = False
+                    ta.is_complex = ta.is_complex or _is_reduction(loops, idcs)
+                for k in range(length):
+                    ta.assignments.add(pos[:-1] + (pos[-1] + k,) if pos else pos)
+                _own_symbols(st, tn, idcs, loops)
+            case ll.SetLocal(_, value):
+                _scalar(st, value, env, None)
+            case ll.Comment() | ll.StagedCompilation() | ll.Noop():
+                pass
+            case _:
+                raise TypeError(f"not a low-level statement: {s!r}")
+
+
+def _record_skipped_writes(st: _State, loop: ll.ForLoop, env: dict[Symbol, int]) -> None:
+    """After a loop whose iterations were not all traced: add the box of cells each write in
+    it covers over all its iterations (enclosing loops at their current values)."""
+
+    def walk(stmt: ll.LLStmt, ranges: dict[Symbol, tuple[int, int]]) -> None:
+        for s in ll.flatten(stmt):
+            match s:
+                case ll.ForLoop(index, from_, to_, body, _) if from_ <= to_:
+                    walk(body, {**ranges, index: (from_, to_)})
+                case ll.Set(tn, idcs, _, _):
+                    add(tn, idcs, ranges, 1)
+                case ll.SetFromVec(tn, idcs, length, _, _, _):
+                    add(tn, idcs, ranges, length)
+
+    def add(tn: Tnode, idcs: tuple[AxisIndex, ...], ranges: dict[Symbol, tuple[int, int]], length: int) -> None:
+        box = []
+        for idx in idcs:
+            match idx:
+                case FixedIdx(i):
+                    box.append((i, i))
+                case Iterator(sym) if sym in ranges:
+                    box.append(ranges[sym])
+                case Iterator(sym) if sym in env:
+                    box.append((env[sym], env[sym]))
+                case _:
+                    return
+        syms = [idx.symbol for idx in idcs if isinstance(idx, Iterator)]
+        if len(syms) != len(set(syms)):
+            return
+        if box:
+            box[-1] = (box[-1][0], box[-1][1] + length - 1)
+        ta = st.node(tn)
+        new = tuple(box)
+        ta.written_boxes = [b for b in ta.written_boxes
+                            if not all(lo <= l2 and h2 <= hi for (lo, hi), (l2, h2) in zip(new, b))]
+        ta.written_boxes.append(new)
+
+    walk(loop, {})
+
+
+def _own_symbols(st: _State, tn: Tnode, idcs: tuple[AxisIndex, ...], loops: tuple[tuple[Symbol, int], ...]) -> None:
+    for idx in idcs:
+        for s in index_symbols(idx):
+            st.reverse_node_map.setdefault(s, tn)
+    for s, _ in loops:
+        st.reverse_node_map.setdefault(s, tn)
+
+
+def _is_reduction(loops: tuple[tuple[Symbol, int], ...], idcs: tuple[AxisIndex, ...]) -> bool:
+    indexed = {s for idx in idcs for s in index_symbols(idx)}
+    return any(n > 1 and s not in indexed for s, n in loops)
+
+
+def _visit(st: _State, tn: Tnode, pos: Position, own: tuple[Tnode, Position] | None) -> None:
+    """Count a read. A read of the very cell being assigned (`t[i] := t[i] + ...`) is part of
+    computing that cell, not a separate use, so it only matters when it comes before any write."""
+    ta = st.node(tn)
+    if not ta.is_written(pos):
+        ta.accesses[pos] = RECURRENT
+        return
+    if own is not None and own[0] is tn and own[1] == pos:
+        return
+    old = ta.accesses.get(pos, 0)
+    ta.accesses[pos] = old if old is RECURRENT else old + 1
+
+
+def _scalar(st: _State, sc: ll.LLScalar, env: dict[Symbol, int], own: tuple[Tnode, Position] | None) -> None:
+    match sc:
+        case ll.Get(tn, idcs):
+            _visit(st, tn, lookup(env, idcs), own)
+        case ll.GetMergeBuffer(tn, _):
+            if st.merge_node is not None and st.merge_node is not tn:
+                raise ValueError(f"einjit: only one merge buffer per routine is supported, found "
+                                 f"{st.merge_node.debug_name()} and {tn.debug_name()}")
+            st.merge_node = tn
+        case ll.LocalScope(_, body, _):
+            _stmt(st, body, env, (), True)
+        case ll.Ternop(ops.Ternop.WHERE, cond, then, other):
+            _scalar(st, cond, env, own)
+            taken = index_condition(cond, env)
+            if taken is None or taken:
+                _scalar(st, then, env, own)
+            if taken is None or not taken:
+                _scalar(st, other, env, own)
+        case _:
+            for child in ll.scalar_children(sc):
+                _scalar(st, child, env, own)
+
+
+_INDEX_BINOPS = {
+    ops.Binop.ADD: lambda a, b: a + b,
+    ops.Binop.SUB: lambda a, b: a - b,
+    ops.Binop.MUL: lambda a, b: a * b,
+    ops.Binop.CMPLT: lambda a, b: float(a < b),
+    ops.Binop.CMPEQ: lambda a, b: float(a == b),
+    ops.Binop.CMPNE: lambda a, b: float(a != b),
+    ops.Binop.AND: lambda a, b: float(a != 0 and b != 0),
+    ops.Binop.OR: lambda a, b: float(a != 0 or b != 0),
+}
+
+
+def index_condition(cond: ll.LLScalar, env: dict[Symbol, int]) -> bool | None:
+    """The value of a `where` condition built only from index embeddings and constants — the
+    bounds guards lowering puts around padded reads — or None when it depends on data or on a
+    symbol the trace has no value for. Tracing follows only the taken branch, so a guarded
+    read of a padding position is not mistaken for a read before write."""
+
+    def value(sc: ll.LLScalar) -> float | None:
+        match sc:
+            case ll.Constant(v):
+                return v
+            case ll.EmbedIndex(idx):
+                if any(s not in env for s in index_symbols(idx)):
+                    return None
+                return float(lookup(env, (idx,))[0])
+            case ll.Binop(op, a, b) if op in _INDEX_BINOPS:
+                x, y = value(a), value(b)
+                return None if x is None or y is None else _INDEX_BINOPS[op](x, y)
+            case ll.Unop(ops.Unop.NOT, a):
+                x = value(a)
+                return None if x is None else float(x == 0)
+        return None
+
+    v = value(cond)
+    return None if v is None else v != 0
+
+
+def _node_flag(st: _State, tn: Tnode, flag: str, default: bool) -> bool:
+    ta = st.store.get(tn)
+    return default if ta is None else getattr(ta, flag)
+
+
+def _is_constexpr(st: _State, sc: ll.LLScalar) -> bool:
+    match sc:
+        case ll.Constant() | ll.ConstantBits():
+            return True
+        case ll.Get(tn, _) | ll.GetMergeBuffer(tn, _):
+            return _node_flag(st, tn, "is_scalar_constexpr", False)
+        case ll.GetLocal(sid) | ll.LocalScope(id=sid):
+            return _node_flag(st, sid.tn, "is_scalar_constexpr", False)
+        case ll.EmbedIndex():
+            return False
+    return all(_is_constexpr(st, c) for c in ll.scalar_children(sc))
+
+
+def _is_accessing(st: _State, sc: ll.LLScalar) -> bool:
+    match sc:
+        case ll.Constant() | ll.ConstantBits() | ll.EmbedIndex():
+            return False
+        case ll.Get(tn, _):
+            return not _node_flag(st, tn, "is_scalar_constexpr", False)
+        case ll.GetMergeBuffer():
+            return True
+        case ll.GetLocal(sid) | ll.LocalScope(id=sid):
+            return _node_flag(st, sid.tn, "is_accessing", True)
+    return any(_is_accessing(st, c) for c in ll.scalar_children(sc))
+
+
+def _is_simple(st: _State, sc: ll.LLScalar) -> bool:
+    """A single read, or an expression over constants and index embeddings only."""
+    match sc:
+        case ll.Get() | ll.GetMergeBuffer() | ll.Constant() | ll.ConstantBits() | ll.EmbedIndex():
+            return True
+        case ll.GetLocal(sid) | ll.LocalScope(id=sid):
+            return _node_flag(st, sid.tn, "is_simple", False)
+        case ll.Unop(ops.Unop.IDENTITY, a):
+            return _is_simple(st, a)
+    return not any(_is_accessing(st, c) for c in ll.scalar_children(sc))

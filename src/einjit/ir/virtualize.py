@@ -1,0 +1,519 @@
+"""Virtualization: which tensor nodes need no storage, and where their computations are
+identified and checked (seed 000: `virtual_llc`, `check_and_store_virtual`).
+
+A node is *virtual* when every read of it can be replaced by its computation, specialised to
+the read's indices (`inline_computation`); its writes then disappear from the code
+(`cleanup.cleanup_virtual_llc`). The decision is made in three steps:
+
+1. `decide_from_trace` applies the cheap rules to the traced facts, for nodes whose memory
+   mode still allows both outcomes (a mode the user set is only ever narrowed, never
+   replaced): nodes only read here, or read before written, stay materialized; a reduction
+   stays materialized unless `inline_complex_computations`; a node read more than
+   `max_visits` times at one position stays materialized unless recomputing it is free (a
+   scalar constant expression, or a simple computation).
+2. `virtual_llc` walks the code in order. Each code block that computes a node — the loop nest
+   owning the loop symbol its writes are indexed by, or a lone write — is checked by
+   `check_and_store_virtual` and stored; each read of a candidate node is inlined from the
+   computations stored so far, so the inlined code sees exactly the writes that precede the
+   read. Any check that fails raises `NonVirtual(code)` with the seed's diagnostic code and
+   the node becomes `Never_virtual` with that code as provenance.
+3. `cleanup.cleanup_virtual_llc` removes the virtual nodes' writes and finalizes the modes.
+
+Two conditions go beyond the seed. Code 131: inlining recomputes a node when it is read, so
+it is refused when a node the computation reads was written between the computation and the
+read, or is written by the loop nest containing the read — the recomputation would see the
+new values. The one exception is the update pattern `p[i] := p[i] - delta[i]`: when the
+statement is the only writer of `p` in its nest, writes each cell once, and the inlined
+`delta` reads `p` only at the cell being written, it reads the value before the write. Code 132: a computation block inside a loop owned by another node runs once per
+iteration of that loop, but would run once when inlined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from einjit import config
+from einjit.ir import low_level as ll
+from einjit.ir.code_walk import block_statements, deep_parts
+from einjit.ir.indexing import AxisIndex, FixedIdx, Iterator, Symbol, get_symbol, index_symbols, subst_index
+from einjit.ir.tnode import MATERIALIZED, NEVER_VIRTUAL, MemoryModeError, Mode, Tnode
+from einjit.ir.tracing import RECURRENT, Trace, TracedArray, VirtualizeSettings
+
+NON_VIRTUAL_REASONS: dict[int, str] = {
+    4: "its computation accesses it with inconsistent index patterns",
+    5: "one loop symbol indexes several of its axes",
+    51: "an affine index of it has several loop symbols (e.g. a convolution); not supported yet",
+    6: "its computation contains a loop that is not traced",
+    7: "a write in its computation uses a loop symbol bound outside the computation",
+    8: "its computation contains backend-staged code",
+    9: "a read in its computation uses a loop symbol bound outside the computation",
+    10: "an index embedded in its computation uses a loop symbol bound outside the computation",
+    11: "its memory mode already excludes virtualization",
+    12: "the code block computing it does not write it",
+    13: "the indices of a read cannot be substituted into its computation",
+    14: "it has no computation to inline at a read",
+    17: "it is still read where its computation could not be inlined",
+    131: "a node its computation reads is overwritten before the node is read",
+    132: "its computation sits in a loop of another computation, which repeats it",
+    140: "vector assignments cannot be inlined as scalars",
+}
+
+# Provenance codes of the memory modes set outside a `NonVirtual` failure.
+TOO_MANY_VISITS = 1
+COMPLEX_COMPUTATION = 2
+INLINED = 15
+KEPT = 17
+RECURRENT_NODE = 36
+READ_ONLY = 37
+HOSTED_FOR_HOST_ACCESS = 38
+
+
+class NonVirtual(Exception):
+    """A node cannot be virtual; `code` is the seed's diagnostic code."""
+
+    def __init__(self, code: int, detail: str = ""):
+        super().__init__(code, detail)
+        self.code = code
+        self.detail = detail
+
+    def __str__(self) -> str:
+        extra = f" ({self.detail})" if self.detail else ""
+        return f"NonVirtual({self.code}): {NON_VIRTUAL_REASONS.get(self.code, 'unknown reason')}{extra}"
+
+
+def is_undecided(tn: Tnode) -> bool:
+    """The memory mode still allows the node to be virtual and also to be stored."""
+    return not tn.is_virtual() and not tn.is_materialized_known()
+
+
+def narrow_mode(tn: Tnode, mode: Mode, provenance: int) -> bool:
+    """Narrow the node's mode to `mode` where that is compatible with what is set already."""
+    if tn.memory_mode is not None and not (tn.memory_mode.leaves & mode.leaves):
+        return False
+    tn.update_memory_mode(mode, provenance)
+    return True
+
+
+def log_decision(name: str, tn: Tnode, message: str) -> None:
+    config.debug(4, f"optimize {name or '<routine>'}: {tn.debug_name()} {message}")
+
+
+def refuse(tn: Tnode, err: NonVirtual, name: str = "") -> None:
+    """Record that `tn` cannot be virtual; a user-set `Virtual` mode makes this an error."""
+    log_decision(name, tn, f"is not virtual: {err}")
+    try:
+        tn.update_memory_mode(NEVER_VIRTUAL, err.code)
+    except MemoryModeError as e:
+        raise MemoryModeError(f"{e}; it cannot be virtual: {err}") from None
+
+
+def decide_from_trace(trace: Trace, settings: VirtualizeSettings, name: str = "") -> None:
+    """Step 1 of the decision (see the module docstring)."""
+    for ta in trace.traced_store.values():
+        tn = ta.tn
+        if ta.read_only:
+            if not tn.is_virtual() and narrow_mode(tn, MATERIALIZED, READ_ONLY):
+                log_decision(name, tn, "is materialized: only read here (provenance 37)")
+            continue
+        if ta.read_before_write and not tn.is_virtual() and narrow_mode(tn, MATERIALIZED, RECURRENT_NODE):
+            log_decision(name, tn, "is materialized: read before written, its values are inputs (provenance 36)")
+        if not is_undecided(tn):
+            continue
+        free_to_recompute = ((settings.inline_scalar_constexprs and ta.is_scalar_constexpr)
+                             or (settings.inline_simple_computations and ta.is_simple))
+        if ta.is_complex and not settings.inline_complex_computations and not free_to_recompute:
+            tn.update_memory_mode(NEVER_VIRTUAL, COMPLEX_COMPUTATION)
+            log_decision(name, tn, "is not virtual: its computation loops over a reduction and "
+                                   "inline_complex_computations is off (provenance 2)")
+        elif not free_to_recompute and _too_many(ta, settings.max_visits):
+            tn.update_memory_mode(NEVER_VIRTUAL, TOO_MANY_VISITS)
+            log_decision(name, tn, f"is not virtual: a cell is read {ta.max_visits()} times, "
+                                   f"max_visits={settings.max_visits} (provenance 1)")
+
+
+def _too_many(ta: TracedArray, max_visits: int) -> bool:
+    most = ta.max_visits()
+    return most is RECURRENT or most > max_visits
+
+
+# ---------------------------------------------------------------- checking a computation
+
+
+def check_computation(tn: Tnode, static_indices: frozenset[Symbol], top_llc: ll.LLStmt) -> tuple[AxisIndex, ...] | None:
+    """Validate that `top_llc`, a code block computing `tn`, can be inlined; return the index
+    pattern it writes `tn` with (None for a `ZeroOut` only). Raises `NonVirtual`."""
+    at_idcs: list[tuple[AxisIndex, ...]] = []
+    has_setter = False
+
+    def check_idcs(idcs: tuple[AxisIndex, ...]) -> None:
+        if not at_idcs:
+            at_idcs.append(idcs)
+        elif at_idcs[0] != idcs:
+            raise NonVirtual(4, f"{_show(at_idcs[0])} vs {_show(idcs)}")
+        syms: list[Symbol] = []
+        for idx in idcs:
+            dynamic = [s for s in index_symbols(idx) if s not in static_indices]
+            if len(dynamic) > 1:
+                raise NonVirtual(51, repr(idx))
+            syms.extend(dynamic)
+        if len(syms) != len(set(syms)):
+            raise NonVirtual(5, _show(idcs))
+
+    def escaping(idcs: tuple[AxisIndex, ...], bound: frozenset[Symbol], code: int) -> None:
+        for idx in idcs:
+            for s in index_symbols(idx):
+                if s not in bound:
+                    raise NonVirtual(code, f"{s!r} in {_show(idcs)}")
+
+    def stmt(s: ll.LLStmt, bound: frozenset[Symbol]) -> None:
+        nonlocal has_setter
+        for x in ll.flatten(s):
+            match x:
+                case ll.ForLoop(trace_it=False):
+                    raise NonVirtual(6, f"loop over {x.index!r}")
+                case ll.ForLoop(index, _, _, body, _):
+                    stmt(body, bound | {index})
+                case ll.ZeroOut(t):
+                    has_setter = has_setter or t is tn
+                case ll.SetFromVec(t) if t is tn:
+                    raise NonVirtual(140)
+                case ll.Set(t, idcs, llsc, _) | ll.SetFromVec(t, idcs, _, _, llsc, _):
+                    if t is tn:
+                        check_idcs(idcs)
+                        has_setter = True
+                    else:
+                        escaping(idcs, bound, 7)
+                    scalar(llsc, bound)
+                case ll.SetLocal(_, value):
+                    scalar(value, bound)
+                case ll.StagedCompilation():
+                    raise NonVirtual(8)
+
+    def scalar(sc: ll.LLScalar, bound: frozenset[Symbol]) -> None:
+        for x in ll.iter_scalars(sc):
+            match x:
+                case ll.Get(t, idcs) if t is tn:
+                    check_idcs(idcs)
+                case ll.Get(_, idcs) | ll.GetMergeBuffer(_, idcs):
+                    escaping(idcs, bound, 9)
+                case ll.EmbedIndex(idx):
+                    escaping((idx,), bound, 10)
+                case ll.LocalScope(_, body, orig):
+                    escaping(orig, bound, 9)
+                    stmt(body, bound)
+
+    if tn.is_materialized_known():
+        raise NonVirtual(11, f"memory mode {tn.memory_mode}, provenance {tn.provenance}")
+    stmt(top_llc, frozenset(static_indices))
+    if not has_setter:
+        raise NonVirtual(12)
+    return at_idcs[0] if at_idcs else None
+
+
+def _show(idcs: tuple[AxisIndex, ...]) -> str:
+    return "[" + ", ".join(repr(i) for i in idcs) + "]"
+
+
+def written_nodes(stmt: ll.LLStmt) -> set[Tnode]:
+    out: set[Tnode] = set()
+    for s in block_statements(stmt):
+        match s:
+            case ll.Set(tn=tn) | ll.SetFromVec(tn=tn) | ll.ZeroOut(tn):
+                out.add(tn)
+    return out
+
+
+def read_nodes(stmt: ll.LLStmt) -> set[Tnode]:
+    """Nodes read anywhere in `stmt`, including inside local scopes (whose node counts too:
+    should it end up stored, the scope turns back into a read of it)."""
+    out: set[Tnode] = set()
+    for x in deep_parts(stmt):
+        match x:
+            case ll.Get(tn, _) | ll.GetMergeBuffer(tn, _) | ll.LocalScope(id=ll.ScopeId(tn=tn)):
+                out.add(tn)
+    return out
+
+
+# ---------------------------------------------------------------- walking the code
+
+
+@dataclass(frozen=True, slots=True)
+class Computation:
+    """A checked code block computing a node: `at_idcs` is the index pattern it writes the node
+    with (None when it only zeroes it), `loops` the ranges of the loops inside it."""
+
+    at_idcs: tuple[AxisIndex, ...] | None
+    llc: ll.LLStmt
+    loops: dict[Symbol, tuple[int, int]]
+
+
+@dataclass(slots=True)
+class VirtualState:
+    """What `virtual_llc` accumulates: the stored computations per node (in code order), the
+    local scopes it created by inlining, and the bookkeeping behind code 131."""
+
+    trace: Trace
+    static_indices: frozenset[Symbol]
+    name: str = ""
+    computations: dict[Tnode, list[Computation]] = field(default_factory=dict)
+    inlined_scopes: set[ll.ScopeId] = field(default_factory=set)
+    inline_counts: dict[Tnode, int] = field(default_factory=dict)
+    reads: dict[Tnode, set[Tnode]] = field(default_factory=dict)
+    readers: dict[Tnode, set[Tnode]] = field(default_factory=dict)
+    stale: set[Tnode] = field(default_factory=set)
+
+
+def check_and_store_virtual(state: VirtualState, tn: Tnode, top_llc: ll.LLStmt) -> bool:
+    """Check the code block `top_llc` computing `tn`; store it for inlining, or make the node
+    `Never_virtual` with the failing check's code. Returns whether it was stored."""
+    try:
+        at_idcs = check_computation(tn, state.static_indices, top_llc)
+        reads = read_nodes(top_llc) - {tn}
+        overwritten = reads & (written_nodes(top_llc) - {tn})
+        if overwritten:
+            raise NonVirtual(131, ", ".join(sorted(t.debug_name() for t in overwritten)))
+    except NonVirtual as err:
+        refuse(tn, err, state.name)
+        return False
+    loops = {s.index: (s.from_, s.to_) for s in block_statements(top_llc) if isinstance(s, ll.ForLoop)}
+    state.computations.setdefault(tn, []).append(Computation(at_idcs, top_llc, loops))
+    state.reads.setdefault(tn, set()).update(reads)
+    for r in reads:
+        state.readers.setdefault(r, set()).add(tn)
+    return True
+
+
+def virtual_llc(llc: ll.LLStmt, state: VirtualState) -> ll.LLStmt:
+    """Identify computations, store the inlinable ones and inline reads of candidate nodes."""
+    return _walk(state, llc, frozenset(), frozenset(), ())
+
+
+def _store(state: VirtualState, tn: Tnode, block: ll.LLStmt, repeated: bool) -> None:
+    if repeated:
+        refuse(tn, NonVirtual(132), state.name)
+    else:
+        check_and_store_virtual(state, tn, block)
+
+
+def _overwrite(state: VirtualState, tn: Tnode) -> None:
+    for reader in state.readers.get(tn, ()):
+        if reader is not tn:
+            state.stale.add(reader)
+
+
+def _sole_cellwise_writer(s: ll.Set, loops: tuple[ll.ForLoop, ...]) -> bool:
+    """`s` is the only write of its node in the enclosing loop nest, and writes each cell once:
+    reads of the node at the cell `s` writes still see the value from before the nest."""
+    nest = loops[0] if loops else s
+    writers = [x for x in block_statements(nest) if isinstance(x, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and x.tn is s.tn]
+    if len(writers) != 1 or writers[0] is not s or not all(isinstance(i, (Iterator, FixedIdx)) for i in s.idcs):
+        return False
+    syms = [i.symbol for i in s.idcs if isinstance(i, Iterator)]
+    return len(syms) == len(set(syms)) and {lp.index for lp in loops if lp.to_ > lp.from_} <= set(syms)
+
+
+def _reads_only_at(body: ll.LLStmt, tn: Tnode, idcs: tuple[AxisIndex, ...]) -> bool:
+    for x in deep_parts(body):
+        match x:
+            case ll.Get(t, i) | ll.LocalScope(id=ll.ScopeId(tn=t), orig_indices=i) if t is tn and i != idcs:
+                return False
+    return True
+
+
+def _walk(state: VirtualState, stmt: ll.LLStmt, process_for: frozenset[Tnode], writing: frozenset[Tnode],
+          loops: tuple[ll.ForLoop, ...]) -> ll.LLStmt:
+    """`process_for`: nodes whose computation encloses this point — their reads stay (they
+    become the local of their own inlined computation). `writing`: nodes written by the loop
+    nest around this point. `loops`: the enclosing loops."""
+
+    def one(s: ll.LLStmt) -> ll.LLStmt:
+        repeated = any(lp.to_ > lp.from_ for lp in loops)
+        match s:
+            case ll.ForLoop(index, _, _, body, _):
+                inner_writing = writing | written_nodes(body)
+                owner = state.trace.reverse_node_map.get(index)
+                if owner is None or owner in process_for:
+                    return replace(s, body=_walk(state, body, process_for, inner_writing, loops + (s,)))
+                result = replace(s, body=_walk(state, body, process_for | {owner}, inner_writing, loops + (s,)))
+                if not owner.is_materialized_known():
+                    _store(state, owner, result, repeated)
+                return result
+            case ll.ZeroOut(tn):
+                if tn not in process_for and not tn.is_materialized_known():
+                    _store(state, tn, s, repeated)
+                _overwrite(state, tn)
+                return s
+            case ll.Set(tn, idcs, llsc, _) | ll.SetFromVec(tn, idcs, _, _, llsc, _):
+                inner = process_for if tn.is_materialized_known() else process_for | {tn}
+                written_cell = (tn, idcs) if isinstance(s, ll.Set) and _sole_cellwise_writer(s, loops) else None
+                value = scalar(llsc, inner, writing | {tn}, written_cell)
+                result = replace(s, llsc=value) if isinstance(s, ll.Set) else replace(s, arg=value)
+                if tn not in process_for and not tn.is_materialized_known():
+                    _store(state, tn, result, repeated)
+                _overwrite(state, tn)
+                return result
+            case ll.SetLocal(sid, value):
+                return ll.SetLocal(sid, scalar(value, process_for, writing, None))
+        return s
+
+    def scalar(sc: ll.LLScalar, process_for: frozenset[Tnode], writing: frozenset[Tnode],
+               written_cell: tuple[Tnode, tuple[AxisIndex, ...]] | None) -> ll.LLScalar:
+        """`written_cell`: the node and indices the enclosing statement writes, when it is the
+        sole cell-wise writer of that node in its nest."""
+        match sc:
+            case ll.Get(tn, idcs):
+                if tn in process_for or tn.is_materialized_known():
+                    return sc
+                try:
+                    if tn in state.stale:
+                        raise NonVirtual(131, f"read at {_show(idcs)}")
+                    sid = ll.fresh_scope_id(tn)
+                    body = inline_computation(sid, state, tn, idcs)
+                    conflict = state.reads.get(tn, set()) & writing
+                    if conflict and not (written_cell is not None and conflict == {written_cell[0]}
+                                         and _reads_only_at(body, *written_cell)):
+                        raise NonVirtual(131, f"read at {_show(idcs)}")
+                except NonVirtual as err:
+                    refuse(tn, err, state.name)
+                    return sc
+                state.inlined_scopes.add(sid)
+                state.inline_counts[tn] = state.inline_counts.get(tn, 0) + 1
+                return ll.LocalScope(sid, body, idcs)
+            case ll.LocalScope(sid, body, orig):
+                return ll.LocalScope(sid, _walk(state, body, process_for | {sid.tn}, writing, ()), orig)
+            case ll.Unop(op, a):
+                return ll.Unop(op, scalar(a, process_for, writing, written_cell))
+            case ll.Binop(op, a, b):
+                return ll.Binop(op, scalar(a, process_for, writing, written_cell),
+                                scalar(b, process_for, writing, written_cell))
+            case ll.Ternop(op, a, b, c):
+                return ll.Ternop(op, scalar(a, process_for, writing, written_cell),
+                                 scalar(b, process_for, writing, written_cell),
+                                 scalar(c, process_for, writing, written_cell))
+        return sc
+
+    return ll.seq(*(one(s) for s in ll.flatten(stmt)))
+
+
+# ---------------------------------------------------------------- inlining
+
+
+def inline_computation(sid: ll.ScopeId, state: VirtualState, tn: Tnode,
+                       call_args: tuple[AxisIndex, ...]) -> ll.LLStmt:
+    """The stored computations of `tn`, in code order, specialised to the read `tn[call_args]`:
+    the body of a `LocalScope(sid, ...)`. Writes of `tn` become `SetLocal(sid, ...)` and its
+    reads `GetLocal(sid)`; loops over the symbols of its indices disappear (the symbols are
+    replaced by the call's indices), the other loops — reductions — stay with fresh symbols,
+    and local scopes inside get fresh ids, so every copy is independent. Raises `NonVirtual`."""
+    computations = state.computations.get(tn)
+    if not computations:
+        raise NonVirtual(14)
+    bodies = []
+    for comp in computations:
+        env = _make_subst(tn, comp, call_args, state.static_indices)
+        body = None if env is None else _inline_stmt(_Inline(tn, sid, state.inlined_scopes), comp.llc, env, {})
+        if body is not None:
+            bodies.append(body)
+    if not bodies:
+        raise NonVirtual(14)
+    return ll.seq(*bodies)
+
+
+def _make_subst(tn: Tnode, comp: Computation, call_args: tuple[AxisIndex, ...],
+                static_indices: frozenset[Symbol]) -> dict[Symbol, AxisIndex] | None:
+    """Bind the computation's index symbols to the call's indices; None when the computation
+    writes a fixed index and the read another one, so it cannot affect the cell read.
+
+    A symbol is bound only if the computation's own loop over it sweeps the whole axis: then
+    every cell the read may ask for is computed by the block. A fixed or static index must be
+    read exactly as written (any index will do on an axis of dimension 1)."""
+    def_args, loops = comp.at_idcs, comp.loops
+    if def_args is None:
+        return {}
+    if len(call_args) != len(def_args):
+        raise NonVirtual(13, f"written with {len(def_args)} indices, read with {len(call_args)}")
+    if any(isinstance(lhs, FixedIdx) and isinstance(rhs, FixedIdx) and lhs != rhs
+           for lhs, rhs in zip(def_args, call_args)):
+        return None
+    env: dict[Symbol, AxisIndex] = {}
+    dims = tn.dims
+    for axis, (lhs, rhs) in enumerate(zip(def_args, call_args)):
+        match lhs:
+            case Iterator(s) if s not in static_indices:
+                if loops.get(s) != (0, dims[axis] - 1):
+                    raise NonVirtual(13, f"the loop over {s!r} does not sweep axis {axis} of dims {dims}")
+                env[s] = rhs
+            case FixedIdx(0) if dims[axis] == 1:
+                pass
+            case _ if lhs == rhs and not set(index_symbols(lhs)) & loops.keys():
+                pass
+            case _:
+                raise NonVirtual(13, f"axis {axis} is written at {lhs!r} and read at {rhs!r}")
+    return env
+
+
+@dataclass(frozen=True, slots=True)
+class _Inline:
+    tn: Tnode
+    sid: ll.ScopeId
+    inlined_scopes: set[ll.ScopeId]
+
+
+def _subst(env: dict[Symbol, AxisIndex], idcs: tuple[AxisIndex, ...]) -> tuple[AxisIndex, ...]:
+    return tuple(subst_index(env, i) for i in idcs)
+
+
+def _inline_stmt(cx: _Inline, stmt: ll.LLStmt, env: dict[Symbol, AxisIndex],
+                 renames: dict[ll.ScopeId, ll.ScopeId]) -> ll.LLStmt | None:
+    out: list[ll.LLStmt] = []
+    for s in ll.flatten(stmt):
+        match s:
+            case ll.ForLoop(index, from_, to_, body, trace_it):
+                if index in env:
+                    r = _inline_stmt(cx, body, env, renames)
+                else:
+                    fresh = get_symbol(index.name)
+                    inner = _inline_stmt(cx, body, {**env, index: Iterator(fresh)}, renames)
+                    r = None if inner is None else ll.ForLoop(fresh, from_, to_, inner, trace_it)
+            case ll.ZeroOut(t):
+                r = ll.SetLocal(cx.sid, ll.Constant(0.0)) if t is cx.tn else None
+            case ll.Set(t, _, llsc, _):
+                r = ll.SetLocal(cx.sid, _inline_scalar(cx, llsc, env, renames)) if t is cx.tn else None
+            case ll.SetFromVec():
+                r = None
+            case ll.SetLocal(sid, value):
+                r = ll.SetLocal(renames.get(sid, sid), _inline_scalar(cx, value, env, renames))
+            case _:
+                r = s
+        if r is not None:
+            out.append(r)
+    return ll.seq(*out) if out else None
+
+
+def _inline_scalar(cx: _Inline, sc: ll.LLScalar, env: dict[Symbol, AxisIndex],
+                   renames: dict[ll.ScopeId, ll.ScopeId]) -> ll.LLScalar:
+    match sc:
+        case ll.Get(t, _) if t is cx.tn:
+            return ll.GetLocal(cx.sid)
+        case ll.Get(t, idcs):
+            return ll.Get(t, _subst(env, idcs))
+        case ll.GetMergeBuffer(t, idcs):
+            return ll.GetMergeBuffer(t, _subst(env, idcs))
+        case ll.GetLocal(sid):
+            return ll.GetLocal(renames.get(sid, sid))
+        case ll.LocalScope(sid, body, orig):
+            new = ll.fresh_scope_id(sid.tn)
+            if sid in cx.inlined_scopes:
+                cx.inlined_scopes.add(new)
+            inner = _inline_stmt(cx, body, env, {**renames, sid: new})
+            return ll.LocalScope(new, ll.Noop() if inner is None else inner, _subst(env, orig))
+        case ll.EmbedIndex(idx):
+            return ll.EmbedIndex(subst_index(env, idx))
+        case ll.Unop(op, a):
+            return ll.Unop(op, _inline_scalar(cx, a, env, renames))
+        case ll.Binop(op, a, b):
+            return ll.Binop(op, _inline_scalar(cx, a, env, renames), _inline_scalar(cx, b, env, renames))
+        case ll.Ternop(op, a, b, c):
+            return ll.Ternop(op, _inline_scalar(cx, a, env, renames), _inline_scalar(cx, b, env, renames),
+                             _inline_scalar(cx, c, env, renames))
+    return sc
