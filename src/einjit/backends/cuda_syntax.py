@@ -1,0 +1,398 @@
+"""Rendering low-level code as CUDA: one `extern "C" __global__` kernel per routine.
+
+The C-family renderer of `c_syntax` does the statements and expressions; this module decides
+how a routine's work is spread over the GPU's threads (`plan_kernel`) and configures the
+renderer accordingly (`CUDA_SYNTAX` plus per-kernel hooks).
+
+Grid mapping. A routine body is a sequence of top-level statements ("segments"). For each
+segment, the leading perfectly nested loops whose iterations touch disjoint cells of every
+node the body writes — each such node is sliced by the loop's index, at the same axis, in
+every read and write — are *parallel*: they are collapsed into one index space that the
+grid's threads cover with a grid-stride loop, one iteration per thread at a time. The first
+loop that is not parallel (a reduction: its iterations accumulate into the same cells) and
+everything inside it run sequentially within the thread, so reductions never race. A segment
+without a parallel loop runs on thread 0. Between two segments where the later one touches
+what the earlier wrote (or writes what it read), all threads of the grid synchronize
+(`cooperative_groups::this_grid().sync()`, so such kernels are launched cooperatively).
+
+Memory classes (`CudaMemClass`). A `Local` node used by only one segment, small enough, and
+written before it is read in each parallel iteration becomes a per-thread local array
+(`LOCAL_ONLY`): every thread recomputes its own copy. Every other node — including `Local`
+nodes that live across segments — is `GLOBAL`: a kernel parameter pointing to device memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterator as PyIterator, Mapping, Sequence
+
+from einjit.backends import c_syntax
+from einjit.backends.c_syntax import (CSyntax, MemClass, RenderedRoutine, RenderError, mem_class, render_routine,
+                                      symbol_name)
+from einjit.backends.interface import CudaMemClass
+from einjit.ir import low_level as ll
+from einjit.ir import ops
+from einjit.ir.indexing import AxisIndex, Iterator, StaticSymbol, Symbol, get_symbol
+from einjit.ir.tnode import Tnode
+
+MAX_BLOCK = 256
+PRIVATE_LIMIT_BYTES = 16 * 1024
+"""The largest `Local` node kept as a per-thread array; larger ones live in global memory."""
+
+_INT_PRECS = (ops.byte, ops.int32, ops.int64)
+
+
+CUDA_SYNTAX = CSyntax(
+    function_qualifier='extern "C" __global__',
+    restrict="__restrict__",
+    helper_qualifier="__device__ inline",
+    includes=(),
+    stack_limit_bytes=PRIVATE_LIMIT_BYTES,
+    local_heap_decl=None,
+    zero_out_memset=False,
+    interchange_loops=False,
+)
+
+_PRELUDE = """\
+#define EINJIT_TID ((long long)blockIdx.x * blockDim.x + threadIdx.x)
+#define EINJIT_NTHREADS ((long long)gridDim.x * blockDim.x)
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fffffff)
+#endif
+"""
+
+_GRID_SYNC = """\
+/* All threads of the grid meet here; the kernel is launched cooperatively. */
+__device__ inline void einjit_grid_sync(void) { cooperative_groups::this_grid().sync(); }
+"""
+
+_INT_MATH = """\
+/* Integer arguments of math functions go through double, as in C. */
+#define EINJIT_INT_MATH(T) \\
+  __device__ inline double exp(T x) { return exp((double)x); } \\
+  __device__ inline double log(T x) { return log((double)x); } \\
+  __device__ inline double exp2(T x) { return exp2((double)x); } \\
+  __device__ inline double log2(T x) { return log2((double)x); } \\
+  __device__ inline double sin(T x) { return sin((double)x); } \\
+  __device__ inline double cos(T x) { return cos((double)x); } \\
+  __device__ inline double sqrt(T x) { return sqrt((double)x); } \\
+  __device__ inline double tanh(T x) { return tanh((double)x); } \\
+  __device__ inline double pow(T x, T y) { return pow((double)x, (double)y); }
+EINJIT_INT_MATH(unsigned char)
+EINJIT_INT_MATH(int)
+EINJIT_INT_MATH(long long)
+"""
+
+_HELPERS = {
+    "uniform01": """\
+/* VecUnop.UNIFORM_HASH: splitmix64 of a counter, top 53 bits scaled to [0, 1). */
+__device__ inline double einjit_uniform01(unsigned long long x) {
+  unsigned long long z = x + 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z = z ^ (z >> 31);
+  return (double)(z >> 11) * (1.0 / 9007199254740992.0);
+}
+""",
+}
+
+
+# ---------------------------------------------------------------- accesses
+
+
+@dataclass(frozen=True, slots=True)
+class _Access:
+    tn: Tnode
+    idcs: tuple[AxisIndex, ...] | None
+    write: bool
+    vector: bool = False
+
+
+def _accesses(stmt: ll.LLStmt) -> PyIterator[_Access]:
+    """Array accesses in execution order (a statement's reads before its write). Merge
+    buffers are read-only during a routine and are left out."""
+    for s in ll.flatten(stmt):
+        match s:
+            case ll.ForLoop(body=body):
+                yield from _accesses(body)
+            case ll.Set(tn, idcs, sc, _):
+                yield from _reads(sc)
+                yield _Access(tn, idcs, True)
+            case ll.SetFromVec(tn, idcs, _, _, arg, _):
+                yield from _reads(arg)
+                yield _Access(tn, idcs, True, vector=True)
+            case ll.SetLocal(_, sc):
+                yield from _reads(sc)
+            case ll.ZeroOut(tn):
+                yield _Access(tn, None, True)
+
+
+def _reads(sc: ll.LLScalar) -> PyIterator[_Access]:
+    for x in ll.iter_scalars(sc):
+        match x:
+            case ll.Get(tn, idcs):
+                yield _Access(tn, idcs, False)
+            case ll.LocalScope(body=body):
+                yield from _accesses(body)
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True, eq=False)
+class Segment:
+    """A top-level statement and its leading loops that the grid's threads share."""
+
+    stmt: ll.LLStmt
+    parallel: tuple[ll.ForLoop, ...] = ()
+
+    @property
+    def size(self) -> int:
+        """How many threads can work on the segment at once."""
+        return math.prod(lp.to_ - lp.from_ + 1 for lp in self.parallel)
+
+    @property
+    def is_work(self) -> bool:
+        return not isinstance(self.stmt, (ll.Comment, ll.Noop))
+
+
+@dataclass(frozen=True, eq=False)
+class KernelPlan:
+    name: str
+    segments: tuple[Segment, ...]
+    barriers: frozenset[int]
+    """Indices of the segments preceded by a grid-wide synchronization."""
+    mem_classes: Mapping[Tnode, CudaMemClass] = field(repr=False)
+
+    @property
+    def grid_sync(self) -> bool:
+        return bool(self.barriers)
+
+    @property
+    def work_items(self) -> int:
+        """The most threads any segment can use."""
+        return max((s.size for s in self.segments if s.is_work), default=1)
+
+    def launch_shape(self) -> tuple[int, int]:
+        """(blocks wanted, threads per block): whole warps, at most `MAX_BLOCK` threads."""
+        n = self.work_items
+        block = MAX_BLOCK if n >= MAX_BLOCK else 32 * max(1, -(-n // 32))
+        return -(-n // block), block
+
+
+def _expand_zero_out(stmt: ll.LLStmt) -> ll.LLStmt:
+    """A top-level `ZeroOut` becomes a loop nest of stores, which the grid can share."""
+    if not isinstance(stmt, ll.ZeroOut):
+        return stmt
+    tn = stmt.tn
+    syms = [get_symbol() for _ in tn.dims]
+    body: ll.LLStmt = ll.Set(tn, tuple(Iterator(s) for s in syms), ll.Constant(0.0), f"{tn.name} := 0")
+    for s, d in reversed(list(zip(syms, tn.dims))):
+        body = ll.ForLoop(s, 0, d - 1, body)
+    return body
+
+
+def _private_nodes(stmts: Sequence[ll.LLStmt]) -> set[Tnode]:
+    """`Local` nodes that one segment alone uses and that fit a thread's local memory."""
+    users: dict[Tnode, set[int]] = {}
+    for k, s in enumerate(stmts):
+        for a in _accesses(s):
+            users.setdefault(a.tn, set()).add(k)
+    return {tn for tn, ks in users.items()
+            if tn.is_local() and len(ks) == 1 and tn.size * tn.prec.itemsize <= PRIVATE_LIMIT_BYTES}
+
+
+def _is_parallel(loop: ll.ForLoop, private: set[Tnode]) -> bool:
+    """Iterations of `loop` are independent: each shared node the body writes is sliced by
+    the loop's index at one axis in all its accesses; private nodes are written before read."""
+    if loop.to_ < loop.from_ or _opaque(loop.body):
+        return False
+    accesses = list(_accesses(loop.body))
+    here = Iterator(loop.index)
+    axes: dict[Tnode, set[int]] = {}
+    written = {a.tn for a in accesses if a.write and a.tn not in private}
+    first_private: dict[Tnode, _Access] = {}
+    for a in accesses:
+        if a.tn in private:
+            first_private.setdefault(a.tn, a)
+            continue
+        if a.tn not in written:
+            continue
+        if a.idcs is None:
+            return False
+        last = len(a.idcs) - 1
+        cand = {p for p, idx in enumerate(a.idcs) if idx == here and not (a.vector and p == last)}
+        axes[a.tn] = axes[a.tn] & cand if a.tn in axes else cand
+        if not axes[a.tn]:
+            return False
+    return all(a.write for a in first_private.values())
+
+
+def _opaque(stmt: ll.LLStmt) -> bool:
+    """Backend-staged code: what it touches is unknown."""
+    return any(isinstance(s, ll.StagedCompilation) for s in ll.iter_stmts(stmt))
+
+
+def _parallel_chain(stmt: ll.LLStmt, private: set[Tnode]) -> tuple[ll.ForLoop, ...]:
+    chain: list[ll.ForLoop] = []
+    cur = stmt
+    while isinstance(cur, ll.ForLoop) and _is_parallel(cur, private):
+        chain.append(cur)
+        inner = list(ll.flatten(cur.body))
+        if len(inner) != 1:
+            break
+        cur = inner[0]
+    return tuple(chain)
+
+
+def _touched(stmt: ll.LLStmt, private: set[Tnode]) -> tuple[set[Tnode], set[Tnode]]:
+    reads, writes = set(), set()
+    for a in _accesses(stmt):
+        if a.tn not in private:
+            (writes if a.write else reads).add(a.tn)
+    return reads, writes
+
+
+def plan_kernel(name: str, llc: ll.LLStmt) -> KernelPlan:
+    """Split `llc` into segments, find each one's parallel loops, place grid barriers where a
+    segment depends on an earlier one since the last barrier, and classify the nodes."""
+    stmts = [_expand_zero_out(s) for s in ll.flatten(llc)]
+    private = _private_nodes(stmts)
+    segments: list[Segment] = []
+    barriers: set[int] = set()
+    reads: set[Tnode] = set()
+    writes: set[Tnode] = set()
+    opaque_before, started = False, False
+    for s in stmts:
+        seg = Segment(s, _parallel_chain(s, private))
+        if seg.is_work:
+            r, w = _touched(s, private)
+            opaque = _opaque(s)
+            if started and (writes & (r | w) or reads & w or opaque or opaque_before):
+                barriers.add(len(segments))
+                reads, writes = set(), set()
+            reads |= r
+            writes |= w
+            opaque_before, started = opaque, True
+        segments.append(seg)
+    classes: dict[Tnode, CudaMemClass] = {}
+    for s in stmts:
+        for a in _accesses(s):
+            classes[a.tn] = CudaMemClass.LOCAL_ONLY if a.tn in private else CudaMemClass.GLOBAL
+    return KernelPlan(name, tuple(segments), frozenset(barriers), classes)
+
+
+# ---------------------------------------------------------------- rendering
+
+HeadFn = Callable[[str], str]
+
+
+def _collapsed_heads(chain: tuple[ll.ForLoop, ...]) -> dict[Symbol, HeadFn]:
+    """Headers that walk the chain's index space with a grid-stride loop over `g`, each loop
+    variable recovered from `g` (the innermost one varies fastest: coalesced accesses)."""
+    trips = [lp.to_ - lp.from_ + 1 for lp in chain]
+    strides = [math.prod(trips[k + 1:]) for k in range(len(chain))]
+    g = f"g_{symbol_name(chain[0].index)}"
+    heads: dict[Symbol, HeadFn] = {}
+    for k, (lp, n, st) in enumerate(zip(chain, trips, strides)):
+        offset = f"{lp.from_} + " if lp.from_ else ""
+        part = g if st == 1 else f"({g} / {st})" if k > 0 else f"{g} / {st}"
+        if k > 0:
+            part = f"{part} % {n}"
+        if n == 1:
+            offset, part = "", str(lp.from_)
+
+        def value(itype: str, lp=lp, offset=offset, part=part) -> str:
+            return f"const {itype} {symbol_name(lp.index)} = {offset}({itype})({part});"
+
+        if k == 0:
+            total = math.prod(trips)
+            heads[lp.index] = (lambda itype, value=value, total=total:
+                               f"for (long long {g} = EINJIT_TID; {g} < {total}LL; {g} += EINJIT_NTHREADS) "
+                               f"{{ {value(itype)}")
+        else:
+            heads[lp.index] = lambda itype, value=value: f"{{ {value(itype)}"
+    return heads
+
+
+def render_kernel(plan: KernelPlan, bindings: Sequence[StaticSymbol] = ()) -> RenderedRoutine:
+    """The kernel's source: barriers as `einjit_grid_sync()`, sequential segments guarded to
+    thread 0, parallel chains as collapsed grid-stride loops."""
+    heads: dict[Symbol, HeadFn] = {}
+    stmts: list[ll.LLStmt] = []
+    for k, seg in enumerate(plan.segments):
+        if k in plan.barriers:
+            stmts.append(ll.StagedCompilation(lambda: "einjit_grid_sync();"))
+        if seg.parallel or not seg.is_work:
+            heads.update(_collapsed_heads(seg.parallel) if seg.parallel else {})
+            stmts.append(seg.stmt)
+        else:
+            solo = get_symbol("t")
+            heads[solo] = lambda itype: "if (EINJIT_TID == 0) {"
+            stmts.append(ll.ForLoop(solo, 0, 0, seg.stmt))
+
+    def loop_head(loop: ll.ForLoop, name: str, itype: str) -> str | None:
+        head = heads.get(loop.index)
+        return None if head is None else head(itype)
+
+    def classify(tn: Tnode, written: bool) -> MemClass:
+        mem_class(tn, written)
+        if plan.mem_classes.get(tn) is CudaMemClass.LOCAL_ONLY:
+            return MemClass.LOCAL_ONLY
+        return MemClass.FROM_CONTEXT
+
+    syntax = dataclasses.replace(CUDA_SYNTAX, loop_head=loop_head, classify=classify)
+    return render_routine(plan.name, ll.seq(*stmts), bindings, syntax)
+
+
+@dataclass(frozen=True, eq=False)
+class CudaKernel:
+    name: str
+    plan: KernelPlan = field(repr=False)
+    rendered: RenderedRoutine = field(repr=False)
+
+
+@dataclass(frozen=True, eq=False)
+class CudaProgram:
+    """A translation unit of kernels, in the order given."""
+
+    source: str
+    kernels: tuple[CudaKernel, ...]
+
+
+def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence[StaticSymbol] = ()) -> CudaProgram:
+    """Plan and render routines into one CUDA source, with only the support code they use."""
+    names = [n for n, _ in routines]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise RenderError(f"einjit: routine names must be distinct in one program, repeated: {dup}")
+    kernels = []
+    for name, llc in routines:
+        plan = plan_kernel(name, llc)
+        kernels.append(CudaKernel(name, plan, render_kernel(plan, tuple(bindings))))
+    nodes = {a.tn for _, llc in routines for a in _accesses(llc)}
+    nodes |= {x.id.tn for _, llc in routines for s in ll.iter_stmts(llc) if isinstance(s, ll.SetLocal) for x in [s]}
+    precs = {tn.prec for tn in nodes}
+    if ops.half in precs:
+        node = min((tn for tn in nodes if tn.prec is ops.half), key=lambda tn: tn.id)
+        raise RenderError(f"einjit: the CUDA backend does not support half precision yet ({node.debug_name()} is "
+                          f"half); use single precision")
+    includes = ("cooperative_groups.h",) if any(k.plan.grid_sync for k in kernels) else ()
+    # The C renderer's own support macros (index clamping, ...) come with its empty program.
+    header = c_syntax.render_program([], (), dataclasses.replace(CUDA_SYNTAX, includes=includes, prelude=_PRELUDE))
+    parts = [header.source.replace("einjit: C backend", "einjit: CUDA backend", 1)]
+    if any(p in _INT_PRECS for p in precs):
+        parts.append(_INT_MATH)
+    if any(k.plan.grid_sync for k in kernels):
+        parts.append(_GRID_SYNC)
+    for helper in sorted(set().union(*(k.rendered.helpers for k in kernels))):
+        if helper not in _HELPERS:
+            raise RenderError(f"einjit: the CUDA backend has no device version of the helper {helper!r}")
+        parts.append(_HELPERS[helper])
+    parts += [k.rendered.code for k in kernels]
+    return CudaProgram("\n".join(parts), tuple(kernels))

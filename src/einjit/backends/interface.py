@@ -1,0 +1,447 @@
+"""The backend interfaces of seed 001: work items, routines, code, no-device and device backends.
+
+A backend turns assignments (or low-level code) into `code`, links code into a `context` to
+get a `Routine`, and runs routines through `Work` items:
+
+- `routine.schedule()` reads the current values of the routine's static-symbol `IntRef`s
+  into a new `Work` and returns it; it never blocks and never runs anything. Capturing the
+  values at scheduling time is what lets a training loop bump a batch counter and schedule
+  again before the previous step ran.
+- Running a work (`work()`) executes the routine to completion on a no-device backend, and
+  only launches it (enqueues it on the device) on a device backend; `await_(device)` waits.
+
+`SimpleNoDeviceBackend` is the seed's functor: a `SimpleBackend` only knows how to compile
+low-level code into its own `procedure` and call it, and the adapter adds the `Postponed`
+versus `Compiled` code: `shared=True` compiles relocatable code at `compile` time, so one
+compilation serves every context it is linked into; otherwise compiling waits for `link`,
+where the backend knows the context and may specialize the code to it.
+
+Memory classes, beside the memory modes of `ir.tnode`, say how a backend stores a node's
+array: `CpuMemClass` (`LOCAL_ONLY`, `FROM_CONTEXT`, `CONSTANT_FROM_HOST`) for CPU backends
+and `CudaMemClass` (`LOCAL_ONLY`, `GLOBAL`) for the CUDA backend. A routine records the class
+of every node it touches in `Routine.mem_classes`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Iterable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
+
+from einjit.backends.c_syntax import MemClass as CpuMemClass
+from einjit.ir import assignments as asg
+from einjit.ir import low_level as ll
+from einjit.ir.indexing import IntRef, StaticSymbol
+from einjit.ir.tnode import Tnode
+
+__all__ = [
+    "Backend", "BackendError", "Code", "Compiled", "Context", "CpuMemClass", "CudaMemClass", "DeviceError",
+    "NoDeviceBackend", "NodeNotInContextError", "Postponed", "Routine", "RoutineFailed", "SimpleBackend",
+    "SimpleNoDeviceBackend", "WrongBackendError", "Work", "capture_values", "check_code", "check_static_values",
+    "default_name", "lower_assignments", "low_level_of", "make_refs", "missing_input_error", "not_held_error",
+    "prepare", "routine_inputs",
+]
+
+Ctx = TypeVar("Ctx")
+Proc = TypeVar("Proc")
+
+
+class CudaMemClass(enum.Enum):
+    """How the CUDA backend stores a node (seed 001)."""
+
+    LOCAL_ONLY = "Local_only"
+    """Only needed within one thread's share of a computation: a per-thread local array."""
+    GLOBAL = "Global"
+    """Computed directly in the device's global memory (one array per context)."""
+
+
+# ---------------------------------------------------------------- errors
+
+
+class BackendError(Exception):
+    """Misuse of backends, contexts and devices; the message names what was involved."""
+
+
+class WrongBackendError(BackendError, TypeError):
+    """Code, a context or a device of one backend handed to another backend."""
+
+
+class NodeNotInContextError(BackendError, LookupError):
+    """A tensor node used in a context that does not hold it (never transferred or computed there)."""
+
+
+class DeviceError(BackendError, RuntimeError):
+    """A device that does not exist or was never initialized."""
+
+
+class RoutineFailed(BackendError, RuntimeError):
+    """A routine raised while a device ran it; raised by `await_`, chained to the cause."""
+
+    def __init__(self, message: str, routine_name: str, device: object):
+        super().__init__(message)
+        self.routine_name = routine_name
+        self.device = device
+
+
+# ---------------------------------------------------------------- work items and routines
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """One execution of a routine with the static-symbol values captured when it was made."""
+
+    name: str
+    run: Callable[[], None] = field(repr=False)
+
+    def __call__(self) -> None:
+        self.run()
+
+
+@dataclass(frozen=True, eq=False)
+class Routine(Generic[Ctx]):
+    """Code linked into a context. `schedule()` captures the bindings' current values into a
+    `Work` without blocking; calling the routine is `routine.schedule()()`."""
+
+    context: Ctx
+    schedule: Callable[[], Work] = field(repr=False)
+    bindings: Mapping[StaticSymbol, IntRef] = field(repr=False)
+    name: str
+    mem_classes: Mapping[Tnode, enum.Enum] = field(default_factory=dict, repr=False)
+
+    def __call__(self) -> None:
+        self.schedule()()
+
+
+def capture_values(bindings: Mapping[StaticSymbol, IntRef]) -> tuple[int, ...]:
+    """The bindings' current values, in the routine's parameter order."""
+    return tuple(int(r.value) for r in bindings.values())
+
+
+def check_static_values(name: str, statics: Sequence[StaticSymbol], values: Sequence[int]) -> None:
+    """Static symbols with a known range must stay in it: the code indexes arrays with them."""
+    for s, v in zip(statics, values):
+        if s.static_range is not None and not 0 <= v < s.static_range:
+            raise IndexError(f"einjit: routine {name!r}: static symbol {s!r} = {v} outside its range "
+                             f"[0, {s.static_range})")
+
+
+def make_refs(bindings: Sequence[StaticSymbol],
+              given: Mapping[StaticSymbol, IntRef] | None = None) -> dict[StaticSymbol, IntRef]:
+    """One `IntRef` per static symbol, in order: the given one, or a fresh zero."""
+    given = given or {}
+    return {s: given.get(s) or IntRef(0) for s in bindings}
+
+
+# ---------------------------------------------------------------- code
+
+
+@dataclass(frozen=True, eq=False)
+class Postponed:
+    """Lowered code whose compilation waits for `link`, where the context is known."""
+
+    backend: str
+    lowered: Any = field(repr=False)
+    bindings: tuple[StaticSymbol, ...]
+    name: str
+
+
+@dataclass(frozen=True, eq=False)
+class Compiled(Generic[Proc]):
+    """Relocatable compiled code: linkable into any context of its backend, on any device.
+
+    `inputs` are the nodes the routine reads before writing them: a context it is linked
+    into must already hold them."""
+
+    backend: str
+    procedure: Proc = field(repr=False)
+    bindings: tuple[StaticSymbol, ...]
+    name: str
+    inputs: frozenset[Tnode] = field(repr=False)
+
+
+Code = Postponed | Compiled
+
+
+def low_level_of(lowered: Any) -> ll.LLStmt:
+    """The low-level code of the optimizer's result (anything with `.llc`) or of bare code."""
+    return getattr(lowered, "llc", lowered)
+
+
+def lower_assignments(bindings: Sequence[StaticSymbol], asgns: asg.Asgns, name: str | None = None, *,
+                      settings: Any = None) -> tuple[str, Any]:
+    """Lower assignments to loops and optimize them (the seed's `lower_assignments`).
+
+    Returns the routine's name (derived from the assigned nodes when not given) and the
+    optimizer's result. Static symbols are passed to the optimizer as fixed indices.
+    """
+    from einjit.ir.optimize import optimize_proc
+
+    name = name or default_name(asgns)
+    llc = asg.to_low_level(asgns)
+    return name, optimize_proc(llc, name=name, static_indices=frozenset(bindings), settings=settings)
+
+
+def default_name(code: Any) -> str:
+    """A C identifier naming a routine after (up to two of) the nodes it assigns."""
+    if isinstance(code, asg.Asgns):
+        written = [tn for a in asg.flatten_with_comments(code) if (tn := asg.lhs_of(a)) is not None]
+    else:
+        written = [tn for s in ll.iter_stmts(low_level_of(code))
+                   if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) for tn in [s.tn]]
+    names = list(dict.fromkeys(tn.name for tn in written))[:2]
+    return "_".join(["run", *names]) if names else "routine"
+
+
+def prepare(bindings: Sequence[StaticSymbol], code: Any, name: str | None) -> tuple[str, Any]:
+    """Assignments are lowered and optimized; low-level or already optimized code is kept."""
+    if isinstance(code, asg.Asgns):
+        return lower_assignments(bindings, code, name)
+    if isinstance(code, ll.LLStmt) or hasattr(code, "llc"):
+        return name or default_name(code), code
+    raise TypeError(f"einjit: cannot compile {type(code).__name__}: expected assignments, low-level code "
+                    f"or the optimizer's result")
+
+
+def routine_inputs(lowered: Any) -> frozenset[Tnode]:
+    """Nodes the code reads before it writes them: a context must hold them before linking.
+
+    The optimizer's trace knows this cell by cell (`read_only` / `read_before_write`); for
+    bare low-level code a node counts as an input when some read of it comes before any write
+    in program order: an initialized accumulator or a temporary is not an input, an update
+    that reads its own cells first (`w -= lr * g`) is. Merge buffers are not counted: they
+    are refilled by `device_to_device` before each use.
+    """
+    store = getattr(lowered, "traced_store", None)
+    if store is not None:
+        return frozenset(tn for tn, ta in store.items() if (ta.read_only and ta.accesses or ta.read_before_write)
+                         and not tn.is_local() and not tn.is_virtual())
+    llc = low_level_of(lowered)
+    written: set[Tnode] = set()
+    inputs: dict[Tnode, None] = {}
+
+    def reads(sc: ll.LLScalar) -> None:
+        for x in ll.iter_scalars(sc):
+            match x:
+                case ll.Get(tn, _) if tn not in written:
+                    inputs.setdefault(tn)
+                case ll.LocalScope(body=body):
+                    stmts(body)
+
+    def stmts(stmt: ll.LLStmt) -> None:
+        for s in ll.flatten(stmt):
+            match s:
+                case ll.ForLoop(body=body):
+                    stmts(body)
+                case ll.Set(tn=tn, llsc=sc) | ll.SetFromVec(tn=tn, arg=sc):
+                    reads(sc)
+                    written.add(tn)
+                case ll.SetLocal(value=sc):
+                    reads(sc)
+                case ll.ZeroOut(tn):
+                    written.add(tn)
+
+    stmts(llc)
+    return frozenset(tn for tn in inputs if not tn.is_local() and not tn.is_virtual())
+
+
+# ---------------------------------------------------------------- backend interfaces
+
+
+@runtime_checkable
+class Context(Protocol):
+    """What every backend's context exposes: a label for messages and its backend's name."""
+
+    label: str
+    backend_name: str
+
+    def holds(self, tn: Tnode) -> bool:
+        """Whether the context has an array for `tn` (transferred in or computed there)."""
+
+
+class _Common(Protocol):
+    name: str
+
+    def compile(self, bindings: Sequence[StaticSymbol], code: Any, *, shared: bool = False,
+                name: str | None = None) -> Code: ...
+
+    def compile_batch(self, bindings: Sequence[StaticSymbol], codes: Sequence[Any], *, shared: bool = False,
+                      names: Sequence[str] | None = None) -> list[Code]: ...
+
+    def link(self, context: Any, code: Code, static_values: Mapping[StaticSymbol, IntRef] | None = None) -> Routine: ...
+
+    def link_batch(self, context: Any, codes: Sequence[Code],
+                   static_values: Mapping[StaticSymbol, IntRef] | None = None) -> list[Routine]: ...
+
+    def from_host(self, context: Any, tn: Tnode) -> None: ...
+
+    def to_host(self, context: Any, tn: Tnode) -> None: ...
+
+
+class NoDeviceBackend(_Common, Protocol):
+    """Compiles and runs code in contexts of its own; running a work blocks until it is done."""
+
+    def init(self, label: str) -> Any: ...
+
+    def device_to_device(self, tn: Tnode, dst_context: Any, src_context: Any, into_merge_buffer: bool = True) -> None:
+        """Copy `tn`'s array from one context into the other's merge buffer (or its own array)."""
+
+
+class Backend(_Common, Protocol):
+    """A backend with devices: running a work only launches it; `await_` waits for a device."""
+
+    def init(self, device: Any) -> Any: ...
+
+    def await_(self, device: Any) -> None: ...
+
+    def get_device(self, ordinal: int) -> Any: ...
+
+    def num_devices(self) -> int: ...
+
+    def device_to_device(self, tn: Tnode, dst_context: Any, src_context: Any, into_merge_buffer: bool = True) -> None:
+        """Schedule a copy of `tn` from `src_context` into `dst_context`'s merge buffer (or its
+        own array), ordered after the work already scheduled on both devices."""
+
+
+class SimpleBackend(Protocol[Ctx, Proc]):
+    """What `SimpleNoDeviceBackend` needs: compile low-level code, link a procedure, move data.
+
+    `compile_batch(..., context=ctx)` is the non-shared case: the result only has to work in
+    `ctx`, so the backend may specialize the code to that context's arrays.
+    """
+
+    name: str
+
+    def init(self, label: str) -> Ctx: ...
+
+    def owns(self, context: Any) -> bool: ...
+
+    def compile_batch(self, routines: Sequence[tuple[str, Any]], bindings: Sequence[StaticSymbol], *,
+                      context: Ctx | None = None) -> list[Proc]: ...
+
+    def link_compiled(self, context: Ctx, procedure: Proc, inputs: frozenset[Tnode],
+                      static_values: Mapping[StaticSymbol, IntRef] | None = None) -> Routine[Ctx]: ...
+
+    def from_host(self, context: Ctx, tn: Tnode) -> None: ...
+
+    def to_host(self, context: Ctx, tn: Tnode) -> None: ...
+
+    def device_to_device(self, tn: Tnode, dst_context: Ctx, src_context: Ctx,
+                         into_merge_buffer: bool = True) -> None: ...
+
+
+class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
+    """The seed's `Simple_no_device_backend` functor: `Postponed` and `Compiled` code over a
+    `SimpleBackend`."""
+
+    def __init__(self, simple: SimpleBackend[Ctx, Proc]):
+        self.simple = simple
+        self.name = simple.name
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+    def init(self, label: str) -> Ctx:
+        return self.simple.init(label)
+
+    def compile(self, bindings: Sequence[StaticSymbol], code: Any, *, shared: bool = False,
+                name: str | None = None) -> Code:
+        return self.compile_batch(bindings, [code], shared=shared, names=None if name is None else [name])[0]
+
+    def compile_batch(self, bindings: Sequence[StaticSymbol], codes: Sequence[Any], *, shared: bool = False,
+                      names: Sequence[str] | None = None) -> list[Code]:
+        """Several routines sharing the static bindings; with `shared=True`, one compilation."""
+        bindings = tuple(bindings)
+        if names is not None and len(names) != len(codes):
+            raise ValueError(f"einjit: {len(codes)} routines to compile but {len(names)} names")
+        prepared = [prepare(bindings, c, None if names is None else names[k]) for k, c in enumerate(codes)]
+        _check_distinct(n for n, _ in prepared)
+        if not shared:
+            return [Postponed(self.name, lowered, bindings, n) for n, lowered in prepared]
+        procs = self.simple.compile_batch(prepared, bindings)
+        return [Compiled(self.name, p, bindings, n, routine_inputs(lowered))
+                for p, (n, lowered) in zip(procs, prepared)]
+
+    def link(self, context: Ctx, code: Code,
+             static_values: Mapping[StaticSymbol, IntRef] | None = None) -> Routine[Ctx]:
+        return self.link_batch(context, [code], static_values)[0]
+
+    def link_batch(self, context: Ctx, codes: Sequence[Code],
+                   static_values: Mapping[StaticSymbol, IntRef] | None = None) -> list[Routine[Ctx]]:
+        """Postponed code with equal bindings is compiled for `context` in one compilation."""
+        self.check_context(context)
+        for code in codes:
+            check_code(self.name, code, context)
+        compiled: dict[int, tuple[Proc, frozenset[Tnode]]] = {}
+        groups: dict[tuple[StaticSymbol, ...], list[int]] = {}
+        for k, code in enumerate(codes):
+            if isinstance(code, Postponed):
+                groups.setdefault(code.bindings, []).append(k)
+        for bindings, members in groups.items():
+            batch = [(codes[k].name, codes[k].lowered) for k in members]
+            _check_distinct(n for n, _ in batch)
+            procs = self.simple.compile_batch(batch, bindings, context=context)
+            for k, p in zip(members, procs):
+                compiled[k] = (p, routine_inputs(codes[k].lowered))
+        out = []
+        for k, code in enumerate(codes):
+            proc, inputs = compiled[k] if k in compiled else (code.procedure, code.inputs)
+            out.append(self.simple.link_compiled(context, proc, inputs, static_values))
+        return out
+
+    def check_context(self, context: Any) -> None:
+        if not self.simple.owns(context):
+            raise WrongBackendError(f"einjit: {_describe_context(context)} is not a context of backend {self.name!r}")
+
+    def from_host(self, context: Ctx, tn: Tnode) -> None:
+        self.check_context(context)
+        self.simple.from_host(context, tn)
+
+    def to_host(self, context: Ctx, tn: Tnode) -> None:
+        self.check_context(context)
+        self.simple.to_host(context, tn)
+
+    def device_to_device(self, tn: Tnode, dst_context: Ctx, src_context: Ctx, into_merge_buffer: bool = True) -> None:
+        self.check_context(dst_context)
+        self.check_context(src_context)
+        self.simple.device_to_device(tn, dst_context, src_context, into_merge_buffer)
+
+
+def check_code(backend_name: str, code: Any, context: Any, accepted: Iterable[str] = ()) -> None:
+    """Code links only into contexts of the backend that produced it (or of `accepted` ones)."""
+    if not isinstance(code, (Postponed, Compiled)):
+        raise TypeError(f"einjit: link expects code from a backend's compile, got {type(code).__name__}")
+    if code.backend != backend_name and code.backend not in tuple(accepted):
+        raise WrongBackendError(
+            f"einjit: routine {code.name!r} was compiled by backend {code.backend!r} and cannot be linked into "
+            f"{_describe_context(context)} of backend {backend_name!r}; compile it with that backend")
+
+
+def missing_input_error(routine: str, tn: Tnode, context: Any, hosted_hint: bool) -> NodeNotInContextError:
+    how = ("transfer it with from_host" if hosted_hint and tn.is_hosted()
+           else "copy it in with device_to_device(..., into_merge_buffer=False), or link and run a routine "
+                "that computes it in this context first")
+    return NodeNotInContextError(
+        f"einjit: routine {routine!r} reads {tn.debug_name()} before writing it, but {_describe_context(context)} "
+        f"does not hold it; {how}")
+
+
+def not_held_error(what: str, tn: Tnode, context: Any) -> NodeNotInContextError:
+    return NodeNotInContextError(
+        f"einjit: {what}: {_describe_context(context)} does not hold {tn.debug_name()} (it was never transferred "
+        f"there with from_host or device_to_device, nor computed there by a linked routine)")
+
+
+def _describe_context(context: Any) -> str:
+    label = getattr(context, "label", None)
+    backend = getattr(context, "backend_name", None)
+    if label is None:
+        return f"object {context!r}"
+    return f"context {label!r}" + (f" (backend {backend!r})" if backend else "")
+
+
+def _check_distinct(names: Iterable[str]) -> None:
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise ValueError(f"einjit: routine name {n!r} repeated in one batch")
+        seen.add(n)
