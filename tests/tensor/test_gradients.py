@@ -137,3 +137,9 @@ def test_transpose_gradient():
 def test_where_gradient():
     cond = ej.ndarray(np.array([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]]))
     fd_check(lambda a, b: ej.where(cond, a, b), [([2, 3], []), ([2, 3], [])], weight_dims=(2, 3))
+
+
+def test_strided_convolution_gradient():
+    out = fd_check(lambda x, w: ej.einsum("2*o+k,;k,=>o,", x, w), [([9], []), ([3], [])], weight_dims=(4,))
+    assert out.dims == (4,)
+
