@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from einjit.ir import low_level as ll
-from einjit.ir.code_walk import deep_parts
 from einjit.ir.indexing import AxisIndex, Symbol, index_symbols
 from einjit.ir.tnode import NEVER_VIRTUAL, VIRTUAL, Tnode, hosted
 from einjit.ir.tracing import VirtualizeSettings
@@ -69,7 +68,7 @@ def _finalize_modes(code: ll.LLStmt, virtual: frozenset[Tnode], state: VirtualSt
 def touched_nodes(stmt: ll.LLStmt) -> set[Tnode]:
     """Every node the code writes or reads (not counting the nodes of local scopes)."""
     out = written_nodes(stmt)
-    for x in deep_parts(stmt):
+    for x in ll.deep_parts(stmt):
         match x:
             case ll.Get(tn, _) | ll.GetMergeBuffer(tn, _):
                 out.add(tn)

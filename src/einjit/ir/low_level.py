@@ -227,17 +227,58 @@ def scalar_children(sc: LLScalar) -> tuple[LLScalar, ...]:
             return ()
 
 
+def block_statements(stmt: LLStmt) -> PyIterator[LLStmt]:
+    """The statements of a block and of its loops (loops included), not those inside local
+    scopes — which only ever set locals."""
+    stack = [stmt]
+    while stack:
+        s = stack.pop()
+        match s:
+            case Seq(a, b):
+                stack.append(b)
+                stack.append(a)
+            case Noop():
+                pass
+            case ForLoop(body=body):
+                yield s
+                stack.append(body)
+            case _:
+                yield s
+
+
+def deep_parts(root: "LLStmt | LLScalar") -> "PyIterator[LLStmt | LLScalar]":
+    """Every statement and every expression under `root`, local-scope bodies included, pre-order.
+
+    Inlining nests computations inside each other, so code gets as deep as the longest chain
+    of virtual nodes; an explicit stack keeps the walk linear in the size of the code whatever
+    its depth (nested generators would cost the depth at every step, and recursion would hit
+    Python's limit)."""
+    stack: list = [root]
+    while stack:
+        x = stack.pop()
+        match x:
+            case Seq(a, b):
+                stack.append(b)
+                stack.append(a)
+                continue
+            case Noop():
+                continue
+        yield x
+        match x:
+            case ForLoop(body=body) | LocalScope(body=body):
+                stack.append(body)
+            case Set(llsc=sc) | SetFromVec(arg=sc) | SetLocal(value=sc):
+                stack.append(sc)
+            case _:
+                stack.extend(reversed(scalar_children(x)))
+
+
+_STMT_TYPES = (Comment, StagedCompilation, ForLoop, ZeroOut, Set, SetFromVec, SetLocal)
+
+
 def iter_stmts(stmt: LLStmt) -> PyIterator[LLStmt]:
     """Every statement, including those nested in loops and local scopes, pre-order."""
-    for s in flatten(stmt):
-        yield s
-        match s:
-            case ForLoop(body=body):
-                yield from iter_stmts(body)
-            case Set(llsc=sc) | SetLocal(value=sc) | SetFromVec(arg=sc):
-                for ls in iter_scalars(sc):
-                    if isinstance(ls, LocalScope):
-                        yield from iter_stmts(ls.body)
+    return (x for x in deep_parts(stmt) if isinstance(x, _STMT_TYPES))
 
 
 def iter_scalars(sc: LLScalar) -> PyIterator[LLScalar]:
@@ -252,29 +293,12 @@ def iter_scalars(sc: LLScalar) -> PyIterator[LLScalar]:
 def nodes_of(stmt: LLStmt) -> list[Tnode]:
     """Every tensor node the code touches, in order of first appearance."""
     seen: dict[int, Tnode] = {}
-
-    def add(tn: Tnode) -> None:
-        seen.setdefault(tn.id, tn)
-
-    for s in iter_stmts(stmt):
-        match s:
-            case Set(tn=tn, llsc=sc) | SetFromVec(tn=tn, arg=sc):
-                add(tn)
-                scs = [sc]
-            case SetLocal(value=sc):
-                scs = [sc]
-            case ZeroOut(tn):
-                add(tn)
-                scs = []
-            case _:
-                scs = []
-        for top in scs:
-            for x in iter_scalars(top):
-                match x:
-                    case Get(tn, _) | GetMergeBuffer(tn, _):
-                        add(tn)
-                    case LocalScope(id=sid):
-                        add(sid.tn)
+    for x in deep_parts(stmt):
+        match x:
+            case Set(tn=tn) | SetFromVec(tn=tn) | ZeroOut(tn) | Get(tn, _) | GetMergeBuffer(tn, _):
+                seen.setdefault(tn.id, tn)
+            case LocalScope(id=sid):
+                seen.setdefault(sid.tn.id, sid.tn)
     return list(seen.values())
 
 

@@ -67,7 +67,26 @@ def _np_where(c, a, b):
     return np.where(c != 0, a, b)
 
 
-class Unop(enum.Enum):
+class _OpFace:
+    """What every operation enum shares: its value starts with (C template, NumPy function)."""
+
+    @property
+    def c_template(self) -> str:
+        return self.value[0]
+
+    @property
+    def numpy(self) -> Callable:
+        return self.value[1]
+
+    @property
+    def symbol(self) -> str:
+        return self.name.lower()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+
+class Unop(_OpFace, enum.Enum):
     """Unary scalar operations. The value tuple is (C template, NumPy function)."""
 
     IDENTITY = ("{0}", lambda x: x)
@@ -86,23 +105,8 @@ class Unop(enum.Enum):
     TANH = ("tanh{f}({0})", np.tanh)
     NOT = ("({0} == 0 ? 1 : 0)", lambda x: (x == 0).astype(np.asarray(x).dtype))
 
-    @property
-    def c_template(self) -> str:
-        return self.value[0]
 
-    @property
-    def numpy(self) -> Callable:
-        return self.value[1]
-
-    @property
-    def symbol(self) -> str:
-        return self.name.lower()
-
-    def __repr__(self) -> str:
-        return f"Unop.{self.name}"
-
-
-class Binop(enum.Enum):
+class Binop(_OpFace, enum.Enum):
     """Binary scalar operations: (C template, NumPy function, neutral element or None, %cd infix)."""
 
     ADD = ("({0} + {1})", np.add, 0.0, "+")
@@ -124,14 +128,6 @@ class Binop(enum.Enum):
     ARG2 = ("{1}", lambda a, b: np.broadcast_arrays(a, b)[1], None, "-/>")
 
     @property
-    def c_template(self) -> str:
-        return self.value[0]
-
-    @property
-    def numpy(self) -> Callable:
-        return self.value[1]
-
-    @property
     def neutral(self) -> float | None:
         """The neutral element when used as an accumulation operator, None if it has none."""
         return self.value[2]
@@ -141,37 +137,15 @@ class Binop(enum.Enum):
         return self.value[3]
 
     @property
-    def symbol(self) -> str:
-        return self.name.lower()
-
-    @property
     def is_commutative(self) -> bool:
         return self in (Binop.ADD, Binop.MUL, Binop.MAX, Binop.MIN, Binop.CMPEQ, Binop.CMPNE, Binop.AND, Binop.OR)
 
-    def __repr__(self) -> str:
-        return f"Binop.{self.name}"
 
-
-class Ternop(enum.Enum):
+class Ternop(_OpFace, enum.Enum):
     """Ternary scalar operations: (C template, NumPy function)."""
 
     WHERE = ("({0} != 0 ? {1} : {2})", _np_where)
     FMA = ("fma{f}({0}, {1}, {2})", lambda a, b, c: a * b + c)
-
-    @property
-    def c_template(self) -> str:
-        return self.value[0]
-
-    @property
-    def numpy(self) -> Callable:
-        return self.value[1]
-
-    @property
-    def symbol(self) -> str:
-        return self.name.lower()
-
-    def __repr__(self) -> str:
-        return f"Ternop.{self.name}"
 
 
 class VecUnop(enum.Enum):

@@ -36,7 +36,6 @@ import numpy as np
 
 from einjit.ir import low_level as ll
 from einjit.ir import ops
-from einjit.ir.code_walk import deep_parts
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, SubAxis, Symbol
 from einjit.ir.tnode import Tnode
 
@@ -298,7 +297,7 @@ def _decide_less(a: ll.LLScalar, b: ll.LLScalar, ranges: Ranges) -> bool | None:
 
 
 def _writes_local(sc: ll.LLScalar, sid: ll.ScopeId) -> bool:
-    return any(isinstance(x, ll.SetLocal) and x.id == sid for x in deep_parts(sc))
+    return any(isinstance(x, ll.SetLocal) and x.id == sid for x in ll.deep_parts(sc))
 
 
 def _substitute(sc: ll.LLScalar, sid: ll.ScopeId, value: ll.LLScalar) -> ll.LLScalar:
@@ -339,7 +338,7 @@ def _local_scope(sid: ll.ScopeId, body: ll.LLStmt, orig, cx: _Ctx) -> ll.LLScala
     for s in stmts:
         if not (isinstance(s, ll.SetLocal) and s.id == sid) or _writes_local(s.value, sid):
             break
-        uses = sum(1 for x in deep_parts(s.value) if isinstance(x, ll.GetLocal) and x.id == sid)
+        uses = sum(1 for x in ll.deep_parts(s.value) if isinstance(x, ll.GetLocal) and x.id == sid)
         if uses > 1 and not _cheap(value):
             break
         value = _scalar(_substitute(s.value, sid, value), inner) if uses else s.value

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field, replace
 
 from einjit import config
 from einjit.ir import low_level as ll
-from einjit.ir.code_walk import block_statements, deep_parts
 from einjit.ir.indexing import AxisIndex, FixedIdx, Iterator, Symbol, get_symbol, index_symbols, subst_index
 from einjit.ir.tnode import MATERIALIZED, NEVER_VIRTUAL, MemoryModeError, Mode, Tnode
 from einjit.ir.tracing import RECURRENT, Trace, TracedArray, VirtualizeSettings
@@ -216,7 +215,7 @@ def _show(idcs: tuple[AxisIndex, ...]) -> str:
 
 def written_nodes(stmt: ll.LLStmt) -> set[Tnode]:
     out: set[Tnode] = set()
-    for s in block_statements(stmt):
+    for s in ll.block_statements(stmt):
         match s:
             case ll.Set(tn=tn) | ll.SetFromVec(tn=tn) | ll.ZeroOut(tn):
                 out.add(tn)
@@ -227,7 +226,7 @@ def read_nodes(stmt: ll.LLStmt) -> set[Tnode]:
     """Nodes read anywhere in `stmt`, including inside local scopes (whose node counts too:
     should it end up stored, the scope turns back into a read of it)."""
     out: set[Tnode] = set()
-    for x in deep_parts(stmt):
+    for x in ll.deep_parts(stmt):
         match x:
             case ll.Get(tn, _) | ll.GetMergeBuffer(tn, _) | ll.LocalScope(id=ll.ScopeId(tn=tn)):
                 out.add(tn)
@@ -275,7 +274,7 @@ def check_and_store_virtual(state: VirtualState, tn: Tnode, top_llc: ll.LLStmt) 
     except NonVirtual as err:
         refuse(tn, err, state.name)
         return False
-    loops = {s.index: (s.from_, s.to_) for s in block_statements(top_llc) if isinstance(s, ll.ForLoop)}
+    loops = {s.index: (s.from_, s.to_) for s in ll.block_statements(top_llc) if isinstance(s, ll.ForLoop)}
     state.computations.setdefault(tn, []).append(Computation(at_idcs, top_llc, loops))
     state.reads.setdefault(tn, set()).update(reads)
     for r in reads:
@@ -305,7 +304,7 @@ def _sole_cellwise_writer(s: ll.Set, loops: tuple[ll.ForLoop, ...]) -> bool:
     """`s` is the only write of its node in the enclosing loop nest, and writes each cell once:
     reads of the node at the cell `s` writes still see the value from before the nest."""
     nest = loops[0] if loops else s
-    writers = [x for x in block_statements(nest) if isinstance(x, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and x.tn is s.tn]
+    writers = [x for x in ll.block_statements(nest) if isinstance(x, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and x.tn is s.tn]
     if len(writers) != 1 or writers[0] is not s or not all(isinstance(i, (Iterator, FixedIdx)) for i in s.idcs):
         return False
     syms = [i.symbol for i in s.idcs if isinstance(i, Iterator)]
@@ -313,7 +312,7 @@ def _sole_cellwise_writer(s: ll.Set, loops: tuple[ll.ForLoop, ...]) -> bool:
 
 
 def _reads_only_at(body: ll.LLStmt, tn: Tnode, idcs: tuple[AxisIndex, ...]) -> bool:
-    for x in deep_parts(body):
+    for x in ll.deep_parts(body):
         match x:
             case ll.Get(t, i) | ll.LocalScope(id=ll.ScopeId(tn=t), orig_indices=i) if t is tn and i != idcs:
                 return False
