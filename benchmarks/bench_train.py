@@ -22,7 +22,7 @@ def einjit_step_time(batch: int, steps: int, cache_dir: str) -> tuple[float, flo
     os.environ["EINJIT_CACHE_DIR"] = cache_dir
     import einjit as ej
     from einjit import train
-    from einjit.demo import mlp, mlp_params
+    from einjit.demo import make_mlp
     from einjit.ir.indexing import IntRef, get_static_symbol
 
     rng = np.random.default_rng(0)
@@ -32,9 +32,9 @@ def einjit_step_time(batch: int, steps: int, cache_dir: str) -> tuple[float, flo
     batch_n = get_static_symbol(n_batches, "batch")
     flat = ej.ndarray(data, batch_axes=2, label="x_all")
     classes = ej.ndarray(labels, batch_axes=2, label="y_all")
-    params = mlp_params()
+    mlp = make_mlp()
     x, y = ej.batch_slice(flat, batch_n), ej.batch_slice(classes, batch_n)
-    loss = ej.div(ej.sum(ej.relu(1 - y * mlp(params, x)), "...|... => 0"), batch)
+    loss = ej.div(ej.sum(ej.relu(1 - y * mlp(x)), "...|... => 0"), batch)
     train.init_params(loss)
     t0 = time.perf_counter()
     routine = train.to_routine([train.grad_update(loss), train.sgd_update(loss, 0.01, weight_decay=1e-4)],

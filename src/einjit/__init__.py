@@ -19,6 +19,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     **{name: ("einjit.tensor.operation", name) for name in _OPERATIONS},
     "range": ("einjit.tensor.operation", "range_"),
     "cd": ("einjit.tensor.notation", "cd"),
+    "op": ("einjit.tensor.op_scope", "op"),
     "Code": ("einjit.tensor.notation", "Code"),
     "CdError": ("einjit.tensor.notation", "CdError"),
     "Template": ("einjit.tensor.notation", "Template"),

@@ -33,17 +33,20 @@ class MoonsResult:
     losses: list[float] = field(repr=False)
 
 
-def mlp_params(hidden: int = 16) -> list[ej.Tensor]:
-    return [ej.param("w1", output_dims=[hidden]), ej.param("b1", output_dims=[hidden], init="zeros"),
-            ej.param("w2", output_dims=[hidden]), ej.param("b2", output_dims=[hidden], init="zeros"),
-            ej.param("w3", output_dims=[1]), ej.param("b3", output_dims=[1], init="zeros")]
+def make_mlp(hidden: int = 16):
+    """The seed's `let%op mlp x = "b3" + "w3" * relu("b2" + "w2" * relu("b1" + "w1" * x))`:
+    parameters are declared inline, once for this definition, and shared by every call."""
 
+    @ej.op
+    def mlp(x: ej.Tensor) -> ej.Tensor:
+        h1 = ej.relu(ej.param("b1", output_dims=[hidden], init="zeros") + ej.param("w1", output_dims=[hidden]) @ x,
+                     label="h1")
+        h2 = ej.relu(ej.param("b2", output_dims=[hidden], init="zeros") + ej.param("w2", output_dims=[hidden]) @ h1,
+                     label="h2")
+        return ej.add(ej.param("b3", output_dims=[1], init="zeros"), ej.param("w3", output_dims=[1]) @ h2,
+                      label="mlp")
 
-def mlp(params: list[ej.Tensor], x: ej.Tensor) -> ej.Tensor:
-    w1, b1, w2, b2, w3, b3 = params
-    h1 = ej.relu(b1 + w1 @ x, label="h1")
-    h2 = ej.relu(b2 + w2 @ h1, label="h2")
-    return ej.add(b3, w3 @ h2, label="mlp")
+    return mlp
 
 
 class _Progress:
@@ -72,8 +75,8 @@ class _Progress:
             self.bar.close()
 
 
-def _predict(params: list[ej.Tensor], points: np.ndarray, name: str) -> np.ndarray:
-    out = mlp(params, ej.ndarray(points.astype(np.float32), batch_axes=1, label=name))
+def _predict(mlp, points: np.ndarray, name: str) -> np.ndarray:
+    out = mlp(ej.ndarray(points.astype(np.float32), batch_axes=1, label=name))
     routine = train.to_routine(train.forward(out), name=f"eval_{name}")
     routine()
     return out.value.numpy().reshape(-1)
@@ -91,9 +94,9 @@ def run_moons(*, epochs: int = 80, batch_size: int = 10, seed: int = 0, n_points
 
     flat = ej.ndarray(coords.reshape(n_batches, batch_size, 2), batch_axes=2, label="moons_flat")
     classes = ej.ndarray(labels.reshape(n_batches, batch_size, 1), batch_axes=2, label="moons_classes")
-    params = mlp_params()
+    mlp = make_mlp()
     x, y = ej.batch_slice(flat, batch_n, label="moons_input"), ej.batch_slice(classes, batch_n, label="moons_class")
-    margin = ej.relu(1 - y * mlp(params, x), label="margin_loss")
+    margin = ej.relu(1 - y * mlp(x), label="margin_loss")
     loss = ej.div(ej.sum(margin, "...|... => 0"), batch_size, label="scalar_loss")
     learning_rate = ej.mul(0.1, (2 * steps - ej.embed_symbol(step_n)) / steps, label="learning_rate")
 
@@ -125,14 +128,14 @@ def run_moons(*, epochs: int = 80, batch_size: int = 10, seed: int = 0, n_points
     progress.close()
     seconds = time.perf_counter() - t1
 
-    scores = _predict(params, coords, "all_points")
+    scores = _predict(mlp, coords, "all_points")
     accuracy = float(np.mean(np.sign(scores) == labels.reshape(-1)))
     if plot:
-        _plot(params, coords, labels, losses, plot)
+        _plot(mlp, coords, labels, losses, plot)
     return MoonsResult(losses[-1], accuracy, epochs, steps, seconds, compile_seconds, seconds / max(1, steps), losses)
 
 
-def _plot(params: list[ej.Tensor], coords: np.ndarray, labels: np.ndarray, losses: list[float], path: str) -> None:
+def _plot(mlp, coords: np.ndarray, labels: np.ndarray, losses: list[float], path: str) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -142,7 +145,7 @@ def _plot(params: list[ej.Tensor], coords: np.ndarray, labels: np.ndarray, losse
     lo, hi = coords.min(axis=0) - 0.3, coords.max(axis=0) + 0.3
     gx, gy = np.meshgrid(np.linspace(lo[0], hi[0], 120), np.linspace(lo[1], hi[1], 120))
     grid = np.stack([gx.ravel(), gy.ravel()], axis=1)
-    z = _predict(params, grid, "grid").reshape(gx.shape)
+    z = _predict(mlp, grid, "grid").reshape(gx.shape)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     ax1.contourf(gx, gy, z, levels=[-1e9, 0, 1e9], colors=["#f4c7c3", "#c6dbef"], alpha=0.8)
     ax1.contour(gx, gy, z, levels=[0], colors="k", linewidths=1)

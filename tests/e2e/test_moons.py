@@ -11,7 +11,7 @@ import pytest
 
 import einjit as ej
 from einjit import datasets, train
-from einjit.demo import mlp, mlp_params, run_moons
+from einjit.demo import make_mlp, run_moons
 from einjit.ir.indexing import IntRef, get_static_symbol
 
 
@@ -51,9 +51,10 @@ def test_training_steps_match_numpy():
         batch_n, step_n = get_static_symbol(n_batches, "batch"), get_static_symbol(None, "step")
         flat = ej.ndarray(data, batch_axes=2, label="xs")
         classes = ej.ndarray(ys, batch_axes=2, label="ys")
-        params = mlp_params()
+        mlp = make_mlp()
         x, y = ej.batch_slice(flat, batch_n), ej.batch_slice(classes, batch_n)
-        loss = ej.div(ej.sum(ej.relu(1 - y * mlp(params, x)), "...|... => 0"), batch)
+        loss = ej.div(ej.sum(ej.relu(1 - y * mlp(x)), "...|... => 0"), batch)
+        params = [mlp.params()[k] for k in (1, 0, 3, 2, 5, 4)]
         lr = ej.mul(0.1, (2 * steps - ej.embed_symbol(step_n)) / steps)
         train.init_params(loss, seed=5)
         start = [p.value.numpy() for p in params]

@@ -17,6 +17,7 @@ from einjit.ir import assignments as asg
 from einjit.ir import ops
 from einjit.ir.indexing import StaticSymbol
 from einjit.ir.tnode import MemoryType, hosted
+from einjit.tensor import op_scope
 from einjit.tensor.notation import Template, make_op
 from einjit.tensor.tensor import GradSpec, Tensor, TensorError, default_prec, make_node, new_label, register
 
@@ -293,12 +294,16 @@ def param(label: str | Sequence[str], values=None, *, output_dims: list[int] | N
 
     Initial values come from `values`: with no dims given, the values' own shape gives the
     output axes (a number is one axis of dimension 1); with dims given, the values fill them in
-    row-major order and constrain the number of elements or from `init` ("uniform", "normal", "xavier", "kaiming", "zeros"),
-    drawn by `train.init_params` from a seeded generator so runs are reproducible.
+    row-major order and constrain the number of elements. Without values, `init` ("uniform",
+    "normal", "xavier", "kaiming", "zeros") draws them in `train.init_params` from a seeded
+    generator, so runs are reproducible. Inside an `@einjit.op` function the parameter is
+    declared once per definition (see `op_scope`).
     """
     if init not in _INITS:
         raise TensorError(f"einjit: unknown init {init!r} for parameter {label}; use one of {sorted(_INITS)}")
-    lbl = new_label(label, "param")
+    declared, lbl = op_scope.lookup(label) if isinstance(label, str) else (None, new_label(label, "param"))
+    if declared is not None:
+        return declared
     shape = sh.Shape.make(batch_dims=[], input_dims=input_dims, output_dims=output_dims, debug_name=".".join(lbl))
     fill = None
     if values is not None:
@@ -318,6 +323,8 @@ def param(label: str | Sequence[str], values=None, *, output_dims: list[int] | N
         t.init = lambda rng: _INITS[init](rng, t.dims, _row_size(shape.input), _row_size(shape.output))
     t._fwd_done = True
     register(t)
+    if isinstance(label, str):
+        op_scope.remember(label, t)
     return t
 
 

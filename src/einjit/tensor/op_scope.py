@@ -1,0 +1,73 @@
+"""The `%op` inline-declaration scope: `@einjit.op` functions create their parameters once.
+
+In the seed, a tensor declared inline in an `%op` definition (`"w" * x`) is bound for the
+whole definition, so every call of the defined function shares it; a `~config` argument with
+a label moves the declaration under that argument, giving one instance per label. In Python,
+`einjit.param("w", ...)` inside a function decorated with `@einjit.op` is that declaration:
+the first call creates the parameter, later calls get the same tensor, and calling with
+`label="layer1"` keeps a separate set of parameters labelled `layer1.w`, ... .
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Callable, Iterator, TypeVar
+
+from einjit.tensor.tensor import Tensor, TensorError
+
+F = TypeVar("F", bound=Callable[..., Tensor])
+
+
+class _Scope:
+    def __init__(self, name: str, label: str | None):
+        self.name = name
+        self.label = label
+        self.params: dict[str, Tensor] = {}
+
+
+_active: list[_Scope] = []
+
+
+def lookup(label: str) -> tuple[Tensor | None, list[str]]:
+    """The parameter already declared under `label` in the active definition (if any), and the
+    full label a new one should get."""
+    if not _active:
+        return None, [label]
+    scope = _active[-1]
+    prefix = [scope.label] if scope.label else []
+    return scope.params.get(label), prefix + [label]
+
+
+def remember(label: str, t: Tensor) -> None:
+    if _active:
+        _active[-1].params[label] = t
+
+
+@contextlib.contextmanager
+def _entered(scope: _Scope) -> Iterator[None]:
+    _active.append(scope)
+    try:
+        yield
+    finally:
+        _active.pop()
+
+
+def op(fn: F) -> F:
+    """Decorate a tensor-building function so the parameters it declares are created once
+    per definition — or once per `label=` keyword given at the call."""
+    scopes: dict[str | None, _Scope] = {}
+
+    @functools.wraps(fn)
+    def wrapper(*args, label: str | None = None, **kwargs):
+        scope = scopes.get(label)
+        if scope is None:
+            scope = scopes[label] = _Scope(fn.__name__, label)
+        with _entered(scope):
+            result = fn(*args, **kwargs)
+        if not isinstance(result, Tensor):
+            raise TensorError(f"einjit: @op function {fn.__name__} must return a tensor, got {type(result).__name__}")
+        return result
+
+    wrapper.params = lambda label=None: list(scopes[label].params.values()) if label in scopes else []
+    return wrapper  # type: ignore[return-value]

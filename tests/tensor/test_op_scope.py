@@ -1,0 +1,47 @@
+"""`@einjit.op`: inline-declared parameters are created once per definition, or per label."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import einjit as ej
+from einjit import train
+
+
+@ej.op
+def affine(x):
+    return ej.param("b", output_dims=[2], init="zeros") + ej.param("w", output_dims=[2]) @ x
+
+
+def test_calls_share_the_parameters_of_the_definition():
+    x1, x2 = ej.ndarray(np.ones(3)), ej.ndarray(np.arange(3.0))
+    y1, y2 = affine(x1), affine(x2)
+    assert {p.id for p in y1.params()} == {p.id for p in y2.params()}
+    assert sorted(p.label_str for p in y1.params()) == ["b", "w"]
+
+
+def test_a_label_makes_separate_instances_with_prefixed_labels():
+    x = ej.ndarray(np.ones(3))
+    a, b = affine(x, label="first"), affine(x, label="second")
+    assert not {p.id for p in a.params()} & {p.id for p in b.params()}
+    assert sorted(p.label_str for p in a.params()) == ["first.b", "first.w"]
+    assert affine(x, label="first").params()[0] in a.params()
+
+
+def test_shared_parameters_train_from_both_uses():
+    with ej.default_precision("double"):
+        @ej.op
+        def scale(x):
+            return ej.param("s", values=[2.0]) * x
+
+        loss = ej.sum(scale(ej.ndarray(np.array([1.0, 2.0]))) + scale(ej.ndarray(np.array([3.0]))),
+                      "...|...->... => 0")
+        train.init_params(loss)
+        train.to_routine(train.grad_update(loss))()
+        (s,) = scale.params()
+        assert s.grad.numpy()[0] == pytest.approx((1.0 + 3.0) + (2.0 + 3.0))
+
+
+def test_outside_an_op_every_param_is_new():
+    assert ej.param("w", output_dims=[1]) is not ej.param("w", output_dims=[1])
