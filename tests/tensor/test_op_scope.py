@@ -45,3 +45,17 @@ def test_shared_parameters_train_from_both_uses():
 
 def test_outside_an_op_every_param_is_new():
     assert ej.param("w", output_dims=[1]) is not ej.param("w", output_dims=[1])
+
+
+def test_locals_of_an_op_are_labelled_by_their_binding_names():
+    @ej.op
+    def block(x):
+        hidden = ej.relu(ej.param("w", output_dims=[3]) @ x)
+        explicit = ej.exp(hidden, label="kept")
+        return explicit + 1
+
+    out = block(ej.ndarray(np.ones(2)), label="blk")
+    labels = {t.label_str for t in out.subtree()}
+    assert "blk.hidden" in labels and "kept" in labels and "blk.w" in labels
+    hidden = next(t for t in out.subtree() if t.label_str == "blk.hidden")
+    assert hidden.value_tn.name.startswith("blk_hidden_")

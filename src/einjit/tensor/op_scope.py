@@ -6,12 +6,18 @@ a label moves the declaration under that argument, giving one instance per label
 `einjit.param("w", ...)` inside a function decorated with `@einjit.op` is that declaration:
 the first call creates the parameter, later calls get the same tensor, and calling with
 `label="layer1"` keeps a separate set of parameters labelled `layer1.w`, ... .
+
+Inside such a function the notation can also know Python binding names: a tensor bound to a
+local variable and still carrying its operation's default label is relabelled with the
+variable's name when the function returns (`h = relu(...)` is labelled `h`), so debug output
+and the generated C read like the source.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from typing import Callable, Iterator, TypeVar
 
 from einjit.tensor.tensor import Tensor, TensorError
@@ -64,10 +70,42 @@ def op(fn: F) -> F:
         if scope is None:
             scope = scopes[label] = _Scope(fn.__name__, label)
         with _entered(scope):
-            result = fn(*args, **kwargs)
+            result, names = _call_capturing_locals(fn, args, kwargs)
+        _label_by_binding(names, scope.label)
         if not isinstance(result, Tensor):
             raise TensorError(f"einjit: @op function {fn.__name__} must return a tensor, got {type(result).__name__}")
         return result
 
     wrapper.params = lambda label=None: list(scopes[label].params.values()) if label in scopes else []
     return wrapper  # type: ignore[return-value]
+
+
+def _call_capturing_locals(fn: Callable, args: tuple, kwargs: dict) -> tuple[object, dict[str, object]]:
+    """Run `fn`, also returning its local variables as they were when it returned. A profile
+    hook sees only this call's return; graph building is not a hot path."""
+    captured: dict[str, object] = {}
+    previous = sys.getprofile()
+
+    def hook(frame, event, arg):
+        if event == "return" and frame.f_code is fn.__code__ and not captured:
+            captured.update(frame.f_locals)
+        if previous is not None:
+            previous(frame, event, arg)
+
+    sys.setprofile(hook)
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        sys.setprofile(previous)
+    return result, captured
+
+
+def _label_by_binding(names: dict[str, object], prefix: str | None) -> None:
+    for name, value in names.items():
+        if isinstance(value, Tensor) and value.label == [value.op_label] and not name.startswith("_"):
+            new = ([prefix] if prefix else []) + [name]
+            value.label = new
+            value.value_tn.label = list(new)
+            if value.grad_tn is not None:
+                value.grad_tn.label = new + ["grad"]
+            value.shape.debug_name = ".".join(new)
