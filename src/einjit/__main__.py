@@ -17,9 +17,18 @@ def main(argv: list[str] | None = None) -> int:
     moons.add_argument("--seed", type=int, default=0)
     moons.add_argument("--plot", metavar="FILE.png", help="write the decision boundary and loss curve")
     moons.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    moons.add_argument("--devices", type=int, default=1, metavar="N",
+                       help="train data-parallel on N multicore devices, one batch each per step")
+    moons.add_argument("--mpi", action="store_true",
+                       help="train data-parallel across MPI ranks (run under mpiexec -n N; needs einjit[mpi])")
     args = parser.parse_args(argv)
+    if args.devices < 1 or args.epochs < 1 or args.batch_size < 1:
+        parser.error("--devices, --epochs and --batch-size must be at least 1")
     from einjit.demo import main_moons
-    return main_moons(args)
+    try:
+        return main_moons(args)
+    except ValueError as e:
+        parser.error(str(e))
 
 
 if __name__ == "__main__":

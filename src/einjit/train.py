@@ -168,3 +168,16 @@ def update_once(loss: Tensor, *, learning_rate: float = 0.1, context: cc.CpuCont
                                                 name=f"update_{loss.value_tn.name}", context=context)
     routine()
     return float(loss.value.numpy().ravel()[0])
+
+
+# ---------------------------------------------------------------- data parallel (einjit.parallel)
+
+
+def parallel_update(loss: Tensor, update_code: "Code | Asgns", *, num_devices: int,
+                    bindings: Mapping[StaticSymbol, IntRef] | Sequence[StaticSymbol], shard: StaticSymbol,
+                    backend=None, name: str = "data_parallel"):
+    """Data-parallel training over `num_devices` devices: see `einjit.parallel.parallel_update`
+    (imported here lazily: `parallel` builds on this module)."""
+    from einjit.parallel import parallel_update as impl
+    return impl(loss, update_code, num_devices=num_devices, bindings=bindings, shard=shard, backend=backend,
+                name=name)

@@ -1,0 +1,307 @@
+"""Data-parallel training: one training step split over several replicas of the model.
+
+A step is split in two compiled routines: the *gradient* routine (forward, zero gradients,
+backprop; `train.grad_update`) that every replica runs on its own shard of the batch, and the
+*update* routine (e.g. `train.sgd_update`) that runs on the summed gradients. Both are
+compiled once, relocatably (`shared=True`), and linked into every replica's context.
+
+Shards are chosen with one static symbol, `shard` (the batch index of a dataset sliced with
+`batch_slice`): when the caller's binding of `shard` holds `v`, replica `r` of `n` computes on
+shard `n * v + r`, so one step covers the union batch of shards `n*v .. n*v + n-1`. Summing the
+replicas' gradients gives the gradient of the union batch only when the loss is normalized by
+the union batch size (`n` times a replica's batch): then n-replica training equals one-replica
+training on the union batch, up to the rounding of the order of summation.
+
+Two ways of summing:
+
+- `DataParallel` — devices of one backend (`MulticoreBackend`). Every device runs the gradient
+  routine; each other device's gradients are copied into device 0's merge buffers
+  (`device_to_device(..., into_merge_buffer=True)`) and added by one merge routine per
+  parameter (`g =+ g.merge`: a routine reads at most one merge buffer), copy and merge in
+  turn, once per source device, because a context has one merge buffer per node. Device 0 runs
+  the update, and the parameters are copied back into every other device's arrays
+  (`into_merge_buffer=False`). Nothing in a step waits: every transfer is a pair of works on
+  the two device queues, so device 0's merge runs after device d's gradients are done, the
+  next copy into a merge buffer after the merge that read it, and device d's next gradients
+  after its parameters arrived.
+- `CommDataParallel` — ranks joined by a `Communicator` (threads in one process, or MPI
+  processes). Each rank runs both routines in its own context of a no-device backend; between
+  them the gradients (and the loss) are all-reduced in place, so every rank applies the same
+  update and the replicas stay equal without sending parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from einjit import shape as sh
+from einjit import train
+from einjit.backends.interface import Compiled
+from einjit.comm import Communicator
+from einjit.ir import assignments as asg
+from einjit.ir.indexing import IntRef, StaticSymbol
+from einjit.ir.tnode import Tnode
+from einjit.tensor.notation import Code, as_asgns, cd
+from einjit.tensor.tensor import Tensor, TensorError
+
+__all__ = ["CommDataParallel", "DataParallel", "StepCode", "comm_parallel_update", "compile_step", "parallel_update"]
+
+Bindings = Mapping[StaticSymbol, IntRef] | Sequence[StaticSymbol]
+
+
+@dataclass(frozen=True, eq=False)
+class StepCode:
+    """A training step compiled for data parallelism: `grad` for every replica, `update` for
+    the summed gradients; both take the static symbols `bindings` (which include `shard`)."""
+
+    loss: Tensor
+    params: tuple[Tensor, ...]
+    grad: Compiled
+    update: Compiled
+    bindings: tuple[StaticSymbol, ...]
+    shard: StaticSymbol
+    name: str
+
+
+def _refs(bindings: Bindings) -> dict[StaticSymbol, IntRef]:
+    return dict(bindings) if isinstance(bindings, Mapping) else {s: IntRef(0) for s in bindings}
+
+
+def compile_step(backend: Any, loss: Tensor, update_code: "Code | asg.Asgns", *, bindings: Sequence[StaticSymbol],
+                 shard: StaticSymbol, name: str = "data_parallel") -> StepCode:
+    """Compile `grad_update(loss)` and `update_code` separately, relocatably, with `backend`."""
+    params = tuple(loss.params())
+    if not params:
+        raise TensorError(f"einjit: data parallelism needs parameters; loss {loss.label_str} has none")
+    symbols = tuple(dict.fromkeys([*bindings, shard]))
+    grad_asgns = train.grad_update(loss)
+    sh.finish_inference()
+    grad = backend.compile(symbols, grad_asgns, shared=True, name=f"{name}_grad")
+    update = backend.compile(symbols, as_asgns(update_code), shared=True, name=f"{name}_update")
+    return StepCode(loss, params, grad, update, symbols, shard, name)
+
+
+def _load_inputs(backend: Any, context: Any, code: Compiled) -> None:
+    """Transfer the nodes `code` reads before writing (parameters, optimizer state) that the
+    context does not hold yet: linking needs them, and host values are their initial values."""
+    for tn in sorted(code.inputs, key=lambda tn: tn.id):
+        if not context.holds(tn):
+            backend.from_host(context, tn)
+
+
+def _shard_values(code: StepCode, given: Mapping[StaticSymbol, IntRef], mine: Mapping[StaticSymbol, IntRef],
+                  replicas: int, replica: int) -> None:
+    """Copy the caller's static values into one replica's refs, choosing its shard."""
+    for s, ref in mine.items():
+        if s in given:
+            ref.value = given[s].value
+    mine[code.shard].value = replicas * given[code.shard].value + replica
+
+
+# ---------------------------------------------------------------- devices of one backend
+
+
+class DataParallel:
+    """Data-parallel training over `num_devices` devices of a device backend (see the module).
+
+    Set the caller's `bindings` (the shard symbol's union-batch index, a step counter, ...) and
+    call `step()` to schedule one step; `sync()` makes the parameters and the devices' losses
+    readable on the host and reports any failure.
+    """
+
+    def __init__(self, loss: Tensor, update_code: "Code | asg.Asgns", *, num_devices: int, bindings: Bindings,
+                 shard: StaticSymbol, backend: Any = None, name: str = "data_parallel"):
+        if num_devices < 1:
+            raise ValueError(f"einjit: data parallelism needs at least one device, got {num_devices}")
+        self._owns_backend = backend is None
+        if backend is None:
+            from einjit.backends.multicore import MulticoreBackend
+            backend = MulticoreBackend(num_devices=num_devices)
+        if backend.num_devices() < num_devices:
+            raise ValueError(f"einjit: backend {backend.name} has {backend.num_devices()} devices, "
+                             f"{num_devices} requested")
+        self.backend = backend
+        self.num_devices = num_devices
+        self.bindings = _refs(bindings)
+        if shard not in self.bindings:
+            self.bindings[shard] = IntRef(0)
+        self.code = compile_step(backend, loss, update_code, bindings=tuple(self.bindings), shard=shard, name=name)
+        params = self.code.params
+        merge_codes = backend.compile_batch((), [cd("g =+ g.merge", g=p.grad).asgns for p in params], shared=True,
+                                            names=[f"{name}_merge_{p.grad_tn.name}" for p in params])
+
+        self.devices = [backend.get_device(d) for d in range(num_devices)]
+        self.contexts = [backend.init(device) for device in self.devices]
+        self._grads = []
+        for ctx in self.contexts:
+            _load_inputs(backend, ctx, self.code.grad)
+            self._grads.append(backend.link(ctx, self.code.grad, {s: IntRef(0) for s in self.code.bindings}))
+        ctx0 = self.contexts[0]
+        for code in merge_codes:
+            _load_inputs(backend, ctx0, code)
+        self._merges = backend.link_batch(ctx0, merge_codes)
+        _load_inputs(backend, ctx0, self.code.update)
+        self._update = backend.link(ctx0, self.code.update, self.bindings)
+
+    def __repr__(self) -> str:
+        return f"<DataParallel {self.code.name} over {self.num_devices} devices of {self.backend.name}>"
+
+    def __enter__(self) -> "DataParallel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def params(self) -> tuple[Tensor, ...]:
+        return self.code.params
+
+    def step(self) -> None:
+        """Schedule one step on the devices; never blocks (see the module for the ordering)."""
+        be, ctx0 = self.backend, self.contexts[0]
+        for d, routine in enumerate(self._grads):
+            _shard_values(self.code, self.bindings, routine.bindings, self.num_devices, d)
+            routine()
+        for ctx in self.contexts[1:]:
+            for p, merge in zip(self.code.params, self._merges):
+                be.device_to_device(p.grad_tn, ctx0, ctx, into_merge_buffer=True)
+                merge()
+        self._update()
+        for ctx in self.contexts[1:]:
+            for p in self.code.params:
+                be.device_to_device(p.value_tn, ctx, ctx0, into_merge_buffer=False)
+
+    def losses(self) -> list[float]:
+        """Each device's loss of the last step, waiting for it (a device's shard of the union
+        loss: they add up to the union batch's loss)."""
+        out = []
+        tn = self.code.loss.value_tn
+        for ctx in self.contexts:
+            self.backend.to_host(ctx, tn)
+            out.append(float(tn.host_array().reshape(-1)[0]))
+        return out
+
+    def sync(self) -> list[float]:
+        """Wait for the scheduled steps, copy the parameters from device 0 to the host, raise the
+        first failure of any device; return the devices' losses of the last step."""
+        for p in self.code.params:
+            self.backend.to_host(self.contexts[0], p.value_tn)
+        losses = self.losses()
+        for device in self.devices:
+            self.backend.await_(device)
+        return losses
+
+    def close(self) -> None:
+        """Stop the devices when this object created the backend."""
+        if self._owns_backend:
+            self.backend.shutdown()
+
+
+def parallel_update(loss: Tensor, update_code: "Code | asg.Asgns", *, num_devices: int, bindings: Bindings,
+                    shard: StaticSymbol, backend: Any = None, name: str = "data_parallel") -> DataParallel:
+    """Data-parallel training of `loss` with `update_code` over `num_devices` devices (by default
+    of a fresh `MulticoreBackend`): see `DataParallel`. Normalize the loss by the union batch."""
+    return DataParallel(loss, update_code, num_devices=num_devices, bindings=bindings, shard=shard,
+                        backend=backend, name=name)
+
+
+# ---------------------------------------------------------------- ranks joined by a communicator
+
+
+class CommDataParallel:
+    """One rank's replica for data parallelism over a `Communicator`.
+
+    The replica owns a context of a no-device backend (by default `CcBackend`) whose arrays it
+    all-reduces directly, so ranks that are threads of one process, sharing the tensors' host
+    arrays, do not race. All gradients and the loss travel in one buffer per dtype: one
+    collective per step. After `step()`, `loss()` is the union batch's loss on every rank.
+    """
+
+    def __init__(self, code: StepCode, comm: Communicator, *, backend: Any = None,
+                 bindings: Mapping[StaticSymbol, IntRef] | None = None):
+        if backend is None:
+            from einjit.backends.cc_backend import CcBackend
+            backend = CcBackend()
+        self.code, self.comm, self.backend = code, comm, backend
+        self.bindings = {s: IntRef(0) for s in code.bindings} | dict(bindings or {})
+        self.context = backend.init(f"rank{comm.rank}")
+        if not hasattr(self.context, "cpu"):
+            raise TypeError(f"einjit: a communicator replica all-reduces its context's arrays in place and needs a "
+                            f"no-device CPU backend (CcBackend), not {backend!r}")
+        _load_inputs(backend, self.context, code.grad)
+        self._grad = backend.link(self.context, code.grad, {s: IntRef(0) for s in code.bindings})
+        _load_inputs(backend, self.context, code.update)
+        self._update = backend.link(self.context, code.update, self.bindings)
+        self._packs = _packs([p.grad_tn for p in code.params] + [code.loss.value_tn], self.array)
+
+    def __repr__(self) -> str:
+        return f"<CommDataParallel {self.code.name} rank {self.comm.rank} of {self.comm.size}>"
+
+    @property
+    def params(self) -> tuple[Tensor, ...]:
+        return self.code.params
+
+    def array(self, tn: Tnode) -> np.ndarray:
+        """This rank's array of `tn` (the context's, not the host's)."""
+        return self.context.cpu.array(tn)
+
+    def broadcast_params(self, root: int = 0) -> None:
+        """Give every rank the root's parameters (collective): replicas start equal."""
+        for p in self.code.params:
+            self.comm.broadcast(self.array(p.value_tn), root)
+
+    def step(self) -> None:
+        """Gradients on this rank's shard, all-reduced, then the update (collective)."""
+        _shard_values(self.code, self.bindings, self._grad.bindings, self.comm.size, self.comm.rank)
+        self._grad()
+        for buffer, parts in self._packs:
+            for flat, where in parts:
+                buffer[where] = flat
+            self.comm.allreduce(buffer)
+            for flat, where in parts:
+                flat[...] = buffer[where]
+        self._update()
+
+    def loss(self) -> float:
+        """The union batch's loss of the last step."""
+        return float(self.array(self.code.loss.value_tn).reshape(-1)[0])
+
+    def param_values(self) -> list[np.ndarray]:
+        """Copies of this rank's parameters."""
+        return [self.array(p.value_tn).copy() for p in self.code.params]
+
+    def sync(self) -> None:
+        """Copy this rank's parameters to the host arrays (call it on one rank per process)."""
+        for p in self.code.params:
+            self.backend.to_host(self.context, p.value_tn)
+
+
+def _packs(tns: Sequence[Tnode], array: Any) -> list[tuple[np.ndarray, list[tuple[np.ndarray, slice]]]]:
+    """One flat buffer per dtype, with each node's flat view and its slice of the buffer."""
+    by_dtype: dict[np.dtype, list[np.ndarray]] = {}
+    for tn in tns:
+        by_dtype.setdefault(np.dtype(tn.prec.dtype), []).append(array(tn).reshape(-1))
+    packs = []
+    for dtype, flats in by_dtype.items():
+        parts, offset = [], 0
+        for flat in flats:
+            parts.append((flat, slice(offset, offset + flat.size)))
+            offset += flat.size
+        packs.append((np.zeros(offset, dtype=dtype), parts))
+    return packs
+
+
+def comm_parallel_update(loss: Tensor, update_code: "Code | asg.Asgns", *, comm: Communicator, bindings: Bindings,
+                         shard: StaticSymbol, backend: Any = None, name: str = "data_parallel") -> CommDataParallel:
+    """Compile the step and make this rank's replica (one rank per process, e.g. under MPI);
+    the caller's `bindings` refs drive it. Ranks sharing a process share one `compile_step`."""
+    if backend is None:
+        from einjit.backends.cc_backend import CcBackend
+        backend = CcBackend()
+    refs = _refs(bindings)
+    refs.setdefault(shard, IntRef(0))
+    code = compile_step(backend, loss, update_code, bindings=tuple(refs), shard=shard, name=name)
+    return CommDataParallel(code, comm, backend=backend, bindings=refs)
