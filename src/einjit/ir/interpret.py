@@ -130,7 +130,8 @@ class _Machine:
             case ll.Ternop(ops.Ternop.FMA, a, b, c):
                 x, y, z = (self.eval(e, prec) for e in (a, b, c))
                 if prec.is_float and prec.itemsize < 8:
-                    return dt(np.float64(x) * np.float64(y) + np.float64(z))
+                    with np.errstate(all="ignore"):
+                        return dt(np.float64(x) * np.float64(y) + np.float64(z))
                 return dt(ops.apply_ternop(ops.Ternop.FMA, x, y, z))
         raise TypeError(f"not a low-level scalar: {sc!r}")
 
