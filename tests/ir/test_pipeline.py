@@ -176,3 +176,14 @@ def test_fixed_index_out_of_range_is_a_clear_error():
     llc = asg.to_low_level(asg.AccumUnop(False, ops.Binop.ARG2, ops.Unop.IDENTITY, s, asg.Node(a), ok))
     arrays = interpret.run(llc, {a: np.array([1.0, 2.0, 3.0])})
     assert arrays[s][0] == 3.0
+
+
+def test_printers_show_the_loops_in_both_styles():
+    a, s = node("a", (2, 3), ops.double), node("s", (2,), ops.double)
+    i, j = get_symbol("i"), get_symbol("j")
+    p = proj({i: 2, j: 3}, (2,), [(2, 3)], [Iterator(i)], [[Iterator(i), Iterator(j)]])
+    llc = asg.to_low_level(asg.AccumUnop(True, ops.Binop.ADD, ops.Unop.IDENTITY, s, asg.Node(a), p))
+    from einjit.ir import low_level as ll
+    cd_style, c_style = ll.to_doc(llc), ll.to_doc_cstyle(llc)
+    assert "for i" in cd_style and " to 2 {" in cd_style and f"{s.name}[" in cd_style and ":= (" in cd_style
+    assert "for (int i" in c_style and "<= 2; ++j" in c_style and f"{s.name}[" in c_style and " = (" in c_style

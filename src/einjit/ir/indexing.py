@@ -203,10 +203,3 @@ class Projections:
             if isinstance(idx, Affine):
                 return False
         return True
-
-
-def identity_projections(dims: tuple[int, ...], n_rhs: int = 1, debug_info: str = "pointwise") -> Projections:
-    """Pointwise projections over arrays that all have `dims`."""
-    syms = tuple(get_symbol() for _ in dims)
-    idcs = tuple(Iterator(s) for s in syms)
-    return Projections(tuple(dims), syms, tuple(dims), (tuple(dims),) * n_rhs, idcs, (idcs,) * n_rhs, debug_info)

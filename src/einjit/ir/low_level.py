@@ -187,10 +187,6 @@ def seq(*stmts: LLStmt) -> LLStmt:
     return _balanced(items)
 
 
-def seq_list(stmts: list[LLStmt]) -> LLStmt:
-    return seq(*stmts)
-
-
 def _balanced(items: list[LLStmt]) -> LLStmt:
     if not items:
         return Noop()

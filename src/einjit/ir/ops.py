@@ -47,22 +47,6 @@ double = Prec("double", np.dtype(np.float64), "double", True)
 PRECISIONS: dict[str, Prec] = {p.name: p for p in (byte, int32, int64, half, single, double)}
 
 
-def prec_of_dtype(dtype: np.dtype | type) -> Prec:
-    """The precision that stores NumPy arrays of `dtype`."""
-    dt = np.dtype(dtype)
-    for p in PRECISIONS.values():
-        if p.dtype == dt:
-            return p
-    raise TypeError(f"einjit: no precision stores NumPy dtype {dt}; use one of {sorted(PRECISIONS)}")
-
-
-def promote(p1: Prec, p2: Prec) -> Prec:
-    """The precision wide enough for both: floats win over integers, wider over narrower."""
-    if p1.is_float != p2.is_float:
-        return p1 if p1.is_float else p2
-    return p1 if p1.itemsize >= p2.itemsize else p2
-
-
 def _np_where(c, a, b):
     return np.where(c != 0, a, b)
 

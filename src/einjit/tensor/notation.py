@@ -385,12 +385,3 @@ def make_op(op_label: str, children: list[Tensor], *, logic: str | None, forward
         t.own_backprop = backprop.instantiate(slots, proj)
     register(t)
     return t
-
-
-def operand_of(x: "Tensor | NodeView") -> Operand:
-    if isinstance(x, Tensor):
-        return Operand(x.value_tn, x.shape, None)
-    if isinstance(x, NodeView):
-        return Operand(x.tn, x.shape, None)
-    raise TensorError(f"einjit: expected a tensor, got {type(x).__name__}")
-
