@@ -4,6 +4,7 @@ or NVRTC, golden output, and the errors that need no device."""
 
 from __future__ import annotations
 
+import shutil
 import dataclasses
 import os
 import re
@@ -355,7 +356,7 @@ def test_backend_compiles_shared_code_to_ptx_without_a_device():
 
 @needs_compiler
 def test_compiler_errors_show_the_kept_source():
-    with pytest.raises(cuda.CudaError, match=r"(nvcc|NVRTC) failed .*kept at .*\.cu"):
+    with pytest.raises(cuda.CudaError, match=r"(?s)(nvcc|NVRTC) failed .*kept at .*\.cu"):
         cuda.compile_source("this is not CUDA;", name="broken", arch="compute_75", kind="ptx")
 
 
@@ -371,3 +372,21 @@ def test_without_a_gpu_device_calls_fail_clearly():
     backend = cuda.CudaBackend()
     with pytest.raises((cuda.CudaUnavailable, cuda.CudaError), match="libcuda|CUDA"):
         backend.get_device(0)
+
+
+def _compiler_available(which: str) -> bool:
+    if which == "nvcc":
+        return shutil.which("nvcc") is not None
+    from einjit.backends.cuda_driver import load_nvrtc
+    return load_nvrtc() is not None
+
+
+@pytest.mark.parametrize("which", ["nvcc", "nvrtc"])
+def test_each_compiler_compiles_the_whole_batch(which):
+    if not _compiler_available(which):
+        pytest.skip(f"{which} is not installed here")
+    routines, statics = batch_of_everything()
+    procs = cuda.compile_program(routines, statics, arch="compute_80", kind="ptx",
+                                 options=cuda.CudaOptions(compiler=which, keep_source=False))
+    text = procs[0].image.data.decode()
+    assert all(f".entry {n}(" in text for n, _ in routines)

@@ -164,7 +164,10 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 def _run_nvrtc(source: str, name: str, arch: str, kind: str, flags: tuple[str, ...], cu_path: Path) -> bytes:
     home = cuda_home()
-    includes = (f"-I{home / 'include'}",) if home is not None and (home / "include").exists() else ()
+    # CUDA 13 keeps libcu++ (needed by cooperative_groups.h) under include/cccl, which nvcc
+    # adds by itself and NVRTC does not.
+    dirs = [] if home is None else [home / "include", home / "include" / "cccl"]
+    includes = tuple(f"-I{d}" for d in dirs if d.exists())
     try:
         image, _ = load_nvrtc().compile(source, name, arch, kind, includes + tuple(flags))
     except CudaError as e:

@@ -97,15 +97,18 @@ def _bind(lib: ctypes.CDLL, api: dict[str, tuple], library: str) -> None:
 
 
 def cuda_home() -> Path | None:
-    """The CUDA toolkit directory: $CUDA_HOME / $CUDA_PATH, nvcc's parent, or /usr/local/cuda."""
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            return Path(os.environ[var])
+    """The CUDA toolkit directory: $CUDA_HOME / $CUDA_PATH, nvcc's parent, or /usr/local/cuda —
+    the first of these whose `include/` has the toolkit headers (an `nvcc` wrapper installed in
+    /usr/local/bin does not make /usr/local a toolkit), else the first that exists."""
+    candidates = [Path(os.environ[var]) for var in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(var)]
     nvcc = shutil.which("nvcc")
     if nvcc:
-        return Path(os.path.realpath(nvcc)).parent.parent
-    default = Path("/usr/local/cuda")
-    return default if default.exists() else None
+        candidates.append(Path(os.path.realpath(nvcc)).parent.parent)
+    candidates.append(Path("/usr/local/cuda"))
+    for c in candidates:
+        if (c / "include" / "cooperative_groups.h").exists():
+            return c
+    return next((c for c in candidates if c.exists()), None)
 
 
 def _try_load(candidates: list[str]) -> ctypes.CDLL | None:
