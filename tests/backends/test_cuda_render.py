@@ -4,10 +4,10 @@ or NVRTC, golden output, and the errors that need no device."""
 
 from __future__ import annotations
 
-import shutil
 import dataclasses
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
