@@ -252,7 +252,9 @@ def _coerce_sides(obj) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class Eq(_PredOps):
+class _Compare(_PredOps):
+    """An index comparison; both sides are coerced to indices."""
+
     lhs: Index
     rhs: Index
 
@@ -261,30 +263,23 @@ class Eq(_PredOps):
 
 
 @dataclass(frozen=True, slots=True)
-class Ne(_PredOps):
-    lhs: Index
-    rhs: Index
-
-    def __post_init__(self) -> None:
-        _coerce_sides(self)
+class Eq(_Compare):
+    pass
 
 
 @dataclass(frozen=True, slots=True)
-class Lt(_PredOps):
-    lhs: Index
-    rhs: Index
-
-    def __post_init__(self) -> None:
-        _coerce_sides(self)
+class Ne(_Compare):
+    pass
 
 
 @dataclass(frozen=True, slots=True)
-class Le(_PredOps):
-    lhs: Index
-    rhs: Index
+class Lt(_Compare):
+    pass
 
-    def __post_init__(self) -> None:
-        _coerce_sides(self)
+
+@dataclass(frozen=True, slots=True)
+class Le(_Compare):
+    pass
 
 
 def Gt(lhs, rhs) -> Lt:
