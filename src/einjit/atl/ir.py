@@ -426,8 +426,8 @@ class Proj(_ExprOps):
 
 
 @dataclass(frozen=True, slots=True)
-class Gen(_ExprOps):
-    """``Gen(i:range) body``: the tensor ⊞_i body."""
+class _Binder(_ExprOps):
+    """An expression binding the index `idx` over `range` in `body`."""
 
     idx: Name
     range: int
@@ -440,17 +440,13 @@ class Gen(_ExprOps):
 
 
 @dataclass(frozen=True, slots=True)
-class Sum(_ExprOps):
+class Gen(_Binder):
+    """``Gen(i:range) body``: the tensor ⊞_i body."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sum(_Binder):
     """``+(i:range) body``: the big sum Σ_i body."""
-
-    idx: Name
-    range: int
-    body: "Expr"
-    typ: Type | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.idx, IVar):
-            object.__setattr__(self, "idx", self.idx.name)
 
 
 @dataclass(frozen=True, slots=True)
