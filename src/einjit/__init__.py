@@ -31,6 +31,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "set_default_precision": ("einjit.tensor.tensor", "set_default_precision"),
     "unchanged_roots": ("einjit.tensor.tensor", "unchanged_roots"),
     "ShapeError": ("einjit.shape", "ShapeError"),
+    "EinjitError": ("einjit.errors", "EinjitError"),
     "IntRef": ("einjit.ir.indexing", "IntRef"),
     "StaticSymbol": ("einjit.ir.indexing", "StaticSymbol"),
     "get_static_symbol": ("einjit.ir.indexing", "get_static_symbol"),

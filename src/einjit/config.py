@@ -6,6 +6,10 @@ Every layer may import this module; it imports nothing from einjit.
 3 + generated C/CUDA and the compiler command; 4 + unoptimized low-level code and
 virtualization decisions with their `NonVirtual` codes. Output goes to stderr (or to the file
 named by `EINJIT_DEBUG_FILE`).
+
+`EINJIT_DUMP_DIR=dir`: every compile writes what it produced, stage by stage, as files named
+`<routine>.<stage>.<ext>` (`.cd` assignments, `.ll` low-level code, `.c`/`.cu` sources), so
+what a compiler sees is always something a person can open.
 """
 
 from __future__ import annotations
@@ -41,3 +45,14 @@ def cache_dir() -> Path:
     path = Path(base) if base else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "einjit"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def dump(routine: str, stage: str, ext: str, text: str) -> None:
+    """Write one compile stage's text to `EINJIT_DUMP_DIR`, if set; a no-op otherwise."""
+    base = os.environ.get("EINJIT_DUMP_DIR")
+    if not base:
+        return
+    path = Path(base)
+    path.mkdir(parents=True, exist_ok=True)
+    name = f"{routine}.{stage}.{ext}" if stage else f"{routine}.{ext}"
+    (path / name).write_text(text, encoding="utf-8")

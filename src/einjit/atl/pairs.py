@@ -12,6 +12,8 @@ contain pairs are refused: eliminating them would change the function's type.
 
 from __future__ import annotations
 
+from einjit.errors import EinjitError
+
 from .index import subst_index, subst_pred
 from .ir import (
     Access, Add, Const, Expr, Gen, IVar, Index, Indicate, Let, Mul, Pair, Proj, Sum, Sym,
@@ -22,7 +24,7 @@ from .typecheck import TypedFunc
 __all__ = ["PairError", "typ_has_pairs", "typ_soa_transform", "eliminate_pairs"]
 
 
-class PairError(TypeError):
+class PairError(EinjitError, TypeError):
     """A function whose interface has pairs cannot be compiled."""
 
 

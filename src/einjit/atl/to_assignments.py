@@ -53,6 +53,7 @@ from typing import Any
 
 from einjit import config
 from einjit.backends import cc
+from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
 from einjit.ir import ops
@@ -77,7 +78,7 @@ Affine = tuple[dict[Sym, int], int]
 Space = dict[Sym, int]
 
 
-class UnsupportedError(NotImplementedError):
+class UnsupportedError(EinjitError, NotImplementedError):
     """A normal form the einjit backend cannot compile; the message names the construct."""
 
 

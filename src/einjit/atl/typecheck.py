@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from einjit.errors import EinjitError
+
 from .display import func_str
 from .ir import (
     Access, Add, And, Const, Eq, Expr, Gen, IAdd, IConst, IMul, IVar, Index, Indicate, Le,
@@ -21,7 +23,7 @@ from .ir import (
 __all__ = ["TCError", "TypedFunc", "typecheck", "type_has_bools", "is_relation_type"]
 
 
-class TCError(TypeError):
+class TCError(EinjitError, TypeError):
     """All typechecking errors of one program, one per line in the message."""
 
     def __init__(self, errors: Sequence[str]) -> None:

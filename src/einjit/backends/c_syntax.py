@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, StaticSymbol, SubAxis, Symbol, index_symbols
@@ -32,7 +33,7 @@ from einjit.ir.tnode import Tnode
 _INT_MAX = 2**31 - 1
 
 
-class RenderError(ValueError):
+class RenderError(EinjitError, ValueError):
     """The low-level program cannot be rendered: a virtual node, an unbound symbol, an
     out-of-bounds constant index range, a malformed routine name."""
 

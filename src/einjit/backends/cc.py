@@ -33,6 +33,7 @@ import numpy as np
 
 from einjit import config
 from einjit.backends.c_syntax import C_SYNTAX, CProgram, CSyntax, MemClass, Param, ParamKind, render_program
+from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.tnode import Tnode
@@ -41,7 +42,7 @@ _ABI_VERSION = "einjit-cc-1"
 _MAX_DIAGNOSTICS = 8000
 
 
-class CompileError(RuntimeError):
+class CompileError(EinjitError, RuntimeError):
     """The C compiler failed or could not be run; the message carries its diagnostics and
     where the generated source was kept."""
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
 from einjit.backends.c_syntax import MemClass as CpuMemClass
+from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol
@@ -58,7 +59,7 @@ class CudaMemClass(enum.Enum):
 # ---------------------------------------------------------------- errors
 
 
-class BackendError(Exception):
+class BackendError(EinjitError):
     """Misuse of backends, contexts and devices; the message names what was involved."""
 
 

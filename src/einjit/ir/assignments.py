@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Generic, TypeVar
 
+from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import (Affine, AxisIndex, FixedIdx, Iterator, Projections, StaticSymbol, SubAxis, Symbol,
@@ -41,7 +42,7 @@ class Lazy(Generic[T]):
     __call__ = force
 
 
-class LoweringError(ValueError):
+class LoweringError(EinjitError, ValueError):
     pass
 
 

@@ -13,13 +13,14 @@ from typing import Mapping
 
 import numpy as np
 
+from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, SubAxis, Symbol
 from einjit.ir.tnode import Tnode
 
 
-class InterpretError(RuntimeError):
+class InterpretError(EinjitError, RuntimeError):
     pass
 
 

@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from einjit.errors import EinjitError
 from einjit.ir import ops
 
 
@@ -115,7 +116,7 @@ def _mode_of_leaves(leaves: frozenset[_Leaf]) -> Mode | None:
     return None
 
 
-class MemoryModeError(ValueError):
+class MemoryModeError(EinjitError, ValueError):
     pass
 
 

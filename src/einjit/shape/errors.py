@@ -8,6 +8,8 @@ solver and the shape layer raise it without importing each other.
 
 from __future__ import annotations
 
+from einjit.errors import EinjitError
 
-class ShapeError(Exception):
+
+class ShapeError(EinjitError):
     """A shape or projection inference failure, or a malformed einsum / shape spec."""

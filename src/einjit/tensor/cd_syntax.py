@@ -21,10 +21,11 @@ import functools
 import re
 from dataclasses import dataclass
 
+from einjit.errors import EinjitError
 from einjit.ir import ops
 
 
-class CdSyntaxError(ValueError):
+class CdSyntaxError(EinjitError, ValueError):
     pass
 
 

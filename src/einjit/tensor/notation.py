@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from einjit import shape as sh
+from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import ops
 from einjit.ir.indexing import FixedIdx, Projections
@@ -32,7 +33,7 @@ SLOT_NAMES = ("t", "t1", "t2", "t3")
 NUMBER_SLOT = "number"
 
 
-class CdError(ValueError):
+class CdError(EinjitError, ValueError):
     pass
 
 

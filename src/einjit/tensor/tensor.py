@@ -22,6 +22,7 @@ from typing import Callable, Iterator as PyIterator, Sequence
 import numpy as np
 
 from einjit import shape as sh
+from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import ops
 from einjit.ir.tnode import Tnode
@@ -33,7 +34,7 @@ class GradSpec(enum.Enum):
     PROHIBIT_GRAD = "prohibit"
 
 
-class TensorError(ValueError):
+class TensorError(EinjitError, ValueError):
     pass
 
 

@@ -1,0 +1,21 @@
+"""Fixtures for the whole suite: a private compilation cache, so tests never read or write the
+user's `~/.cache/einjit` and never see another run's objects."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """Compiled objects go to a fresh directory so tests never see another run's cache."""
+    old = os.environ.get("EINJIT_CACHE_DIR")
+    path = tmp_path_factory.mktemp("einjit-cache")
+    os.environ["EINJIT_CACHE_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("EINJIT_CACHE_DIR", None)
+    else:
+        os.environ["EINJIT_CACHE_DIR"] = old
