@@ -23,6 +23,11 @@ def index_value(idx, env):
     raise TypeError(idx)
 
 
+def _read(a, idcs):
+    """A read past either end of an axis (padding) gives 0, as the lowering's guard does."""
+    return a[idcs] if all(0 <= i < d for i, d in zip(idcs, a.shape)) else 0.0
+
+
 def run(proj: Projections, args, statics=None, combine=math.prod):
     """Accumulate `combine(args at their projections)` into a zero lhs over the product space."""
     assert tuple(a.shape for a in args) == proj.rhs_dims
@@ -31,6 +36,6 @@ def run(proj: Projections, args, statics=None, combine=math.prod):
     for point in itertools.product(*(range(d) for d in proj.product_space)):
         env.update(zip(proj.product_iterators, point))
         lhs = tuple(index_value(i, env) for i in proj.project_lhs)
-        vals = [a[tuple(index_value(i, env) for i in p)] for a, p in zip(args, proj.project_rhs)]
+        vals = [_read(a, tuple(index_value(i, env) for i in p)) for a, p in zip(args, proj.project_rhs)]
         out[lhs] += combine(vals)
     return out

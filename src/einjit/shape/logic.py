@@ -21,7 +21,7 @@ from einjit.ir.indexing import FixedIdx, Iterator
 from einjit.shape.einsum import Anonymous, ConvAxis, FixedIndex, Label, SlotSpec
 from einjit.shape.errors import ShapeError
 from einjit.shape.row import (
-    AxisRef, Broadcastable, Constraint, Dim, DimEq, Env, Kind, Row, RowEq, RowId, RowIneq, RowVar,
+    AxisRef, Bounds, Broadcastable, Constraint, Dim, DimEq, Env, Kind, Row, RowEq, RowId, RowIneq, RowVar,
     TotalElems, Var, apply_constraint, describe_axis, describe_dim, describe_row_id, dim_upper, get_row_var,
     get_var, new_dim, row_lub, row_of_var, subst_dim, subst_row,
 )
@@ -200,6 +200,10 @@ class ConvItem(Item):
     terms: tuple[tuple[int, Var], ...]
     offset: int
     where: AxisRef
+    #: The terms that are result axes (the output position, not the kernel's).
+    results: frozenset[Var] = frozenset()
+    #: The argument's row and the axis position from its end that the convolution reads.
+    arg_axis: tuple[Row, int] | None = None
 
     @property
     def padding(self) -> int:
@@ -217,10 +221,21 @@ class ConvItem(Item):
         return ShapeError(f"convolution axis {describe_axis(self.where)} is indexed up to {top}, but has "
                           f"size {describe_dim(extent)}{pad}")
 
+    def _arg_dim(self, env: Env) -> Dim | None:
+        """The argument's own axis: a convolution reads it, it cannot broadcast (a known size 1
+        bounds the spec's variable from below only, which would leave the extent open)."""
+        if self.arg_axis is None:
+            return None
+        row, from_end = self.arg_axis
+        r = subst_row(env, row)
+        d = r.dims[from_end] if len(r.dims) >= -from_end else None
+        return d if isinstance(d, Dim) else None
+
     def check(self, env: Env) -> tuple[list[Constraint], bool]:
         extent, unknown, top = self._solved(env)
         if isinstance(extent, Var):
-            return [], False
+            arg = self._arg_dim(env)
+            return ([DimEq(extent, arg)] if arg is not None else []), False
         if top >= extent.d + self.padding:
             raise self._too_short(extent, top)
         return [], not unknown
@@ -230,6 +245,8 @@ class ConvItem(Item):
         if isinstance(extent, Var) or len(unknown) != 1:
             return []
         coeff, v = unknown[0]
+        if self.results and v not in self.results and not _bounded(env, v):
+            return []  # a kernel term that no axis bounds: its kernel has size 1 (broadcast)
         room = extent.d - 1 + self.padding - top
         if room < 0:
             raise self._too_short(extent, top)
@@ -242,8 +259,14 @@ class ConvItem(Item):
         return [DimEq(extent, new_dim(max(1, top + 1 - self.padding), self.where))]
 
     def waiting(self, env: Env) -> set[Var]:
-        return {d for d in (subst_dim(env, v) for v in (self.var, *(v for _, v in self.terms)))
-                if isinstance(d, Var)}
+        """The extent and the result terms wait to be derived; a kernel term that nothing
+        determines (a kernel of size 1 broadcasts, so it bounds nothing) may close to 1 first."""
+        return {d for d in (subst_dim(env, v) for v in (self.var, *self.results)) if isinstance(d, Var)}
+
+
+def _bounded(env: Env, v: Var) -> bool:
+    entry = env.dims.get(v)
+    return isinstance(entry, Bounds) and bool(entry.cur or entry.subr or entry.lub)
 
 
 @dataclass(slots=True)
@@ -313,7 +336,7 @@ def _file_elements(path: str, itemsize: int) -> int:
 
 def _einsum(gen: Generated, text: str, cur: Shape, args: tuple[Shape, ...]) -> None:
     spec = parse_spec(text, len(args))
-    names = _SpecNames(gen, text)
+    names = _SpecNames(gen, text, spec.lhs)
     roles = ("rhs",) if len(args) == 1 else ("rhs1", "rhs2")
     lhs = names.rows(spec.lhs, cur, "lhs", result=True)
     rhs = [names.rows(slot, sh, role) for slot, sh, role in zip(spec.rhs, args, roles)]
@@ -325,10 +348,11 @@ def _einsum(gen: Generated, text: str, cur: Shape, args: tuple[Shape, ...]) -> N
 class _SpecNames:
     """The variables of one use of an einsum spec: pseudo-labels and row variables by name."""
 
-    __slots__ = ("gen", "text", "dims", "row_vars")
+    __slots__ = ("gen", "text", "dims", "row_vars", "result_labels")
 
-    def __init__(self, gen: Generated, text: str):
+    def __init__(self, gen: Generated, text: str, lhs: SlotSpec):
         self.gen, self.text = gen, text
+        self.result_labels = {a.name for kind in Kind for a in lhs.row(kind.value).axes if isinstance(a, Label)}
         self.dims: dict[str, Var] = {}
         self.row_vars: dict[str, RowVar] = {}
 
@@ -343,7 +367,8 @@ class _SpecNames:
             spec = slot.row(kind.value)
             rid = RowId(sh.id, kind, sh.debug_name, role=f'einsum "{self.text}" {role}')
             n = len(spec.axes)
-            dims = tuple(self._axis(axis, AxisRef(rid, i if spec.row_var is None else i - n), result)
+            dims = tuple(self._axis(axis, AxisRef(rid, i if spec.row_var is None else i - n), result,
+                                    (sh.row(kind), i - n))
                          for i, axis in enumerate(spec.axes))
             if spec.row_var is None:
                 out[kind] = Row(dims, Broadcastable(), rid)
@@ -354,7 +379,7 @@ class _SpecNames:
         self.gen.spec_rows += out.values()
         return out
 
-    def _axis(self, axis, where: AxisRef, result: bool) -> Var:
+    def _axis(self, axis, where: AxisRef, result: bool, arg_axis: tuple[Row, int]) -> Var:
         match axis:
             case Label(name):
                 return self.dim(name)
@@ -367,7 +392,8 @@ class _SpecNames:
                 v = get_var("conv")
                 term_vars = tuple((c, self.dim(name)) for c, name in terms)
                 self.gen.specials[v] = ConvSpec(term_vars, offset)
-                self.gen.items.append(ConvItem(v, term_vars, offset, where))
+                results = frozenset(self.dim(name) for _, name in terms if name in self.result_labels)
+                self.gen.items.append(ConvItem(v, term_vars, offset, where, results, arg_axis))
                 return v
             case Anonymous():
                 return get_var("_")
