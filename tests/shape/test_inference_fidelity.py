@@ -73,3 +73,35 @@ def test_strided_read_alone_sizes_an_unknown_argument_minimally():
     y = ej.einsum("2*p+1, => p,", x) + ej.ndarray(np.zeros(3), label="z")
     train.forward_once(y)
     assert str(x.shape) == "6"
+
+
+def test_literal_label_prefixes_label_the_axes_they_meet():
+    """Seed 004: in `("hey" * 'q' 2.0) + 'p' 1.0` (einjit spells the product `@`), `hey`'s input
+    axis is labelled q and its output axis p."""
+    hey = ej.param("hey")
+    y = (hey @ ej.number(2.0, label="q")) + ej.number(1.0, label="p")
+    train.init_params(y)
+    got = train.forward_once(y)
+    assert str(hey.shape) == "q=1->p=1"
+    assert str(y.shape) == "p=1"
+    np.testing.assert_allclose(got, 2.0 * hey.value.numpy().ravel() + 1.0)
+
+
+def test_a_parameter_on_both_sides_of_a_pointwise_product_gets_both_rows():
+    w = ej.param("w")
+    y, x = ej.ndarray(np.arange(3.0), label="y"), ej.ndarray(np.arange(4.0), label="x")
+    c, d = w * y, w.T * x
+    loss = ej.sum(c, "...|...->... => 0") + ej.sum(d, "...|...->... => 0")
+    train.init_params(loss)
+    got = train.forward_once(loss)
+    assert (str(w.shape), str(c.shape), str(d.shape)) == ("4->3", "4->3", "3->4")
+    wv = w.value.numpy()  # layout: output (3) then input (4)
+    np.testing.assert_allclose(got, [(wv * np.arange(3.0)[:, None]).sum() + (wv * np.arange(4.0)[None, :]).sum()])
+
+
+def test_a_parameter_on_both_sides_of_a_matrix_product():
+    w = ej.param("w")
+    a = w @ ej.ndarray(np.ones(3), label="y")
+    b = w.T @ ej.ndarray(np.ones(4), label="x")
+    train.forward_once(ej.sum(a, "i, => ") + ej.sum(b, "i, => "))
+    assert str(w.shape) == "3->4"

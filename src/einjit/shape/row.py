@@ -217,12 +217,15 @@ class Env:
     the row inequalities waiting for a row variable to be solved, the row variables solved since
     `solve` last retried those, and what was solved or labelled since the env was copied."""
 
-    __slots__ = ("dims", "rows", "labels", "row_homes", "pending", "newly_solved", "touched")
+    __slots__ = ("dims", "rows", "labels", "hints", "row_homes", "pending", "newly_solved", "touched")
 
     def __init__(self) -> None:
         self.dims: dict[Var, Entry] = {}
         self.rows: dict[RowVar, Entry] = {}
         self.labels: dict[int, str] = {}
+        #: Labels of dimension-1 axes broadcast into a variable: the label it takes if it
+        #: closes to 1 (seed 004: `'q' 2.0` labels the axis it meets).
+        self.hints: dict[Var, str] = {}
         self.row_homes: dict[RowVar, RowId] = {}
         self.pending: list[RowIneq] = []
         self.newly_solved: set[RowVar] = set()
@@ -232,7 +235,7 @@ class Env:
     def copy(self) -> Env:
         """A copy to solve on speculatively; its `touched` starts empty."""
         env = Env()
-        env.dims, env.rows, env.labels = dict(self.dims), dict(self.rows), dict(self.labels)
+        env.dims, env.rows, env.labels, env.hints = dict(self.dims), dict(self.rows), dict(self.labels), dict(self.hints)
         env.row_homes, env.pending, env.newly_solved = dict(self.row_homes), list(self.pending), set(self.newly_solved)
         return env
 
@@ -544,6 +547,10 @@ def solve_dim_ineq(env: Env, cur: AnyDim, subr: AnyDim, origin: Origin | None = 
                 return []
             what = "cannot broadcast" if c.d == 1 else "dimension mismatch"
             raise _conflict(what, c, s, origin)
+        case Var(), Dim(d=1):
+            if s.label is not None:
+                env.hints.setdefault(c, s.label)
+            return []
         case _, Dim(d=1):
             return []
         case Dim(d=1), Var():
@@ -678,6 +685,11 @@ def close_rows(env: Env, row_vars: list[RowVar], forced: list[Constraint], reser
     free = [v for v in row_vars if v not in waiting and v not in kept]
     if not free and forced:
         return forced
+    # The leading rest of a waiting inequality closes first: the axes it releases become a LUB
+    # below, which a row above the same variable (a result broadcasting it) must not pre-empt
+    # by closing to nothing (`W * y` and `W.T * x` give `W` both rows).
+    rests = {p.cur.bcast for p in env.pending}
+    free = [v for v in free if v in rests] or free
     free = free or [v for v in row_vars if v not in kept] or row_vars
     return [RowEq(env.var_row(v), Row((), Broadcastable(), env.var_row(v).id)) for v in free]
 
@@ -708,4 +720,4 @@ def close_dims(env: Env, dim_vars: list[Var], forced: list[Constraint], waiting:
     if forced:
         return forced
     free = [v for v in dim_vars if v not in waiting] or dim_vars[:1]
-    return [DimEq(v, Dim(1)) for v in free]
+    return [DimEq(v, Dim(1, env.hints.get(v), fresh_proj_id())) for v in free]
