@@ -59,3 +59,41 @@ def test_locals_of_an_op_are_labelled_by_their_binding_names():
     assert "blk.hidden" in labels and "kept" in labels and "blk.w" in labels
     hidden = next(t for t in out.subtree() if t.label_str == "blk.hidden")
     assert hidden.value_tn.name.startswith("blk_hidden_")
+
+
+def test_a_labelled_inner_definition_gets_parameters_per_outer_instance():
+    """Seed 004 `~config`: `A.inner.w` and `B.inner.w` are different parameters."""
+
+    @ej.op
+    def inner(x):
+        return ej.param("w", values=[2.0]) * x
+
+    @ej.op
+    def outer(x):
+        return inner(x, label="inner") + ej.param("b", values=[1.0])
+
+    x = ej.ndarray(np.array([3.0]), label="x")
+    a, b = outer(x, label="A"), outer(x, label="B")
+    assert sorted(p.label_str for p in a.params()) == ["A.b", "A.inner.w"]
+    assert sorted(p.label_str for p in b.params()) == ["B.b", "B.inner.w"]
+    assert not {p.id for p in a.params()} & {p.id for p in b.params()}
+    assert {p.id for p in outer(x, label="A").params()} == {p.id for p in a.params()}
+    total = a + b
+    train.init_params(total)
+    a_w = next(p for p in a.params() if p.label_str == "A.inner.w")
+    a_w.value_tn.host_array()[...] = 5.0
+    np.testing.assert_allclose(train.forward_once(total), [5.0 * 3 + 1 + 2.0 * 3 + 1])
+
+
+def test_an_unlabelled_inner_definition_is_shared_by_every_outer_instance():
+    @ej.op
+    def inner(x):
+        return ej.param("w", values=[2.0]) * x
+
+    @ej.op
+    def outer(x):
+        return inner(x)
+
+    x = ej.ndarray(np.array([3.0]), label="x")
+    assert [p.label_str for p in outer(x, label="A").params()] == ["w"]
+    assert {p.id for p in outer(x, label="A").params()} == {p.id for p in outer(x, label="B").params()}

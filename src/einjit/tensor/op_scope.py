@@ -7,6 +7,11 @@ a label moves the declaration under that argument, giving one instance per label
 the first call creates the parameter, later calls get the same tensor, and calling with
 `label="layer1"` keeps a separate set of parameters labelled `layer1.w`, ... .
 
+A labelled call inside another definition's labelled instance is an instance of that instance,
+as a `~config` parameter introduced under another one is in the seed: `outer(x, label="A")` and
+`outer(x, label="B")` calling `inner(h, label="inner")` get `A.inner.w` and `B.inner.w`. A call
+without a label declares its parameters once for the whole definition, wherever it is called.
+
 Inside such a function the notation can also know Python binding names: a tensor bound to a
 local variable and still carrying its operation's default label is relabelled with the
 variable's name when the function returns (`h = relu(...)` is labelled `h`), so debug output
@@ -26,9 +31,11 @@ F = TypeVar("F", bound=Callable[..., Tensor])
 
 
 class _Scope:
-    def __init__(self, name: str, label: str | None):
+    def __init__(self, name: str, label: str | None, prefix: list[str]):
         self.name = name
         self.label = label
+        #: The labels of the enclosing instances and this one: what its parameters' labels start with.
+        self.prefix = prefix
         self.params: dict[str, Tensor] = {}
 
 
@@ -41,8 +48,7 @@ def lookup(label: str) -> tuple[Tensor | None, list[str]]:
     if not _active:
         return None, [label]
     scope = _active[-1]
-    prefix = [scope.label] if scope.label else []
-    return scope.params.get(label), prefix + [label]
+    return scope.params.get(label), scope.prefix + [label]
 
 
 def remember(label: str, t: Tensor) -> None:
@@ -62,21 +68,24 @@ def _entered(scope: _Scope) -> Iterator[None]:
 def op(fn: F) -> F:
     """Decorate a tensor-building function so the parameters it declares are created once
     per definition — or once per `label=` keyword given at the call."""
-    scopes: dict[str | None, _Scope] = {}
+    scopes: dict[tuple[_Scope | None, str | None], _Scope] = {}
 
     @functools.wraps(fn)
     def wrapper(*args, label: str | None = None, **kwargs):
-        scope = scopes.get(label)
+        parent = _active[-1] if _active and label is not None else None
+        scope = scopes.get((parent, label))
         if scope is None:
-            scope = scopes[label] = _Scope(fn.__name__, label)
+            prefix = (parent.prefix if parent is not None else []) + ([label] if label is not None else [])
+            scope = scopes[(parent, label)] = _Scope(fn.__name__, label, prefix)
         with _entered(scope):
             result, names = _call_capturing_locals(fn, args, kwargs)
-        _label_by_binding(names, scope.label)
+        _label_by_binding(names, scope.prefix)
         if not isinstance(result, Tensor):
             raise TensorError(f"einjit: @op function {fn.__name__} must return a tensor, got {type(result).__name__}")
         return result
 
-    wrapper.params = lambda label=None: list(scopes[label].params.values()) if label in scopes else []
+    wrapper.params = lambda label=None: [p for (_, lbl), sc in scopes.items() if lbl == label
+                                         for p in sc.params.values()]
     return wrapper  # type: ignore[return-value]
 
 
@@ -100,10 +109,10 @@ def _call_capturing_locals(fn: Callable, args: tuple, kwargs: dict) -> tuple[obj
     return result, captured
 
 
-def _label_by_binding(names: dict[str, object], prefix: str | None) -> None:
+def _label_by_binding(names: dict[str, object], prefix: list[str]) -> None:
     for name, value in names.items():
         if isinstance(value, Tensor) and value.label == [value.op_label] and not name.startswith("_"):
-            new = ([prefix] if prefix else []) + [name]
+            new = prefix + [name]
             value.label = new
             value.value_tn.label = list(new)
             if value.grad_tn is not None:
