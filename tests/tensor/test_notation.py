@@ -175,6 +175,16 @@ def test_wildcard_form_only_adds_shape_constraints():
     assert y.dims == (3,)
 
 
+def test_wildcard_cd_gives_back_the_forward_code_it_names():
+    """Issue 14 item 3: a `cd` inside `unchanged_roots` restores the forward code of the roots
+    it names, so a later routine for them is not empty."""
+    x = const([1.0, 2.0, 3.0])
+    t = x * 2.0 + 1.0
+    with ej.unchanged_roots():
+        ej.cd('"probe" =: t * 10', t=t)
+    np.testing.assert_array_equal(train.forward_once(t), [3.0, 5.0, 7.0])
+
+
 def test_consuming_code_twice_is_an_error():
     a = ej.param("a", values=[1.0])
     b = a * 2

@@ -65,18 +65,36 @@ _forward_roots: dict[int, "Tensor"] = {}
 _backprop_roots: dict[int, "Tensor"] = {}
 
 
+#: While `unchanged_roots` is active: the tensors whose code was consumed inside, per kind.
+_consumed_inside: list[tuple[list["Tensor"], list["Tensor"]]] = []
+
+
 @contextlib.contextmanager
 def unchanged_roots() -> PyIterator[None]:
     """The wildcard form: tensors built inside only add shape constraints; rootness of
-    everything that existed before is restored afterwards, and new tensors are not roots."""
+    everything that existed before is restored afterwards, and new tensors are not roots.
+    Code consumed inside (a `cd` naming a root takes its forward code) is given back too, so a
+    later routine for such a tensor still computes it."""
     fwd, bprop = dict(_forward_roots), dict(_backprop_roots)
+    consumed: tuple[list[Tensor], list[Tensor]] = ([], [])
+    _consumed_inside.append(consumed)
     try:
         yield
     finally:
+        _consumed_inside.pop()
+        for x in consumed[0]:
+            x._fwd_done = False
+        for x in consumed[1]:
+            x._bprop_done = False
         _forward_roots.clear()
         _forward_roots.update(fwd)
         _backprop_roots.clear()
         _backprop_roots.update(bprop)
+
+
+def _note_consumed(x: "Tensor", kind: int) -> None:
+    for consumed in _consumed_inside:
+        consumed[kind].append(x)
 
 
 class NodeView:
@@ -228,6 +246,7 @@ def consume_forward_code(t: Tensor) -> asg.Asgns:
     for x in t.subtree():
         if not x._fwd_done:
             x._fwd_done = True
+            _note_consumed(x, 0)
             parts.append(x.own_forward)
     return asg.sequence(*parts)
 
@@ -244,6 +263,7 @@ def consume_backprop_code(t: Tensor) -> asg.Asgns:
     for x in reversed(t.subtree()):
         if x.grad_tn is not None and not x._bprop_done:
             x._bprop_done = True
+            _note_consumed(x, 1)
             parts.append(x.own_backprop)
     return asg.sequence(*parts)
 
