@@ -53,6 +53,24 @@ def test_initialize_neutral_clears_before_accumulating():
     np.testing.assert_allclose(code.p.value.numpy(), [2.0, 12.0])
 
 
+@pytest.mark.parametrize("accum, pointwise, reduced", [
+    ("-", lambda x: -x, lambda rows: -rows.sum(axis=1)),
+    ("/", lambda x: 1 / x, lambda rows: 1 / rows.prod(axis=1)),
+    ("**", lambda x: np.ones_like(x), lambda rows: np.ones(len(rows))),
+    ("+", lambda x: x, lambda rows: rows.sum(axis=1)),
+    ("^^", lambda x: x, lambda rows: rows.max(axis=1)),
+])
+def test_initialize_neutral_means_the_same_pointwise_and_reduced(accum, pointwise, reduced):
+    """Seed 004: `lhs = neutral; lhs = lhs accum rhs` whether or not a cell is written once:
+    `=:-` negates pointwise as it negates the sum of a reduction."""
+    xv = np.array([[2.0, 4.0], [0.5, 8.0]])
+    a = const(xv)
+    code = ej.cd(f'"p" =:{accum} a; "r" =:{accum} a ~logic:"ij=>i"', a=a)
+    run(code, code.p, code.r)
+    np.testing.assert_allclose(code.p.value.numpy(), pointwise(xv), rtol=1e-12)
+    np.testing.assert_allclose(code.r.value.numpy(), reduced(xv), rtol=1e-12)
+
+
 def test_transpose_logic_and_einsum_specs():
     a = const([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], input_axes=1)
     b = const([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])

@@ -450,9 +450,7 @@ def _lower_accum(init: bool, accum: ops.Binop, lhs: Tnode, proj: Projections, bu
         _check_fixed(lhs, idcs, "assigned-to")
         args = [_get(b, tuple(subst_index(peel, subst_index(env, i)) for i in p), narrowed)
                 for b, p in zip(bufs, proj.project_rhs)]
-        value = make_rhs(args)
-        if accum is not ops.Binop.ARG2 and not (init and total):
-            value = ll.Binop(accum, ll.Get(lhs, idcs), value)
+        value = _accumulate(init and total, accum, lhs, idcs, make_rhs(args), debug)
         loops = [(s, *narrowed[s]) for s in fresh if s not in peel]
         bodies.append(_bounded_loops(loops, ll.Set(lhs, idcs, value, debug)))
     body = ll.seq(*bodies)
@@ -463,6 +461,28 @@ def _lower_accum(init: bool, accum: ops.Binop, lhs: Tnode, proj: Projections, bu
                                 f"to initialize {lhs.debug_name()}")
         return ll.seq(_fill(lhs, ll.Constant(neutral), f"{lhs.name} := neutral of {accum.symbol}"), body)
     return body
+
+
+#: Accumulations where `neutral ⊕ x == x`: only these may skip combining with the neutral
+#: element when every cell is written once (seed 004: `lhs = neutral; lhs = lhs ⊕ rhs`).
+_NEUTRAL_IS_IDENTITY = frozenset({ops.Binop.ADD, ops.Binop.MUL, ops.Binop.MAX, ops.Binop.MIN})
+
+
+def _accumulate(fresh: bool, accum: ops.Binop, lhs: Tnode, idcs: tuple[AxisIndex, ...], value: ll.LLScalar,
+                debug: str) -> ll.LLScalar:
+    """`lhs ⊕ value`, or for a cell written once after its neutral initialization (`fresh`),
+    `neutral ⊕ value` — which is `value` itself only for the accumulations that allow it, so
+    `=:-` gives `-x` pointwise as it gives `-sum(x)` reduced."""
+    if accum is ops.Binop.ARG2:
+        return value
+    if not fresh:
+        return ll.Binop(accum, ll.Get(lhs, idcs), value)
+    if accum in _NEUTRAL_IS_IDENTITY:
+        return value
+    if accum.neutral is None:
+        raise LoweringError(f"einjit: {debug}: accumulation {accum.name} has no neutral element "
+                            f"to initialize {lhs.debug_name()}")
+    return ll.Binop(accum, ll.Constant(accum.neutral), value)
 
 
 def _lower_fetch(tn: Tnode, fop: FetchOp) -> ll.LLStmt:
