@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import AxisIndex, Symbol, index_symbols
+from einjit.ir.mode_provenance import record_virtual
 from einjit.ir.tnode import NEVER_VIRTUAL, VIRTUAL, Tnode, hosted
 from einjit.ir.tracing import VirtualizeSettings
 from einjit.ir.virtualize import (HOSTED_FOR_HOST_ACCESS, INLINED, KEPT, NonVirtual, VirtualState, log_decision,
@@ -53,6 +54,7 @@ def _finalize_modes(code: ll.LLStmt, virtual: frozenset[Tnode], state: VirtualSt
                     settings: VirtualizeSettings) -> None:
     for tn in sorted(virtual, key=lambda t: t.id):
         tn.update_memory_mode(VIRTUAL, INLINED)
+        record_virtual(tn, state.name)
         n = state.inline_counts.get(tn, 0)
         what = f"computation inlined at {n} read{'s' if n > 1 else ''}" if n else "never read, computation dropped"
         log_decision(state.name, tn, f"is virtual: {what} (provenance 15)")

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from einjit import config
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import AxisIndex, FixedIdx, Iterator, Symbol, get_symbol, index_symbols, subst_index
+from einjit.ir.mode_provenance import describe_call, virtual_by
 from einjit.ir.tnode import MATERIALIZED, NEVER_VIRTUAL, MemoryModeError, Mode, Tnode
 from einjit.ir.tracing import RECURRENT, Trace, TracedArray, VirtualizeSettings
 
@@ -103,7 +104,23 @@ def refuse(tn: Tnode, err: NonVirtual, name: str = "") -> None:
     try:
         tn.update_memory_mode(NEVER_VIRTUAL, err.code)
     except MemoryModeError as e:
-        raise MemoryModeError(f"{e}; it cannot be virtual: {err}") from None
+        raise MemoryModeError(f"{e}; it cannot be virtual: {err}{_virtual_origin(tn, name)}") from None
+
+
+def _virtual_origin(tn: Tnode, name: str) -> str:
+    """Who made `tn` virtual, and what the user can call instead."""
+    routine, call = virtual_by(tn), describe_call(tn.provenance)
+    here = f"routine {name!r}" if name else "this routine"
+    fix = (f"; call materialize() (or hosted()) on tensor {tn.debug_name()} before compiling the first "
+           f"routine that uses it, so that it is stored")
+    if routine is not None:
+        return (f". Tensor {tn.debug_name()} was made virtual by routine {routine!r} (provenance "
+                f"{tn.provenance}: its computation was inlined there, so no array holds it), and {here} "
+                f"reads it{fix}")
+    if call is not None:
+        return (f". Tensor {tn.debug_name()} was made virtual by the call {call} (provenance "
+                f"{tn.provenance}), and {here} needs it stored; drop that call or call materialize()")
+    return ""
 
 
 def decide_from_trace(trace: Trace, settings: VirtualizeSettings, name: str = "") -> None:

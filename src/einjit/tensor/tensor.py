@@ -176,6 +176,39 @@ class Tensor:
             self.grad_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), 61)
         return self
 
+    def materialize(self, *, grad: bool = False) -> "Tensor":
+        """Store the value (or, with `grad`, the gradient) in an array on the device, so that
+        every routine can read it; the optimizer will not inline it away (seed 001: the modes
+        the user sets explicitly). Returns the tensor, for chaining."""
+        from einjit.ir import mode_provenance
+        from einjit.ir.tnode import MATERIALIZED
+        self._memory_node(grad).update_memory_mode(MATERIALIZED, mode_provenance.MATERIALIZE)
+        return self
+
+    def virtual(self, *, grad: bool = False) -> "Tensor":
+        """Never store the value (or gradient): its computation is inlined where it is read. A
+        routine that cannot inline it fails naming this call."""
+        from einjit.ir import mode_provenance
+        from einjit.ir.tnode import VIRTUAL
+        self._memory_node(grad).update_memory_mode(VIRTUAL, mode_provenance.VIRTUAL)
+        return self
+
+    def on_device(self, *, grad: bool = False) -> "Tensor":
+        """Store the value (or gradient) on the device only: routines share it, the host does
+        not see it."""
+        from einjit.ir import mode_provenance
+        from einjit.ir.tnode import ON_DEVICE
+        self._memory_node(grad).update_memory_mode(ON_DEVICE, mode_provenance.ON_DEVICE)
+        return self
+
+    def _memory_node(self, grad: bool) -> Tnode:
+        if not grad:
+            return self.value_tn
+        if self.grad_tn is None:
+            raise TensorError(f"einjit: tensor {self.label_str} is not differentiable: it has no gradient "
+                              f"whose memory mode could be set")
+        return self.grad_tn
+
     # -------------------------------------------------------------- subtree
 
     def subtree(self) -> list["Tensor"]:
