@@ -106,3 +106,37 @@ def test_errors_point_at_the_column(text, col, fragment):
 
 def test_parse_is_cached():
     assert syn.parse("a =: b") is syn.parse("a =: b")
+
+
+def test_grad_merge_is_one_reference():
+    assert one("q =+ p.grad.merge").rhs == syn.Ref("p", "grad.merge", 6)
+    assert one("g1 =+ t1.grad.merge").rhs.field == "grad.merge"
+
+
+def test_non_operator_binary_form_is_marked_intermediate():
+    st = one("p =+ lr *. p.grad")
+    assert st.rhs == syn.Apply(ops.Binop.MUL, (syn.Ref("lr", None, 6), syn.Ref("p", "grad", 12)), 9, True)
+    assert one("p =+ a +. b *. c").rhs.op is ops.Binop.ADD
+    # a number after '*' stays a number: `x*.5` is x times 0.5
+    st = one("y =: x*.5")
+    assert st.rhs == syn.Apply(ops.Binop.MUL, (syn.Ref("x", None, 6), syn.Num(0.5, None, 8)), 7)
+
+
+def test_array_literals_nest_output_input_and_batch_axes():
+    lit = one('"m" =: [(1, 2, 3); (4, -5, 6)]').rhs
+    assert lit == syn.Literal("output", (syn.Literal("input", (1.0, 2.0, 3.0), 9),
+                                         syn.Literal("input", (4.0, -5.0, 6.0), 20)), 8)
+    assert one("b =: [|[1, 2], [3, 4]|]").rhs.kind == "batch"
+    paren = one("y =: (a + 1) * 2").rhs
+    assert isinstance(paren, syn.Apply) and paren.op is ops.Binop.MUL
+
+
+@pytest.mark.parametrize("text,col,fragment", [
+    ("m =: [(1, 2); (3, 4, 5)]", 6, "ragged"),
+    ("m =: [1, a]", 10, "holds numbers or nested literals"),
+    ("m =: [1, 2", 11, "expected ']'"),
+])
+def test_array_literal_errors(text, col, fragment):
+    with pytest.raises(syn.CdSyntaxError) as err:
+        syn.parse(text)
+    assert f"column {col}:" in str(err.value) and fragment in str(err.value)

@@ -71,6 +71,48 @@ def test_initialize_neutral_means_the_same_pointwise_and_reduced(accum, pointwis
     np.testing.assert_allclose(code.r.value.numpy(), reduced(xv), rtol=1e-12)
 
 
+def test_array_literals_inside_cd_text():
+    v = const([1.0, 1.0])
+    code = ej.cd('"m" =:+ [(1, 2); (3, 4)] * v ~logic:"@"; "s" =: v * [10, 20]; "b" =: [|[1, 2], [3, 4]|] + 0.5',
+                 v=v)
+    run(code, code.m, code.s, code.b)
+    np.testing.assert_allclose(code.m.value.numpy(), [3.0, 7.0])
+    np.testing.assert_allclose(code.s.value.numpy(), [10.0, 20.0])
+    assert str(code.b.shape) == "2|2"
+    np.testing.assert_allclose(code.b.value.numpy(), [[1.5, 2.5], [3.5, 4.5]])
+
+
+def test_non_operator_product_makes_an_intermediate_tensor():
+    """Seed 004: `p =+ lr *. p.grad` adds an intermediate product (Accum_unop, Identity); the
+    same values as `p =+ lr * p.grad`."""
+    p, lr, g = const([1.0, 2.0]), const([0.5]), const([4.0, 6.0])
+    code = ej.cd("p =+ lr *. g", p=p, lr=lr, g=g)
+    last = list(asg.flatten(code.asgns))[-1]
+    assert isinstance(last, asg.AccumUnop) and last.op is ej.ops.Unop.IDENTITY and last.accum is ej.ops.Binop.ADD
+    direct = ej.cd("p =+ lr * g", p=p, lr=lr, g=g)
+    assert isinstance(list(asg.flatten(direct.asgns))[-1], asg.AccumBinop)
+    x = ej.param("x", values=[1.0, 2.0])
+    code = ej.cd("x =+ lr *. g", x=x, lr=lr, g=g)
+    train.init_params(x)
+    train.to_routine(code)()
+    np.testing.assert_allclose(x.value.numpy(), [3.0, 5.0])
+
+
+def test_grad_merge_reads_the_merge_buffer_of_the_gradient():
+    p, q = ej.param("p", values=[1.0, 2.0]), ej.param("q", values=[0.0, 0.0])
+    code = ej.cd("q =+ p.grad.merge", p=p, q=q)
+    (a,) = list(asg.flatten(code.asgns))
+    assert a.rhs == asg.MergeBuffer(p.grad_tn)
+
+
+def test_inline_declaration_takes_its_label_from_the_right_hand_side():
+    x = const([1.0, 2.0], label="x")
+    code = ej.cd('"s" =:+ x ~logic:"i=>0"; "t" =: 2.0 * s', x=x)
+    assert code.s.label_str == "s.x" and code.t.label_str == "t.s.x"
+    run(code, code.t)
+    np.testing.assert_allclose(code.t.value.numpy(), [6.0])
+
+
 def test_transpose_logic_and_einsum_specs():
     a = const([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], input_axes=1)
     b = const([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])

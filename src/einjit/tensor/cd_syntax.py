@@ -7,8 +7,16 @@
     ASGN   := '=' [':'] [accum]     accum one of + - * / ** ?/ ^^ vv && ||   ('=:' alone assigns)
     expr   := the usual precedence over  || && (< == <>) (+ -) (* / % -?/ -?^) (**) unary-minus
     atom   := ref | NUMBER | LABEL-PREFIXED NUMBER ("'q' 2.0") | NAME '(' expr, ... ')' | '(' expr ')'
-    ref    := NAME ('.' ('grad' | 'value' | 'merge'))?
+            | literal
+    literal:= '[' elems ']' | '(' elems ')' | '[|' elems '|]'    output, input, batch axis
+    elems  := elem ((',' | ';') elem)*    elem := ['-'] NUMBER | literal    (a tuple needs 2+)
+    ref    := NAME ('.' ('grad' | 'value' | 'merge'))?  |  NAME '.grad.merge'
     option := '~logic:' STRING | '~projections:' NAME
+
+`*.`, `/.`, `+.` and `-.` are the seed's non-operator binary form (`p =+ lr *. p.grad`): the
+product (sum, ...) becomes an intermediate tensor, and the assignment copies it (`Accum_unop`
+with `Identity`). N-d array literals share `%op`'s syntax: a list level is an output axis, a
+tuple level an input axis, an array level (`[| |]`) a batch axis.
 
 The outermost operator of the right-hand side decides the assignment's kind (binary, unary,
 ternary); any deeper sub-expression becomes a new non-differentiable tensor, as in the seed.
@@ -44,6 +52,10 @@ _INFIX_LEVELS: list[dict[str, ops.Binop]] = [
 ]
 _POW = "**"
 
+#: The non-operator binary forms, by infix level (the level of the operator they spell).
+_INTERMEDIATE = {"+.": ops.Binop.ADD, "-.": ops.Binop.SUB, "*.": ops.Binop.MUL, "/.": ops.Binop.DIV}
+_LITERAL_CLOSE = {"[": ("]", "output"), "(": (")", "input"), "[|": ("|]", "batch")}
+
 FUNCTIONS: dict[str, ops.Unop | ops.Binop | ops.Ternop] = {
     **{u.symbol: u for u in ops.Unop},
     **{b.symbol: b for b in ops.Binop},
@@ -75,14 +87,26 @@ class Num:
 
 @dataclass(frozen=True, slots=True)
 class Apply:
-    """An operation applied to arguments: infix, prefix minus, or a function call."""
+    """An operation applied to arguments: infix, prefix minus, or a function call.
+    `intermediate`: the non-operator form (`*.`), always computed into a tensor of its own."""
 
     op: ops.Unop | ops.Binop | ops.Ternop
     args: tuple["Expr", ...]
     col: int
+    intermediate: bool = False
 
 
-Expr = Ref | Num | Apply
+@dataclass(frozen=True, slots=True)
+class Literal:
+    """An N-d array literal: `kind` ("output", "input" or "batch") is its outermost axis;
+    `items` are numbers or literals of the next axis, all of one shape."""
+
+    kind: str
+    items: tuple
+    col: int
+
+
+Expr = Ref | Num | Apply | Literal
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +133,7 @@ _TOKEN = re.compile(r"""
   | (?P<string>"[^"]*"|'[^']*')
   | (?P<number>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
   | (?P<name>[A-Za-z_][A-Za-z_0-9]*)
-  | (?P<op>~~|~logic:|~projections:|-\?/|-\?\^|\*\*|==|<>|&&|\|\||\?/|\^\^|[-+*/%<=:;(),.])
+  | (?P<op>~~|~logic:|~projections:|-\?/|-\?\^|\*\*|[-+*/]\.(?!\d)|\[\||\|\]|==|<>|&&|\|\||\?/|\^\^|[-+*/%<=:;(),.\[\]])
 """, re.VERBOSE)
 
 
@@ -237,11 +261,18 @@ class _Parser:
         if level == len(_INFIX_LEVELS):
             return self.power()
         left = self.expr(level + 1)
-        while self.tok.kind == "op" and self.tok.text in _INFIX_LEVELS[level]:
+        while self.tok.kind == "op" and (self.tok.text in _INFIX_LEVELS[level] or self._intermediate_at(level)):
             tok = self.take()
             right = self.expr(level + 1)
-            left = Apply(_INFIX_LEVELS[level][tok.text], (left, right), tok.col)
+            if tok.text in _INTERMEDIATE:
+                left = Apply(_INTERMEDIATE[tok.text], (left, right), tok.col, intermediate=True)
+            else:
+                left = Apply(_INFIX_LEVELS[level][tok.text], (left, right), tok.col)
         return left
+
+    def _intermediate_at(self, level: int) -> bool:
+        op = _INTERMEDIATE.get(self.tok.text)
+        return op is not None and op.infix in _INFIX_LEVELS[level]
 
     def power(self) -> Expr:
         base = self.unary()
@@ -261,7 +292,11 @@ class _Parser:
 
     def atom(self) -> Expr:
         tok = self.tok
+        if self.at("[") or self.at("[|"):
+            return self.literal()
         if self.at("("):
+            if self._tuple_ahead():
+                return self.literal()
             self.take()
             inner = self.expr(0)
             self.expect(")")
@@ -279,6 +314,52 @@ class _Parser:
                 return self.call()
             return self.ref()
         raise self.error(tok, f"expected a tensor, a number or '(', found {tok.text or 'end of text'!r}")
+
+    def _tuple_ahead(self) -> bool:
+        """Whether the parenthesis opens a tuple literal: a separator at its own depth."""
+        depth = 0
+        for t in self.toks[self.i:]:
+            if t.kind == "op" and t.text in ("(", "[", "[|"):
+                depth += 1
+            elif t.kind == "op" and t.text in (")", "]", "|]"):
+                depth -= 1
+                if depth == 0:
+                    return False
+            elif depth == 1 and t.kind == "op" and t.text in (",", ";"):
+                return True
+            elif t.kind == "end":
+                return False
+        return False
+
+    def literal(self) -> Literal:
+        open_ = self.take()
+        close, kind = _LITERAL_CLOSE[open_.text]
+        items = [self.literal_elem()]
+        while self.at(",") or self.at(";"):
+            self.take()
+            if self.at(close):
+                break
+            items.append(self.literal_elem())
+        self.expect(close)
+        if kind == "input" and len(items) < 2:
+            raise self.error(open_, "a tuple literal (an input axis) needs at least two elements")
+        first = items[0]
+        for item in items[1:]:
+            if _literal_shape(item) != _literal_shape(first):
+                raise self.error(open_, "an array literal is ragged: every element of a level must have the "
+                                        "same axes and sizes")
+        return Literal(kind, tuple(items), open_.col)
+
+    def literal_elem(self) -> "float | Literal":
+        if self.at("[") or self.at("[|") or self.at("("):
+            return self.literal()
+        sign = -1.0 if self.at("-") else 1.0
+        if sign < 0:
+            self.take()
+        if self.tok.kind != "number":
+            raise self.error(self.tok, f"an array literal holds numbers or nested literals, found "
+                                       f"{self.tok.text or 'end of text'!r}")
+        return sign * float(self.take().text)
 
     def call(self) -> Expr:
         tok = self.take()
@@ -303,7 +384,17 @@ class _Parser:
             if f.kind != "name" or f.text not in ("grad", "value", "merge"):
                 raise self.error(f, f"after '.', expected grad, value or merge, found {f.text!r}")
             field = self.take().text
+            if field == "grad" and self.at(".") and self.toks[self.i + 1].text == "merge":
+                self.take()
+                self.take()
+                field = "grad.merge"
         return Ref(tok.text, field, tok.col)
+
+
+def _literal_shape(item: "float | Literal") -> tuple:
+    if isinstance(item, Literal):
+        return ((item.kind, len(item.items)), *_literal_shape(item.items[0]))
+    return ()
 
 
 @functools.lru_cache(maxsize=1024)

@@ -176,12 +176,12 @@ class _Scope:
             key = name
             if name.startswith("v"):
                 key = "t" + name[1:]
-            if fld == "grad":
+            if fld in ("grad", "grad.merge"):
                 if not name.startswith("t"):
                     raise self.error(ref.col, f"{name}.grad: only value slots (t, t1, ...) have gradients")
                 key = "g" + name[1:]
             op = self.slots.get(key)
-            if op is not None and fld == "merge":
+            if op is not None and fld in ("merge", "grad.merge"):
                 op = Operand(op.tn, op.shape, op.slot, merge=True)
             return op
         if name in self.decls:
@@ -192,7 +192,7 @@ class _Scope:
         if isinstance(val, Tensor):
             return self.tensor_operand(val, fld, ref)
         if isinstance(val, NodeView):
-            if fld == "grad":
+            if fld in ("grad", "grad.merge"):
                 raise self.error(ref.col, f"{name} is already a node; .grad applies to tensors")
             return Operand(val.tn, val.shape, None, merge=(fld == "merge"))
         if isinstance(val, (int, float)) and fld is None:
@@ -202,15 +202,22 @@ class _Scope:
     def tensor_operand(self, t: Tensor, fld: str | None, ref: syn.Ref) -> Operand | None:
         if is_forward_root(t):
             self.pre.append(consume_forward_code(t))
-        if fld == "grad":
+        if fld in ("grad", "grad.merge"):
             if t.grad_tn is None:
                 raise self.error(ref.col, f"tensor {t.label_str} ({ref.name}) is not differentiable: it has no .grad")
-            return Operand(t.grad_tn, t.shape, None)
+            return Operand(t.grad_tn, t.shape, None, merge=(fld == "grad.merge"))
         return Operand(t.value_tn, t.shape, None, merge=(fld == "merge"))
 
     def number(self, value: float, label: str | None) -> Operand:
         from einjit.tensor.operation import number
         t = number(value, label=label, grad_spec=GradSpec.PROHIBIT_GRAD)
+        self.pre.append(consume_forward_code(t))
+        return Operand(t.value_tn, t.shape, NUMBER_SLOT if self.projections is not None else None)
+
+    def literal(self, lit: syn.Literal) -> Operand:
+        """An N-d array literal: a constant tensor, as `%op`'s (shared syntax, seed 004)."""
+        from einjit.tensor.operation import ndarray
+        t = ndarray(_literal_values(lit), label="literal")
         self.pre.append(consume_forward_code(t))
         return Operand(t.value_tn, t.shape, NUMBER_SLOT if self.projections is not None else None)
 
@@ -220,6 +227,8 @@ class _Scope:
                 return self.resolve(e)
             case syn.Num(value, label, _):
                 return self.number(value, label)
+            case syn.Literal():
+                return self.literal(e)
             case syn.Apply(op, args, col):
                 operands = [self.operand(a) for a in args]
                 if any(o is None for o in operands):
@@ -249,12 +258,14 @@ class _Scope:
             raise self.error(st.lhs.col, "cannot assign to a merge buffer")
         if isinstance(st.rhs, syn.Num) and st.accum is ops.Binop.ARG2 and st.logic is None:
             return asg.Fetch(lhs.tn, asg.FetchConstant(st.rhs.value))
-        if isinstance(st.rhs, syn.Apply):
+        if isinstance(st.rhs, syn.Apply) and not st.rhs.intermediate:
             op, args = st.rhs.op, [self.operand(a) for a in st.rhs.args]
         else:
             op, args = ops.Unop.IDENTITY, [self.operand(st.rhs)]
         if any(a is None for a in args):
             return asg.Noop()
+        if isinstance(st.lhs, syn.Decl):
+            self.label_from_rhs(self.decls[st.lhs.name], st.rhs)
         proj = self.projections_for(st, lhs, args, where)
         bufs = [a.buffer() for a in args]
         match op:
@@ -293,6 +304,19 @@ class _Scope:
         self.decls[decl.name] = t
         return Operand(t.value_tn, shape, None)
 
+    def label_from_rhs(self, t: Tensor, rhs: syn.Expr) -> None:
+        """Seed 004: a declared tensor's label starts with its name; the first tensor named on
+        the right-hand side gives it further label information (`"s" =:+ x` is labelled `s.x`)."""
+        for ref in _refs(rhs):
+            source = self.decls.get(ref.name) if ref.name in self.decls else self.env.get(ref.name)
+            if isinstance(source, NodeView):
+                source = source.tensor
+            if isinstance(source, Tensor) and source is not t:
+                t.label = t.label[:1] + list(source.label)
+                t.value_tn.label = list(t.label)
+                t.shape.debug_name = ".".join(t.label)
+                return
+
     def items(self, items: tuple[syn.Item, ...]) -> asg.Asgns:
         out: list[asg.Asgns] = []
         for it in items:
@@ -305,6 +329,29 @@ class _Scope:
                     self.pre = []
                     out.append(a)
         return asg.sequence(*out)
+
+
+def _refs(e: syn.Expr) -> list[syn.Ref]:
+    """The tensor references of an expression, left to right."""
+    match e:
+        case syn.Ref():
+            return [e]
+        case syn.Apply(_, args, _, _):
+            return [r for a in args for r in _refs(a)]
+    return []
+
+
+def _literal_values(lit: syn.Literal):
+    """The nested Python sequences `ndarray` reads: a list level is an output axis, a tuple
+    level an input axis, a `Batch` level a batch axis."""
+    from einjit.tensor.operation import Batch
+    items = [_literal_values(i) if isinstance(i, syn.Literal) else i for i in lit.items]
+    match lit.kind:
+        case "input":
+            return tuple(items)
+        case "batch":
+            return Batch(items)
+    return items
 
 
 class Template:
