@@ -28,6 +28,7 @@ from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, StaticSymbol, SubAxis, Symbol, index_symbols
+from einjit.ir.precision import combine_prec
 from einjit.ir.tnode import Tnode
 
 _INT_MAX = 2**31 - 1
@@ -467,7 +468,11 @@ class _Writer:
         return text if have is want else f"({self.syn.type_name(want)}){text}"
 
     def scalar(self, sc: ll.LLScalar, prec: ops.Prec, pre: list[str], indent: str) -> str:
-        """C text of `sc` computed in `prec`; local scopes are hoisted into `pre`."""
+        """C text of `sc` computed in `prec`; local scopes are hoisted into `pre`. An operation
+        on wider arguments is computed in their precision and converted once (`combine_prec`)."""
+        wide = combine_prec(prec, sc)
+        if wide is not prec:
+            return self.cast(self.scalar(sc, wide, pre, indent), wide, prec)
         match sc:
             case ll.Constant(v):
                 return constant_literal(v, prec, self.syn)

@@ -17,6 +17,7 @@ from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, SubAxis, Symbol
+from einjit.ir.precision import combine_prec
 from einjit.ir.tnode import Tnode
 
 
@@ -101,6 +102,9 @@ class _Machine:
 
     def eval(self, sc: ll.LLScalar, prec: ops.Prec):
         dt = prec.dtype.type
+        wide = combine_prec(prec, sc)
+        if wide is not prec:
+            return dt(self.eval(sc, wide))
         match sc:
             case ll.Constant(v):
                 return dt(v)

@@ -22,7 +22,7 @@ void mixed(double *restrict r_1, _Float16 *restrict q_1, int *restrict n_1) {
     }
   }
   for (int i2 = 0; i2 < 5; ++i2) {
-    q_1[i2] = ((_Float16)expf(((_Float16)((_Float16)r_1[6] * ((_Float16)0.25)))));
+    q_1[i2] = (_Float16)exp((r_1[6] * 0.25));
   }
   for (int i2 = 0; i2 < 5; ++i2) {
     {
