@@ -113,6 +113,25 @@ def test_inline_declaration_takes_its_label_from_the_right_hand_side():
     np.testing.assert_allclose(code.t.value.numpy(), [6.0])
 
 
+def test_zero_fills_lower_to_zero_out():
+    """As in OCANNL, `x := 0` (the gradients' zeroing) lowers to the node's `Zero_out`; other
+    constants stay a fill loop. Running the step twice gives the same gradient."""
+    from einjit.ir import low_level as ll
+    w = ej.param("w", values=[1.0, -2.0, 3.0])
+    loss = ej.sum(w * w, "i, => ")
+    code = train.grad_update(loss)
+    stmts = list(ll.block_statements(asg.to_low_level(code)))
+    zeroed = {s.tn for s in stmts if isinstance(s, ll.ZeroOut)}
+    assert w.grad_tn in zeroed and loss.grad_tn in zeroed
+    fill = asg.to_low_level(ej.cd("w =: 7.0", w=w).asgns)
+    assert not [s for s in ll.block_statements(fill) if isinstance(s, ll.ZeroOut)]
+    train.init_params(loss)
+    routine = train.to_routine(code, name="zero_out")
+    routine()
+    routine()
+    np.testing.assert_array_equal(w.grad.numpy(), [2.0, -4.0, 6.0])
+
+
 def test_transpose_logic_and_einsum_specs():
     a = const([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], input_axes=1)
     b = const([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])

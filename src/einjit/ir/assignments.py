@@ -7,6 +7,7 @@ compiled; an assignment can be built long before its loops are known.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Generic, TypeVar
 
@@ -492,6 +493,8 @@ def _lower_fetch(tn: Tnode, fop: FetchOp) -> ll.LLStmt:
     match fop:
         case FetchConstant():
             v = fop.number()
+            if v == 0.0 and math.copysign(1.0, v) > 0:
+                return ll.ZeroOut(tn)  # as in OCANNL: a zero fill is the node's Zero_out
             return _fill(tn, ll.Constant(v), f"{tn.name} := {v!r}")
         case RangeOverOffsets():
             strides = _strides(dims)
