@@ -6,7 +6,7 @@ import pytest
 
 from atl_notebook import PROGRAMS, Rn, Rnn, args_of, func, i, j, n, x
 from einjit.atl import (
-    B, Const, Eq, Func, Gen, Idx, Let, Ne, Pair, Proj, R, Rel, Sum, TPair, TTensor, Var,
+    B, Const, Eq, Func, Gen, Idx, Let, Ne, Pair, Proj, R, Rel, Sum, TCError, TPair, TTensor, Var,
 )
 from einjit.atl.gens import gen_normalize
 from einjit.atl.interpret import interpret
@@ -53,10 +53,15 @@ def test_guarded_out_of_range_reads_are_never_evaluated():
     assert f.interpret([1.0, 2.0, 4.0]) == [2.0, 5.0, 2.0]
 
 
-def test_unguarded_out_of_range_reads_raise_instead_of_wrapping():
-    f = Func([("x", Rn)], Gen(i, n, x[Idx(i) - 1]))
-    with pytest.raises(IndexError, match=r"index i-1 = -1 is outside \[0, 3\)"):
-        f.interpret([1.0, 2.0, 4.0])
+def test_unguarded_out_of_range_reads_are_refused_at_typecheck():
+    """Issue 14: bounds are static in ATL; `x[i-1]`, `x[i+1]` and `x[2*i]` over the whole extent
+    are refused naming the access, where the interpreter, Halide and einjit used to disagree."""
+    for index, span in ((Idx(i) - 1, "[-1, 1]"), (Idx(i) + 1, "[1, 3]"), (2 * Idx(i), "[0, 4]")):
+        with pytest.raises(TCError, match=rf"index .* ranges over \{span[:-1]}\], outside the extent 3 .*"
+                                          rf"with no guard: x\["):
+            Func([("x", Rn)], Gen(i, n, x[index]))
+    guarded = Func([("x", Rn)], Gen(i, n, (Idx(i) - 1 >= 0) * x[Idx(i) - 1]))
+    assert guarded.interpret([1.0, 2.0, 4.0]) == [0.0, 1.0, 2.0]
 
 
 def test_literal_and_strided_indices():

@@ -99,9 +99,55 @@ def _fresh(name: Name) -> Sym:
     return name.copy() if isinstance(name, Sym) else Sym(name)
 
 
+def _index_span(ix: Index, ranges: Mapping[Sym, int]) -> tuple[int, int] | None:
+    """The least and greatest values an affine index takes over its binders' ranges."""
+    match ix:
+        case IVar(sym):
+            rng = ranges.get(sym)
+            return None if rng is None else (0, rng - 1)
+        case IConst(val):
+            return val, val
+        case IAdd(lhs, rhs):
+            a, b = _index_span(lhs, ranges), _index_span(rhs, ranges)
+            return None if a is None or b is None else (a[0] + b[0], a[1] + b[1])
+        case IMul(coeff, arg):
+            a = _index_span(arg, ranges)
+            return None if a is None else (min(coeff * a[0], coeff * a[1]), max(coeff * a[0], coeff * a[1]))
+    return None
+
+
+def _index_vars(ix: Index) -> set:
+    match ix:
+        case IVar(sym):
+            return {sym}
+        case IAdd(lhs, rhs):
+            return _index_vars(lhs) | _index_vars(rhs)
+        case IMul(_, arg):
+            return _index_vars(arg)
+    return set()
+
+
+def _guarded_vars(p: Pred) -> set:
+    """The index variables a predicate bounds: those of its comparisons and relation tests."""
+    match p:
+        case Eq(lhs, rhs) | Ne(lhs, rhs) | Lt(lhs, rhs) | Le(lhs, rhs):
+            return _index_vars(lhs) | _index_vars(rhs)
+        case Rel(_, args):
+            return set().union(*(_index_vars(a) for a in args))
+        case And(lhs, rhs) | Or(lhs, rhs):
+            return _guarded_vars(lhs) | _guarded_vars(rhs)
+        case Not(arg):
+            return _guarded_vars(arg)
+    return set()
+
+
 class _Checker:
     def __init__(self) -> None:
         self.errors: list[str] = []
+        #: The range of every index variable bound so far (symbols are unique).
+        self.ranges: dict[Sym, int] = {}
+        #: The index variables bounded by the predicates of the enclosing indicators.
+        self.guarded: list[set] = []
 
     def err(self, msg: str) -> None:
         self.errors.append(msg)
@@ -161,6 +207,21 @@ class _Checker:
                      f"{extent}: {where}")
             return tix, False
         return tix, True
+
+    def stays_inside(self, tix: Index, extent: int, where) -> bool:
+        """An affine index that can leave its tensor must sit under a guard on one of its
+        variables: bounds are static in ATL, so an unguarded one is refused here rather than
+        read past the end (the interpreter, Halide and einjit would disagree on it)."""
+        if isinstance(tix, (IVar, IConst)):
+            return True
+        span = _index_span(tix, self.ranges)
+        if span is None or (span[0] >= 0 and span[1] < extent):
+            return True
+        if _index_vars(tix) & set().union(*self.guarded):
+            return True
+        self.err(f"index {tix} ranges over [{span[0]}, {span[1]}], outside the extent {extent} of the "
+                 f"tensor it reads, with no guard: {where}; guard it, e.g. ({tix} < {extent}) * ...")
+        return False
 
     # --------------------------------------------------------------- predicates
     def pred(self, env: Mapping, p: Pred) -> Pred:
@@ -250,12 +311,15 @@ class _Checker:
                     tix = self.index(env, idx)[0]
                 else:
                     tix, ok = self.index_into(env, idx, b.typ.range, node)
+                    ok = ok and self.stays_inside(tix, b.typ.range, node)
                     if ok:
                         typ = b.typ.typ
                 return Access(b, tix, typ)
             case Indicate(pred, body):
                 p = self.pred(env, pred)
+                self.guarded.append(_guarded_vars(p))
                 b = self.check(env, body)
+                self.guarded.pop()
                 return Indicate(p, b, b.typ)
             case Let(name, rhs, body):
                 r = self.check(env, rhs)
@@ -270,6 +334,8 @@ class _Checker:
         good_range = isinstance(rng, int) and not isinstance(rng, bool) and rng > 0
         if not good_range:
             self.err(f"range of '{i}' must be a positive integer, got {rng!r}")
+        else:
+            self.ranges[sym] = rng
         b = self.check({**env, i: _IndexBinding(sym, rng if good_range else 0)}, body)
         if isinstance(node, Sum):
             typ = b.typ
