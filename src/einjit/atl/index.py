@@ -86,7 +86,12 @@ def subst_index(ix: Index, sub: Mapping[Name, Index]) -> Index:
                 out[w] = out.get(w, 0) + c * k
         else:
             out[v] = out.get(v, 0) + c
-    return from_affine(out, const)
+    result = from_affine(out, const)
+    if isinstance(result, IVar):
+        # `t+0` stays affine: as a plain variable it would claim `t`'s range for the whole
+        # axis, and a prefix read (`y[t+0]`, t over fewer cells than y has) would no longer typecheck.
+        return IAdd(result, IConst(0))
+    return result
 
 
 def interval(ix: Index, ranges: Mapping[Name, int]) -> tuple[int, int] | None:

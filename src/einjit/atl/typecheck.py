@@ -58,7 +58,7 @@ class _ValueBinding:
 @dataclass(frozen=True, slots=True)
 class _IndexBinding:
     sym: Sym
-    range: int
+    range: int | None
 
 
 def type_has_bools(t: Type) -> bool:
@@ -336,7 +336,8 @@ class _Checker:
             self.err(f"range of '{i}' must be a positive integer, got {rng!r}")
         else:
             self.ranges[sym] = rng
-        b = self.check({**env, i: _IndexBinding(sym, rng if good_range else 0)}, body)
+        # A bad range is reported once: its variable then checks against any extent.
+        b = self.check({**env, i: _IndexBinding(sym, rng if good_range else None)}, body)
         if isinstance(node, Sum):
             typ = b.typ
             if typ not in (R, TERR):
