@@ -139,7 +139,11 @@ def matmul(a: Like, b: Like, *, label=None) -> Tensor:
 
 
 def einsum(spec: str, a: Like, b: Like | None = None, *, label=None) -> Tensor:
-    """Generalized einsum: `"rhs1;rhs2=>lhs"` for two tensors, `"rhs=>lhs"` for one."""
+    """Generalized einsum: `"rhs1;rhs2=>lhs"` for two tensors, `"rhs=>lhs"` for one.
+
+    Convolution axes are affine (`stride*o+dilation*k`); a negative constant is padding, zeros
+    read past both ends: `"2*o+k-1, c; k, c -> f => o, f"` is a stride-2, padding-1 convolution
+    with `(n + 2 - 3) // 2 + 1` outputs for a kernel of 3 (the full notation: `einjit.shape.einsum`)."""
     if b is None:
         fwd, bwd = _PERMUTE
         return make_op("einsum", [as_tensor(a)], logic=spec, forward=fwd, backprop=bwd, label=label)
