@@ -365,8 +365,8 @@ def _bounded_loops(bounds: list[tuple[Symbol, int, int]], body: ll.LLStmt) -> ll
     return body
 
 
-#: The most copies of a loop nest that writing through padding may peel off (a 3x3x3 kernel).
-MAX_PEELED = 27
+#: The most copies of a loop nest that writing through padding may peel off (an 8x8 kernel).
+MAX_PEELED = 64
 
 
 def _peeled_nests(lhs: Tnode, lhs_idcs: tuple[AxisIndex, ...], ranges: Ranges, debug: str
