@@ -235,7 +235,8 @@ class Env:
     def copy(self) -> Env:
         """A copy to solve on speculatively; its `touched` starts empty."""
         env = Env()
-        env.dims, env.rows, env.labels, env.hints = dict(self.dims), dict(self.rows), dict(self.labels), dict(self.hints)
+        env.dims, env.rows, env.labels = dict(self.dims), dict(self.rows), dict(self.labels)
+        env.hints = dict(self.hints)
         env.row_homes, env.pending, env.newly_solved = dict(self.row_homes), list(self.pending), set(self.newly_solved)
         return env
 
