@@ -84,3 +84,19 @@ def test_narrow_results_of_double_arguments(prec, build, ref):
     interpreted, compiled = both(c, [a, b])
     np.testing.assert_array_equal(interpreted, compiled)
     np.testing.assert_array_equal(compiled, ref(av, bv).astype(prec.dtype))
+
+
+@pytest.mark.parametrize("prec", [ops.half, ops.single])
+def test_inlined_narrow_intermediates_keep_their_rounding(prec):
+    """The optimized C inlines `exp(a)` (stored in `prec` without optimization): it must round
+    where the stored node would, so that C and the unoptimized interpreter agree bit for bit."""
+    rng = np.random.default_rng(5)
+    av, bv = rng.standard_normal(16), rng.standard_normal(16)
+    a, b = ej.ndarray(av, label="a", prec=ops.double), ej.ndarray(bv, label="b", prec=ops.double)
+    with ej.default_precision(prec):
+        c = ej.exp(a) * b - a
+    interpreted, compiled = both(c, [a, b])
+    np.testing.assert_array_equal(interpreted, compiled)
+    e = np.exp(av).astype(prec.dtype).astype(np.float64)
+    want = ((e * bv).astype(prec.dtype).astype(np.float64) - av).astype(prec.dtype)
+    np.testing.assert_array_equal(compiled, want)

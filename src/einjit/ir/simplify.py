@@ -37,6 +37,7 @@ import numpy as np
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, SubAxis, Symbol
+from einjit.ir.precision import combine_prec
 from einjit.ir.tnode import Tnode
 
 MAX_UNROLLED_POWER = 4
@@ -87,6 +88,9 @@ def simplify_scalar(sc: ll.LLScalar, prec: ops.Prec, tn: Tnode | None = None, ra
 
 
 def _scalar(sc: ll.LLScalar, cx: _Ctx) -> ll.LLScalar:
+    wide = combine_prec(cx.prec, sc)
+    if wide is not cx.prec:  # computed in its wider arguments' precision; no narrower local here
+        cx = _Ctx(wide, None, cx.ranges)
     match sc:
         case ll.EmbedIndex(FixedIdx(i)) | ll.EmbedIndex(Affine((), i)):
             return ll.Constant(float(i))
@@ -344,7 +348,7 @@ def _local_scope(sid: ll.ScopeId, body: ll.LLStmt, orig, cx: _Ctx) -> ll.LLScala
         value = _scalar(_substitute(s.value, sid, value), inner) if uses else s.value
         consumed += 1
     rest = stmts[consumed:]
-    if not rest and sid.tn.prec == cx.prec:
-        return value
+    if not rest and sid.tn.prec == cx.prec and combine_prec(cx.prec, value) is cx.prec:
+        return value  # no rounding boundary is lost: the value computes in the local's precision
     head = [] if _is_positive_zero(value) else [ll.SetLocal(sid, value)]
     return ll.LocalScope(sid, ll.seq(*head, *rest), orig)
