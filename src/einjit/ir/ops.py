@@ -51,6 +51,12 @@ def _np_where(c, a, b):
     return np.where(c != 0, a, b)
 
 
+def _np_erf(x):
+    """NumPy has no erf; the interpreter is the oracle, not a hot path, so `math.erf` per cell."""
+    arr = np.asarray(x)
+    return np.vectorize(math.erf, otypes=[arr.dtype if arr.dtype.kind == "f" else np.float64])(arr)
+
+
 class _OpFace:
     """What every operation enum shares: its value starts with (C template, NumPy function)."""
 
@@ -88,6 +94,9 @@ class Unop(_OpFace, enum.Enum):
     NEG = ("(-{0})", np.negative)
     TANH = ("tanh{f}({0})", np.tanh)
     NOT = ("({0} == 0 ? 1 : 0)", lambda x: (x == 0).astype(np.asarray(x).dtype))
+    ABS = ("fabs{f}({0})", np.abs)
+    ERF = ("erf{f}({0})", lambda x: _np_erf(x))
+    LOG1P = ("log1p{f}({0})", np.log1p)
 
 
 class Binop(_OpFace, enum.Enum):
@@ -130,6 +139,7 @@ class Ternop(_OpFace, enum.Enum):
 
     WHERE = ("({0} != 0 ? {1} : {2})", _np_where)
     FMA = ("fma{f}({0}, {1}, {2})", lambda a, b, c: a * b + c)
+    EQ_GATE = ("({0} == {1} ? {2} : 0)", lambda a, b, c: np.where(np.equal(a, b), c, 0))
 
 
 class VecUnop(enum.Enum):
