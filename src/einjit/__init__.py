@@ -13,8 +13,8 @@ from __future__ import annotations
 import importlib
 
 _OPERATIONS = ("Batch", "add", "batch_slice", "binop", "cos", "div", "einsum", "embed_symbol", "exp", "log",
-               "matmul", "maximum", "mean", "minimum", "mul", "ndarray", "neg", "number", "param", "pow", "recip",
-               "relu", "sigmoid", "sin", "sqrt", "sub", "sum", "tanh", "transpose", "unop", "where")
+               "matmul", "maximum", "minimum", "mul", "ndarray", "neg", "number", "param", "pow", "recip",
+               "relu", "sigmoid", "sin", "sqrt", "sub", "tanh", "transpose", "unop", "where")
 _REDUCTIONS = ("amax", "amin", "log_softmax", "logsumexp", "max", "mean", "min", "softmax", "sum")
 _ACTIVATIONS = ("abs", "clip", "gelu", "leaky_relu", "softplus")
 _PUBLIC: dict[str, tuple[str, str]] = {
@@ -22,6 +22,8 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     **{name: ("einjit.tensor.reductions", name) for name in _REDUCTIONS},
     **{name: ("einjit.tensor.activations", name) for name in _ACTIVATIONS},
     "range": ("einjit.tensor.operation", "range_"),
+    "uniform": ("einjit.tensor.random", "uniform"),
+    "normal": ("einjit.tensor.random", "normal"),
     "cd": ("einjit.tensor.notation", "cd"),
     "op": ("einjit.tensor.op_scope", "op"),
     "Code": ("einjit.tensor.notation", "Code"),
