@@ -16,7 +16,7 @@ _OPERATIONS = ("Batch", "add", "batch_slice", "binop", "cos", "div", "einsum", "
                "matmul", "maximum", "minimum", "mul", "ndarray", "neg", "number", "param", "pow", "recip",
                "relu", "sigmoid", "sin", "sqrt", "sub", "tanh", "transpose", "unop", "where")
 _REDUCTIONS = ("amax", "amin", "log_softmax", "logsumexp", "max", "mean", "min", "softmax", "sum")
-_ACTIVATIONS = ("abs", "clip", "gelu", "leaky_relu", "softplus")
+_ACTIVATIONS = ("abs", "clip", "gelu", "leaky_relu", "rsqrt", "softplus")
 _PUBLIC: dict[str, tuple[str, str]] = {
     **{name: ("einjit.tensor.operation", name) for name in _OPERATIONS},
     **{name: ("einjit.tensor.reductions", name) for name in _REDUCTIONS},

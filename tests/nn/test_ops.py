@@ -7,13 +7,12 @@ import math
 
 import numpy as np
 import pytest
+from nn_gradcheck import check_gradients, weighted_loss
 
 import einjit as ej
 from einjit import train
 from einjit.tensor import activations as act
 from einjit.tensor import reductions as red
-
-from nn_gradcheck import check_gradients, weighted_loss
 
 _erf = np.vectorize(math.erf)
 
@@ -42,6 +41,7 @@ FORWARD = {
     "leaky_relu": (lambda x: act.leaky_relu(x, 0.1), lambda v: np.where(v < 0, 0.1 * v, v)),
     "clip": (lambda x: act.clip(x, -0.5, 0.75), lambda v: np.clip(v, -0.5, 0.75)),
     "abs": (act.abs, np.abs),
+    "rsqrt": (lambda x: act.rsqrt(act.abs(x) + 0.1), lambda v: 1 / np.sqrt(np.abs(v) + 0.1)),
 }
 
 

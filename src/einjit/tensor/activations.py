@@ -32,7 +32,7 @@ def _unary(name: str, x: Like, label) -> Tensor:
     return make_op(name, [as_tensor(x)], logic=None, forward=fwd, backprop=bwd, label=label)
 
 
-def abs(x: Like, *, label=None) -> Tensor:  # noqa: A001 - the operation's name
+def abs(x: Like, *, label=None) -> Tensor:
     """`|x|`; the gradient at 0 is taken as the right derivative, `g`."""
     return _unary("abs", x, label)
 
@@ -70,3 +70,13 @@ def clip(x: Like, lo: float, hi: float, *, label=None) -> Tensor:
         raise TensorError(f"einjit: clip needs lo <= hi, got lo={lo} hi={hi}")
     fwd, bwd = _clip(float(lo), float(hi))
     return make_op("clip", [as_tensor(x)], logic=None, forward=fwd, backprop=bwd, label=label)
+
+
+_RSQRT = (Template("t =: recip(sqrt(t1))"), Template("g1 =- (g * t) / (t1 + t1)"))
+
+
+def rsqrt(x: Like, *, label=None) -> Tensor:
+    """`1 / sqrt(x)`. Its templates hold no number: a nested number is a one-cell tensor whose
+    output axis would be broadcast into an argument that has none (a per-row statistic)."""
+    fwd, bwd = _RSQRT
+    return make_op("rsqrt", [as_tensor(x)], logic=None, forward=fwd, backprop=bwd, label=label)

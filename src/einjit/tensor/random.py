@@ -24,10 +24,19 @@ from einjit import shape as sh
 from einjit.ir import assignments as asg
 from einjit.ir import ops
 from einjit.ir.indexing import FixedIdx, Iterator, Projections, SubAxis, get_symbol
-from einjit.ir.tnode import MemoryType, Tnode, hosted
+from einjit.ir.tnode import Tnode
 from einjit.tensor.notation import cd, infer_projections
 from einjit.tensor.operation import Like, as_tensor, binop, cos, log, sqrt
-from einjit.tensor.tensor import GradSpec, Tensor, TensorError, default_prec, make_node, new_label, register
+from einjit.tensor.state import state
+from einjit.tensor.tensor import (
+    GradSpec,
+    Tensor,
+    TensorError,
+    default_prec,
+    make_node,
+    new_label,
+    register,
+)
 
 _STREAM_BITS = 16
 _STEP_BITS = 20
@@ -40,16 +49,6 @@ def stream_base(seed: int, index: int) -> int:
     """The first counter of the `index`-th random tensor drawn from `seed`."""
     mixed = ops.splitmix64(ops.splitmix64(int(seed) & ((1 << 64) - 1)) ^ int(index))
     return (mixed >> (64 - _STREAM_BITS)) << _STEP_BITS
-
-
-def _counter_tensor(label: list[str], start: int) -> Tensor:
-    shape = sh.Shape.make(batch_dims=[], input_dims=[], output_dims=[1], debug_name=".".join(label))
-    t = Tensor(label=label, op_label="counter", shape=shape, update_step=None, children=(),
-               value_tn=make_node(label, shape, ops.double), grad_tn=None, projections=None)
-    t.value_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), 70)
-    t.value_tn.array = np.array([float(start)], dtype=np.float64)
-    t._fwd_done = True
-    return t
 
 
 def _rows(dims: tuple[int, ...]) -> tuple[int, ...]:
@@ -97,7 +96,7 @@ def uniform(like: Like, *, seed: int = 0, label=None) -> Tensor:
                value_tn=make_node(lbl, shape, p), grad_tn=None, projections=proj)
     index = _drawn[seed]
     _drawn[seed] += 1
-    counter = _counter_tensor(lbl + ["counter"], stream_base(seed, index))
+    counter = state(lbl + ["counter"], float(stream_base(seed, index)), prec=ops.double)
     row_counters = Tnode(lbl + ["row_counters"], lambda: _rows(u.value_tn.dims), ops.double)
     count_rows = Tnode(lbl + ["rows"], (1,), ops.double)
     u.own_forward = asg.sequence(

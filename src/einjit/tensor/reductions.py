@@ -14,7 +14,7 @@ gradient: the result does not depend on the shift, so its exact derivative is ze
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -22,7 +22,15 @@ from einjit import shape as sh
 from einjit.ir import assignments as asg
 from einjit.shape.row import RowVar
 from einjit.tensor.notation import Template, make_op
-from einjit.tensor.operation import Like, _lazy_number, as_tensor, binop, einsum, exp, log
+from einjit.tensor.operation import (
+    Like,
+    _lazy_number,
+    as_tensor,
+    binop,
+    einsum,
+    exp,
+    log,
+)
 from einjit.tensor.tensor import GradSpec, Tensor, TensorError
 
 _MAX = (Template("t =:^^ t1"), Template("g1 =+ eq_gate(t1, t, g)"))
@@ -87,7 +95,7 @@ def _spec(x: Tensor, spec: str | None, axis, keepdims: bool) -> str:
     return axis_specs(x, axis, keepdims)[2]
 
 
-def sum(a: Like, spec: str | None = None, *, axis=None, keepdims: bool = False, label=None) -> Tensor:  # noqa: A001
+def sum(a: Like, spec: str | None = None, *, axis=None, keepdims: bool = False, label=None) -> Tensor:
     """Sum over axes: an einsum spec, or `axis=`/`keepdims=`; by default everything into one cell."""
     x = as_tensor(a)
     return einsum(_spec(x, spec, axis, keepdims), x, label=label or "sum")
@@ -96,9 +104,15 @@ def sum(a: Like, spec: str | None = None, *, axis=None, keepdims: bool = False, 
 def mean(a: Like, spec: str | None = None, *, axis=None, keepdims: bool = False, label=None) -> Tensor:
     """Like `sum`, divided by the number of summed cells (known once shapes are inferred)."""
     x = as_tensor(a)
-    s = sum(x, spec, axis=axis, keepdims=keepdims)
-    count = asg.Lazy(lambda: float(np.prod(x.dims)) / float(np.prod(s.dims)))
-    return binop("/", s, _lazy_number(count), label=label or "mean")
+    spec = _spec(x, spec, axis, keepdims)
+    if spec == _ALL:
+        s = sum(x, spec)
+        count = asg.Lazy(lambda: float(np.prod(x.dims)) / float(np.prod(s.dims)))
+        return binop("/", s, _lazy_number(count), label=label or "mean")
+    # A partial reduction may remove every output axis; a one-cell divisor would put one back.
+    scaled = binop("*", x, _lazy_number(asg.Lazy(lambda: float(np.prod(out.dims)) / float(np.prod(x.dims)))))
+    out = sum(scaled, spec, label=label or "mean")
+    return out
 
 
 def _extremum(which, a: Like, spec, axis, keepdims, label, grad_spec=GradSpec.IF_NEEDED) -> Tensor:
@@ -108,12 +122,12 @@ def _extremum(which, a: Like, spec, axis, keepdims, label, grad_spec=GradSpec.IF
                    backprop=bwd, grad_spec=grad_spec, label=label)
 
 
-def max(a: Like, spec: str | None = None, *, axis=None, keepdims: bool = False, label=None) -> Tensor:  # noqa: A001
+def max(a: Like, spec: str | None = None, *, axis=None, keepdims: bool = False, label=None) -> Tensor:
     """Maximum over axes (the gradient goes to every cell equal to the maximum)."""
     return _extremum(_MAX, a, spec, axis, keepdims, label)
 
 
-def min(a: Like, spec: str | None = None, *, axis=None, keepdims: bool = False, label=None) -> Tensor:  # noqa: A001
+def min(a: Like, spec: str | None = None, *, axis=None, keepdims: bool = False, label=None) -> Tensor:
     """Minimum over axes (the gradient goes to every cell equal to the minimum)."""
     return _extremum(_MIN, a, spec, axis, keepdims, label)
 

@@ -1,0 +1,22 @@
+"""einjit.nn: layers, losses, initializers, optimizers and learning-rate schedules, all written in
+einjit's notation so a model's whole training step compiles into one routine."""
+
+from einjit.nn.layers import (
+                              Activation,
+                              AvgPool2d,
+                              BatchNorm,
+                              Conv2d,
+                              Dropout,
+                              Embedding,
+                              Flatten,
+                              Layer,
+                              LayerNorm,
+                              Linear,
+                              MaxPool2d,
+                              ReLU,
+                              Sequential,
+)
+from einjit.nn.losses import bce_with_logits, cross_entropy, hinge, mse, one_hot
+
+__all__ = ["Activation", "AvgPool2d", "BatchNorm", "Conv2d", "Dropout", "Embedding", "Flatten", "Layer", "LayerNorm",
+           "Linear", "MaxPool2d", "ReLU", "Sequential", "bce_with_logits", "cross_entropy", "hinge", "mse", "one_hot"]
