@@ -72,6 +72,11 @@ def test_affine_convolution_axes():
     assert parse_einsum("1*o, => o").rhs[0].output.axes == (Label("o"),)
 
 
+def test_negative_offset_is_padding():
+    assert parse_einsum("2*o+k-1, ; k, => o,").rhs[0].output.axes == (ConvAxis(((2, "o"), (1, "k")), -1),)
+    assert parse_einsum("o-2, => o,").rhs[0].output.axes == (ConvAxis(((1, "o"),), -2),)
+
+
 def test_shape_spec_sizes_labels_and_unknowns():
     slot = parse_shape_spec("2|3->rgb=3,4")
     assert slot.batch.axes == (SizedAxis(2),)
@@ -94,7 +99,6 @@ def test_shape_spec_sizes_labels_and_unknowns():
     ("a...=>a", 2, "row variable must be the leftmost"),
     ("..v=>a", 1, "unfinished row variable"),
     ("..v-.., i => i", 1, "malformed row variable"),
-    ("i, 2*o-1 => o", 4, "negative offset (padding) is not supported"),
     ("i, -o => o", 4, "empty term"),
     ("i, 2*o-k => o", 8, "coefficients must be positive"),
     ("i, 0*o => o", 4, "coefficients must be positive"),

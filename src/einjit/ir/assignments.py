@@ -6,6 +6,7 @@ compiled; an assignment can be built long before its loops are known.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Generic, TypeVar
 
@@ -303,7 +304,10 @@ def _check_fixed(tn: Tnode, idcs: tuple[AxisIndex, ...], what: str) -> None:
                 f"{tn.debug_name()} with dims {dims}")
 
 
-def _index_range(idx: AxisIndex, ranges: dict[Symbol, int]) -> tuple[int, int] | None:
+Ranges = dict[Symbol, tuple[int, int]]
+
+
+def _index_range(idx: AxisIndex, ranges: Ranges) -> tuple[int, int] | None:
     """The least and greatest values an affine index takes over the loops (None if unknown)."""
     if not isinstance(idx, Affine):
         return None
@@ -311,12 +315,12 @@ def _index_range(idx: AxisIndex, ranges: dict[Symbol, int]) -> tuple[int, int] |
     for c, s in idx.symbols:
         if s not in ranges:
             return None
-        span = c * (ranges[s] - 1)
-        lo, hi = lo + min(0, span), hi + max(0, span)
+        a, b = c * ranges[s][0], c * ranges[s][1]
+        lo, hi = lo + min(a, b), hi + max(a, b)
     return lo, hi
 
 
-def _in_bounds_guard(idcs: tuple[AxisIndex, ...], dims: tuple[int, ...], ranges: dict[Symbol, int]) -> ll.LLScalar | None:
+def _in_bounds_guard(idcs: tuple[AxisIndex, ...], dims: tuple[int, ...], ranges: Ranges) -> ll.LLScalar | None:
     """A condition that an affine read stays inside the array, where it might not (padding)."""
     conds: list[ll.LLScalar] = []
     for idx, d in zip(idcs, dims):
@@ -336,7 +340,7 @@ def _in_bounds_guard(idcs: tuple[AxisIndex, ...], dims: tuple[int, ...], ranges:
     return out
 
 
-def _get(buf: Buffer, idcs: tuple[AxisIndex, ...], ranges: dict[Symbol, int]) -> ll.LLScalar:
+def _get(buf: Buffer, idcs: tuple[AxisIndex, ...], ranges: Ranges) -> ll.LLScalar:
     _check_fixed(buf.tn, idcs, "argument")
     read = ll.Get(buf.tn, idcs) if isinstance(buf, Node) else ll.GetMergeBuffer(buf.tn, idcs)
     guard = _in_bounds_guard(idcs, buf.tn.dims, ranges)
@@ -351,9 +355,78 @@ def _fresh_env(proj: Projections) -> tuple[dict[Symbol, AxisIndex], list[Symbol]
 
 
 def _loops(syms: list[Symbol], dims: tuple[int, ...], body: ll.LLStmt) -> ll.LLStmt:
-    for s, d in reversed(list(zip(syms, dims))):
-        body = ll.ForLoop(s, 0, d - 1, body, True)
+    return _bounded_loops([(s, 0, d - 1) for s, d in zip(syms, dims)], body)
+
+
+def _bounded_loops(bounds: list[tuple[Symbol, int, int]], body: ll.LLStmt) -> ll.LLStmt:
+    for s, lo, hi in reversed(bounds):
+        body = ll.ForLoop(s, lo, hi, body, True)
     return body
+
+
+#: The most copies of a loop nest that writing through padding may peel off (a 3x3x3 kernel).
+MAX_PEELED = 27
+
+
+def _peeled_nests(lhs: Tnode, lhs_idcs: tuple[AxisIndex, ...], ranges: Ranges, debug: str
+                  ) -> list[tuple[dict[Symbol, AxisIndex], Ranges]] | None:
+    """Writes through an affine index that can leave the array (the gradient of a padded
+    convolution) cannot be guarded by a conditional value: the address itself is out of
+    bounds. Instead, per padded axis, the loop with the widest range stays a loop with bounds
+    narrowed to the cells inside the array, and the other symbols of that index (the kernel's)
+    are enumerated: one copy of the nest per value. Returns, per copy, the substitution of the
+    enumerated symbols and the narrowed ranges; None when every write stays inside."""
+    unsafe = []
+    for idx, d in zip(lhs_idcs, lhs.dims):
+        rng = _index_range(idx, ranges)
+        if rng is not None and (rng[0] < 0 or rng[1] >= d):
+            unsafe.append((idx, d))
+    if not unsafe:
+        return None
+    kept: set[Symbol] = set()
+    enumerated: list[Symbol] = []
+    for idx, _ in unsafe:
+        syms = [s for _, s in idx.symbols]
+        free = [s for s in syms if s not in enumerated]
+        widest = max(free, key=lambda s: ranges[s][1] - ranges[s][0], default=None)
+        if widest is not None:
+            kept.add(widest)
+        enumerated += [s for s in syms if s != widest and s not in enumerated and s not in kept]
+    values = [range(ranges[s][0], ranges[s][1] + 1) for s in enumerated]
+    count = 1
+    for v in values:
+        count *= len(v)
+    if count > MAX_PEELED:
+        raise LoweringError(f"einjit: {debug}: writing through padding into {lhs.debug_name()} would need "
+                            f"{count} copies of the loop nest (at most {MAX_PEELED}); pad the argument instead")
+    nests = []
+    for point in itertools.product(*values):
+        env: dict[Symbol, AxisIndex] = {s: FixedIdx(v) for s, v in zip(enumerated, point)}
+        narrowed = {s: r for s, r in ranges.items() if s not in env}
+        for idx, d in unsafe:
+            narrowed = _narrow(subst_index(env, idx), d, narrowed)
+            if narrowed is None:
+                break
+        if narrowed is not None:
+            nests.append((env, narrowed))
+    return nests
+
+
+def _narrow(idx: AxisIndex, d: int, ranges: Ranges) -> Ranges | None:
+    """Ranges with the one loop symbol of `idx` restricted to keep `idx` within `[0, d)`; None
+    when no value fits."""
+    match idx:
+        case FixedIdx(i):
+            return ranges if 0 <= i < d else None
+        case Iterator(s):
+            coeff, s, offset = 1, s, 0
+        case Affine(((coeff, s),), offset):
+            pass
+        case _:
+            raise LoweringError(f"einjit: cannot bound the write index {idx!r} to the array")
+    lo, hi = ranges[s]
+    lo, hi = max(lo, -(offset // coeff)), min(hi, (d - 1 - offset) // coeff)
+    return {**ranges, s: (lo, hi)} if lo <= hi else None
 
 
 def _fill(tn: Tnode, value: ll.LLScalar, debug: str) -> ll.LLStmt:
@@ -367,15 +440,22 @@ def _lower_accum(init: bool, accum: ops.Binop, lhs: Tnode, proj: Projections, bu
         raise LoweringError(f"einjit: {debug}: projections expect lhs dims {proj.lhs_dims}, "
                             f"{lhs.debug_name()} has {lhs.dims}")
     env, fresh = _fresh_env(proj)
-    ranges = dict(zip(fresh, proj.product_space))
-    lhs_idcs = tuple(subst_index(env, i) for i in proj.project_lhs)
-    _check_fixed(lhs, lhs_idcs, "assigned-to")
-    args = [_get(b, tuple(subst_index(env, i) for i in p), ranges) for b, p in zip(bufs, proj.project_rhs)]
-    value = make_rhs(args)
+    ranges = {s: (0, d - 1) for s, d in zip(fresh, proj.product_space)}
     total = proj.is_surjective() and proj.is_injective()
-    if accum is not ops.Binop.ARG2 and not (init and total):
-        value = ll.Binop(accum, ll.Get(lhs, lhs_idcs), value)
-    body = _loops(fresh, proj.product_space, ll.Set(lhs, lhs_idcs, value, debug))
+    lhs_idcs = tuple(subst_index(env, i) for i in proj.project_lhs)
+    nests = _peeled_nests(lhs, lhs_idcs, ranges, debug)
+    bodies = []
+    for peel, narrowed in nests if nests is not None else [({}, ranges)]:
+        idcs = tuple(subst_index(peel, i) for i in lhs_idcs)
+        _check_fixed(lhs, idcs, "assigned-to")
+        args = [_get(b, tuple(subst_index(peel, subst_index(env, i)) for i in p), narrowed)
+                for b, p in zip(bufs, proj.project_rhs)]
+        value = make_rhs(args)
+        if accum is not ops.Binop.ARG2 and not (init and total):
+            value = ll.Binop(accum, ll.Get(lhs, idcs), value)
+        loops = [(s, *narrowed[s]) for s in fresh if s not in peel]
+        bodies.append(_bounded_loops(loops, ll.Set(lhs, idcs, value, debug)))
+    body = ll.seq(*bodies)
     if init and not total:
         neutral = accum.neutral
         if neutral is None:
@@ -468,7 +548,7 @@ def _lower_set_vec(op: ops.VecUnop, lhs: Tnode, rhs: Buffer, proj: Projections, 
     if not proj.project_lhs or not isinstance(proj.project_lhs[-1], SubAxis):
         raise LoweringError(f"einjit: {debug}: the last lhs axis of a vector assignment must be a sub-axis")
     env, fresh = _fresh_env(proj)
-    ranges = dict(zip(fresh, proj.product_space))
+    ranges = {s: (0, d - 1) for s, d in zip(fresh, proj.product_space)}
     lhs_idcs = tuple(subst_index(env, i) for i in proj.project_lhs[:-1]) + (FixedIdx(0),)
     arg = _get(rhs, tuple(subst_index(env, i) for i in proj.project_rhs[0]), ranges)
     return _loops(fresh, proj.product_space, ll.SetFromVec(lhs, lhs_idcs, lhs.dims[-1], op, arg, debug))

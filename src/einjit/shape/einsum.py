@@ -16,8 +16,13 @@ Entries of an einsum row:
 - digits: a fixed index into that axis (the axis is not iterated);
 - `_`: an axis that lines up with nothing;
 - `stride*i+dilation*j+offset` (multi-character mode only): a convolution-style axis indexed by
-  an affine combination of other pseudo-labels. Coefficients are positive integers; a constant
-  term must be non-negative (a negative one, i.e. padding, is rejected: pad the argument);
+  an affine combination of other pseudo-labels. Coefficients are positive integers. A negative
+  constant term is padding, as in seed 000's `Affine{offset = -padding}`: `o+k-1` reads one
+  cell before the start and, symmetrically, one past the end; those reads give 0 (the lowering
+  guards them) and the gradient never writes there. With padding `p`, stride `s`, dilation
+  `d`, a kernel of `K` and an argument axis of `N`, the result axis has
+  `(N + 2p - d*(K-1) - 1) // s + 1` cells, as in PyTorch's `Conv2d(padding=p)`: e.g.
+  `"2*oh+kh-1, 2*ow+kw-1, c; kh, kw, c -> f => oh, ow, f"` is a 3x3 stride-2 "same" convolution;
 - `...` or `..name..`, only as the leftmost entry of a row: a row variable standing for any
   number of further (leading) axes. `...` means `..batch..`, `..input..` or `..output..`
   depending on the row it is in, so all `...` of one kind in a spec line up.
@@ -291,9 +296,6 @@ def _conv_axis(src: _Source, tok: str, pos: int) -> AxisSpec:
             raise _bad_char(src, piece, at, "_*") if not star else src.error(
                 at, f"affine axis {tok!r}: expected coefficient*label, got {piece!r}")
         at += len(piece)
-    if offset < 0:
-        raise src.error(pos, f"affine axis {tok!r}: a negative offset (padding) is not supported; "
-                             "pad the argument explicitly")
     if not terms:
         raise src.error(pos, f"affine axis {tok!r} has no pseudo-label")
     if len(terms) == 1 and terms[0][0] == 1 and offset == 0:

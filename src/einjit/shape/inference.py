@@ -99,9 +99,11 @@ class InferenceState:
                 owned = set().union(*(it.owned_rows(self.env) for it in self.items))
                 closing = close_rows(self.env, row_vars, forced, reserved, owned)
             elif dim_vars:
-                forced = [c for it in self.items for c in it.force_dims(self.env)]
+                forced = ([c for it in self.items for c in it.force_dims(self.env)]
+                          or [c for it in self.items for c in it.force_dims_late(self.env)])
                 waiting = set().union(*(it.waiting(self.env) for it in self.items))
-                closing = close_dims(self.env, dim_vars, forced, waiting)
+                owned = set().union(*(it.owned_dims(self.env) for it in self.items))
+                closing = close_dims(self.env, dim_vars, forced, waiting, owned)
             else:
                 return
             solve(self.env, closing)

@@ -69,6 +69,15 @@ class Item:
         """Row variables that closing should leave entirely to `force_rows`, LUB included."""
         return set()
 
+    def owned_dims(self, env: Env) -> set[Var]:
+        """Dimension variables that closing should leave to `force_dims`, LUB included."""
+        return set()
+
+    def force_dims_late(self, env: Env) -> list[Constraint]:
+        """Choices made only when no item can force anything with `force_dims`: a guess that a
+        stronger derivation elsewhere (e.g. a convolution's valid extent) should override."""
+        return []
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class TotalItem(Item):
@@ -146,11 +155,15 @@ class BatchSliceItem(Item):
 
 @dataclass(frozen=True, slots=True, eq=False)
 class FixedItem(Item):
-    """A fixed index must be within its axis."""
+    """A fixed index must be within its axis, which it bounds from below: an axis still unknown
+    when closing grows to `index + 1`. On the result side (`lhs`) the axis is the index's own:
+    it takes `index + 1` before any LUB, so that a consumer broadcasting against the result
+    (`x - sum(x, "i => 0")`) does not widen it with cells nothing writes."""
 
     var: Var
     index: int
     where: AxisRef
+    lhs: bool = False
 
     def check(self, env: Env) -> tuple[list[Constraint], bool]:
         d = subst_dim(env, self.var)
@@ -161,17 +174,36 @@ class FixedItem(Item):
                              f"of size {describe_dim(d)}")
         return [], True
 
+    def force_dims(self, env: Env) -> list[Constraint]:
+        d = subst_dim(env, self.var)
+        return [DimEq(d, new_dim(self.index + 1, self.where))] if isinstance(d, Var) else []
+
+    def waiting(self, env: Env) -> set[Var]:
+        d = subst_dim(env, self.var)
+        return {d} if isinstance(d, Var) else set()
+
+    def owned_dims(self, env: Env) -> set[Var]:
+        return self.waiting(env) if self.lhs else set()
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class ConvItem(Item):
     """A convolution axis `var` indexed by `sum(c * term) + offset` must be long enough for the
-    largest index. Closing derives a missing extent: the argument axis from the terms, or the
-    one unknown term (e.g. the output size) as the largest that fits — a "valid" convolution."""
+    largest index. A negative offset is padding `p = -offset` on both ends: the index may run
+    `p` cells past either end (those reads are guarded). Closing derives the one unknown term
+    (e.g. the output size) from a known extent as the largest that fits, as PyTorch sizes a
+    convolution; only when nothing else can be derived does the extent follow from the terms
+    (the smallest that fits), since a strided read such as `2*p` of a known `p` does not tell
+    whether the axis had one more cell."""
 
     var: Var
     terms: tuple[tuple[int, Var], ...]
     offset: int
     where: AxisRef
+
+    @property
+    def padding(self) -> int:
+        return max(0, -self.offset)
 
     def _solved(self, env: Env) -> tuple[Dim | Var, list[tuple[int, Var]], int]:
         extent = subst_dim(env, self.var)
@@ -181,28 +213,33 @@ class ConvItem(Item):
         return extent, unknown, top
 
     def _too_short(self, extent: Dim, top: int) -> ShapeError:
+        pad = f" with padding {self.padding}" if self.padding else ""
         return ShapeError(f"convolution axis {describe_axis(self.where)} is indexed up to {top}, but has "
-                          f"size {describe_dim(extent)}")
+                          f"size {describe_dim(extent)}{pad}")
 
     def check(self, env: Env) -> tuple[list[Constraint], bool]:
         extent, unknown, top = self._solved(env)
         if isinstance(extent, Var):
             return [], False
-        if top >= extent.d:
+        if top >= extent.d + self.padding:
             raise self._too_short(extent, top)
         return [], not unknown
 
     def force_dims(self, env: Env) -> list[Constraint]:
         extent, unknown, top = self._solved(env)
-        if isinstance(extent, Var):
-            return [] if unknown else [DimEq(extent, new_dim(top + 1, self.where))]
-        if len(unknown) != 1:
+        if isinstance(extent, Var) or len(unknown) != 1:
             return []
         coeff, v = unknown[0]
-        room = extent.d - 1 - top
+        room = extent.d - 1 + self.padding - top
         if room < 0:
             raise self._too_short(extent, top)
         return [DimEq(v, new_dim(room // coeff + 1, self.where))]
+
+    def force_dims_late(self, env: Env) -> list[Constraint]:
+        extent, unknown, top = self._solved(env)
+        if not isinstance(extent, Var) or unknown:
+            return []
+        return [DimEq(extent, new_dim(max(1, top + 1 - self.padding), self.where))]
 
     def waiting(self, env: Env) -> set[Var]:
         return {d for d in (subst_dim(env, v) for v in (self.var, *(v for _, v in self.terms)))
@@ -278,10 +315,10 @@ def _einsum(gen: Generated, text: str, cur: Shape, args: tuple[Shape, ...]) -> N
     spec = parse_spec(text, len(args))
     names = _SpecNames(gen, text)
     roles = ("rhs",) if len(args) == 1 else ("rhs1", "rhs2")
-    lhs = names.rows(spec.lhs, cur, "lhs")
+    lhs = names.rows(spec.lhs, cur, "lhs", result=True)
     rhs = [names.rows(slot, sh, role) for slot, sh, role in zip(spec.rhs, args, roles)]
     for kind in Kind:
-        gen.constraints.append(RowIneq(cur.row(kind), lhs[kind]))
+        gen.constraints.append(RowEq(cur.row(kind), lhs[kind]))
         gen.constraints += [RowIneq(r[kind], sh.row(kind)) for r, sh in zip(rhs, args)]
 
 
@@ -300,13 +337,13 @@ class _SpecNames:
             self.dims[name] = get_var(name)
         return self.dims[name]
 
-    def rows(self, slot: SlotSpec, sh: Shape, role: str) -> dict[Kind, Row]:
+    def rows(self, slot: SlotSpec, sh: Shape, role: str, result: bool = False) -> dict[Kind, Row]:
         out = {}
         for kind in Kind:
             spec = slot.row(kind.value)
             rid = RowId(sh.id, kind, sh.debug_name, role=f'einsum "{self.text}" {role}')
             n = len(spec.axes)
-            dims = tuple(self._axis(axis, AxisRef(rid, i if spec.row_var is None else i - n))
+            dims = tuple(self._axis(axis, AxisRef(rid, i if spec.row_var is None else i - n), result)
                          for i, axis in enumerate(spec.axes))
             if spec.row_var is None:
                 out[kind] = Row(dims, Broadcastable(), rid)
@@ -317,14 +354,14 @@ class _SpecNames:
         self.gen.spec_rows += out.values()
         return out
 
-    def _axis(self, axis, where: AxisRef) -> Var:
+    def _axis(self, axis, where: AxisRef, result: bool) -> Var:
         match axis:
             case Label(name):
                 return self.dim(name)
             case FixedIndex(i):
                 v = get_var(str(i))
                 self.gen.specials[v] = FixedIdx(i)
-                self.gen.items.append(FixedItem(v, i, where))
+                self.gen.items.append(FixedItem(v, i, where, result))
                 return v
             case ConvAxis(terms, offset):
                 v = get_var("conv")

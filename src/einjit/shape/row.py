@@ -696,11 +696,13 @@ def dim_upper(env: Env, d: AnyDim) -> int | None:
     return entry.lub.d if isinstance(entry, Bounds) and entry.lub is not None else None
 
 
-def close_dims(env: Env, dim_vars: list[Var], forced: list[Constraint], waiting: set[Var]) -> list[Constraint]:
-    """One closing round for dimension variables: LUBs first, then the `forced` closings of
-    shape-level constraints, then dimension 1 — sparing `waiting` variables while others remain,
-    and otherwise closing them one at a time so that `forced` gets its chance in between."""
-    with_lub = [v for v in dim_vars if _entry(env.dims, v).lub is not None]
+def close_dims(env: Env, dim_vars: list[Var], forced: list[Constraint], waiting: set[Var],
+               owned: set[Var] = frozenset()) -> list[Constraint]:
+    """One closing round for dimension variables: LUBs first (except for variables `owned` by
+    a shape-level constraint), then the `forced` closings of shape-level constraints, then
+    dimension 1 — sparing `waiting` variables while others remain, and otherwise closing them
+    one at a time so that `forced` gets its chance in between."""
+    with_lub = [v for v in dim_vars if v not in owned and _entry(env.dims, v).lub is not None]
     if with_lub:
         return [DimEq(v, _entry(env.dims, v).lub) for v in with_lub]
     if forced:

@@ -1,0 +1,149 @@
+"""Padding in the einsum notation: a negative constant in a convolution axis (`2*o+k-1`) reads
+zeros past both ends of the argument, and the gradient never writes there. Forward values and
+gradients against NumPy references (explicitly padded arrays), in 1-D and 2-D, with stride and
+dilation; the compiled C and the IR interpreter agree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import einjit as ej
+from einjit import train
+from einjit.ir import assignments as asg
+from einjit.ir import interpret
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    with ej.default_precision("double"):
+        yield
+
+
+def conv_axis(stride: int, out: str, dil: int, ker: str, pad: int) -> str:
+    return f"{stride}*{out}+{dil}*{ker}" + (f"-{pad}" if pad else "")
+
+
+def out_size(n: int, k: int, stride: int, dil: int, pad: int) -> int:
+    return (n + 2 * pad - dil * (k - 1) - 1) // stride + 1
+
+
+def conv1d_ref(x, k, w, stride, dil, pad):
+    """Forward and the gradients of `sum(conv * w)` by explicit padding."""
+    xp = np.pad(x, pad)
+    n_out = out_size(len(x), len(k), stride, dil, pad)
+    taps = np.array([[stride * o + dil * j for j in range(len(k))] for o in range(n_out)])
+    out = (xp[taps] * k).sum(axis=1)
+    gxp = np.zeros_like(xp)
+    np.add.at(gxp, taps, w[:, None] * k[None, :])
+    gk = (xp[taps] * w[:, None]).sum(axis=0)
+    return out, gxp[pad:pad + len(x)], gk
+
+
+def run_both(loss, params, watched):
+    """Run the gradient step in the IR interpreter and compiled (C), from the given host values
+    of `params` (the interpreter does not see host data: it gets them as arrays)."""
+    asgns = train.grad_update(loss)
+    arrays = interpret.run(asg.to_low_level(asgns), {p.value_tn: np.array(v) for p, v in params})
+    interpreted = [arrays[x.tensor.grad_tn if x.is_grad else x.tensor.value_tn] for x in watched]
+    routine = train.to_routine(asgns, name="padded")
+    for p, v in params:
+        p.value_tn.host_array()[...] = v
+    routine()
+    return [np.array(x.numpy()) for x in watched], interpreted
+
+
+CASES_1D = [  # n, kernel, stride, dilation, padding
+    (7, 3, 1, 1, 1),
+    (8, 3, 2, 1, 1),
+    (9, 3, 2, 2, 2),
+    (6, 2, 3, 1, 1),
+    (5, 3, 1, 1, 0),
+    (10, 4, 2, 1, 3),
+]
+
+
+@pytest.mark.parametrize("n, ks, stride, dil, pad", CASES_1D)
+def test_conv1d_forward_and_gradient(n, ks, stride, dil, pad):
+    rng = np.random.default_rng(n * 100 + ks * 10 + pad)
+    xv, kv = rng.standard_normal(n), rng.standard_normal(ks)
+    n_out = out_size(n, ks, stride, dil, pad)
+    wv = rng.standard_normal(n_out)
+    x = ej.param("x", values=xv, output_dims=[n])
+    k = ej.param("k", values=kv, output_dims=[ks])
+    conv = ej.einsum(f"{conv_axis(stride, 'o', dil, 'k', pad)}, ; k, => o,", x, k).hosted()
+    w = ej.ndarray(wv, label="w")
+    loss = ej.sum(conv * w, "o, => ")
+    (c_out, c_gx, c_gk), (i_out, i_gx, i_gk) = run_both(
+        loss, [(x, xv), (k, kv), (w, wv)], [conv.value, x.grad, k.grad])
+    ref_out, ref_gx, ref_gk = conv1d_ref(xv, kv, wv, stride, dil, pad)
+    assert c_out.shape == (n_out,)
+    np.testing.assert_allclose(c_out, ref_out, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(c_gx, ref_gx, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(c_gk, ref_gk, rtol=1e-12, atol=1e-12)
+    for got, want in zip((i_out, i_gx, i_gk), (c_out, c_gx, c_gk)):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def conv2d_ref(x, k, w, stride, dil, pad):
+    """x: (H, W, C); k: (F, KH, KW, C) (output row f, input row kh, kw, c); w: (OH, OW, F)."""
+    xp = np.pad(x, ((pad, pad), (pad, pad), (0, 0)))
+    f, kh, kw, _ = k.shape
+    oh = out_size(x.shape[0], kh, stride, dil, pad)
+    ow = out_size(x.shape[1], kw, stride, dil, pad)
+    out = np.zeros((oh, ow, f))
+    gxp, gk = np.zeros_like(xp), np.zeros_like(k)
+    for i in range(oh):
+        for j in range(ow):
+            rows = stride * i + dil * np.arange(kh)
+            cols = stride * j + dil * np.arange(kw)
+            patch = xp[np.ix_(rows, cols)]  # (KH, KW, C)
+            out[i, j] = np.einsum("hwc,fhwc->f", patch, k)
+            gxp[np.ix_(rows, cols)] += np.einsum("f,fhwc->hwc", w[i, j], k)
+            gk += np.einsum("f,hwc->fhwc", w[i, j], patch)
+    return out, gxp[pad:pad + x.shape[0], pad:pad + x.shape[1]], gk
+
+
+@pytest.mark.parametrize("h, w_, ks, stride, dil, pad", [
+    (5, 5, 3, 1, 1, 1),   # "same"
+    (6, 7, 3, 2, 1, 1),   # strided, as PyTorch's Conv2d(3, stride=2, padding=1)
+    (7, 6, 2, 1, 2, 1),   # dilated
+])
+def test_conv2d_forward_and_gradient(h, w_, ks, stride, dil, pad):
+    rng = np.random.default_rng(h * 10 + w_)
+    c, f = 2, 3
+    xv, kv = rng.standard_normal((h, w_, c)), rng.standard_normal((f, ks, ks, c))
+    oh, ow = out_size(h, ks, stride, dil, pad), out_size(w_, ks, stride, dil, pad)
+    wv = rng.standard_normal((oh, ow, f))
+    x = ej.param("x", values=xv.ravel(), output_dims=[h, w_, c])
+    k = ej.param("k", values=kv.ravel(), output_dims=[f], input_dims=[ks, ks, c])
+    spec = (f"{conv_axis(stride, 'oh', dil, 'kh', pad)}, {conv_axis(stride, 'ow', dil, 'kw', pad)}, c; "
+            "kh, kw, c -> f => oh, ow, f")
+    conv = ej.einsum(spec, x, k).hosted()
+    w = ej.ndarray(wv, label="w")
+    loss = ej.sum(conv * w, "...|...->... => 0")
+    (c_out, c_gx, c_gk), (i_out, i_gx, i_gk) = run_both(
+        loss, [(x, xv), (k, kv), (w, wv)], [conv.value, x.grad, k.grad])
+    ref_out, ref_gx, ref_gk = conv2d_ref(xv, kv, wv, stride, dil, pad)
+    np.testing.assert_allclose(c_out, ref_out, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(c_gx, ref_gx, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(c_gk, ref_gk, rtol=1e-11, atol=1e-11)
+    for got, want in zip((i_out, i_gx, i_gk), (c_out, c_gx, c_gk)):
+        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
+
+
+def test_padded_strided_convolution_then_strided_pooling():
+    """The issue's max-pool trap with padding: conv 3x3 same → pool 2 via `2*p+0`."""
+    xv = np.arange(1.0, 9.0)
+    x = ej.ndarray(xv, label="x")
+    conv = ej.einsum("o+k-1, ; k, => o,", x, ej.ndarray(np.ones(3), label="k"))
+    pooled = ej.maximum(ej.einsum("2*p+0, => p,", conv), ej.einsum("2*p+1, => p,", conv))
+    ref = np.convolve(xv, np.ones(3), mode="same")
+    np.testing.assert_array_equal(train.forward_once(pooled), ref.reshape(4, 2).max(axis=1))
+
+
+def test_padding_too_small_for_the_result_is_an_error():
+    x = ej.ndarray(np.ones(4), label="x")
+    conv = ej.einsum("o+k-1, ; k, => o,", x, ej.ndarray(np.ones(3), label="k"))
+    with pytest.raises(ej.ShapeError, match=r"indexed up to 5, but has size 4 .*with padding 1"):
+        train.forward_once(conv + ej.ndarray(np.zeros(5), label="z"))
