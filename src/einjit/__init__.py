@@ -36,6 +36,9 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "StaticSymbol": ("einjit.ir.indexing", "StaticSymbol"),
     "get_static_symbol": ("einjit.ir.indexing", "get_static_symbol"),
     "ops": ("einjit.ir.ops", None),
+    "input": ("einjit.tensor.inputs", "input"),
+    "scalar": ("einjit.tensor.inputs", "scalar"),
+    "as_prec": ("einjit.ir.ops", "as_prec"),
 }
 
 __all__ = sorted(_PUBLIC)
