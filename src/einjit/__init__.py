@@ -39,6 +39,9 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "input": ("einjit.tensor.inputs", "input"),
     "scalar": ("einjit.tensor.inputs", "scalar"),
     "as_prec": ("einjit.ir.ops", "as_prec"),
+    "save": ("einjit.checkpoint", "save"),
+    "load": ("einjit.checkpoint", "load"),
+    "CheckpointError": ("einjit.checkpoint", "CheckpointError"),
 }
 
 __all__ = sorted(_PUBLIC)

@@ -95,7 +95,7 @@ def check_numeric(arr: np.ndarray, what: str) -> np.ndarray:
 
 def _describe(tensor: "Tensor", tn: Tnode) -> str:
     what = "gradient of tensor" if tn is tensor.grad_tn else "tensor"
-    return f"{what} {tensor.label_str!r}"
+    return f"{what} {tensor.describe()}"
 
 
 def _node_dims(tensor: "Tensor", tn: Tnode) -> tuple[int, ...]:
@@ -174,6 +174,14 @@ class NodeView:
                 f"compiling the routine that computes it)")
         return self.tn.array
 
+    def read(self) -> np.ndarray:
+        """The live host array, current as of now: for einjit's own loops, which copy what they
+        hand out. Users get copies from `numpy()`."""
+        return self._host()
+
+    def written(self) -> None:
+        """Called after the host array was written in place: the node's routines see it."""
+
     def numpy(self) -> np.ndarray:
         """A copy of the node's current host values."""
         return self._host().copy()
@@ -206,6 +214,7 @@ class NodeView:
     def assign(self, values: object) -> None:
         """Set every cell (see `converted_values` for what is accepted)."""
         self._writable()[...] = converted_values(self.tensor, self.tn, values)
+        self.written()
 
     def __setitem__(self, key, values) -> None:
         if key is Ellipsis or key == slice(None):
@@ -221,6 +230,7 @@ class NodeView:
         except (IndexError, ValueError) as e:
             raise TensorError(f"einjit: cannot write into {_describe(self.tensor, self.tn)} of dims {host.shape} "
                               f"at {key!r}: {e}") from None
+        self.written()
 
     def __repr__(self) -> str:
         return f"<{'grad' if self.is_grad else 'value'} of {self.tensor.label_str}: {self.tn!r}>"
@@ -268,6 +278,12 @@ class Tensor:
     @property
     def dims(self) -> tuple[int, ...]:
         return self.value_tn.dims
+
+    def describe(self) -> str:
+        """The label for messages; an unlabelled operation also names its arguments."""
+        if self.label != [self.op_label] or not self.children:
+            return repr(self.label_str)
+        return f"{self.label_str!r} (the {self.op_label} of {', '.join(c.describe() for c in self.children)})"
 
     @property
     def dtype(self) -> np.dtype:
@@ -366,10 +382,13 @@ def consume_forward_code(t: Tensor) -> asg.Asgns:
     """The forward code of `t`'s subtree not yet consumed; `t` stops being a root."""
     if not is_forward_root(t):
         if t._fwd_done:
-            raise TensorError(f"einjit: the forward code of tensor {t.label_str} was already consumed "
-                              f"(compiled into a routine); a subtree's code can be used once")
-        raise TensorError(f"einjit: tensor {t.label_str} is not a forward root: it is an argument of "
-                          f"another tensor, whose code computes it")
+            raise TensorError(f"einjit: the forward code of tensor {t.describe()} was already consumed "
+                              f"(compiled into a routine); a subtree's code can be used once. To run its "
+                              f"forward pass again, e.g. after a training step, compile "
+                              f"`einjit.fit.forward_step(t, inputs=[...])`, which recomputes it")
+        raise TensorError(f"einjit: tensor {t.describe()} is not a forward root: it is an argument of "
+                          f"another tensor, whose code computes it; to compute it on its own, compile "
+                          f"`einjit.fit.forward_step(t, inputs=[...])`")
     del _forward_roots[t.id]
     parts = []
     for x in t.subtree():
