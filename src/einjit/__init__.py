@@ -42,6 +42,12 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "StaticSymbol": ("einjit.ir.indexing", "StaticSymbol"),
     "get_static_symbol": ("einjit.ir.indexing", "get_static_symbol"),
     "ops": ("einjit.ir.ops", None),
+    "input": ("einjit.tensor.inputs", "input"),
+    "scalar": ("einjit.tensor.inputs", "scalar"),
+    "as_prec": ("einjit.ir.ops", "as_prec"),
+    "save": ("einjit.checkpoint", "save"),
+    "load": ("einjit.checkpoint", "load"),
+    "CheckpointError": ("einjit.checkpoint", "CheckpointError"),
 }
 
 __all__ = sorted(_PUBLIC)
