@@ -12,7 +12,8 @@ from einjit import nn, train
 from einjit import shape as sh
 
 
-def _conv_ref(x, w, b, stride=(1, 1), dilation=(1, 1)):
+def _conv_ref(x, w, b, stride=(1, 1), dilation=(1, 1), padding=(0, 0)):
+    x = np.pad(x, ((0, 0), (0, 0), (padding[0], padding[0]), (padding[1], padding[1])))
     n, _, h, wd = x.shape
     co, _, kh, kw = w.shape
     oh = (h - dilation[0] * (kh - 1) - 1) // stride[0] + 1
@@ -43,16 +44,20 @@ def _run(out: ej.Tensor, seed: int = 0) -> np.ndarray:
     return train.forward_once(out)
 
 
-@pytest.mark.parametrize("kernel,stride,dilation", [((3, 2), (1, 1), (1, 1)), ((3, 2), (2, 1), (1, 1)),
-                                                    ((3, 2), (1, 1), (2, 1)), ((3, 2), (2, 2), (1, 2)),
-                                                    ((1, 1), (1, 1), (1, 1)), ((1, 2), (2, 3), (1, 1))])
-def test_conv2d_forward(kernel, stride, dilation):
+CONV_CASES = [((3, 2), (1, 1), (1, 1), (0, 0)), ((3, 2), (2, 1), (1, 1), (0, 0)), ((3, 2), (1, 1), (2, 1), (0, 0)),
+              ((3, 2), (2, 2), (1, 2), (0, 0)), ((1, 1), (1, 1), (1, 1), (0, 0)), ((1, 2), (2, 3), (1, 1), (0, 0)),
+              ((3, 3), (1, 1), (1, 1), (1, 1)), ((3, 2), (2, 1), (1, 1), (2, 1)), ((3, 3), (1, 2), (2, 1), (1, 0))]
+
+
+@pytest.mark.parametrize("kernel,stride,dilation,padding", CONV_CASES)
+def test_conv2d_forward(kernel, stride, dilation, padding):
     x = np.random.default_rng(0).standard_normal((2, 3, 9, 8)).astype(np.float32)
-    conv = nn.Conv2d(3, 4, kernel, stride=stride, dilation=dilation, label=f"conv_{kernel}_{stride}_{dilation}")
+    conv = nn.Conv2d(3, 4, kernel, stride=stride, dilation=dilation, padding=padding,
+                     label=f"conv_{kernel}_{stride}_{dilation}_{padding}")
     got = _run(conv(ej.ndarray(x, batch_axes=1)))
     w, b = (p.value.numpy() for p in conv.params())
     assert [p.label_str for p in conv.params()] == [f"{conv.label}.w", f"{conv.label}.b"]
-    np.testing.assert_allclose(got, _conv_ref(x, w, b, stride, dilation), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, _conv_ref(x, w, b, stride, dilation, padding), rtol=1e-5, atol=1e-5)
 
 
 def test_linear_over_feature_maps_is_flatten_then_linear():
@@ -146,6 +151,7 @@ def test_dropout_keep_fraction_fresh_masks_reproducible_and_eval_identity():
 GRADIENT_LAYERS = {
     "conv": lambda: nn.Conv2d(2, 3, 2, stride=(1, 2), label="gconv"),
     "conv_dilated": lambda: nn.Conv2d(2, 2, 2, dilation=2, bias=False, label="gconvd"),
+    "conv_padded": lambda: nn.Conv2d(2, 2, 3, padding=1, stride=2, label="gconvp"),
     "maxpool": lambda: nn.Sequential(nn.Conv2d(2, 2, 1, label="gc1"), nn.MaxPool2d(2)),
     "avgpool": lambda: nn.Sequential(nn.Conv2d(2, 2, 1, label="gc2"), nn.AvgPool2d(2, 1)),
     "linear": lambda: nn.Linear(50, 3, label="glin"),

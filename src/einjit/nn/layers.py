@@ -136,19 +136,19 @@ def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
-def _conv_axis(out: str, kernel: str, size: int, stride: int, dilation: int) -> str:
-    """`stride*out+dilation*kernel`; a kernel of size 1 contributes no term (its only index is
-    0), which also keeps shape inference from reading the size-1 axis as a broadcast."""
+def _conv_axis(out: str, kernel: str, size: int, stride: int, dilation: int, padding: int) -> str:
+    """`stride*out+dilation*kernel-padding`; a kernel of size 1 contributes no term (its only
+    index is 0), which also keeps shape inference from reading the size-1 axis as a broadcast.
+    A negative offset is padding: reads past either end give zeros."""
     o = out if stride == 1 else f"{stride}*{out}"
-    if size == 1:
-        return o if stride == 1 else f"{o}+0"
-    k = kernel if dilation == 1 else f"{dilation}*{kernel}"
-    return f"{o}+{k}"
+    k = "" if size == 1 else f"+{kernel}" if dilation == 1 else f"+{dilation}*{kernel}"
+    offset = f"-{padding}" if padding else "+0" if stride > 1 and size == 1 else ""
+    return f"{o}{k}{offset}"
 
 
-def _window_spec(kernel, stride, dilation, channel_in: str, channel_out: str, kernel_slot: str) -> str:
-    ah = _conv_axis("oh", "kh", kernel[0], stride[0], dilation[0])
-    aw = _conv_axis("ow", "kw", kernel[1], stride[1], dilation[1])
+def _window_spec(kernel, stride, dilation, padding, channel_in: str, channel_out: str, kernel_slot: str) -> str:
+    ah = _conv_axis("oh", "kh", kernel[0], stride[0], dilation[0], padding[0])
+    aw = _conv_axis("ow", "kw", kernel[1], stride[1], dilation[1], padding[1])
     return f"... | -> {channel_in}, {ah}, {aw}; {kernel_slot} => ... | -> {channel_out}, oh, ow"
 
 
@@ -169,11 +169,13 @@ def _conv2d(x: Tensor, out_channels: int, in_channels: int, kernel: tuple[int, i
     return make_op("+", [y, b], logic="... | -> co, oh, ow; co => ... | -> co, oh, ow", forward=fwd, backprop=bwd)
 
 
-def _check_window(layer: Layer, x: Tensor, h: int | None, w: int | None, kernel, stride, dilation) -> None:
-    for name, size, k, d in (("height", h, kernel[0], dilation[0]), ("width", w, kernel[1], dilation[1])):
-        extent = d * (k - 1) + 1
+def _check_window(layer: Layer, x: Tensor, h: int | None, w: int | None, kernel, padding, dilation) -> None:
+    for name, size, k, p, d in (("height", h, kernel[0], padding[0], dilation[0]),
+                                ("width", w, kernel[1], padding[1], dilation[1])):
+        extent = d * (k - 1) + 1 - 2 * p
         if size is not None and size < extent:
-            raise layer._error(f"the {name} axis", size, f"at least {extent} (kernel {k}, dilation {d})", x)
+            raise layer._error(f"the {name} axis", size, f"at least {extent} (kernel {k}, dilation {d}, "
+                               f"padding {p})", x)
 
 
 class Conv2d(Layer):
@@ -184,19 +186,20 @@ class Conv2d(Layer):
     def __init__(self, in_channels: int, out_channels: int, kernel_size, *, stride=1, padding=0, dilation=1,
                  bias: bool = True, init: str = "kaiming_uniform", label: str | None = None):
         super().__init__(label)
-        if _pair(padding) != (0, 0):
-            raise TensorError(f"einjit: Conv2d {self.label}: padding is not supported yet (the einsum notation "
-                              f"has no padding); pad the input or use padding=0")
         self.in_channels, self.out_channels = in_channels, out_channels
         self.kernel, self.stride, self.dilation = _pair(kernel_size), _pair(stride), _pair(dilation)
+        self.padding = _pair(padding)
+        if min(self.padding) < 0 or max(self.padding) >= max(self.kernel) * max(self.dilation):
+            raise TensorError(f"einjit: Conv2d {self.label}: padding {padding} must be non-negative and smaller "
+                              f"than the kernel's extent")
         self.bias, self.init = bias, init
-        self.spec = _window_spec(self.kernel, self.stride, self.dilation, "ci", "co", "ci, kh, kw -> co")
+        self.spec = _window_spec(self.kernel, self.stride, self.dilation, self.padding, "ci", "co", "ci, kh, kw -> co")
 
     def __call__(self, x: Tensor) -> Tensor:
         c, h, w = self._expect_axes(x, ("channels", "height", "width"))
         if c is not None and c != self.in_channels:
             raise self._error("the channel axis (output axis 0)", c, f"in_channels={self.in_channels}", x)
-        _check_window(self, x, h, w, self.kernel, self.stride, self.dilation)
+        _check_window(self, x, h, w, self.kernel, self.padding, self.dilation)
         y = _conv2d(x, self.out_channels, self.in_channels, self.kernel, self.spec, self.bias, self.init,
                     label=self.label)
         self._keep(*_conv2d.params(self.label))
@@ -212,14 +215,14 @@ class _Pool(Layer):
         super().__init__(label)
         self.kernel = _pair(kernel_size)
         self.stride = _pair(stride) if stride is not None else self.kernel
-        self.spec = _window_spec(self.kernel, self.stride, (1, 1), "c", "c", "kh, kw")
+        self.spec = _window_spec(self.kernel, self.stride, (1, 1), (0, 0), "c", "c", "kh, kw")
 
     def _kernel(self, value: float) -> Tensor:
         return ndarray(np.full(self.kernel, value), label=f"{self.label}.window")
 
     def _check(self, x: Tensor) -> None:
         _, h, w = self._expect_axes(x, ("channels", "height", "width"))
-        _check_window(self, x, h, w, self.kernel, self.stride, (1, 1))
+        _check_window(self, x, h, w, self.kernel, (0, 0), (1, 1))
 
 
 class MaxPool2d(_Pool):
