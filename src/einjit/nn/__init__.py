@@ -1,6 +1,7 @@
 """einjit.nn: layers, losses, initializers, optimizers and learning-rate schedules, all written in
 einjit's notation so a model's whole training step compiles into one routine."""
 
+from einjit.nn import schedules
 from einjit.nn.layers import (
                               Activation,
                               AvgPool2d,
@@ -17,6 +18,30 @@ from einjit.nn.layers import (
                               Sequential,
 )
 from einjit.nn.losses import bce_with_logits, cross_entropy, hinge, mse, one_hot
+from einjit.nn.optim import SGD, Adam, AdamW, Optimizer
 
-__all__ = ["Activation", "AvgPool2d", "BatchNorm", "Conv2d", "Dropout", "Embedding", "Flatten", "Layer", "LayerNorm",
-           "Linear", "MaxPool2d", "ReLU", "Sequential", "bce_with_logits", "cross_entropy", "hinge", "mse", "one_hot"]
+__all__ = [
+                              "SGD",
+                              "Activation",
+                              "Adam",
+                              "AdamW",
+                              "AvgPool2d",
+                              "BatchNorm",
+                              "Conv2d",
+                              "Dropout",
+                              "Embedding",
+                              "Flatten",
+                              "Layer",
+                              "LayerNorm",
+                              "Linear",
+                              "MaxPool2d",
+                              "Optimizer",
+                              "ReLU",
+                              "Sequential",
+                              "bce_with_logits",
+                              "cross_entropy",
+                              "hinge",
+                              "mse",
+                              "one_hot",
+                              "schedules",
+]
