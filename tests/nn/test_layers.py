@@ -194,3 +194,11 @@ def test_sequential_params_have_readable_labels():
     out = model(x)
     assert [p.label_str for p in out.params()] == ["seq_conv.w", "seq_conv.b", "seq_fc.w", "seq_fc.b"]
     assert [p.label_str for p in model.params()] == ["seq_conv.w", "seq_conv.b", "seq_fc.w", "seq_fc.b"]
+
+
+def test_two_instances_with_one_label_keep_separate_parameters_and_one_instance_shares():
+    a, b = nn.Linear(3, 2, label="twin"), nn.Linear(3, 2, label="twin")
+    x = ej.ndarray(np.ones((2, 3), np.float32), batch_axes=1)
+    ya, yb, ya2 = a(x), b(x), a(ej.ndarray(np.zeros((4, 3), np.float32), batch_axes=1))
+    assert all(p is not q for p in a.params() for q in b.params())
+    assert ya2.params() == ya.params() == a.params()

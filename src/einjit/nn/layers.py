@@ -4,8 +4,9 @@ one routine and its parameters carry readable labels (`conv1.w`, `fc.b`).
 Conventions: batch axes are einjit batch axes; features are output axes (`batch|->features`);
 images are `batch|->channels, height, width`. A `Linear` consumes *all* output axes of its
 input (einjit's `@` composes whole rows), which is what a flatten followed by a linear layer
-computes, so `Flatten` only checks and labels. A layer instance is a labelled definition:
-calling it on two inputs shares its parameters.
+computes, so `Flatten` only checks and labels. A layer instance wraps its own `@ej.op`
+definition, labelled by the instance's label: calling one instance on two inputs shares its
+parameters, two instances never do.
 
 `train()` / `eval()` switch `Dropout` (identity in eval) and `BatchNorm` (running statistics in
 eval). Graphs are static, so the switch applies to the graphs built after it; build the
@@ -73,6 +74,16 @@ class Layer:
     def params(self) -> list[Tensor]:
         return list(self._params)
 
+    def _own_param(self, name: str, n: int, init: str) -> Tensor:
+        """A parameter of this instance outside any `@op` definition (normalization scales)."""
+        found = [p for p in self._params if p.label == [self.label, name]]
+        if found:
+            return found[0]
+        p = param([self.label, name], output_dims=[n])
+        nn_init.set_init(p, init, lambda q: (n, n))
+        self._params.append(p)
+        return p
+
     def _keep(self, *ps: Tensor) -> None:
         for p in ps:
             if all(p is not q for q in self._params):
@@ -97,7 +108,6 @@ class Layer:
 # ------------------------------------------------------------------ linear
 
 
-@op
 def _linear(x: Tensor, out_features: int, bias: bool, weight_init: str) -> Tensor:
     w = param("w", output_dims=[out_features])
     nn_init.set_init(w, weight_init, _fans_weight)
@@ -118,14 +128,15 @@ class Linear(Layer):
                  label: str | None = None):
         super().__init__(label)
         self.in_features, self.out_features, self.bias, self.init = in_features, out_features, bias, init
+        self._definition = op(_linear)
 
     def __call__(self, x: Tensor) -> Tensor:
         dims, open_row = _output_dims(x)
         if dims and None not in dims and not open_row and math.prod(dims) != self.in_features:
             raise self._error(f"the size of the feature axes {dims}", math.prod(dims),
                               f"in_features={self.in_features}", x)
-        y = _linear(x, self.out_features, self.bias, self.init, label=self.label)
-        self._keep(*_linear.params(self.label))
+        y = self._definition(x, self.out_features, self.bias, self.init, label=self.label)
+        self._keep(*self._definition.params(self.label))
         return y
 
 
@@ -155,7 +166,6 @@ def _window_spec(kernel, stride, dilation, padding, channel_in: str, channel_out
 _BIAS = (Template("t =: t1 + t2"), Template("g1 =+ g; g2 =+ g"))
 
 
-@op
 def _conv2d(x: Tensor, out_channels: int, in_channels: int, kernel: tuple[int, int], spec: str, bias: bool,
             weight_init: str) -> Tensor:
     w = param("w", output_dims=[out_channels], input_dims=[in_channels, *kernel])
@@ -193,6 +203,7 @@ class Conv2d(Layer):
             raise TensorError(f"einjit: Conv2d {self.label}: padding {padding} must be non-negative and smaller "
                               f"than the kernel's extent")
         self.bias, self.init = bias, init
+        self._definition = op(_conv2d)
         self.spec = _window_spec(self.kernel, self.stride, self.dilation, self.padding, "ci", "co", "ci, kh, kw -> co")
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -200,9 +211,9 @@ class Conv2d(Layer):
         if c is not None and c != self.in_channels:
             raise self._error("the channel axis (output axis 0)", c, f"in_channels={self.in_channels}", x)
         _check_window(self, x, h, w, self.kernel, self.padding, self.dilation)
-        y = _conv2d(x, self.out_channels, self.in_channels, self.kernel, self.spec, self.bias, self.init,
-                    label=self.label)
-        self._keep(*_conv2d.params(self.label))
+        y = self._definition(x, self.out_channels, self.in_channels, self.kernel, self.spec, self.bias, self.init,
+                             label=self.label)
+        self._keep(*self._definition.params(self.label))
         return y
 
 
@@ -318,9 +329,8 @@ class BatchNorm(Layer):
 
     def __call__(self, x: Tensor) -> Tensor:
         reduce_spec, bspec = self._specs(x)
-        gamma = _bn_param(self.label, "gamma", self.num_features, "ones")
-        beta = _bn_param(self.label, "beta", self.num_features, "zeros")
-        self._keep(gamma, beta)
+        gamma = self._own_param("gamma", self.num_features, "ones")
+        beta = self._own_param("beta", self.num_features, "zeros")
         if self.training:
             mean = reductions.mean(x, reduce_spec)
             centered = reductions.broadcast_op("-", x, mean, bspec)
@@ -350,18 +360,6 @@ def _with_running_update(forward: asg.Asgns, layer: BatchNorm, mean: Tensor, var
     return asg.sequence(forward, asg.BlockComment(f"{layer.label} running statistics", update.asgns))
 
 
-_bn_params: dict[tuple[str, str], Tensor] = {}
-
-
-def _bn_param(label: str, name: str, n: int, init: str) -> Tensor:
-    key = (label, name)
-    if key not in _bn_params:
-        p = param([label, name], output_dims=[n])
-        nn_init.set_init(p, init, lambda q: (n, n))
-        _bn_params[key] = p
-    return _bn_params[key]
-
-
 class LayerNorm(Layer):
     """Normalizes over the last output axis (of size `normalized_shape`), then scales and shifts."""
 
@@ -381,9 +379,8 @@ class LayerNorm(Layer):
         centered = reductions.broadcast_op("-", x, mean, bspec)
         var_eps = reductions.mean(centered * centered + self.eps, spec)
         normed = reductions.broadcast_op("*", centered, activations.rsqrt(var_eps), bspec)
-        gamma = _bn_param(self.label, "gamma", self.n, "ones")
-        beta = _bn_param(self.label, "beta", self.n, "zeros")
-        self._keep(gamma, beta)
+        gamma = self._own_param("gamma", self.n, "ones")
+        beta = self._own_param("beta", self.n, "zeros")
         return normed * gamma + beta
 
 
@@ -396,6 +393,7 @@ class Embedding(Layer):
     def __init__(self, num_embeddings: int, embedding_dim: int, *, label: str | None = None):
         super().__init__(label)
         self.num, self.dim = num_embeddings, embedding_dim
+        self._definition = op(_embedding)
 
     def __call__(self, indices) -> Tensor:
         from einjit.nn.losses import one_hot
@@ -405,12 +403,11 @@ class Embedding(Layer):
         dims, _ = _output_dims(indices)
         if dims and dims[-1] is not None and dims[-1] != self.num:
             raise self._error("the one-hot axis", dims[-1], f"num_embeddings={self.num}", indices)
-        y = _embedding(indices, self.num, self.dim, label=self.label)
-        self._keep(*_embedding.params(self.label))
+        y = self._definition(indices, self.num, self.dim, label=self.label)
+        self._keep(*self._definition.params(self.label))
         return y
 
 
-@op
 def _embedding(onehot: Tensor, num: int, dim: int) -> Tensor:
     table = param("table", output_dims=[dim], input_dims=[num])
     nn_init.set_init(table, "xavier_normal", lambda p: (1, 1))
