@@ -200,5 +200,21 @@ def test_two_instances_with_one_label_keep_separate_parameters_and_one_instance_
     a, b = nn.Linear(3, 2, label="twin"), nn.Linear(3, 2, label="twin")
     x = ej.ndarray(np.ones((2, 3), np.float32), batch_axes=1)
     ya, yb, ya2 = a(x), b(x), a(ej.ndarray(np.zeros((4, 3), np.float32), batch_axes=1))
+    assert yb.params() == b.params()
     assert all(p is not q for p in a.params() for q in b.params())
     assert ya2.params() == ya.params() == a.params()
+
+
+def test_dropout_gradient_is_the_scaled_mask():
+    with ej.default_precision("double"):
+        w = ej.param("wdrop", values=np.linspace(-1, 1, 12), output_dims=[3, 4])
+        y = nn.Dropout(0.5, seed=2, label="gdrop")(ej.einsum("b,f => b|->f", w))
+        loss = ej.sum(y * y)
+        train.init_params(loss)
+        routine = train.to_routine(train.grad_update(loss))
+        routine()
+    mask = (y.value.numpy() != 0) * 2.0
+    wv = w.value.numpy()
+    np.testing.assert_allclose(loss.value.numpy()[0], np.sum((mask * wv) ** 2), rtol=1e-12)
+    np.testing.assert_allclose(w.grad.numpy(), 2 * mask * mask * wv, rtol=1e-12)
+    assert 0 < np.count_nonzero(mask) < 12

@@ -40,12 +40,19 @@ def _auto_label(kind: str) -> str:
     return f"{kind}{next(_counts.setdefault(kind, itertools.count(1)))}"
 
 
-def _fans_weight(p: Tensor) -> tuple[int, int]:
-    """fan_in = cells of the input row (and kernel), fan_out = output row cells times the kernel."""
-    out_cells = int(np.prod([d.d for d in p.shape.output.dims]))
-    in_cells = int(np.prod([d.d for d in p.shape.input.dims]))
-    kernel = int(np.prod([d.d for d in p.shape.input.dims[1:]])) if len(p.shape.input.dims) > 1 else 1
-    return in_cells, out_cells * kernel
+def _cells(row) -> int:
+    return int(np.prod([d.d for d in row.dims]))
+
+
+def _fans_linear(p: Tensor) -> tuple[int, int]:
+    """fan_in = cells of the input row (all feature axes), fan_out = cells of the output row."""
+    return _cells(p.shape.input), _cells(p.shape.output)
+
+
+def _fans_conv(p: Tensor) -> tuple[int, int]:
+    """Input row `[in_channels, kh, kw]`: fan_in = its cells, fan_out = out_channels * kh * kw."""
+    kernel = int(np.prod([d.d for d in p.shape.input.dims[1:]]))
+    return _cells(p.shape.input), _cells(p.shape.output) * kernel
 
 
 def _output_dims(x: Tensor) -> tuple[list[int | None], bool]:
@@ -110,12 +117,12 @@ class Layer:
 
 def _linear(x: Tensor, out_features: int, bias: bool, weight_init: str) -> Tensor:
     w = param("w", output_dims=[out_features])
-    nn_init.set_init(w, weight_init, _fans_weight)
+    nn_init.set_init(w, weight_init, _fans_linear)
     y = w @ x
     if not bias:
         return y
     b = param("b", output_dims=[out_features])
-    nn_init.set_init(b, "bias_uniform", lambda p: _fans_weight(w))
+    nn_init.set_init(b, "bias_uniform", lambda p: _fans_linear(w))
     return b + y
 
 
@@ -169,12 +176,12 @@ _BIAS = (Template("t =: t1 + t2"), Template("g1 =+ g; g2 =+ g"))
 def _conv2d(x: Tensor, out_channels: int, in_channels: int, kernel: tuple[int, int], spec: str, bias: bool,
             weight_init: str) -> Tensor:
     w = param("w", output_dims=[out_channels], input_dims=[in_channels, *kernel])
-    nn_init.set_init(w, weight_init, _fans_weight)
+    nn_init.set_init(w, weight_init, _fans_conv)
     y = einsum(spec, x, w, label="conv")
     if not bias:
         return y
     b = param("b", output_dims=[out_channels])
-    nn_init.set_init(b, "bias_uniform", lambda p: _fans_weight(w))
+    nn_init.set_init(b, "bias_uniform", lambda p: _fans_conv(w))
     fwd, bwd = _BIAS
     return make_op("+", [y, b], logic="... | -> co, oh, ow; co => ... | -> co, oh, ow", forward=fwd, backprop=bwd)
 
