@@ -102,9 +102,7 @@ class Layer:
 
     def _expect_axes(self, x: Tensor, names: Sequence[str]) -> list[int | None]:
         dims, open_row = _output_dims(x)
-        if len(dims) < len(names) and not open_row:
-            raise self._error("the number of output axes", len(dims), f"{len(names)} ({', '.join(names)})", x)
-        if len(dims) > len(names):
+        if len(dims) > len(names) or (len(dims) < len(names) and not open_row):
             raise self._error("the number of output axes", len(dims), f"{len(names)} ({', '.join(names)})", x)
         return [None] * (len(names) - len(dims)) + dims
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from einjit.shape import ShapeError
+from einjit.shape import Dim, ShapeError
 from einjit.tensor import activations, reductions
 from einjit.tensor.operation import Like, as_tensor, einsum, ndarray, relu
 from einjit.tensor.tensor import Tensor, TensorError
@@ -46,7 +46,7 @@ def _class_count(logits: Tensor, axis: int) -> int:
     full, _, _ = reductions.axis_specs(logits, axis, False)
     dims = [d for row in (logits.shape.batch, logits.shape.output, logits.shape.input) for d in row.dims]
     d = dims[axis]
-    if not hasattr(d, "d"):
+    if not isinstance(d, Dim):
         raise ShapeError(f"einjit: cross_entropy: the class axis {axis} of {logits.label_str} ({full}) has no "
                          f"known size yet; pass one-hot targets as a tensor")
     return int(d.d)
