@@ -114,3 +114,15 @@ def test_spec_and_axis_together_are_refused():
 def test_clip_bounds_are_checked():
     with pytest.raises(ej.TensorError, match="lo <= hi"):
         act.clip(ej.number(1.0), 1.0, 0.0)
+
+
+@pytest.mark.parametrize("name", ["gelu", "leaky_relu", "clip", "softplus"])
+def test_activations_keep_the_shape_of_a_tensor_without_output_axes(name):
+    """Numbers inside a template are read at their one cell; they add no output axis."""
+    build, ref = FORWARD[name]
+    v = np.random.default_rng(3).standard_normal((4, 5)).astype(np.float32)
+    per_row = red.sum(ej.ndarray(v, batch_axes=1), axis=-1)
+    out = build(per_row)
+    got = train.forward_once(out)
+    assert out.dims == (4,)
+    np.testing.assert_allclose(got, ref(v.astype(np.float64).sum(-1)), rtol=1e-5, atol=1e-6)
