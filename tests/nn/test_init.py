@@ -34,7 +34,7 @@ def test_host_initializers_follow_pytorch_bounds():
 
 def test_initialization_inside_a_routine():
     _, _, out = _model()
-    rnd._drawn.clear()
+    rnd.reset_streams()
     code = nn_init.init_code(out, seed=5)
     sh.finish_inference()
     routine = train.to_routine(code, name="init")

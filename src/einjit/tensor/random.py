@@ -119,6 +119,12 @@ def normal(like: Like, *, seed: int = 0, label=None) -> Tensor:
     return binop("*", radius, cos(2.0 * math.pi * u2), label=label or "normal", grad_spec=GradSpec.PROHIBIT_GRAD)
 
 
+def reset_streams() -> None:
+    """Start stream numbering afresh, as in a new process: the next program built draws the
+    same numbers as the first one built after import (for reruns inside one process)."""
+    _drawn.clear()
+
+
 def counter(u: Tensor) -> Tensor:
     """The hosted counter of a random tensor: set its value to replay or skip draws."""
     try:
