@@ -218,3 +218,12 @@ def test_dropout_gradient_is_the_scaled_mask():
     np.testing.assert_allclose(loss.value.numpy()[0], np.sum((mask * wv) ** 2), rtol=1e-12)
     np.testing.assert_allclose(w.grad.numpy(), 2 * mask * mask * wv, rtol=1e-12)
     assert 0 < np.count_nonzero(mask) < 12
+
+
+def test_embedding_gradient_float64():
+    rng = np.random.default_rng(8)
+    with ej.default_precision("double"):
+        emb = nn.Embedding(4, 3, label="gemb")
+        loss = weighted_loss(emb(np.array([[0, 3], [3, 1], [2, 2]])), rng)
+        train.init_params(loss, seed=2)
+        check_gradients(loss, emb.params())
