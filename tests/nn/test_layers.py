@@ -227,3 +227,12 @@ def test_embedding_gradient_float64():
         loss = weighted_loss(emb(np.array([[0, 3], [3, 1], [2, 2]])), rng)
         train.init_params(loss, seed=2)
         check_gradients(loss, emb.params())
+
+
+def test_linear_feature_size_is_checked_once_inferred():
+    x = ej.ndarray(np.ones((2, 3, 6, 6), np.float32), batch_axes=1)
+    h = nn.Conv2d(3, 2, 3, label="pre_conv")(x)
+    out = nn.Linear(100, 5, label="late_fc")(h)
+    with pytest.raises(sh.ShapeError, match=r"Linear late_fc: the size of the feature axes \[2, 4, 4\].* is 32, "
+                                           r"expected in_features=100"):
+        train.init_params(out)

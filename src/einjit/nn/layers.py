@@ -134,15 +134,33 @@ class Linear(Layer):
         super().__init__(label)
         self.in_features, self.out_features, self.bias, self.init = in_features, out_features, bias, init
         self._definition = op(_linear)
+        self._init_checked = False
 
     def __call__(self, x: Tensor) -> Tensor:
         dims, open_row = _output_dims(x)
-        if dims and None not in dims and not open_row and math.prod(dims) != self.in_features:
-            raise self._error(f"the size of the feature axes {dims}", math.prod(dims),
-                              f"in_features={self.in_features}", x)
+        known = math.prod(d for d in dims if d is not None)
+        if known > self.in_features or (dims and None not in dims and not open_row and known != self.in_features):
+            raise self._error(f"the size of the feature axes {dims}", known, f"in_features={self.in_features}", x)
         y = self._definition(x, self.out_features, self.bias, self.init, label=self.label)
+        w = self._definition.params(self.label)[0]
+        if not self._init_checked:
+            self._init_checked = True
+            draw = w.init
+
+            def checked_draw(rng):
+                self._check_features(w, x)
+                return draw(rng)
+
+            w.init = checked_draw
         self._keep(*self._definition.params(self.label))
         return y
+
+
+    def _check_features(self, w: Tensor, x: Tensor) -> None:
+        """Once shapes are inferred, the weight's input row is the input's feature axes."""
+        if _cells(w.shape.input) != self.in_features:
+            raise self._error(f"the size of the feature axes {[d.d for d in w.shape.input.dims]}",
+                              _cells(w.shape.input), f"in_features={self.in_features}", x)
 
 
 # ------------------------------------------------------------------ convolution and pooling
