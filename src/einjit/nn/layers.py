@@ -155,7 +155,6 @@ class Linear(Layer):
         self._keep(*self._definition.params(self.label))
         return y
 
-
     def _check_features(self, w: Tensor, x: Tensor) -> None:
         """Once shapes are inferred, the weight's input row is the input's feature axes."""
         if _cells(w.shape.input) != self.in_features:
