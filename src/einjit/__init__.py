@@ -13,11 +13,17 @@ from __future__ import annotations
 import importlib
 
 _OPERATIONS = ("Batch", "add", "batch_slice", "binop", "cos", "div", "einsum", "embed_symbol", "exp", "log",
-               "matmul", "maximum", "mean", "minimum", "mul", "ndarray", "neg", "number", "param", "pow", "recip",
-               "relu", "sigmoid", "sin", "sqrt", "sub", "sum", "tanh", "transpose", "unop", "where")
+               "matmul", "maximum", "minimum", "mul", "ndarray", "neg", "number", "param", "pow", "recip",
+               "relu", "sigmoid", "sin", "sqrt", "sub", "tanh", "transpose", "unop", "where")
+_REDUCTIONS = ("amax", "amin", "log_softmax", "logsumexp", "max", "mean", "min", "softmax", "sum")
+_ACTIVATIONS = ("abs", "clip", "gelu", "leaky_relu", "rsqrt", "softplus")
 _PUBLIC: dict[str, tuple[str, str]] = {
     **{name: ("einjit.tensor.operation", name) for name in _OPERATIONS},
+    **{name: ("einjit.tensor.reductions", name) for name in _REDUCTIONS},
+    **{name: ("einjit.tensor.activations", name) for name in _ACTIVATIONS},
     "range": ("einjit.tensor.operation", "range_"),
+    "uniform": ("einjit.tensor.random", "uniform"),
+    "normal": ("einjit.tensor.random", "normal"),
     "cd": ("einjit.tensor.notation", "cd"),
     "op": ("einjit.tensor.op_scope", "op"),
     "Code": ("einjit.tensor.notation", "Code"),
@@ -36,6 +42,12 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "StaticSymbol": ("einjit.ir.indexing", "StaticSymbol"),
     "get_static_symbol": ("einjit.ir.indexing", "get_static_symbol"),
     "ops": ("einjit.ir.ops", None),
+    "input": ("einjit.tensor.inputs", "input"),
+    "scalar": ("einjit.tensor.inputs", "scalar"),
+    "as_prec": ("einjit.ir.ops", "as_prec"),
+    "save": ("einjit.checkpoint", "save"),
+    "load": ("einjit.checkpoint", "load"),
+    "CheckpointError": ("einjit.checkpoint", "CheckpointError"),
 }
 
 __all__ = sorted(_PUBLIC)

@@ -1,4 +1,4 @@
-"""`python -m einjit demo moons [...]`: the command-line entry point."""
+"""`python -m einjit demo moons|digits [...]`: the command-line entry point."""
 
 from __future__ import annotations
 
@@ -21,7 +21,18 @@ def main(argv: list[str] | None = None) -> int:
                        help="train data-parallel on N multicore devices, one batch each per step")
     moons.add_argument("--mpi", action="store_true",
                        help="train data-parallel across MPI ranks (run under mpiexec -n N; needs einjit[mpi])")
+    digits = demos.add_parser("digits", help="train a small convnet on scikit-learn's 8x8 digits (needs einjit[datasets])")
+    digits.add_argument("--epochs", type=int, default=15)
+    digits.add_argument("--batch-size", type=int, default=32)
+    digits.add_argument("--seed", type=int, default=0)
+    digits.add_argument("--plot", metavar="FILE.png", help="write the loss curves and the test confusion matrix")
+    digits.add_argument("--json", action="store_true", help="print one JSON object with the results")
     args = parser.parse_args(argv)
+    if args.demo == "digits":
+        if args.epochs < 1 or args.batch_size < 1:
+            parser.error("--epochs and --batch-size must be at least 1")
+        from einjit.demo_digits import main_digits
+        return main_digits(args)
     if args.devices < 1 or args.epochs < 1 or args.batch_size < 1:
         parser.error("--devices, --epochs and --batch-size must be at least 1")
     from einjit.demo import main_moons

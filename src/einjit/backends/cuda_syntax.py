@@ -82,6 +82,9 @@ _INT_MATH = """\
   __device__ inline double cos(T x) { return cos((double)x); } \\
   __device__ inline double sqrt(T x) { return sqrt((double)x); } \\
   __device__ inline double tanh(T x) { return tanh((double)x); } \\
+  __device__ inline double fabs(T x) { return fabs((double)x); } \\
+  __device__ inline double erf(T x) { return erf((double)x); } \\
+  __device__ inline double log1p(T x) { return log1p((double)x); } \\
   __device__ inline double pow(T x, T y) { return pow((double)x, (double)y); }
 EINJIT_INT_MATH(unsigned char)
 EINJIT_INT_MATH(int)

@@ -138,6 +138,8 @@ class _Machine:
                     with np.errstate(all="ignore"):
                         return dt(np.float64(x) * np.float64(y) + np.float64(z))
                 return dt(ops.apply_ternop(ops.Ternop.FMA, x, y, z))
+            case ll.Ternop(op, a, b, c):
+                return dt(ops.apply_ternop(op, *(self.eval(e, prec) for e in (a, b, c))))
         raise TypeError(f"not a low-level scalar: {sc!r}")
 
 

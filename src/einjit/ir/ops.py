@@ -15,6 +15,8 @@ from typing import Callable
 
 import numpy as np
 
+from einjit.errors import EinjitError
+
 
 @dataclass(frozen=True, slots=True)
 class Prec:
@@ -46,9 +48,49 @@ double = Prec("double", np.dtype(np.float64), "double", True)
 
 PRECISIONS: dict[str, Prec] = {p.name: p for p in (byte, int32, int64, half, single, double)}
 
+_PREC_ALIASES: dict[str, Prec] = {
+    **PRECISIONS, "float16": half, "float32": single, "float64": double, "uint8": byte,
+}
+
+
+class PrecisionError(EinjitError, ValueError):
+    """A precision given by a name or a NumPy dtype that einjit cannot store or compute in."""
+
+
+def as_prec(spec: "Prec | str | np.dtype | type") -> Prec:
+    """A precision from what a user naturally writes: a `Prec`, a name (`"single"`,
+    `"float32"`, `"double"`, `"float64"`, `"half"`, `"float16"`, ...) or a NumPy dtype or
+    scalar type (`np.float32`, `np.dtype("float64")`), so one spelling works everywhere."""
+    if isinstance(spec, Prec):
+        return spec
+    if isinstance(spec, str):
+        found = _PREC_ALIASES.get(spec.lower())
+        if found is not None:
+            return found
+        if spec.lower() == "bfloat16":
+            raise PrecisionError(
+                "einjit: precision 'bfloat16' is not supported: NumPy has no bfloat16 type and the C "
+                "backend stores no bfloat16 arrays; use 'float32' (or 'float16' for half storage)")
+    try:
+        dtype = np.dtype(spec)
+    except TypeError:
+        dtype = None
+    if dtype is not None:
+        for p in PRECISIONS.values():
+            if p.dtype == dtype:
+                return p
+    known = sorted(_PREC_ALIASES) + ["a NumPy dtype of one of them"]
+    raise PrecisionError(f"einjit: unknown or unsupported precision {spec!r}; use one of {', '.join(known)}")
+
 
 def _np_where(c, a, b):
     return np.where(c != 0, a, b)
+
+
+def _np_erf(x):
+    """NumPy has no erf; the interpreter is the oracle, not a hot path, so `math.erf` per cell."""
+    arr = np.asarray(x)
+    return np.vectorize(math.erf, otypes=[arr.dtype if arr.dtype.kind == "f" else np.float64])(arr)
 
 
 class _OpFace:
@@ -88,6 +130,9 @@ class Unop(_OpFace, enum.Enum):
     NEG = ("(-{0})", np.negative)
     TANH = ("tanh{f}({0})", np.tanh)
     NOT = ("({0} == 0 ? 1 : 0)", lambda x: (x == 0).astype(np.asarray(x).dtype))
+    ABS = ("fabs{f}({0})", np.abs)
+    ERF = ("erf{f}({0})", lambda x: _np_erf(x))
+    LOG1P = ("log1p{f}({0})", np.log1p)
 
 
 class Binop(_OpFace, enum.Enum):
@@ -130,6 +175,7 @@ class Ternop(_OpFace, enum.Enum):
 
     WHERE = ("({0} != 0 ? {1} : {2})", _np_where)
     FMA = ("fma{f}({0}, {1}, {2})", lambda a, b, c: a * b + c)
+    EQ_GATE = ("({0} == {1} ? {2} : 0)", lambda a, b, c: np.where(np.equal(a, b), c, 0))
 
 
 class VecUnop(enum.Enum):

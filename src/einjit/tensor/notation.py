@@ -212,7 +212,7 @@ class _Scope:
         from einjit.tensor.operation import number
         t = number(value, label=label, grad_spec=GradSpec.PROHIBIT_GRAD)
         self.pre.append(consume_forward_code(t))
-        return Operand(t.value_tn, t.shape, NUMBER_SLOT if self.projections is not None else None)
+        return Operand(t.value_tn, t.shape, NUMBER_SLOT)
 
     def literal(self, lit: syn.Literal) -> Operand:
         """An N-d array literal: a constant tensor, as `%op`'s (shared syntax, seed 004)."""
@@ -385,14 +385,33 @@ def slots_for(t: Tensor, children: list[Operand]) -> dict[str, Operand | None]:
     return slots
 
 
+def _with_numbers(proj: asg.Lazy, is_number: list[bool]) -> asg.Lazy:
+    """Projections inferred from the shaped arguments only, with each number read at its one
+    cell: a number must not lend its output axis to a result whose arguments have none."""
+
+    def build() -> Projections:
+        p = proj.force()
+        shaped = iter(zip(p.rhs_dims, p.project_rhs))
+        picked = [((1,), (FixedIdx(0),)) if num else next(shaped) for num in is_number]
+        return Projections(p.product_space, p.product_iterators, p.lhs_dims, tuple(d for d, _ in picked),
+                           p.project_lhs, tuple(i for _, i in picked), p.debug_info)
+
+    return asg.Lazy(build)
+
+
 def pointwise_tensor(op, args: list[Operand], *, where: str) -> Tensor:
-    """A non-differentiable tensor `t =: op(args)` with pointwise broadcasting."""
+    """A non-differentiable tensor `t =: op(args)` with pointwise broadcasting; numbers take
+    no part in the shape."""
     name = op.symbol
     shape = sh.Shape.make(debug_name=name)
+    is_number = [a.slot == NUMBER_SLOT for a in args]
+    shaped = [a.shape for a, num in zip(args, is_number) if not num] or [a.shape for a in args]
     try:
-        proj = infer_projections(shape, None, [a.shape for a in args], where)
+        proj = infer_projections(shape, None, shaped, where)
     except sh.ShapeError as e:
         raise sh.ShapeError(f"{where}: {e}") from None
+    if len(shaped) < len(args):
+        proj = _with_numbers(proj, is_number)
     t = Tensor(label=[name], op_label=name, shape=shape, update_step=None, children=(),
                value_tn=make_node([name], shape, default_prec()), grad_tn=None, projections=proj)
     bufs = [a.buffer() for a in args]

@@ -19,7 +19,8 @@ from einjit.ir.indexing import StaticSymbol
 from einjit.ir.tnode import MemoryType, hosted
 from einjit.tensor import op_scope
 from einjit.tensor.notation import Template, make_op
-from einjit.tensor.tensor import GradSpec, Tensor, TensorError, default_prec, make_node, new_label, register
+from einjit.tensor.tensor import (GradSpec, Tensor, TensorError, check_numeric, default_prec, make_node, new_label,
+                                  register)
 
 Like = "Tensor | float | int | np.ndarray"
 
@@ -182,7 +183,7 @@ def batch_slice(a: Like, static_sym: StaticSymbol, *, label=None) -> Tensor:
 
 def _terminal(lbl: list[str], op_label: str, shape: sh.Shape, grad_spec: GradSpec,
               init: sh.TerminalInit | None = None, prec: ops.Prec | None = None) -> Tensor:
-    p = prec or default_prec()
+    p = default_prec() if prec is None else ops.as_prec(prec)
     if init is not None:
         sh.propagate_shapes(sh.UpdateStep(shape, sh.Terminal(init)))
     diff = grad_spec is GradSpec.REQUIRE_GRAD
@@ -257,7 +258,9 @@ def ndarray(values, *, label: str | None = None, batch_axes: int | None = None, 
     (leading) and `input_axes` (trailing); the rest are output axes.
     """
     if isinstance(values, np.ndarray):
-        data = values
+        data = check_numeric(values, f"ndarray literal {label or ''}".rstrip())
+        if prec is None and data.dtype.kind == "f":
+            prec = ops.as_prec(data.dtype)
         nb, ni = batch_axes or 0, input_axes or 0
         if nb + ni > data.ndim:
             raise TensorError(f"einjit: ndarray literal of {data.ndim} axes cannot have {nb} batch and {ni} input axes")
@@ -274,7 +277,7 @@ def ndarray(values, *, label: str | None = None, batch_axes: int | None = None, 
                           debug_name=label or "ndarray")
     if not dims["output"]:
         data = data.reshape(data.shape[:len(dims["batch"])] + (1,) + data.shape[len(dims["batch"]):])
-    p = prec or default_prec()
+    p = default_prec() if prec is None else ops.as_prec(prec)
     t = _terminal(new_label(label, "ndarray"), "ndarray", shape, GradSpec.PROHIBIT_GRAD, prec=p)
     t.value_tn.update_memory_mode(hosted(MemoryType.CONSTANT), 30)
     t.value_tn.array = np.ascontiguousarray(data, dtype=p.dtype)
@@ -323,6 +326,8 @@ def param(label: str | Sequence[str], values=None, *, output_dims: list[int] | N
     t.grad_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), 32)
     if fill is not None:
         t.init = lambda rng: _fill_values(t, fill)
+        if t.value_tn.dims_known() or (output_dims is not None and input_dims is not None):
+            t.set_values(_fill_values(t, fill))
     else:
         t.init = lambda rng: _INITS[init](rng, t.dims, _row_size(shape.input), _row_size(shape.output))
     t._fwd_done = True

@@ -46,18 +46,18 @@ def default_prec() -> ops.Prec:
 
 
 @contextlib.contextmanager
-def default_precision(prec: ops.Prec | str) -> PyIterator[None]:
-    """Tensors created inside the block get this value/gradient precision."""
-    p = ops.PRECISIONS[prec] if isinstance(prec, str) else prec
-    _default_prec.append(p)
+def default_precision(prec: "ops.Prec | str | np.dtype | type") -> PyIterator[None]:
+    """Tensors created inside the block get this value/gradient precision (a `Prec`, a name such
+    as "float32" or "double", or a NumPy dtype)."""
+    _default_prec.append(ops.as_prec(prec))
     try:
         yield
     finally:
         _default_prec.pop()
 
 
-def set_default_precision(prec: ops.Prec | str) -> None:
-    _default_prec[0] = ops.PRECISIONS[prec] if isinstance(prec, str) else prec
+def set_default_precision(prec: "ops.Prec | str | np.dtype | type") -> None:
+    _default_prec[0] = ops.as_prec(prec)
 
 
 _ids = itertools.count(1)
@@ -96,9 +96,74 @@ def _note_consumed(x: "Tensor", kind: int) -> None:
     for consumed in _consumed_inside:
         consumed[kind].append(x)
 
+_REFUSED_KINDS = {"c": "complex", "O": "object", "U": "string", "S": "bytes", "M": "datetime",
+                  "m": "timedelta", "V": "structured"}
+
+
+def check_numeric(arr: np.ndarray, what: str) -> np.ndarray:
+    """Refuse arrays einjit cannot compute with, naming `what` they were meant for: silently
+    dropping an imaginary part or parsing strings would hide a bug in the caller's data."""
+    kind = _REFUSED_KINDS.get(arr.dtype.kind)
+    if kind is not None:
+        raise TensorError(f"einjit: {what}: {kind} arrays ({arr.dtype}) are not supported; einjit tensors hold "
+                          f"real numbers: convert the data first (e.g. `arr.real` or `arr.astype(np.float32)`)")
+    return arr
+
+
+def _describe(tensor: "Tensor", tn: Tnode) -> str:
+    what = "gradient of tensor" if tn is tensor.grad_tn else "tensor"
+    return f"{what} {tensor.describe()}"
+
+
+def _node_dims(tensor: "Tensor", tn: Tnode) -> tuple[int, ...]:
+    try:
+        return tn.dims
+    except sh.ShapeError as e:
+        raise TensorError(f"einjit: the dims of {_describe(tensor, tn)} are not known yet: its shape is still "
+                          f"being inferred ({e}); compile a routine using it, or give its dims at "
+                          f"creation") from None
+
+
+def _squeezed(dims: Sequence[int]) -> tuple[int, ...]:
+    return tuple(d for d in dims if d != 1)
+
+
+def converted_values(tensor: "Tensor", tn: Tnode, values: object) -> np.ndarray:
+    """`values` as an array of `tn`'s dims and precision, or a `TensorError` saying why not.
+
+    Accepted: exactly the node's dims (batch, output, input axes in memory order), the same
+    dims up to axes of size 1 (labels of shape `(64,)` for a `(64, 1)` tensor), or one number
+    filling every cell. Numbers convert within their kind or up (int → float, float64 →
+    float32 as NumPy's `same_kind` casting allows); complex, object, string and datetime data
+    are refused.
+    """
+    if isinstance(values, Tensor):
+        values = values.numpy()
+    arr = check_numeric(np.asarray(values), f"cannot set the values of {_describe(tensor, tn)}")
+    dtype = tn.prec.dtype
+    if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
+        raise TensorError(f"einjit: cannot set the values of {_describe(tensor, tn)} (precision {tn.prec.name}, "
+                          f"{dtype}) from a {arr.dtype} array without losing its kind; convert it explicitly "
+                          f"with `.astype(np.{dtype})`")
+    dims = _node_dims(tensor, tn)
+    if arr.shape != dims:
+        if arr.ndim == 0 or _squeezed(arr.shape) == _squeezed(dims):
+            arr = np.broadcast_to(arr, dims) if arr.ndim == 0 else arr.reshape(dims)
+        else:
+            raise TensorError(f"einjit: cannot set the values of {_describe(tensor, tn)}: it has dims {dims} "
+                              f"(shape {tensor.shape}, axes in batch, output, input order) but the array has "
+                              f"shape {arr.shape}; reshape the array to {dims}")
+    return arr
+
 
 class NodeView:
-    """`t.value` / `t.grad`: a tensor node seen with its tensor's shape, readable as NumPy."""
+    """`t.value` / `t.grad`: a tensor node seen with its tensor's shape, readable and writable
+    from NumPy.
+
+    Reads (`numpy()`, `v[...]`, `np.asarray(v)`) return *copies*: mutating them never changes
+    the tensor. Writes (`assign`, `v[key] = array`) check the array against the node and store
+    it in place in the host array, which every routine of the node reads.
+    """
 
     __slots__ = ("tensor", "tn", "is_grad")
 
@@ -109,14 +174,80 @@ class NodeView:
     def shape(self) -> sh.Shape:
         return self.tensor.shape
 
+    @property
+    def dims(self) -> tuple[int, ...]:
+        return _node_dims(self.tensor, self.tn)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.tn.prec.dtype
+
+    def _host(self) -> np.ndarray:
+        if self.tn.array is None:
+            raise TensorError(
+                f"einjit: {_describe(self.tensor, self.tn)} has no values on the host yet: it is a parameter "
+                f"not initialized (call train.init_params), an input not set (call set_values), a value "
+                f"not computed by a routine yet, or a node not kept in memory (call .hosted() before "
+                f"compiling the routine that computes it)")
+        return self.tn.array
+
+    def read(self) -> np.ndarray:
+        """The live host array, current as of now: for einjit's own loops, which copy what they
+        hand out. Users get copies from `numpy()`."""
+        return self._host()
+
+    def written(self) -> None:
+        """Called after the host array was written in place: the node's routines see it."""
+
     def numpy(self) -> np.ndarray:
         """A copy of the node's current host values."""
-        if self.tn.array is None:
-            what = "gradient" if self.is_grad else "value"
+        return self._host().copy()
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def __getitem__(self, key) -> np.ndarray:
+        return np.array(self._host()[key], copy=True)
+
+    def _writable(self) -> np.ndarray:
+        """The host array to write into; a node not yet committed to a memory mode becomes
+        hosted, so the writes reach the routines compiled afterwards."""
+        from einjit.ir.tnode import MemoryModeError, MemoryType, hosted
+        if not self.tn.is_hosted():
+            try:
+                self.tn.update_memory_mode(hosted(MemoryType.NONCONSTANT), 70)
+            except MemoryModeError:
+                raise TensorError(
+                    f"einjit: cannot write {_describe(self.tensor, self.tn)}: it is {self.tn.memory_mode}, kept "
+                    f"only inside the routines that compute it; write its inputs or parameters instead, or "
+                    f"call .hosted() on it before compiling") from None
+        if self.tn.is_constant() and self.tn.array is not None:
             raise TensorError(
-                f"einjit: the {what} of tensor {self.tensor.label_str} has no host array: it was not "
-                f"computed by a routine yet, or it is not hosted (call .hosted() before compiling)")
-        return self.tn.array.copy()
+                f"einjit: cannot write {_describe(self.tensor, self.tn)}: it is a constant (ej.ndarray), whose "
+                f"values compiled routines may have folded in; use ej.input(...) for data set per step")
+        return self.tn.host_array()
+
+    def assign(self, values: object) -> None:
+        """Set every cell (see `converted_values` for what is accepted)."""
+        self._writable()[...] = converted_values(self.tensor, self.tn, values)
+        self.written()
+
+    def __setitem__(self, key, values) -> None:
+        if key is Ellipsis or key == slice(None):
+            self.assign(values)
+            return
+        host = self._writable()
+        arr = check_numeric(np.asarray(values), f"cannot set the values of {_describe(self.tensor, self.tn)}")
+        if not np.can_cast(arr.dtype, host.dtype, casting="same_kind"):
+            raise TensorError(f"einjit: cannot write {arr.dtype} values into {_describe(self.tensor, self.tn)} "
+                              f"of precision {self.tn.prec.name}; convert them with `.astype`")
+        try:
+            host[key] = arr
+        except (IndexError, ValueError) as e:
+            raise TensorError(f"einjit: cannot write into {_describe(self.tensor, self.tn)} of dims {host.shape} "
+                              f"at {key!r}: {e}") from None
+        self.written()
 
     def __repr__(self) -> str:
         return f"<{'grad' if self.is_grad else 'value'} of {self.tensor.label_str}: {self.tn!r}>"
@@ -165,8 +296,39 @@ class Tensor:
     def dims(self) -> tuple[int, ...]:
         return self.value_tn.dims
 
+    def describe(self) -> str:
+        """The label for messages; an unlabelled operation also names its arguments."""
+        if self.label != [self.op_label] or not self.children:
+            return repr(self.label_str)
+        return f"{self.label_str!r} (the {self.op_label} of {', '.join(c.describe() for c in self.children)})"
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.value_tn.prec.dtype
+
     def numpy(self) -> np.ndarray:
+        """A copy of the current values (mutating it does not change the tensor)."""
         return self.value.numpy()
+
+    def set_values(self, values: object) -> None:
+        """Write new values in place (checked against the tensor's dims and precision, see
+        `converted_values`); every routine reading this tensor sees them on its next call."""
+        self.value.assign(values)
+
+    # -------------------------------------------------------------- NumPy interop
+
+    #: NumPy defers every ufunc to the tensor's operators: `np_array * t` builds a Tensor.
+    __array_ufunc__ = None
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return self.value.__array__(dtype)
+
+    def __dlpack__(self, **kwargs):
+        """Exports the live host array (no copy): writes through it are the tensor's values."""
+        return self.value._host().__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.value._host().__dlpack_device__()
 
     def hosted(self) -> "Tensor":
         """Keep the value (and gradient) readable from the host after routines run."""
@@ -270,10 +432,13 @@ def consume_forward_code(t: Tensor) -> asg.Asgns:
     """The forward code of `t`'s subtree not yet consumed; `t` stops being a root."""
     if not is_forward_root(t):
         if t._fwd_done:
-            raise TensorError(f"einjit: the forward code of tensor {t.label_str} was already consumed "
-                              f"(compiled into a routine); a subtree's code can be used once")
-        raise TensorError(f"einjit: tensor {t.label_str} is not a forward root: it is an argument of "
-                          f"another tensor, whose code computes it")
+            raise TensorError(f"einjit: the forward code of tensor {t.describe()} was already consumed "
+                              f"(compiled into a routine); a subtree's code can be used once. To run its "
+                              f"forward pass again, e.g. after a training step, compile "
+                              f"`einjit.fit.forward_step(t, inputs=[...])`, which recomputes it")
+        raise TensorError(f"einjit: tensor {t.describe()} is not a forward root: it is an argument of "
+                          f"another tensor, whose code computes it; to compute it on its own, compile "
+                          f"`einjit.fit.forward_step(t, inputs=[...])`")
     del _forward_roots[t.id]
     parts = []
     for x in t.subtree():

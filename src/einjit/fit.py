@@ -1,0 +1,210 @@
+"""Routines that run many times on new data: a training step, a forward pass, and the loops.
+
+`train_step(loss, update, inputs=...)` compiles forward + backprop + update once; `forward_step
+(outputs, inputs=...)` compiles the forward pass of any tensors once. Calling a step writes
+one NumPy array into each of its `ej.input` tensors and runs the routine, so training over a
+data set, evaluation and prediction on new samples never recompile.
+
+A forward step *recomputes* its outputs from parameters and inputs, even when their code was
+already compiled into a training step (the seed consumes a subtree's code once, so the same
+graph could otherwise not be run forward after training). It does not consume the code, so
+a training step compiled afterwards still computes the whole forward pass itself.
+
+The five-line loop `fit` wraps, for a model `mlp` and a hinge loss:
+
+    x, y = ej.input("x", batch_dims=[64], output_dims=[2]), ej.input("y", batch_dims=[64])
+    loss = ej.mean(ej.relu(1 - y * mlp(x)))
+    train.init_params(loss, seed=0)
+    step = fit.train_step(loss, train.sgd_update(loss, 0.1), inputs=[x, y])
+    for xb, yb in data.Loader(X, Y, batch_size=64):   # one epoch, shuffled
+        step(xb, yb)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from einjit import data, train
+from einjit.ir import assignments as asg
+from einjit.ir.tnode import MemoryModeError
+from einjit.tensor.tensor import Tensor, TensorError
+
+
+def _not_inputs(inputs: Sequence[Tensor]) -> list[str]:
+    return [t.describe() for t in inputs if t.op_label != "input"]
+
+
+def _check_params_set(tensors: Iterable[Tensor]) -> None:
+    """Compiling with a parameter that has no values would silently train or predict from
+    zeros (the context allocates zeroed arrays), so it is refused."""
+    missing = sorted({p.label_str for t in tensors for p in t.params() if p.value_tn.array is None})
+    if missing:
+        raise TensorError(f"einjit: parameters {missing} have no values yet: call train.init_params(loss, seed=...) "
+                          f"or einjit.load(...) before compiling")
+
+
+class Step:
+    """A routine compiled once and the input tensors it reads, in call-argument order."""
+
+    def __init__(self, routine: Callable[[], None], inputs: Sequence[Tensor], name: str):
+        bad = _not_inputs(inputs)
+        if bad:
+            raise TensorError(f"einjit: {name}: {bad} are not ej.input tensors; only inputs are written per call")
+        self.routine, self.inputs, self.name = routine, tuple(inputs), name
+        self._hosts = tuple(t.value_tn.host_array() for t in self.inputs)
+
+    def write(self, *arrays: np.ndarray) -> None:
+        """Write one array per input: in place, with a fast path for arrays already of the
+        input's dims and dtype (a data loader's batches), checked otherwise."""
+        if len(arrays) != len(self.inputs):
+            raise TensorError(f"einjit: {self.name} takes {len(self.inputs)} arrays (for "
+                              f"{[t.label_str for t in self.inputs]}), got {len(arrays)}")
+        for t, host, arr in zip(self.inputs, self._hosts, arrays):
+            if type(arr) is np.ndarray and arr.shape == host.shape and arr.dtype == host.dtype:
+                np.copyto(host, arr)
+                t.value.written()
+            else:
+                t.set_values(arr)
+
+    def __call__(self, *arrays: np.ndarray) -> None:
+        self.write(*arrays)
+        self.routine()
+
+
+class TrainStep(Step):
+    """`step(*batch)`: one training step on a batch; `step.loss_value()` reads the loss."""
+
+    def __init__(self, routine: Callable[[], None], inputs: Sequence[Tensor], name: str, loss: Tensor):
+        super().__init__(routine, inputs, name)
+        self.loss = loss
+
+    def loss_value(self) -> float:
+        return float(self.loss.value.read().reshape(-1)[0])
+
+
+class ForwardStep(Step):
+    """`step(*batch)` runs the forward pass and returns copies of the outputs (one array for
+    one output, else a tuple)."""
+
+    def __init__(self, routine: Callable[[], None], inputs: Sequence[Tensor], name: str,
+                 outputs: Sequence[Tensor]):
+        super().__init__(routine, inputs, name)
+        self.outputs = tuple(outputs)
+
+    def __call__(self, *arrays: np.ndarray):  # type: ignore[override]
+        super().__call__(*arrays)
+        outs = tuple(t.value.read().copy() for t in self.outputs)
+        return outs[0] if len(outs) == 1 else outs
+
+
+def forward_code(*outputs: Tensor) -> asg.Asgns:
+    """The forward code of `outputs`' subtrees, every tensor recomputed once, without
+    consuming it; the outputs become hosted (readable)."""
+    for t in outputs:
+        try:
+            t.hosted()
+        except MemoryModeError:
+            raise TensorError(
+                f"einjit: tensor {t.describe()} cannot be read after its routine: the routine compiled first kept "
+                f"it only inside itself ({t.value_tn.memory_mode}). Build the prediction on a new input "
+                f"(`model(ej.input(...))`), or call `.hosted()` on it before compiling that routine") from None
+    seen: dict[int, Tensor] = {}
+    for t in outputs:
+        seen.update((x.id, x) for x in t.subtree())
+    body = asg.sequence(*[seen[k].own_forward for k in sorted(seen)])
+    return asg.BlockComment(f"forward {', '.join(t.label_str for t in outputs)}", body)
+
+
+def forward_step(outputs: Tensor | Sequence[Tensor], *, inputs: Sequence[Tensor], name: str = "forward") -> ForwardStep:
+    """Compile (once) a routine computing `outputs` from the inputs' current values."""
+    outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    _check_params_set(outs)
+    routine = train.to_routine(forward_code(*outs), name=name)
+    return ForwardStep(routine, inputs, name, outs)
+
+
+def train_step(loss: Tensor, update: asg.Asgns | object, *, inputs: Sequence[Tensor],
+               name: str = "train_step") -> TrainStep:
+    """Compile (once) forward, backprop and `update` (e.g. `train.sgd_update(loss, lr)`)."""
+    _check_params_set([loss])
+    routine = train.to_routine([train.grad_update(loss), update], name=name)
+    return TrainStep(routine, inputs, name, loss)
+
+
+# ---------------------------------------------------------------- loops
+
+
+def _progress_bar(total: int, progress: bool | None, desc: str):
+    """tqdm when wanted: `None` uses it if installed; `True` requires the `progress` extra."""
+    if progress is False:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        if progress:
+            raise TensorError("einjit: a progress bar needs tqdm: pip install 'einjit[progress]'") from None
+        return None
+    return tqdm(total=total, desc=desc, unit="batch", file=sys.stderr, leave=False)
+
+
+@dataclass
+class History:
+    """Mean training loss per epoch, and the seconds each epoch took."""
+
+    losses: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+
+def fit(step: TrainStep, loader: data.Loader, *, epochs: int, start_epoch: int = 0, progress: bool | None = None,
+        on_epoch: Callable[[int, float], None] | None = None) -> History:
+    """Train `epochs` epochs (numbered from `start_epoch`, which fixes their shuffles, so a
+    resumed run repeats exactly the batches of an uninterrupted one)."""
+    history = History()
+    for epoch in range(start_epoch, start_epoch + epochs):
+        bar = _progress_bar(len(loader), progress, f"epoch {epoch + 1}")
+        start, total, count = time.perf_counter(), 0.0, 0
+        for batch in loader.epoch(epoch):
+            step(*batch)
+            total += step.loss_value()
+            count += 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{total / count:.4f}", refresh=False)
+        if bar is not None:
+            bar.close()
+        history.losses.append(total / max(1, count))
+        history.seconds.append(time.perf_counter() - start)
+        if on_epoch is not None:
+            on_epoch(epoch, history.losses[-1])
+    return history
+
+
+def predict(step: ForwardStep, *arrays: np.ndarray) -> np.ndarray:
+    """The first output of `step` for every row of `arrays`, in batches of the inputs' batch
+    size (the last one padded by repeating rows, its padding results dropped)."""
+    if len(step.outputs) != 1:
+        raise TensorError(f"einjit: predict needs a forward step with one output, {step.name} has {len(step.outputs)}")
+    batch = step.inputs[0].dims[0] if step.inputs[0].dims else 1
+    out = step.outputs[0]
+    if not out.dims or out.dims[0] != batch:
+        raise TensorError(f"einjit: predict: the output {out.describe()} of dims {out.dims} has no leading batch axis "
+                          f"of the inputs' batch size {batch}")
+    n = len(arrays[0])
+    results = []
+    for chunk in data.batches(arrays, batch):
+        rows = len(chunk[0])
+        if rows < batch:
+            chunk = tuple(np.concatenate([a, np.resize(a, (batch - rows, *a.shape[1:]))]) for a in chunk)
+        results.append(step(*chunk)[:rows])
+    return np.concatenate(results)[:n] if results else np.zeros((0, *out.dims[1:]), out.dtype)
+
+
+def evaluate(step: ForwardStep, inputs: Sequence[np.ndarray], targets: np.ndarray,
+             metric: Callable[[np.ndarray, np.ndarray], float]) -> float:
+    """`metric(predictions, targets)` over held-out data, predicted in batches."""
+    return float(metric(predict(step, *inputs), np.asarray(targets)))

@@ -1,0 +1,98 @@
+"""Initializers in PyTorch's conventions (gain sqrt(2) for kaiming, 1 for xavier), drawn either
+on the host from `train.init_params`' seeded generator once fan-in and fan-out are inferred, or
+inside a compiled routine (`init_code`) from the in-graph random numbers of `einjit.uniform`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from einjit.ir import assignments as asg
+from einjit.tensor.tensor import Tensor, TensorError
+
+Fans = Callable[[Tensor], tuple[int, int]]
+
+
+def _kaiming_uniform(rng, dims, fan_in, fan_out):
+    bound = math.sqrt(6.0 / max(1, fan_in))
+    return rng.uniform(-bound, bound, dims)
+
+
+def _kaiming_normal(rng, dims, fan_in, fan_out):
+    return rng.standard_normal(dims) * math.sqrt(2.0 / max(1, fan_in))
+
+
+def _xavier_uniform(rng, dims, fan_in, fan_out):
+    bound = math.sqrt(6.0 / max(1, fan_in + fan_out))
+    return rng.uniform(-bound, bound, dims)
+
+
+def _xavier_normal(rng, dims, fan_in, fan_out):
+    return rng.standard_normal(dims) * math.sqrt(2.0 / max(1, fan_in + fan_out))
+
+
+def _bias_uniform(rng, dims, fan_in, fan_out):
+    bound = 1.0 / math.sqrt(max(1, fan_in))
+    return rng.uniform(-bound, bound, dims)
+
+
+INITIALIZERS = {
+    "kaiming_uniform": _kaiming_uniform,
+    "kaiming_normal": _kaiming_normal,
+    "xavier_uniform": _xavier_uniform,
+    "xavier_normal": _xavier_normal,
+    "bias_uniform": _bias_uniform,
+    "zeros": lambda rng, dims, fan_in, fan_out: np.zeros(dims),
+    "ones": lambda rng, dims, fan_in, fan_out: np.ones(dims),
+}
+
+
+# The in-graph form of each initializer: (distribution, scale from fan_in and fan_out), the
+# scale being a uniform bound or a normal standard deviation.
+_IN_GRAPH: dict[str, tuple[str, Callable[[int, int], float]]] = {
+    "kaiming_uniform": ("uniform", lambda fi, fo: math.sqrt(6.0 / max(1, fi))),
+    "kaiming_normal": ("normal", lambda fi, fo: math.sqrt(2.0 / max(1, fi))),
+    "xavier_uniform": ("uniform", lambda fi, fo: math.sqrt(6.0 / max(1, fi + fo))),
+    "xavier_normal": ("normal", lambda fi, fo: math.sqrt(2.0 / max(1, fi + fo))),
+    "bias_uniform": ("uniform", lambda fi, fo: 1.0 / math.sqrt(max(1, fi))),
+    "zeros": ("constant", lambda fi, fo: 0.0),
+    "ones": ("constant", lambda fi, fo: 1.0),
+}
+_chosen: dict[int, tuple[str, Fans]] = {}
+
+
+def set_init(p: Tensor, name: str, fans: Fans) -> None:
+    """Give parameter `p` the initializer `name`; `fans(p)` is called once dims are inferred."""
+    if name not in INITIALIZERS:
+        raise TensorError(f"einjit: unknown initializer {name!r} for {p.label_str}; use one of {sorted(INITIALIZERS)}")
+    fn = INITIALIZERS[name]
+    p.init = lambda rng: fn(rng, p.dims, *fans(p))
+    _chosen[p.id] = (name, fans)
+
+
+def init_code(params: Tensor | Iterable[Tensor], *, seed: int = 0) -> asg.Asgns:
+    """Assignments that initialize `params` inside a routine, from in-graph random numbers: the
+    same distributions as `train.init_params`, different draws. Run the routine once."""
+    from einjit.tensor import random as rnd
+    from einjit.tensor.notation import cd
+    from einjit.tensor.operation import _lazy_number
+
+    out = []
+    for p in params.params() if isinstance(params, Tensor) else params:
+        if p.id not in _chosen:
+            raise TensorError(f"einjit: parameter {p.label_str} has no einjit.nn initializer to run in a routine; "
+                              f"give it one with einjit.nn.init.set_init")
+        name, fans = _chosen[p.id]
+        kind, scale_of = _IN_GRAPH[name]
+        scale = _lazy_number(asg.Lazy(lambda p=p, fans=fans, scale_of=scale_of: scale_of(*fans(p))))
+        match kind:
+            case "uniform":
+                code = cd("p =: s * (u + u - 1)", p=p.value, s=scale, u=rnd.uniform(p, seed=seed))
+            case "normal":
+                code = cd("p =: s * n", p=p.value, s=scale, n=rnd.normal(p, seed=seed))
+            case _:
+                code = cd("p =: s", p=p.value, s=scale)
+        out.append(asg.BlockComment(f"init {p.label_str} ({name})", code.asgns))
+    return asg.sequence(*out)

@@ -1,0 +1,479 @@
+"""Layers: thin `@ej.op` definitions over einjit's notation, so a whole model still compiles to
+one routine and its parameters carry readable labels (`conv1.w`, `fc.b`).
+
+Conventions: batch axes are einjit batch axes; features are output axes (`batch|->features`);
+images are `batch|->channels, height, width`. A `Linear` consumes *all* output axes of its
+input (einjit's `@` composes whole rows), which is what a flatten followed by a linear layer
+computes, so `Flatten` only checks and labels. A layer instance wraps its own `@ej.op`
+definition, labelled by the instance's label: calling one instance on two inputs shares its
+parameters, two instances never do.
+
+`train()` / `eval()` switch `Dropout` (identity in eval) and `BatchNorm` (running statistics in
+eval). Graphs are static, so the switch applies to the graphs built after it; build the
+evaluation graph after `model.eval()`.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from einjit.ir import assignments as asg
+from einjit.nn import init as nn_init
+from einjit.shape import Dim, RowVar, ShapeError
+from einjit.tensor import activations, reductions
+from einjit.tensor import random as rnd
+from einjit.tensor.notation import Template, cd, make_op
+from einjit.tensor.op_scope import op
+from einjit.tensor.operation import _lazy_number, einsum, ndarray, param, relu
+from einjit.tensor.state import state
+from einjit.tensor.tensor import Tensor, TensorError
+
+_counts: dict[str, Iterator[int]] = {}
+
+
+def _auto_label(kind: str) -> str:
+    return f"{kind}{next(_counts.setdefault(kind, itertools.count(1)))}"
+
+
+def _cells(row) -> int:
+    return int(np.prod([d.d for d in row.dims]))
+
+
+def _fans_linear(p: Tensor) -> tuple[int, int]:
+    """fan_in = cells of the input row (all feature axes), fan_out = cells of the output row."""
+    return _cells(p.shape.input), _cells(p.shape.output)
+
+
+def _fans_conv(p: Tensor) -> tuple[int, int]:
+    """Input row `[in_channels, kh, kw]`: fan_in = its cells, fan_out = out_channels * kh * kw."""
+    kernel = int(np.prod([d.d for d in p.shape.input.dims[1:]]))
+    return _cells(p.shape.input), _cells(p.shape.output) * kernel
+
+
+def _output_dims(x: Tensor) -> tuple[list[int | None], bool]:
+    """The known output axes of `x` (None where not inferred yet) and whether more may lead."""
+    row = x.shape.output
+    return [d.d if isinstance(d, Dim) else None for d in row.dims], isinstance(row.bcast, RowVar)
+
+
+class Layer:
+    """A labelled definition with a train/eval flag."""
+
+    kind = "layer"
+
+    def __init__(self, label: str | None = None):
+        self.label = label or _auto_label(self.kind.lower())
+        self.training = True
+        self._params: list[Tensor] = []
+
+    def train(self, mode: bool = True) -> Layer:
+        self.training = mode
+        return self
+
+    def eval(self) -> Layer:
+        return self.train(False)
+
+    def params(self) -> list[Tensor]:
+        return list(self._params)
+
+    def _own_param(self, name: str, n: int, init: str) -> Tensor:
+        """A parameter of this instance outside any `@op` definition (normalization scales)."""
+        found = [p for p in self._params if p.label == [self.label, name]]
+        if found:
+            return found[0]
+        p = param([self.label, name], output_dims=[n])
+        nn_init.set_init(p, init, lambda q: (n, n))
+        self._params.append(p)
+        return p
+
+    def _keep(self, *ps: Tensor) -> None:
+        for p in ps:
+            if all(p is not q for q in self._params):
+                self._params.append(p)
+
+    def _error(self, axis: str, got, expected: str, x: Tensor) -> ShapeError:
+        return ShapeError(f"einjit: {self.kind} {self.label}: {axis} of its input {x.label_str} (shape {x.shape}) "
+                          f"is {got}, expected {expected}")
+
+    def _expect_axes(self, x: Tensor, names: Sequence[str]) -> list[int | None]:
+        dims, open_row = _output_dims(x)
+        if len(dims) > len(names) or (len(dims) < len(names) and not open_row):
+            raise self._error("the number of output axes", len(dims), f"{len(names)} ({', '.join(names)})", x)
+        return [None] * (len(names) - len(dims)) + dims
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.label})"
+
+
+# ------------------------------------------------------------------ linear
+
+
+def _linear(x: Tensor, out_features: int, bias: bool, weight_init: str) -> Tensor:
+    w = param("w", output_dims=[out_features])
+    nn_init.set_init(w, weight_init, _fans_linear)
+    y = w @ x
+    if not bias:
+        return y
+    b = param("b", output_dims=[out_features])
+    nn_init.set_init(b, "bias_uniform", lambda p: _fans_linear(w))
+    return b + y
+
+
+class Linear(Layer):
+    """`w @ x + b` over all output axes of `x` (`in_features` is their total size)."""
+
+    kind = "Linear"
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = True, init: str = "kaiming_uniform",
+                 label: str | None = None):
+        super().__init__(label)
+        self.in_features, self.out_features, self.bias, self.init = in_features, out_features, bias, init
+        self._definition = op(_linear)
+        self._init_checked = False
+
+    def __call__(self, x: Tensor) -> Tensor:
+        dims, open_row = _output_dims(x)
+        known = math.prod(d for d in dims if d is not None)
+        if known > self.in_features or (dims and None not in dims and not open_row and known != self.in_features):
+            raise self._error(f"the size of the feature axes {dims}", known, f"in_features={self.in_features}", x)
+        y = self._definition(x, self.out_features, self.bias, self.init, label=self.label)
+        w = self._definition.params(self.label)[0]
+        if not self._init_checked:
+            self._init_checked = True
+            draw = w.init
+
+            def checked_draw(rng):
+                self._check_features(w, x)
+                return draw(rng)
+
+            w.init = checked_draw
+        self._keep(*self._definition.params(self.label))
+        return y
+
+    def _check_features(self, w: Tensor, x: Tensor) -> None:
+        """Once shapes are inferred, the weight's input row is the input's feature axes."""
+        if _cells(w.shape.input) != self.in_features:
+            raise self._error(f"the size of the feature axes {[d.d for d in w.shape.input.dims]}",
+                              _cells(w.shape.input), f"in_features={self.in_features}", x)
+
+
+# ------------------------------------------------------------------ convolution and pooling
+
+
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else (int(v[0]), int(v[1]))
+
+
+def _conv_axis(out: str, kernel: str, size: int, stride: int, dilation: int, padding: int) -> str:
+    """`stride*out+dilation*kernel-padding`; a kernel of size 1 contributes no term (its only
+    index is 0), which also keeps shape inference from reading the size-1 axis as a broadcast.
+    A negative offset is padding: reads past either end give zeros."""
+    o = out if stride == 1 else f"{stride}*{out}"
+    k = "" if size == 1 else f"+{kernel}" if dilation == 1 else f"+{dilation}*{kernel}"
+    offset = f"-{padding}" if padding else "+0" if stride > 1 and size == 1 else ""
+    return f"{o}{k}{offset}"
+
+
+def _window_spec(kernel, stride, dilation, padding, channel_in: str, channel_out: str, kernel_slot: str) -> str:
+    ah = _conv_axis("oh", "kh", kernel[0], stride[0], dilation[0], padding[0])
+    aw = _conv_axis("ow", "kw", kernel[1], stride[1], dilation[1], padding[1])
+    return f"... | -> {channel_in}, {ah}, {aw}; {kernel_slot} => ... | -> {channel_out}, oh, ow"
+
+
+_BIAS = (Template("t =: t1 + t2"), Template("g1 =+ g; g2 =+ g"))
+
+
+def _conv2d(x: Tensor, out_channels: int, in_channels: int, kernel: tuple[int, int], spec: str, bias: bool,
+            weight_init: str) -> Tensor:
+    w = param("w", output_dims=[out_channels], input_dims=[in_channels, *kernel])
+    nn_init.set_init(w, weight_init, _fans_conv)
+    y = einsum(spec, x, w, label="conv")
+    if not bias:
+        return y
+    b = param("b", output_dims=[out_channels])
+    nn_init.set_init(b, "bias_uniform", lambda p: _fans_conv(w))
+    fwd, bwd = _BIAS
+    return make_op("+", [y, b], logic="... | -> co, oh, ow; co => ... | -> co, oh, ow", forward=fwd, backprop=bwd)
+
+
+def _check_window(layer: Layer, x: Tensor, h: int | None, w: int | None, kernel, padding, dilation) -> None:
+    for name, size, k, p, d in (("height", h, kernel[0], padding[0], dilation[0]),
+                                ("width", w, kernel[1], padding[1], dilation[1])):
+        extent = d * (k - 1) + 1 - 2 * p
+        if size is not None and size < extent:
+            raise layer._error(f"the {name} axis", size, f"at least {extent} (kernel {k}, dilation {d}, "
+                               f"padding {p})", x)
+
+
+class Conv2d(Layer):
+    """2-D convolution over `batch|->channels, height, width` (cross-correlation, as PyTorch)."""
+
+    kind = "Conv2d"
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, *, stride=1, padding=0, dilation=1,
+                 bias: bool = True, init: str = "kaiming_uniform", label: str | None = None):
+        super().__init__(label)
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel, self.stride, self.dilation = _pair(kernel_size), _pair(stride), _pair(dilation)
+        self.padding = _pair(padding)
+        if min(self.padding) < 0 or max(self.padding) >= max(self.kernel) * max(self.dilation):
+            raise TensorError(f"einjit: Conv2d {self.label}: padding {padding} must be non-negative and smaller "
+                              f"than the kernel's extent")
+        self.bias, self.init = bias, init
+        self._definition = op(_conv2d)
+        self.spec = _window_spec(self.kernel, self.stride, self.dilation, self.padding, "ci", "co", "ci, kh, kw -> co")
+
+    def __call__(self, x: Tensor) -> Tensor:
+        c, h, w = self._expect_axes(x, ("channels", "height", "width"))
+        if c is not None and c != self.in_channels:
+            raise self._error("the channel axis (output axis 0)", c, f"in_channels={self.in_channels}", x)
+        _check_window(self, x, h, w, self.kernel, self.padding, self.dilation)
+        y = self._definition(x, self.out_channels, self.in_channels, self.kernel, self.spec, self.bias, self.init,
+                             label=self.label)
+        self._keep(*self._definition.params(self.label))
+        return y
+
+
+_MAXPOOL = (Template("t =:^^ arg1(t1, t2)"), Template("g1 =+ eq_gate(t1, t, g)"))
+_AVGPOOL = (Template("t =:+ t1 * t2"), Template("g1 =+ g * t2"))
+
+
+class _Pool(Layer):
+    def __init__(self, kernel_size, stride=None, *, label: str | None = None):
+        super().__init__(label)
+        self.kernel = _pair(kernel_size)
+        self.stride = _pair(stride) if stride is not None else self.kernel
+        self.spec = _window_spec(self.kernel, self.stride, (1, 1), (0, 0), "c", "c", "kh, kw")
+
+    def _kernel(self, value: float) -> Tensor:
+        return ndarray(np.full(self.kernel, value), label=f"{self.label}.window")
+
+    def _check(self, x: Tensor) -> None:
+        _, h, w = self._expect_axes(x, ("channels", "height", "width"))
+        _check_window(self, x, h, w, self.kernel, (0, 0), (1, 1))
+
+
+class MaxPool2d(_Pool):
+    """Maximum over windows; the gradient goes to the window's maximal cells."""
+
+    kind = "MaxPool2d"
+
+    def __call__(self, x: Tensor) -> Tensor:
+        self._check(x)
+        fwd, bwd = _MAXPOOL
+        return make_op("maxpool", [x, self._kernel(0.0)], logic=self.spec, forward=fwd, backprop=bwd,
+                       label=self.label)
+
+
+class AvgPool2d(_Pool):
+    """Mean over windows: a convolution with a constant kernel of `1 / window size`."""
+
+    kind = "AvgPool2d"
+
+    def __call__(self, x: Tensor) -> Tensor:
+        self._check(x)
+        fwd, bwd = _AVGPOOL
+        return make_op("avgpool", [x, self._kernel(1.0 / math.prod(self.kernel))], logic=self.spec, forward=fwd,
+                       backprop=bwd, label=self.label)
+
+
+class Flatten(Layer):
+    """Marks the hand-over from feature maps to a `Linear`, which already consumes every output
+    axis; it checks that the input's output axes are known and passes the tensor on."""
+
+    kind = "Flatten"
+
+    def __call__(self, x: Tensor) -> Tensor:
+        dims, _ = _output_dims(x)
+        if not dims:
+            raise self._error("the output row", "empty or not inferred", "the feature axes to flatten", x)
+        return x
+
+
+# ------------------------------------------------------------------ dropout
+
+
+@functools.cache
+def _dropout_templates(p: float) -> tuple[Template, Template]:
+    scale = 1.0 / (1.0 - p)
+    return (Template(f"t =: where(t2 < {p!r}, 0, t1 * {scale!r})"),
+            Template(f"g1 =+ where(t2 < {p!r}, 0, g * {scale!r})"))
+
+
+class Dropout(Layer):
+    """Zeroes each cell with probability `p` in training, scaling the rest by `1/(1-p)`; the mask
+    is drawn inside the compiled routine (`einjit.uniform`), fresh at every run."""
+
+    kind = "Dropout"
+
+    def __init__(self, p: float = 0.5, *, seed: int = 0, label: str | None = None):
+        super().__init__(label)
+        if not 0.0 <= p < 1.0:
+            raise TensorError(f"einjit: Dropout {self.label}: p must be in [0, 1), got {p}")
+        self.p, self.seed = float(p), seed
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        u = rnd.uniform(x, seed=self.seed, label=f"{self.label}.uniform")
+        fwd, bwd = _dropout_templates(self.p)
+        return make_op("dropout", [x, u], logic=None, forward=fwd, backprop=bwd, label=self.label)
+
+
+# ------------------------------------------------------------------ normalization
+
+
+class BatchNorm(Layer):
+    """Normalizes each channel (output axis 0) over the batch and any further output axes."""
+
+    kind = "BatchNorm"
+
+    def __init__(self, num_features: int, *, eps: float = 1e-5, momentum: float = 0.1, label: str | None = None):
+        super().__init__(label)
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.running_mean = state([self.label, "running_mean"], np.zeros(num_features))
+        self.running_var = state([self.label, "running_var"], np.ones(num_features))
+
+    def _specs(self, x: Tensor) -> tuple[str, str]:
+        dims, _ = _output_dims(x)
+        if not dims:
+            raise self._error("the output row", "empty", f"a channel axis of {self.num_features}", x)
+        if dims[0] is not None and dims[0] != self.num_features:
+            raise self._error("the channel axis (output axis 0)", dims[0], f"num_features={self.num_features}", x)
+        rest = ", ".join(f"s{k}" for k in range(1, len(dims)))
+        full = f"... | -> c{', ' + rest if rest else ''}"
+        return f"{full} => c", f"{full}; c => {full}"
+
+    def __call__(self, x: Tensor) -> Tensor:
+        reduce_spec, bspec = self._specs(x)
+        gamma = self._own_param("gamma", self.num_features, "ones")
+        beta = self._own_param("beta", self.num_features, "zeros")
+        if self.training:
+            mean = reductions.mean(x, reduce_spec)
+            centered = reductions.broadcast_op("-", x, mean, bspec)
+            var_eps = reductions.mean(centered * centered + self.eps, reduce_spec)
+        else:
+            mean, var_eps = self.running_mean, self.running_var + self.eps
+            centered = reductions.broadcast_op("-", x, mean, bspec)
+        inv_std = activations.rsqrt(var_eps)
+        normed = reductions.broadcast_op("*", centered, inv_std * gamma, bspec)
+        y = reductions.broadcast_op("+", normed, beta, bspec, label=self.label)
+        if self.training:
+            y.own_forward = _with_running_update(y.own_forward, self, mean, var_eps, _count_tensor(x, mean))
+        return y
+
+
+def _count_tensor(x: Tensor, stat: Tensor) -> Tensor:
+    """Cells per channel, known once shapes are inferred (for the unbiased running variance)."""
+    return _lazy_number(asg.Lazy(lambda: float(np.prod(x.dims)) / float(np.prod(stat.dims))))
+
+
+def _with_running_update(forward: asg.Asgns, layer: BatchNorm, mean: Tensor, var_eps: Tensor,
+                         count: Tensor) -> asg.Asgns:
+    m = layer.momentum
+    update = cd(f"rm =: {1 - m!r} * rm + {m!r} * bm; "
+                f"rv =: {1 - m!r} * rv + {m!r} * ((bv - {layer.eps!r}) * (n / (n - 1)))",
+                rm=layer.running_mean.value, rv=layer.running_var.value, bm=mean.value, bv=var_eps.value, n=count)
+    return asg.sequence(forward, asg.BlockComment(f"{layer.label} running statistics", update.asgns))
+
+
+class LayerNorm(Layer):
+    """Normalizes over the last output axis (of size `normalized_shape`), then scales and shifts."""
+
+    kind = "LayerNorm"
+
+    def __init__(self, normalized_shape: int, *, eps: float = 1e-5, label: str | None = None):
+        super().__init__(label)
+        self.n, self.eps = normalized_shape, eps
+
+    def __call__(self, x: Tensor) -> Tensor:
+        dims, _ = _output_dims(x)
+        if not dims or (dims[-1] is not None and dims[-1] != self.n):
+            raise self._error("the last output axis", dims[-1] if dims else "missing", f"normalized_shape={self.n}", x)
+        full, reduced, spec = reductions.axis_specs(x, -1, False)
+        bspec = f"{full}; {reduced} => {full}"
+        mean = reductions.mean(x, spec)
+        centered = reductions.broadcast_op("-", x, mean, bspec)
+        var_eps = reductions.mean(centered * centered + self.eps, spec)
+        normed = reductions.broadcast_op("*", centered, activations.rsqrt(var_eps), bspec)
+        gamma = self._own_param("gamma", self.n, "ones")
+        beta = self._own_param("beta", self.n, "zeros")
+        return normed * gamma + beta
+
+
+class Embedding(Layer):
+    """Rows of a `num_embeddings x embedding_dim` table picked by integer indices (given as a NumPy
+    array, checked against the table size) or by one-hot rows (a tensor)."""
+
+    kind = "Embedding"
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, label: str | None = None):
+        super().__init__(label)
+        self.num, self.dim = num_embeddings, embedding_dim
+        self._definition = op(_embedding)
+
+    def __call__(self, indices) -> Tensor:
+        from einjit.nn.losses import one_hot
+        if not isinstance(indices, Tensor):
+            arr = np.asarray(indices)
+            indices = ndarray(one_hot(arr, self.num), batch_axes=arr.ndim, label=f"{self.label}.indices")
+        dims, _ = _output_dims(indices)
+        if dims and dims[-1] is not None and dims[-1] != self.num:
+            raise self._error("the one-hot axis", dims[-1], f"num_embeddings={self.num}", indices)
+        y = self._definition(indices, self.num, self.dim, label=self.label)
+        self._keep(*self._definition.params(self.label))
+        return y
+
+
+def _embedding(onehot: Tensor, num: int, dim: int) -> Tensor:
+    table = param("table", output_dims=[dim], input_dims=[num])
+    nn_init.set_init(table, "xavier_normal", lambda p: (1, 1))
+    return table @ onehot
+
+
+class Sequential(Layer):
+    """Layers applied in order; `params()` lists theirs in order."""
+
+    kind = "Sequential"
+
+    def __init__(self, *layers, label: str | None = None):
+        super().__init__(label)
+        self.layers = list(layers)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def train(self, mode: bool = True) -> Sequential:
+        self.training = mode
+        for layer in self.layers:
+            if isinstance(layer, Layer):
+                layer.train(mode)
+        return self
+
+    def params(self) -> list[Tensor]:
+        return [p for layer in self.layers if isinstance(layer, Layer) for p in layer.params()]
+
+
+
+class Activation(Layer):
+    """A pointwise function as a layer of a `Sequential` (`Activation(ej.relu)`)."""
+
+    kind = "Activation"
+
+    def __init__(self, fn, *, label: str | None = None):
+        super().__init__(label)
+        self.fn = fn
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.fn(x)
+
+
+def ReLU() -> Activation:
+    return Activation(relu, label=_auto_label("relu"))

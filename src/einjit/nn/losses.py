@@ -1,0 +1,84 @@
+"""Losses, each reduced to one cell (`reduction="mean"` or `"sum"`) or left per cell (`"none"`).
+
+All are compositions of stable pieces: cross-entropy is `logsumexp(z) - sum(target * z)` with
+the max subtracted inside `logsumexp`, and `bce_with_logits` is `softplus(z) - z * y`, so
+logits of 1e4 give finite losses and finite gradients.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from einjit.shape import Dim, ShapeError
+from einjit.tensor import activations, reductions
+from einjit.tensor.operation import Like, as_tensor, einsum, ndarray, relu
+from einjit.tensor.tensor import Tensor, TensorError
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def one_hot(labels, num_classes: int, *, dtype=np.float32) -> np.ndarray:
+    """Integer class labels as one-hot rows; a label outside `0 .. num_classes-1` is an error."""
+    arr = np.asarray(labels)
+    if arr.dtype.kind not in "iu" and not (arr.dtype.kind == "f" and np.all(arr == np.round(arr))):
+        raise TensorError(f"einjit: class labels must be integers, got dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    bad = (arr < 0) | (arr >= num_classes)
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise TensorError(f"einjit: class label {int(arr[where])} at index {where} is outside the class range "
+                          f"0..{num_classes - 1}")
+    return np.eye(num_classes, dtype=dtype)[arr]
+
+
+def _reduce(per_cell: Tensor, reduction: str, label: str) -> Tensor:
+    if reduction not in _REDUCTIONS:
+        raise TensorError(f"einjit: {label}: reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+    match reduction:
+        case "mean":
+            return reductions.mean(per_cell, label=label)
+        case "sum":
+            return reductions.sum(per_cell, label=label)
+    return per_cell
+
+
+def _class_count(logits: Tensor, axis: int) -> int:
+    full, _, _ = reductions.axis_specs(logits, axis, False)
+    dims = [d for row in (logits.shape.batch, logits.shape.output, logits.shape.input) for d in row.dims]
+    d = dims[axis]
+    if not isinstance(d, Dim):
+        raise ShapeError(f"einjit: cross_entropy: the class axis {axis} of {logits.label_str} ({full}) has no "
+                         f"known size yet; pass one-hot targets as a tensor")
+    return int(d.d)
+
+
+def cross_entropy(logits: Tensor, target: Like, *, axis: int = -1, reduction: str = "mean",
+                  label: str | None = None) -> Tensor:
+    """Softmax cross-entropy along the class axis. `target` is a tensor of one-hot rows (or class
+    probabilities) of the logits' shape, or a NumPy array of integer labels (checked)."""
+    if isinstance(target, (np.ndarray, list, tuple)):
+        arr = np.asarray(target)
+        n_batch = len(logits.shape.batch.dims)
+        hot = one_hot(arr.reshape(arr.shape[:n_batch]), _class_count(logits, axis), dtype=logits.value_tn.prec.dtype)
+        target = ndarray(hot, batch_axes=n_batch, label="targets")
+    y = as_tensor(target)
+    full, reduced, _ = reductions.axis_specs(logits, axis, False)
+    picked = einsum(f"{full}; {full} => {reduced}", y, logits, label="target_logit")
+    per_sample = reductions.logsumexp(logits, axis) - picked
+    return _reduce(per_sample, reduction, label or "cross_entropy")
+
+
+def mse(pred: Tensor, target: Like, *, reduction: str = "mean", label: str | None = None) -> Tensor:
+    diff = pred - as_tensor(target)
+    return _reduce(diff * diff, reduction, label or "mse")
+
+
+def bce_with_logits(logits: Tensor, target: Like, *, reduction: str = "mean", label: str | None = None) -> Tensor:
+    """Binary cross-entropy of `sigmoid(logits)` against targets in [0, 1]."""
+    return _reduce(activations.softplus(logits) - logits * as_tensor(target), reduction, label or "bce_with_logits")
+
+
+def hinge(scores: Tensor, target: Like, *, margin: float = 1.0, reduction: str = "mean",
+          label: str | None = None) -> Tensor:
+    """`max(0, margin - y * s)` for labels `y` of ±1."""
+    return _reduce(relu(margin - as_tensor(target) * scores), reduction, label or "hinge")

@@ -1,0 +1,82 @@
+"""Pointwise activations beyond the core operation set, each with its backprop in `%cd`.
+
+`softplus` is written as `relu(x) + log1p(exp(-|x|))` so that it neither overflows for large
+positive inputs nor loses the linear part; its derivative, the sigmoid, is `recip(1 + exp(-x))`,
+which saturates to 0 or 1 without producing NaN. `gelu` is the exact (erf) form, as PyTorch's
+default. Templates with a constant (a slope, clip bounds) are parsed once per constant.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from einjit.tensor.notation import Template, make_op
+from einjit.tensor.operation import Like, as_tensor
+from einjit.tensor.tensor import Tensor, TensorError
+
+_SQRT1_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+_UNARY = {
+    "abs": (Template("t =: abs(t1)"), Template("g1 =+ where(t1 < 0, -g, g)")),
+    "softplus": (Template("t =: relu(t1) + log1p(exp(-abs(t1)))"), Template("g1 =+ g * recip(1 + exp(-t1))")),
+    "gelu": (Template(f"t =: t1 * (0.5 + 0.5 * erf({_SQRT1_2!r} * t1))"),
+             Template(f"g1 =+ g * ((0.5 + 0.5 * erf({_SQRT1_2!r} * t1)) "
+                      f"+ t1 * ({_INV_SQRT_2PI!r} * exp(-0.5 * (t1 * t1))))")),
+}
+
+
+def _unary(name: str, x: Like, label) -> Tensor:
+    fwd, bwd = _UNARY[name]
+    return make_op(name, [as_tensor(x)], logic=None, forward=fwd, backprop=bwd, label=label)
+
+
+def abs(x: Like, *, label=None) -> Tensor:
+    """`|x|`; the gradient at 0 is taken as the right derivative, `g`."""
+    return _unary("abs", x, label)
+
+
+def softplus(x: Like, *, label=None) -> Tensor:
+    """`log(1 + exp(x))`, stable for inputs of any magnitude."""
+    return _unary("softplus", x, label)
+
+
+def gelu(x: Like, *, label=None) -> Tensor:
+    """`x * Phi(x)` with the normal CDF `Phi` from `erf`."""
+    return _unary("gelu", x, label)
+
+
+@functools.cache
+def _leaky(slope: float) -> tuple[Template, Template]:
+    return (Template(f"t =: where(t1 < 0, {slope!r} * t1, t1)"),
+            Template(f"g1 =+ where(t1 < 0, {slope!r} * g, g)"))
+
+
+def leaky_relu(x: Like, negative_slope: float = 0.01, *, label=None) -> Tensor:
+    fwd, bwd = _leaky(float(negative_slope))
+    return make_op("leaky_relu", [as_tensor(x)], logic=None, forward=fwd, backprop=bwd, label=label)
+
+
+@functools.cache
+def _clip(lo: float, hi: float) -> tuple[Template, Template]:
+    return (Template(f"t =: min(max(t1, {lo!r}), {hi!r})"),
+            Template(f"g1 =+ where(t1 < {lo!r}, 0, where({hi!r} < t1, 0, g))"))
+
+
+def clip(x: Like, lo: float, hi: float, *, label=None) -> Tensor:
+    """`x` limited to `[lo, hi]`; the gradient passes inside the closed interval."""
+    if not lo <= hi:
+        raise TensorError(f"einjit: clip needs lo <= hi, got lo={lo} hi={hi}")
+    fwd, bwd = _clip(float(lo), float(hi))
+    return make_op("clip", [as_tensor(x)], logic=None, forward=fwd, backprop=bwd, label=label)
+
+
+_RSQRT = (Template("t =: recip(sqrt(t1))"), Template("g1 =- (g * t) / (t1 + t1)"))
+
+
+def rsqrt(x: Like, *, label=None) -> Tensor:
+    """`1 / sqrt(x)`. Its templates hold no number: a nested number is a one-cell tensor whose
+    output axis would be broadcast into an argument that has none (a per-row statistic)."""
+    fwd, bwd = _RSQRT
+    return make_op("rsqrt", [as_tensor(x)], logic=None, forward=fwd, backprop=bwd, label=label)
