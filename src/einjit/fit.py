@@ -22,6 +22,7 @@ The five-line loop `fit` wraps, for a model `mlp` and a hinge loss:
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -32,7 +33,7 @@ import numpy as np
 from einjit import data, train
 from einjit.ir import assignments as asg
 from einjit.ir.tnode import MemoryModeError
-from einjit.tensor.tensor import Tensor, TensorError
+from einjit.tensor.tensor import Tensor, TensorError, to_host, written
 
 
 def _not_inputs(inputs: Sequence[Tensor]) -> list[str]:
@@ -48,6 +49,10 @@ def _check_params_set(tensors: Iterable[Tensor]) -> None:
                           f"or einjit.load(...) before compiling")
 
 
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
 class Step:
     """A routine compiled once and the input tensors it reads, in call-argument order."""
 
@@ -57,19 +62,37 @@ class Step:
             raise TensorError(f"einjit: {name}: {bad} are not ej.input tensors; only inputs are written per call")
         self.routine, self.inputs, self.name = routine, tuple(inputs), name
         self._hosts = tuple(t.value_tn.host_array() for t in self.inputs)
+        self._squeezed = tuple(_squeezed(h.shape) for h in self._hosts)
+        self._fast_dtypes: tuple[set[np.dtype], ...] = tuple(set() for _ in self.inputs)
+
+    def _fits(self, k: int, arr: object) -> bool:
+        """Whether `arr` can be copied straight into input `k`: an array of its dims (up to
+        axes of size 1) whose dtype `set_values` accepts (remembered once checked)."""
+        if type(arr) is not np.ndarray:
+            return False
+        host = self._hosts[k]
+        if arr.shape != host.shape and (arr.size != host.size or _squeezed(arr.shape) != self._squeezed[k]):
+            return False
+        if arr.dtype in self._fast_dtypes[k]:
+            return True
+        if arr.dtype.kind in "biuf" and np.can_cast(arr.dtype, host.dtype, casting="same_kind"):
+            self._fast_dtypes[k].add(arr.dtype)
+            return True
+        return False
 
     def write(self, *arrays: np.ndarray) -> None:
-        """Write one array per input: in place, with a fast path for arrays already of the
-        input's dims and dtype (a data loader's batches), checked otherwise."""
+        """Write one array per input, in place: copied straight in when it fits the input (a
+        data loader's batches), else through `set_values`, which explains what is wrong."""
         if len(arrays) != len(self.inputs):
             raise TensorError(f"einjit: {self.name} takes {len(self.inputs)} arrays (for "
                               f"{[t.label_str for t in self.inputs]}), got {len(arrays)}")
-        for t, host, arr in zip(self.inputs, self._hosts, arrays):
-            if type(arr) is np.ndarray and arr.shape == host.shape and arr.dtype == host.dtype:
-                np.copyto(host, arr)
-                t.value.written()
+        for k, arr in enumerate(arrays):
+            if self._fits(k, arr):
+                host = self._hosts[k]
+                np.copyto(host, arr if arr.shape == host.shape else arr.reshape(host.shape), casting="same_kind")
+                written(self.inputs[k].value_tn)
             else:
-                t.set_values(arr)
+                self.inputs[k].set_values(arr)
 
     def __call__(self, *arrays: np.ndarray) -> None:
         self.write(*arrays)
@@ -82,9 +105,11 @@ class TrainStep(Step):
     def __init__(self, routine: Callable[[], None], inputs: Sequence[Tensor], name: str, loss: Tensor):
         super().__init__(routine, inputs, name)
         self.loss = loss
+        self._loss_cell = loss.value_tn.host_array().reshape(-1)
 
     def loss_value(self) -> float:
-        return float(self.loss.value.read().reshape(-1)[0])
+        to_host(self.loss.value_tn)
+        return float(self._loss_cell[0])
 
 
 class ForwardStep(Step):
@@ -160,6 +185,45 @@ class History:
     seconds: list[float] = field(default_factory=list)
 
 
+class _Gather:
+    """Runs `step` on a loader's batch by gathering the batch's rows straight into the host
+    arrays of the inputs (`np.take(..., out=)`): no batch array is allocated or copied twice,
+    which keeps per-step host writes close to the cost of data already on the device."""
+
+    def __init__(self, step: Step, loader: data.Loader):
+        n_arrays = len(loader.arrays) + (1 if loader.weights else 0)
+        if n_arrays != len(step.inputs):
+            raise TensorError(f"einjit: {step.name} takes {len(step.inputs)} arrays (for "
+                              f"{[t.label_str for t in step.inputs]}) but the loader yields {n_arrays}")
+        self.step, self.loader, self.routine = step, loader, step.routine
+        self.size = step._hosts[0].shape[0] if step._hosts[0].ndim else 1
+        self.writers = [self._writer(t, a, host) for t, a, host in zip(step.inputs, loader.arrays, step._hosts)]
+        self.weights = step.inputs[-1] if loader.weights else None
+
+    def _writer(self, t: Tensor, a: np.ndarray, host: np.ndarray) -> Callable[[np.ndarray], None]:
+        shape = (self.size, *a.shape[1:])
+        if a.dtype != host.dtype or int(np.prod(shape)) != host.size or _squeezed(shape) != _squeezed(host.shape):
+            return lambda rows: t.set_values(a.take(rows, axis=0))
+        take = functools.partial(np.take, a, axis=0, out=host.reshape(shape), mode="clip")
+        tn = t.value_tn
+
+        def write(rows: np.ndarray) -> None:
+            take(rows)
+            written(tn)
+
+        return write
+
+    def __call__(self, rows: np.ndarray, real: int) -> None:
+        if len(rows) != self.size:
+            self.step(*self.loader.batch(rows, real))
+            return
+        for write in self.writers:
+            write(rows)
+        if self.weights is not None:
+            self.weights.set_values(self.loader.row_weights(real))
+        self.routine()
+
+
 def fit(step: TrainStep, loader: data.Loader, *, epochs: int, start_epoch: int = 0, progress: bool | None = None,
         on_epoch: Callable[[int, float], None] | None = None) -> History:
     """Train `epochs` epochs (numbered from `start_epoch`, which fixes their shuffles, so a
@@ -168,8 +232,9 @@ def fit(step: TrainStep, loader: data.Loader, *, epochs: int, start_epoch: int =
     for epoch in range(start_epoch, start_epoch + epochs):
         bar = _progress_bar(len(loader), progress, f"epoch {epoch + 1}")
         start, total, count = time.perf_counter(), 0.0, 0
-        for batch in loader.epoch(epoch):
-            step(*batch)
+        gather = _Gather(step, loader)
+        for rows, real in loader.index_batches(epoch):
+            gather(rows, real)
             total += step.loss_value()
             count += 1
             if bar is not None:

@@ -79,6 +79,16 @@ def unchanged_roots() -> PyIterator[None]:
         _backprop_roots.update(bprop)
 
 
+def written(tn: Tnode) -> None:
+    """After the host array of `tn` was written in place: the routines reading it see it (the
+    CPU context computes on the host arrays of hosted nodes themselves)."""
+
+
+def to_host(tn: Tnode) -> None:
+    """Before reading the host array of `tn`: it holds what the routines computed (the CPU
+    context computes on the host arrays of hosted nodes themselves)."""
+
+
 _REFUSED_KINDS = {"c": "complex", "O": "object", "U": "string", "S": "bytes", "M": "datetime",
                   "m": "timedelta", "V": "structured"}
 
@@ -177,21 +187,23 @@ class NodeView:
     def read(self) -> np.ndarray:
         """The live host array, current as of now: for einjit's own loops, which copy what they
         hand out. Users get copies from `numpy()`."""
-        return self._host()
+        host = self._host()
+        to_host(self.tn)
+        return host
 
     def written(self) -> None:
-        """Called after the host array was written in place: the node's routines see it."""
+        written(self.tn)
 
     def numpy(self) -> np.ndarray:
         """A copy of the node's current host values."""
-        return self._host().copy()
+        return self.read().copy()
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         out = self.numpy()
         return out if dtype is None else out.astype(dtype, copy=False)
 
     def __getitem__(self, key) -> np.ndarray:
-        return np.array(self._host()[key], copy=True)
+        return np.array(self.read()[key], copy=True)
 
     def _writable(self) -> np.ndarray:
         """The host array to write into; a node not yet committed to a memory mode becomes
@@ -308,10 +320,10 @@ class Tensor:
 
     def __dlpack__(self, **kwargs):
         """Exports the live host array (no copy): writes through it are the tensor's values."""
-        return self.value._host().__dlpack__(**kwargs)
+        return self.value.read().__dlpack__(**kwargs)
 
     def __dlpack_device__(self):
-        return self.value._host().__dlpack_device__()
+        return self.value.read().__dlpack_device__()
 
     def hosted(self) -> "Tensor":
         """Keep the value (and gradient) readable from the host after routines run."""
