@@ -32,7 +32,15 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from einjit import config
-from einjit.backends.c_syntax import C_SYNTAX, CProgram, CSyntax, MemClass, Param, ParamKind, render_program
+from einjit.backends.c_syntax import (
+    C_SYNTAX,
+    CProgram,
+    CSyntax,
+    MemClass,
+    Param,
+    ParamKind,
+    render_program,
+)
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol

@@ -27,6 +27,7 @@ nvcc or NVRTC); the driver is loaded by the first call that needs a device.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import itertools
 import os
@@ -45,15 +46,39 @@ import numpy as np
 
 from einjit import config
 from einjit.backends.c_syntax import ParamKind
-from einjit.backends.cuda_driver import CudaError, CudaUnavailable, Driver, cuda_home, load_driver, load_nvrtc
-from einjit.backends.cuda_driver import (ATTR_COMPUTE_CAPABILITY_MAJOR, ATTR_COMPUTE_CAPABILITY_MINOR,
-                                         ATTR_COOPERATIVE_LAUNCH, ATTR_MULTIPROCESSOR_COUNT)
+from einjit.backends.cuda_driver import (
+    ATTR_COMPUTE_CAPABILITY_MAJOR,
+    ATTR_COMPUTE_CAPABILITY_MINOR,
+    ATTR_COOPERATIVE_LAUNCH,
+    ATTR_MULTIPROCESSOR_COUNT,
+    CudaError,
+    CudaUnavailable,
+    Driver,
+    cuda_home,
+    load_driver,
+    load_nvrtc,
+)
 from einjit.backends.cuda_driver import device_count as device_count
 from einjit.backends.cuda_syntax import CudaKernel, CudaProgram, render_program
-from einjit.backends.interface import (CudaMemClass, DeviceError, NodeNotInContextError, Routine, RoutineFailed,
-                                       SimpleNoDeviceBackend, Work, WrongBackendError, capture_values,
-                                       check_static_values, low_level_of, make_refs, missing_input_error,
-                                       not_held_error)
+from einjit.backends.interface import (
+    CudaMemClass,
+    DeviceError,
+    HostTransfers,
+    NodeNotInContextError,
+    Routine,
+    RoutineFailed,
+    SimpleNoDeviceBackend,
+    Work,
+    WrongBackendError,
+    capture_values,
+    check_hosted,
+    check_static_values,
+    low_level_of,
+    make_refs,
+    missing_input_error,
+    not_held_error,
+    register_context,
+)
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.tnode import Tnode
 
@@ -300,7 +325,7 @@ class CudaDevice:
 
 
 @dataclass(eq=False)
-class CudaContext:
+class CudaContext(HostTransfers):
     """Device arrays and merge buffers of one context, on one device."""
 
     label: str
@@ -308,6 +333,7 @@ class CudaContext:
     device: CudaDevice
     buffers: dict[Tnode, int] = field(default_factory=dict, repr=False)
     merge_buffers: dict[Tnode, int] = field(default_factory=dict, repr=False)
+    backend: Any = field(default=None, repr=False)
 
     def holds(self, tn: Tnode) -> bool:
         return tn in self.buffers
@@ -317,10 +343,8 @@ def _nbytes(tn: Tnode) -> int:
     return tn.size * tn.prec.itemsize
 
 
-def _host_array(tn: Tnode) -> np.ndarray:
-    if tn.is_virtual() or tn.is_local():
-        raise NodeNotInContextError(f"einjit: {tn.debug_name()} is {tn.memory_mode} (provenance {tn.provenance}) and "
-                                    f"has no array outside a routine")
+def _host_array(what: str, tn: Tnode, context: CudaContext) -> np.ndarray:
+    check_hosted(what, tn, context)
     arr = tn.host_array()
     if arr.dtype != tn.prec.dtype or tuple(arr.shape) != tuple(tn.dims) or not arr.flags.c_contiguous:
         raise ValueError(f"einjit: host array of {tn.debug_name()} must be a C-contiguous {tn.prec.dtype} array of "
@@ -430,16 +454,17 @@ class CudaCore:
 
         def schedule() -> Work:
             values = capture_values(refs)
+            check_static_values(name, statics, values)
 
             def run() -> None:
-                check_static_values(name, statics, values)
                 cells = [*args, *(c_int(v) for v in values)]
                 params = (c_void_p * len(cells))(*[ctypes.addressof(c) for c in cells])
                 device.launch(fn, blocks, threads, params, cooperative, name)
 
             return Work(name, run)
 
-        return Routine(context, schedule, refs, name, procedure.mem_classes)
+        return Routine(context, schedule, refs, name, procedure.mem_classes,
+                       await_=functools.partial(self.await_, device))
 
     def _launch_config(self, device: CudaDevice, fn: int, procedure: CudaProcedure) -> tuple[int, int, bool]:
         """Grid-stride loops make any grid correct, so blocks are shrunk until one fits on a
@@ -465,20 +490,23 @@ class CudaCore:
     # -- moving data
 
     def from_host(self, context: CudaContext, tn: Tnode) -> None:
-        host = _host_array(tn)
+        host = _host_array("from_host", tn, context)
         ptr = self._buffer(context, tn)
         context.device.activate()
         self.driver.copy_to_device(ptr, host.ctypes.data, host.nbytes, context.device.stream)
 
     def to_host(self, context: CudaContext, tn: Tnode) -> None:
+        host = _host_array("to_host", tn, context)
         if not context.holds(tn):
             raise not_held_error("to_host", tn, context)
-        host = _host_array(tn)
         if not host.flags.writeable:
             raise ValueError(f"einjit: to_host: the host array of {tn.debug_name()} is read-only")
         context.device.activate()
         self.driver.copy_to_host(host.ctypes.data, context.buffers[tn], host.nbytes, context.device.stream)
         self.await_(context.device)
+
+    def allocate_zeroed(self, context: CudaContext, tn: Tnode) -> None:
+        self._buffer(context, tn)
 
     def device_to_device(self, tn: Tnode, dst_context: CudaContext, src_context: CudaContext,
                          into_merge_buffer: bool = True) -> None:
@@ -524,7 +552,7 @@ class CudaBackend(SimpleNoDeviceBackend[CudaContext, CudaProcedure]):
         return self.core.get_device(ordinal)
 
     def init(self, device: CudaDevice) -> CudaContext:
-        return self.core.init(device)
+        return register_context(self.core.init(device), self)
 
     def await_(self, device: CudaDevice) -> None:
         self.core.await_(device)
