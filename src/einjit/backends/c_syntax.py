@@ -640,8 +640,9 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     id, then merge buffers (`merge_NODE`) sorted by node id, then one `int` per static
     binding in the order given.
     """
-    if not _IDENT.match(name):
-        raise RenderError(f"einjit: routine name {name!r} is not a C identifier")
+    if not _IDENT.match(name) or name in naming.RESERVED:
+        raise RenderError(f"einjit: routine name {name!r} is not a C identifier or is reserved (a C keyword or a "
+                          f"function generated code calls); choose another name")
     if syntax.interchange_loops:
         llc = interchange_loops(llc)
     index_type = "int" if all(tn.size <= _INT_MAX for tn in ll.nodes_of(llc)) else "long long"

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 # C and CUDA keywords, the math functions generated code calls, and the fixed identifiers of
 # the renderers: a node labelled `exp` or `z` must not shadow them.
-_RESERVED = frozenset("""
+RESERVED = frozenset("""
     auto break case char const continue default do double else enum extern float for goto if inline int
     long register restrict return short signed sizeof static struct switch typedef union unsigned void
     volatile while bool true false main NULL NAN INFINITY half
@@ -29,7 +29,7 @@ _RESERVED = frozenset("""
     tanh tanhf exp2 exp2f log2 log2f floor floorf ceil ceilf round roundf fmod fmodf erf erff fma fmaf
     memset malloc free abs min max z vec_base vec_k threadIdx blockIdx blockDim gridDim grid block
 """.split())
-_RESERVED_PREFIXES = ("merge_", "einjit", "EINJIT", "g_", "__")
+RESERVED_PREFIXES = ("merge_", "einjit", "EINJIT", "g_", "__")
 
 
 def _identifier(text: str) -> str:
@@ -40,11 +40,11 @@ def _identifier(text: str) -> str:
 def node_base(label: list[str]) -> str:
     """The C identifier a node's label suggests (its first two label parts)."""
     base = _identifier("_".join(label[:2]) if label else "n")
-    return "n_" + base if base in _RESERVED or base.startswith(_RESERVED_PREFIXES) else base
+    return "n_" + base if base in RESERVED or base.startswith(RESERVED_PREFIXES) else base
 
 
 class Names:
-    """The names of one program; every name is distinct from every other and from `_RESERVED`."""
+    """The names of one program; every name is distinct from every other and from `RESERVED`."""
 
     def __init__(self) -> None:
         self._given: dict[tuple[str, int], str] = {}
@@ -54,7 +54,7 @@ class Names:
     def _take(self, key: tuple[str, int], candidates: Iterator[str]) -> str:
         name = self._given.get(key)
         if name is None:
-            name = next(c for c in candidates if c not in self._used and c not in _RESERVED)
+            name = next(c for c in candidates if c not in self._used and c not in RESERVED)
             self._used.add(name)
             self._given[key] = name
         return name
