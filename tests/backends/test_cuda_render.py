@@ -243,7 +243,7 @@ def test_half_precision_is_refused_clearly():
     h = Tnode("h", (4,), ops.half)
     i = get_symbol()
     with pytest.raises(RenderError, match=r"CUDA backend does not support half precision yet \(h#\d+ is half\)"):
-        render_program([("half", ll.ForLoop(i, 0, 3, ll.Set(h, it(i), ll.Constant(1.0))))])
+        render_program([("fill_half", ll.ForLoop(i, 0, 3, ll.Set(h, it(i), ll.Constant(1.0))))])
 
 
 def golden_program():

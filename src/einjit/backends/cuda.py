@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import itertools
 import os
 import shutil
@@ -45,6 +44,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from einjit import config
+from einjit.backends import cache
 from einjit.backends.c_syntax import ParamKind
 from einjit.backends.cuda_driver import (
     ATTR_COMPUTE_CAPABILITY_MAJOR,
@@ -105,15 +105,8 @@ class CudaOptions:
     keep_source: bool = False
 
 
-@dataclass
-class CudaStats:
-    """How often a CUDA compiler actually ran, and how often the disk cache answered."""
-
-    compiler_invocations: int = 0
-    cache_hits: int = 0
-
-
-stats = CudaStats()
+stats = cache.CacheStats()
+"""The CUDA toolchains' cache counters (NVRTC and nvcc share the cache)."""
 
 
 # ---------------------------------------------------------------- compiling
@@ -141,12 +134,6 @@ def _choose_compiler(options: CudaOptions) -> str:
                           f"$CUDA_HOME")
 
 
-def _cuda_dir() -> Path:
-    path = config.cache_dir() / "cuda"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def compile_source(source: str, *, name: str, arch: str, kind: str, options: CudaOptions | None = None) -> bytes:
     """PTX (`kind="ptx"`, `arch="compute_XY"`) or a cubin (`"cubin"`, `"sm_XY"`) for `source`,
     from the disk cache or freshly compiled."""
@@ -159,32 +146,19 @@ def compile_source(source: str, *, name: str, arch: str, kind: str, options: Cud
         identity, flags = f"nvrtc {nvrtc.path} {nvrtc.version}", options.nvrtc_flags
     else:
         identity, flags = _nvcc_identity(options.nvcc), options.nvcc_flags
-    key = hashlib.sha256("\0".join([_ABI_VERSION, identity, arch, kind, " ".join(flags), source])
-                         .encode()).hexdigest()[:32]
-    directory = _cuda_dir()
-    image_path, cu_path = directory / f"{key}.{kind}", directory / f"{key}.cu"
-    config.debug(3, f"cuda: generated CUDA for {name}:\n{source}")
-    if options.keep_source or config.debug_level() >= 3:
-        _atomic_write(cu_path, source.encode())
-    if image_path.exists():
-        stats.cache_hits += 1
-        return image_path.read_bytes()
     start = time.perf_counter()
-    stats.compiler_invocations += 1
-    if compiler == "nvrtc":
-        image = _run_nvrtc(source, name, arch, kind, flags, cu_path)
-    else:
-        image = _run_nvcc(source, name, arch, kind, options, cu_path)
-    _atomic_write(image_path, image)
-    config.debug(1, f"cuda: {name}: {compiler} {kind} for {arch} in {1000 * (time.perf_counter() - start):.1f} ms")
-    return image
 
+    def build(out: Path, _src: Path, kept: Path) -> None:
+        run = _run_nvrtc(source, name, arch, kind, flags, kept) if compiler == "nvrtc" else \
+            _run_nvcc(source, name, arch, kind, options, kept)
+        out.write_bytes(run)
+        config.debug(1, f"cuda: {name}: {compiler} {kind} for {arch} in {1000 * (time.perf_counter() - start):.1f} ms")
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    config.debug(3, f"cuda: generated CUDA for {name}:\n{source}")
+    built = cache.get_or_build("cuda", [_ABI_VERSION, identity, arch, kind, " ".join(flags), source],
+                               suffix=f".{kind}", source=source, source_suffix=".cu", stats=stats, label=name,
+                               keep_source=options.keep_source or config.debug_level() >= 3, build=build)
+    return cache.read_object(built.path)
 
 
 def _run_nvrtc(source: str, name: str, arch: str, kind: str, flags: tuple[str, ...], cu_path: Path) -> bytes:
@@ -196,7 +170,6 @@ def _run_nvrtc(source: str, name: str, arch: str, kind: str, flags: tuple[str, .
     try:
         image, _ = load_nvrtc().compile(source, name, arch, kind, includes + tuple(flags))
     except CudaError as e:
-        _atomic_write(cu_path, source.encode())
         raise CudaError(f"{str(e)[:_MAX_DIAGNOSTICS]}\nthe generated source is kept at {cu_path}") from None
     return image
 
@@ -209,7 +182,6 @@ def _run_nvcc(source: str, name: str, arch: str, kind: str, options: CudaOptions
         config.debug(3, f"cuda: {' '.join(cmd)}")
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not out.exists():
-            _atomic_write(cu_path, source.encode())
             diagnostics = (proc.stderr + proc.stdout).strip()[:_MAX_DIAGNOSTICS]
             raise CudaError(f"einjit: nvcc failed (exit {proc.returncode}) compiling {name} for {arch}; the generated "
                             f"source is kept at {cu_path}\ncommand: {' '.join(cmd)}\n{diagnostics}")
@@ -251,6 +223,8 @@ def compile_program(routines: Sequence[tuple[str, Any]], bindings: Sequence[Stat
     """Render routines into one source, compile it once, one procedure per kernel."""
     program = render_program([(n, low_level_of(c)) for n, c in routines], tuple(bindings))
     label = "_".join(n for n, _ in routines)[:80] or "empty"
+    for n, _ in routines:
+        config.dump(n, "", "cu", program.source)
     data = compile_source(program.source, name=label, arch=arch, kind=kind, options=options)
     image = CudaImage(program, data, kind, arch)
     return [CudaProcedure(k.name, image, k, tuple(bindings)) for k in program.kernels]
