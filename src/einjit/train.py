@@ -1,26 +1,37 @@
 """Training: gradient and update code, parameter initialization, compiling to routines, loops.
 
 Everything a step needs — forward, zeroing gradients, backprop, the optimizer update — is
-assignments, so `to_routine` compiles a whole training step into one C routine: one ctypes
-call per step, no Python in the loop body.
+assignments, so `to_routine` compiles a whole training step into one routine of a backend
+(`einjit.backends.get`): on the C backend, one ctypes call per step, no Python in the loop body.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from einjit import config
+from einjit import backends, config
 from einjit import shape as sh
-from einjit.backends import cc
+from einjit.backends.interface import (
+    Routine,
+    default_context,
+    load_inputs,
+    lower_assignments,
+)
 from einjit.ir import assignments as asg
 from einjit.ir.indexing import IntRef, StaticSymbol
-from einjit.ir.optimize import VirtualizeSettings, optimize_proc
+from einjit.ir.naming import node_base
+from einjit.ir.optimize import VirtualizeSettings
 from einjit.tensor.notation import Code, as_asgns, cd
-from einjit.tensor.tensor import (Tensor, TensorError, consume_backprop_code, consume_forward_code)
+from einjit.tensor.tensor import (
+    Tensor,
+    TensorError,
+    consume_backprop_code,
+    consume_forward_code,
+)
 
 Asgns = asg.Asgns
 
@@ -103,32 +114,45 @@ def init_params(t: "Tensor | Iterable[Tensor]", *, seed: int = 0) -> None:
         host[...] = values.reshape(host.shape)
 
 
-def lower(code: "Code | Asgns", *, name: str = "routine", static_indices=frozenset(),
-          settings: VirtualizeSettings | None = None):
-    """Assignments to optimized low-level code (finishing shape inference first)."""
-    sh.finish_inference()
-    asgns = as_asgns(code)
-    config.debug(2, f"assignments of {name}:\n{asg.to_doc(asgns)}")
-    llc = asg.to_low_level(asgns)
-    return optimize_proc(llc, name=name, static_indices=frozenset(static_indices), settings=settings)
+def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *,
+               bindings: Mapping[StaticSymbol, IntRef] | Sequence[StaticSymbol] = (), name: str = "routine",
+               backend: Any = None, context: Any = None, settings: VirtualizeSettings | None = None,
+               options: Any = None) -> Routine:
+    """Compile assignments into one routine linked into `context`.
 
-
-def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *, bindings: Mapping[StaticSymbol, IntRef] | Sequence[StaticSymbol] = (),
-               name: str = "routine", context: cc.CpuContext | None = None,
-               settings: VirtualizeSettings | None = None, options: cc.CcOptions | None = None) -> cc.Routine:
-    """Compile assignments into one routine linked into `context` (a fresh CPU context if None)."""
+    The backend is `backend` (an object or a registered name), else the context's, else
+    `$EINJIT_BACKEND` or the C backend; the context defaults to the backend's default context
+    (for the C backend, one computing in the host arrays). `options` are the C compiler's
+    `CcOptions`. Calling the routine runs it to completion; `routine.schedule()` is the
+    asynchronous form.
+    """
     if isinstance(code, (list, tuple)):
         code = asg.sequence(*[as_asgns(c) for c in code])
     refs = dict(bindings) if isinstance(bindings, Mapping) else {s: IntRef(0) for s in bindings}
+    if backend is None and context is not None:
+        backend = context.backend
+    base = backends.resolve(backend)
+    compiler = base if options is None else _with_options(base, options)
     start = time.perf_counter()
-    opt = lower(code, name=name, static_indices={s.symbol for s in refs}, settings=settings)
-    proc = cc.compile_proc(opt, name=name, bindings=tuple(refs), options=options)
-    routine = cc.link(context or cc.CpuContext(), proc, refs)
+    _, lowered = lower_assignments(tuple(refs), as_asgns(code), name, settings=settings)
+    compiled = compiler.compile(tuple(refs), lowered, shared=True, name=name)
+    context = context if context is not None else default_context(base)
+    load_inputs(context, compiled.inputs)
+    routine = compiler.link(context, compiled, refs)
     config.debug(1, f"to_routine {name}: {1000 * (time.perf_counter() - start):.1f} ms")
     return routine
 
 
-def run(routine: cc.Routine) -> None:
+def _with_options(backend: Any, options: Any) -> Any:
+    """The C backend compiling with other `CcOptions`; its code links into `backend`'s contexts."""
+    from einjit.backends.cc_backend import CcBackend
+    if not isinstance(backend, CcBackend):
+        raise TypeError(f"einjit: options= are C compiler options (CcOptions) and apply to the C backend, not to "
+                        f"backend {backend.name!r}; pass them to that backend's constructor instead")
+    return CcBackend(options, name=backend.name)
+
+
+def run(routine: Routine) -> None:
     routine()
 
 
@@ -142,21 +166,23 @@ def sequential_loop(bindings: Mapping[StaticSymbol, IntRef], f: Callable[[], Non
         f()
 
 
-_once_cache: dict[int, cc.Routine] = {}
+_once_cache: dict[int, Routine] = {}
 
 
-def forward_once(t: Tensor, *, context: cc.CpuContext | None = None) -> np.ndarray:
+def forward_once(t: Tensor, *, backend: Any = None, context: Any = None) -> np.ndarray:
     """Compile (once) and run the forward code of `t`; return its value."""
     routine = _once_cache.get(t.id)
     if routine is None:
         if any(p.value_tn.array is None for p in t.params()):
             init_params(t)
-        routine = _once_cache[t.id] = to_routine(forward(t), name=f"forward_{t.value_tn.name}", context=context)
+        routine = _once_cache[t.id] = to_routine(forward(t), name=f"forward_{node_base(t.value_tn.label)}",
+                                                     backend=backend, context=context)
     routine()
+    routine.context.to_host(t.value_tn)
     return t.value.numpy()
 
 
-def update_once(loss: Tensor, *, learning_rate: float = 0.1, context: cc.CpuContext | None = None) -> float:
+def update_once(loss: Tensor, *, learning_rate: float = 0.1, backend: Any = None, context: Any = None) -> float:
     """Compile (once) and run one gradient + SGD step on `loss`; return the loss value."""
     key = -loss.id
     routine = _once_cache.get(key)
@@ -165,19 +191,8 @@ def update_once(loss: Tensor, *, learning_rate: float = 0.1, context: cc.CpuCont
             init_params(loss)
         grads = grad_update(loss)
         routine = _once_cache[key] = to_routine([grads, sgd_update(loss, learning_rate)],
-                                                name=f"update_{loss.value_tn.name}", context=context)
+                                                name=f"update_{node_base(loss.value_tn.label)}", backend=backend,
+                                                context=context)
     routine()
+    routine.context.to_host(loss.value_tn)
     return float(loss.value.numpy().ravel()[0])
-
-
-# ---------------------------------------------------------------- data parallel (einjit.parallel)
-
-
-def parallel_update(loss: Tensor, update_code: "Code | Asgns", *, num_devices: int,
-                    bindings: Mapping[StaticSymbol, IntRef] | Sequence[StaticSymbol], shard: StaticSymbol,
-                    backend=None, name: str = "data_parallel"):
-    """Data-parallel training over `num_devices` devices: see `einjit.parallel.parallel_update`
-    (imported here lazily: `parallel` builds on this module)."""
-    from einjit.parallel import parallel_update as impl
-    return impl(loss, update_code, num_devices=num_devices, bindings=bindings, shard=shard, backend=backend,
-                name=name)

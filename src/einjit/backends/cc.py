@@ -1,9 +1,8 @@
 """The C backend: render, compile with gcc into a shared object, load with ctypes, run.
 
-Compiled objects are cached on disk by a content hash of (source, flags, compiler identity),
-so compiling a program that was compiled before — in this process or an earlier one — loads
-the cached object without calling the compiler. Writes go to a temporary name and are
-published with `os.replace`, so concurrent processes never see a partial file.
+Compiled objects are cached on disk by `cache.py`, keyed by a content hash of (source, flags,
+compiler identity, CPU), so compiling a program that was compiled before — in this process or
+an earlier one — loads the cached object without calling the compiler.
 
 Calling convention of a routine (see `c_syntax.render_routine`): one pointer per non-local
 array in node-id order, one pointer per merge buffer in node-id order, one `int` per static
@@ -17,13 +16,11 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import hashlib
 import os
 import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +29,16 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from einjit import config
-from einjit.backends.c_syntax import C_SYNTAX, CProgram, CSyntax, MemClass, Param, ParamKind, render_program
+from einjit.backends import cache
+from einjit.backends.c_syntax import (
+    C_SYNTAX,
+    CProgram,
+    CSyntax,
+    MemClass,
+    Param,
+    ParamKind,
+    render_program,
+)
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol
@@ -110,15 +116,8 @@ class CcOptions:
         return (("-lmvec",) if self.vector_math and _has_libmvec() else ()) + self.libs
 
 
-@dataclass
-class CcStats:
-    """Counters for tests and debugging: how often the compiler actually ran."""
-
-    compiler_invocations: int = 0
-    cache_hits: int = 0
-
-
-stats = CcStats()
+stats = cache.CacheStats()
+"""The gcc toolchain's cache counters (tests check that a cached program runs no compiler)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,70 +178,38 @@ def _missing_compiler(compiler: str, err: Exception | None = None) -> CompileErr
         f"CcOptions(compiler=...).")
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def _cc_dir() -> Path:
-    path = config.cache_dir() / "cc"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def _build(program: CProgram, label: str, options: CcOptions) -> tuple[Path, Path | None]:
     """The shared object for `program`, from the cache or freshly compiled; and the kept source."""
     identity = _compiler_identity(options.compiler)
     cmd_flags = " ".join(options.flags + options.effective_libs())
-    key = hashlib.sha256("\0".join([_ABI_VERSION, identity, _host_identity(), cmd_flags, program.source])
-                         .encode()).hexdigest()[:32]
-    directory = _cc_dir()
-    so_path, c_path = directory / f"{key}.so", directory / f"{key}.c"
-    keep = options.keep_source or config.debug_level() >= 3
-    if keep:
-        _atomic_write(c_path, program.source)
     config.debug(3, f"cc: generated C for {label}:\n{program.source}")
-    if so_path.exists():
-        stats.cache_hits += 1
-        config.debug(1, f"cc: {label}: cache hit {so_path}")
-    else:
-        _compile(program.source, so_path, c_path, label, options)
-    return so_path, c_path if keep else None
+    keep = options.keep_source or config.debug_level() >= 3
+    built = cache.get_or_build("cc", [_ABI_VERSION, identity, _host_identity(), cmd_flags, program.source],
+                               suffix=".so", source=program.source, source_suffix=".c", stats=stats, label=label,
+                               keep_source=keep,
+                               build=lambda out, src, kept: _compile(out, src, kept, label, options))
+    return built.path, built.source_path
 
 
-def _compile(source: str, so_path: Path, c_path: Path, label: str, options: CcOptions) -> None:
-    """Run the compiler on `source` into `so_path`, through temporary files published with
-    `os.replace`; on failure keep the source at `c_path` and raise with the diagnostics."""
-    fd, tmp_c = tempfile.mkstemp(dir=so_path.parent, prefix=".tmp-", suffix=".c")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(source)
-    tmp_so = tmp_c[:-2] + ".so"
-    cmd = [options.compiler, *options.flags, "-o", tmp_so, tmp_c, *options.effective_libs()]
+def _compile(so_path: Path, c_path: Path, kept: Path, label: str, options: CcOptions) -> None:
+    """Run the compiler on the source at `c_path` into `so_path`; on failure raise with the
+    diagnostics, naming `kept`, where the cache keeps the source."""
+    cmd = [options.compiler, *options.flags, "-o", str(so_path), str(c_path), *options.effective_libs()]
     config.debug(3, f"cc: {' '.join(cmd)}")
     start = time.perf_counter()
-    stats.compiler_invocations += 1
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     except OSError as e:
-        os.unlink(tmp_c)
         _compiler_identity.cache_clear()
         raise _missing_compiler(options.compiler, e) from e
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0 or not os.path.exists(tmp_so):
-        os.replace(tmp_c, c_path)
-        if os.path.exists(tmp_so):
-            os.unlink(tmp_so)
+    if proc.returncode != 0 or not so_path.exists():
         diagnostics = (proc.stderr + proc.stdout).strip()
         if len(diagnostics) > _MAX_DIAGNOSTICS:
             diagnostics = diagnostics[:_MAX_DIAGNOSTICS] + "\n... (diagnostics truncated)"
         raise CompileError(
             f"einjit: {options.compiler} failed (exit {proc.returncode}) compiling {label}; the generated "
-            f"source is kept at {c_path}\ncommand: {' '.join(cmd)}\n{diagnostics}")
-    os.replace(tmp_so, so_path)
-    os.unlink(tmp_c)
-    config.debug(1, f"cc: {label}: compiled in {elapsed * 1000:.1f} ms")
+            f"source is kept at {kept}\ncommand: {' '.join(cmd)}\n{diagnostics}")
+    config.debug(1, f"cc: {label}: compiled in {(time.perf_counter() - start) * 1000:.1f} ms")
 
 
 def _unwrap(llc) -> ll.LLStmt:
@@ -263,13 +230,9 @@ def compile_batch(routines: Sequence[tuple[str, ll.LLStmt]], *, bindings: Sequen
     rendered_at = time.perf_counter()
     label = ", ".join(n for n, _ in routines)
     so_path, c_path = _build(program, label, options)
-    try:
-        lib = ctypes.CDLL(str(so_path))
-    except OSError as e:
-        config.debug(1, f"cc: {label}: cached object {so_path} unloadable ({e}); rebuilding")
-        so_path.unlink(missing_ok=True)
-        so_path, c_path = _build(program, label, options)
-        lib = ctypes.CDLL(str(so_path))
+    lib = ctypes.CDLL(str(so_path))
+    for r in program.routines:
+        config.dump(r.name, "", "c", program.source)
     procs = []
     for r in program.routines:
         fn = lib[r.name]

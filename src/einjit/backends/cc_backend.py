@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -27,10 +28,24 @@ import numpy as np
 
 from einjit.backends import cc
 from einjit.backends.c_syntax import CSyntax, MemClass, Param, ParamKind, render_routine
-from einjit.backends.interface import (CpuMemClass, NodeNotInContextError, Routine, SimpleNoDeviceBackend, Work,
-                                       capture_values, check_static_values, low_level_of, make_refs,
-                                       missing_input_error, not_held_error, routine_inputs)
+from einjit.backends.interface import (
+    CpuMemClass,
+    HostTransfers,
+    NodeNotInContextError,
+    Routine,
+    SimpleNoDeviceBackend,
+    Work,
+    capture_values,
+    check_hosted,
+    check_static_values,
+    low_level_of,
+    make_refs,
+    missing_input_error,
+    not_held_error,
+    routine_inputs,
+)
 from einjit.ir import low_level as ll
+from einjit.ir import naming
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.tnode import Tnode
 
@@ -38,15 +53,18 @@ _BODY_SUFFIX = "_body"
 
 
 @dataclass(eq=False)
-class CcContext:
-    """One CPU context: the arrays of `cpu`, private to it (hosted nodes included)."""
+class CcContext(HostTransfers):
+    """One CPU context: the arrays of `cpu`. Private to it, hosted nodes included, unless the
+    context shares the host arrays (the default context of `train`): then a hosted node's
+    array is its host array, held from the start, and host transfers are no-ops."""
 
     label: str
     backend_name: str
     cpu: cc.CpuContext = field(repr=False)
+    backend: Any = field(default=None, repr=False)
 
     def holds(self, tn: Tnode) -> bool:
-        return tn in self.cpu.arrays
+        return tn in self.cpu.arrays or (self.cpu.share_host_arrays and tn.is_hosted())
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,8 +92,8 @@ class CcSimpleBackend:
         self.options = options or cc.CcOptions()
         self.name = name
 
-    def init(self, label: str) -> CcContext:
-        return CcContext(label, self.name, cc.CpuContext(label, share_host_arrays=False))
+    def init(self, label: str, *, share_host_arrays: bool = False) -> CcContext:
+        return CcContext(label, self.name, cc.CpuContext(label, share_host_arrays=share_host_arrays))
 
     def owns(self, context: Any) -> bool:
         return isinstance(context, CcContext) and context.backend_name == self.name
@@ -94,6 +112,11 @@ class CcSimpleBackend:
                              context: CcContext) -> list[CcProcedure]:
         """Each routine `NAME` becomes a body `NAME_body` taking the arrays, and an entry
         `NAME(statics)` calling it with this context's array addresses."""
+        with naming.stable_names():
+            return self._compile_specialized_named(routines, bindings, context)
+
+    def _compile_specialized_named(self, routines: Sequence[tuple[str, Any]], bindings: tuple[StaticSymbol, ...],
+                                   context: CcContext) -> list[CcProcedure]:
         syntax = self.options.syntax
         glue: list[str] = []
         bodies: list[tuple[str, ll.LLStmt]] = []
@@ -148,25 +171,27 @@ class CcSimpleBackend:
 
         def schedule() -> Work:
             values = capture_values(refs)
+            check_static_values(name, statics, values)
+            return Work(name, functools.partial(fn, *pointers, *values))
 
-            def run() -> None:
-                check_static_values(name, statics, values)
-                fn(*pointers, *values)
-
-            return Work(name, run)
-
-        return Routine(context, schedule, refs, name, procedure.mem_classes)
+        return Routine(context, schedule, refs, name, procedure.mem_classes,
+                       run_now=_run_now(name, fn, pointers, refs))
 
     # -- moving data
 
     def from_host(self, context: CcContext, tn: Tnode) -> None:
-        _check_has_array(tn, "from_host")
+        check_hosted("from_host", tn, context)
         context.cpu.from_host(tn)
 
     def to_host(self, context: CcContext, tn: Tnode) -> None:
+        check_hosted("to_host", tn, context)
         if not context.holds(tn):
             raise not_held_error("to_host", tn, context)
         context.cpu.to_host(tn)
+
+    def allocate_zeroed(self, context: CcContext, tn: Tnode) -> None:
+        if not context.holds(tn):
+            context.cpu.arrays[tn] = np.zeros(tn.dims, dtype=tn.prec.dtype)
 
     def device_to_device(self, tn: Tnode, dst_context: CcContext, src_context: CcContext,
                          into_merge_buffer: bool = True) -> None:
@@ -176,11 +201,20 @@ class CcSimpleBackend:
         dst[...] = src_context.cpu.array(tn)
 
 
-def _check_has_array(tn: Tnode, what: str) -> None:
-    if tn.is_virtual() or tn.is_local():
-        raise NodeNotInContextError(
-            f"einjit: {what}: {tn.debug_name()} is {tn.memory_mode} (provenance {tn.provenance}) and has no array "
-            f"outside a routine")
+def _run_now(name: str, fn: Callable, pointers: tuple, refs: Mapping[StaticSymbol, IntRef]) -> Callable[[], None]:
+    """A synchronous call without a `Work`: a bare partial when there are no static symbols."""
+    if not refs:
+        return functools.partial(fn, *pointers)
+    statics, cells = tuple(refs), tuple(refs.values())
+    ranged = any(s.static_range is not None for s in statics)
+
+    def run_now() -> None:
+        values = [c.value for c in cells]
+        if ranged:
+            check_static_values(name, statics, values)
+        fn(*pointers, *values)
+
+    return run_now
 
 
 def _entry_source(name: str, body_head: str, params: Sequence[Param], arrays: Sequence[np.ndarray],
@@ -199,3 +233,6 @@ class CcBackend(SimpleNoDeviceBackend[CcContext, CcProcedure]):
 
     def __init__(self, options: cc.CcOptions | None = None, name: str = "cc"):
         super().__init__(CcSimpleBackend(options, name))
+
+    shares_host_arrays = True
+    """`init(label, share_host_arrays=True)` makes a context computing in the host arrays."""

@@ -26,14 +26,22 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterator as PyIterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
+from typing import Iterator as PyIterator
 
 from einjit.backends import c_syntax
-from einjit.backends.c_syntax import (CSyntax, MemClass, RenderedRoutine, RenderError, mem_class, render_routine,
-                                      symbol_name)
+from einjit.backends.c_syntax import (
+    CSyntax,
+    MemClass,
+    RenderedRoutine,
+    RenderError,
+    mem_class,
+    render_routine,
+    symbol_name,
+)
 from einjit.backends.interface import CudaMemClass
 from einjit.ir import low_level as ll
-from einjit.ir import ops
+from einjit.ir import naming, ops
 from einjit.ir.indexing import AxisIndex, Iterator, StaticSymbol, Symbol, get_symbol
 from einjit.ir.tnode import Tnode
 
@@ -372,9 +380,10 @@ def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence
     if dup:
         raise RenderError(f"einjit: routine names must be distinct in one program, repeated: {dup}")
     kernels = []
-    for name, llc in routines:
-        plan = plan_kernel(name, llc)
-        kernels.append(CudaKernel(name, plan, render_kernel(plan, tuple(bindings))))
+    with naming.stable_names():
+        for name, llc in routines:
+            plan = plan_kernel(name, llc)
+            kernels.append(CudaKernel(name, plan, render_kernel(plan, tuple(bindings))))
     nodes = {a.tn for _, llc in routines for a in _accesses(llc)}
     nodes |= {x.id.tn for _, llc in routines for s in ll.iter_stmts(llc) if isinstance(s, ll.SetLocal) for x in [s]}
     precs = {tn.prec for tn in nodes}

@@ -25,20 +25,35 @@ of every node it touches in `Routine.mem_classes`.
 from __future__ import annotations
 
 import enum
+import itertools
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import (
+    Any,
+    Callable,
+    Generic,
+    Iterable,
+    Mapping,
+    Protocol,
+    Sequence,
+    TypeVar,
+    runtime_checkable,
+)
 
+from einjit import config
 from einjit.backends.c_syntax import MemClass as CpuMemClass
 from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol
+from einjit.ir.naming import node_base, stable_names
 from einjit.ir.tnode import Tnode
 
 __all__ = [
     "Backend", "BackendError", "Code", "Compiled", "Context", "CpuMemClass", "CudaMemClass", "DeviceError",
-    "NoDeviceBackend", "NodeNotInContextError", "Postponed", "Routine", "RoutineFailed", "SimpleBackend",
-    "SimpleNoDeviceBackend", "WrongBackendError", "Work", "capture_values", "check_code", "check_static_values",
+    "HostTransfers", "NoDeviceBackend", "NodeNotInContextError", "NotHostedError", "Postponed", "StaticRangeError", "Routine", "RoutineFailed", "SimpleBackend",
+    "SimpleNoDeviceBackend", "WrongBackendError", "Work", "capture_values", "check_code", "check_hosted", "check_static_values", "contexts_holding", "default_context",
+    "forget_context", "load_inputs", "register_context",
     "default_name", "lower_assignments", "low_level_of", "make_refs", "missing_input_error", "not_held_error",
     "prepare", "routine_inputs",
 ]
@@ -75,6 +90,10 @@ class DeviceError(BackendError, RuntimeError):
     """A device that does not exist or was never initialized."""
 
 
+class StaticRangeError(BackendError, IndexError):
+    """A static symbol's value outside its range: the routine would index arrays out of bounds."""
+
+
 class RoutineFailed(BackendError, RuntimeError):
     """A routine raised while a device ran it; raised by `await_`, chained to the cause."""
 
@@ -101,16 +120,25 @@ class Work:
 @dataclass(frozen=True, eq=False)
 class Routine(Generic[Ctx]):
     """Code linked into a context. `schedule()` captures the bindings' current values into a
-    `Work` without blocking; calling the routine is `routine.schedule()()`."""
+    `Work` without blocking. Calling the routine schedules, runs and awaits it: `run_now`, when
+    the backend gives one, does that in one step without building a `Work` (it checks the
+    static ranges just the same), which keeps a synchronous call as cheap as the C call."""
 
     context: Ctx
     schedule: Callable[[], Work] = field(repr=False)
     bindings: Mapping[StaticSymbol, IntRef] = field(repr=False)
     name: str
     mem_classes: Mapping[Tnode, enum.Enum] = field(default_factory=dict, repr=False)
+    await_: Callable[[], None] | None = field(default=None, repr=False)
+    run_now: Callable[[], None] | None = field(default=None, repr=False)
 
     def __call__(self) -> None:
+        if self.run_now is not None:
+            self.run_now()
+            return
         self.schedule()()
+        if self.await_ is not None:
+            self.await_()
 
 
 def capture_values(bindings: Mapping[StaticSymbol, IntRef]) -> tuple[int, ...]:
@@ -122,8 +150,9 @@ def check_static_values(name: str, statics: Sequence[StaticSymbol], values: Sequ
     """Static symbols with a known range must stay in it: the code indexes arrays with them."""
     for s, v in zip(statics, values):
         if s.static_range is not None and not 0 <= v < s.static_range:
-            raise IndexError(f"einjit: routine {name!r}: static symbol {s!r} = {v} outside its range "
-                             f"[0, {s.static_range})")
+            raise StaticRangeError(
+                f"einjit: routine {name!r}: static symbol {s!r} = {v} is outside its range [0, {s.static_range}); "
+                f"set its IntRef to a value in range before scheduling the routine")
 
 
 def make_refs(bindings: Sequence[StaticSymbol],
@@ -170,15 +199,25 @@ def low_level_of(lowered: Any) -> ll.LLStmt:
 
 def lower_assignments(bindings: Sequence[StaticSymbol], asgns: asg.Asgns, name: str | None = None, *,
                       settings: Any = None) -> tuple[str, Any]:
-    """Lower assignments to loops and optimize them (the seed's `lower_assignments`).
+    """The one lowering of assignments (the seed's `lower_assignments`): finish shape
+    inference, log and dump the assignments and the unoptimized loops, optimize.
 
     Returns the routine's name (derived from the assigned nodes when not given) and the
-    optimizer's result. Static symbols are passed to the optimizer as fixed indices.
+    optimizer's result. Static symbols are passed to the optimizer as fixed indices. With
+    `EINJIT_DUMP_DIR` set, `<name>.cd` and `<name>.ll` are written there.
     """
     from einjit.ir.optimize import optimize_proc
+    from einjit.shape import finish_inference
 
+    finish_inference()
     name = name or default_name(asgns)
+    with stable_names():
+        doc = asg.to_doc(asgns)
+    config.debug(2, f"assignments of {name}:\n{doc}")
+    config.dump(name, "", "cd", doc)
     llc = asg.to_low_level(asgns)
+    with stable_names():
+        config.dump(name, "", "ll", ll.to_doc(llc))
     return name, optimize_proc(llc, name=name, static_indices=frozenset(bindings), settings=settings)
 
 
@@ -189,7 +228,7 @@ def default_name(code: Any) -> str:
     else:
         written = [tn for s in ll.iter_stmts(low_level_of(code))
                    if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) for tn in [s.tn]]
-    names = list(dict.fromkeys(tn.name for tn in written))[:2]
+    names = list(dict.fromkeys(node_base(tn.label) for tn in written))[:2]
     return "_".join(["run", *names]) if names else "routine"
 
 
@@ -243,6 +282,81 @@ def routine_inputs(lowered: Any) -> frozenset[Tnode]:
 
     stmts(llc)
     return frozenset(tn for tn in inputs if not tn.is_local() and not tn.is_virtual())
+
+
+# ---------------------------------------------------------------- contexts of the process
+
+
+class HostTransfers:
+    """Contexts know their backend, so code that changes a host array (writing data into a
+    tensor) can refresh every context holding the node without knowing the backends."""
+
+    backend: Any
+
+    def from_host(self, tn: Tnode) -> None:
+        self.backend.from_host(self, tn)
+
+    def to_host(self, tn: Tnode) -> None:
+        self.backend.to_host(self, tn)
+
+
+_contexts: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_context_order = itertools.count()
+
+
+def register_context(context: Any, backend: Any) -> Any:
+    """Attach `context` to `backend` and remember it (weakly) for `contexts_holding`."""
+    context.backend = backend
+    _contexts[next(_context_order)] = context
+    return context
+
+
+def forget_context(context: Any) -> None:
+    """Drop a context from the registry: one wrapped by another backend's context is reached
+    through the wrapper, whose transfers are ordered with its device's work."""
+    for key, c in list(_contexts.items()):
+        if c is context:
+            del _contexts[key]
+
+
+def contexts_holding(tn: Tnode) -> list[Any]:
+    """The live contexts that have an array for `tn`, oldest first; each has `from_host(tn)`
+    and `to_host(tn)`."""
+    return [c for _, c in sorted(_contexts.items(), key=lambda kv: kv[0]) if c.holds(tn)]
+
+
+_defaults: dict[int, tuple[Any, Any]] = {}
+
+
+def default_context(backend: Any) -> Any:
+    """The process's context of `backend` for routines linked without one: on a device
+    backend, a context on device 0; on the C backend, one that computes in the host arrays of
+    hosted nodes, so host writes and reads need no transfer."""
+    entry = _defaults.get(id(backend))
+    if entry is None or entry[0] is not backend:
+        if hasattr(backend, "get_device"):
+            context = backend.init(backend.get_device(0))
+        elif getattr(backend, "shares_host_arrays", False):
+            context = backend.init("default", share_host_arrays=True)
+        else:
+            context = backend.init("default")
+        entry = _defaults[id(backend)] = (backend, context)
+    return entry[1]
+
+
+def load_inputs(context: Any, inputs: frozenset[Tnode]) -> None:
+    """Give the context the inputs it lacks: hosted ones with host values (parameters) are
+    copied from the host (a context sharing the host arrays holds them already); state that
+    is not hosted and was never computed (optimizer momentum) starts at zero, the seed's
+    initial value of device arrays."""
+    for tn in sorted(inputs, key=lambda tn: tn.id):
+        if context.holds(tn):
+            continue
+        if tn.is_hosted() and tn.array is not None:
+            context.from_host(tn)
+        elif not tn.is_hosted():
+            config.debug(1, f"{tn.debug_name()}: state read before written, starts at zero in {context.label!r}")
+            context.backend.allocate_zeroed(context, tn)
 
 
 # ---------------------------------------------------------------- backend interfaces
@@ -326,6 +440,8 @@ class SimpleBackend(Protocol[Ctx, Proc]):
 
     def to_host(self, context: Ctx, tn: Tnode) -> None: ...
 
+    def allocate_zeroed(self, context: Ctx, tn: Tnode) -> None: ...
+
     def device_to_device(self, tn: Tnode, dst_context: Ctx, src_context: Ctx,
                          into_merge_buffer: bool = True) -> None: ...
 
@@ -341,8 +457,8 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
 
-    def init(self, label: str) -> Ctx:
-        return self.simple.init(label)
+    def init(self, label: str, **options: Any) -> Ctx:
+        return register_context(self.simple.init(label, **options), self)
 
     def compile(self, bindings: Sequence[StaticSymbol], code: Any, *, shared: bool = False,
                 name: str | None = None) -> Code:
@@ -401,6 +517,12 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
         self.check_context(context)
         self.simple.to_host(context, tn)
 
+    def allocate_zeroed(self, context: Ctx, tn: Tnode) -> None:
+        """Give `context` a zeroed array for `tn` if it holds none: the seed's initial value of
+        state a routine keeps across calls (optimizer momentum), asked for explicitly."""
+        self.check_context(context)
+        self.simple.allocate_zeroed(context, tn)
+
     def device_to_device(self, tn: Tnode, dst_context: Ctx, src_context: Ctx, into_merge_buffer: bool = True) -> None:
         self.check_context(dst_context)
         self.check_context(src_context)
@@ -424,6 +546,30 @@ def missing_input_error(routine: str, tn: Tnode, context: Any, hosted_hint: bool
     return NodeNotInContextError(
         f"einjit: routine {routine!r} reads {tn.debug_name()} before writing it, but {_describe_context(context)} "
         f"does not hold it; {how}")
+
+
+class NotHostedError(BackendError, LookupError):
+    """A host transfer of a node that has no host array by its memory mode."""
+
+
+def check_hosted(what: str, tn: Tnode, context: Any) -> None:
+    """Host transfers only move nodes that have a host array by their memory mode; and
+    `from_host` only copies a host array that exists: anything else would invent values."""
+    if not tn.can_be_hosted():
+        raise NotHostedError(
+            f"einjit: {what} of {tn.debug_name()} in {_describe_context(context)}: the node is not hosted (memory mode "
+            f"{tn.memory_mode}, {describe_provenance(tn.provenance)}), so it has no host array; make it hosted before "
+            f"compiling (tensor.hosted(), or train.forward(tensor) for a value you read)")
+    if what == "from_host" and tn.array is None:
+        raise NotHostedError(
+            f"einjit: from_host of {tn.debug_name()} into {_describe_context(context)}: the node has no host array yet "
+            f"(nothing was written to it on the host); give it values first (init_params, or write its host array), "
+            f"or let a routine compute it in this context")
+
+
+def describe_provenance(code: int) -> str:
+    from einjit.ir.provenance import describe
+    return describe(code)
 
 
 def not_held_error(what: str, tn: Tnode, context: Any) -> NodeNotInContextError:

@@ -15,7 +15,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Iterator as PyIterator
 
-from einjit.ir import ops
+from einjit.ir import naming, ops
 from einjit.ir.indexing import AxisIndex, Symbol
 from einjit.ir.tnode import Tnode
 
@@ -30,7 +30,8 @@ class ScopeId:
     id: int
 
     def __repr__(self) -> str:
-        return f"v{self.id}"
+        names = naming.current()
+        return names.local(self).removesuffix("_") if names is not None else f"v{self.id}"
 
 
 def fresh_scope_id(tn: Tnode) -> ScopeId:
