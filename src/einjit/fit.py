@@ -32,8 +32,8 @@ import numpy as np
 
 from einjit import data, train
 from einjit.ir import assignments as asg
-from einjit.ir.tnode import MemoryModeError
-from einjit.tensor.tensor import Tensor, TensorError, to_host, written
+from einjit.ir.tnode import MemoryModeError, Tnode
+from einjit.tensor.tensor import Tensor, TensorError
 
 
 def _not_inputs(inputs: Sequence[Tensor]) -> list[str]:
@@ -49,6 +49,23 @@ def _check_params_set(tensors: Iterable[Tensor]) -> None:
                           f"or einjit.load(...) before compiling")
 
 
+def _nothing() -> None:
+    pass
+
+
+def _transfer(routine: object, tn: Tnode, direction: str) -> Callable[[], None]:
+    """The host transfer of `tn` for the context `routine` runs in, bound once: steps write
+    their inputs before every run and read their outputs after, in their own context, so the
+    per-step cost is one call — none when the context computes in the host arrays."""
+    context = getattr(routine, "context", None)
+    if context is None:
+        return _nothing
+    cpu = getattr(context, "cpu", None)
+    if cpu is not None and cpu.arrays.get(tn) is tn.array:
+        return _nothing
+    return functools.partial(getattr(context, direction), tn)
+
+
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
@@ -62,6 +79,7 @@ class Step:
             raise TensorError(f"einjit: {name}: {bad} are not ej.input tensors; only inputs are written per call")
         self.routine, self.inputs, self.name = routine, tuple(inputs), name
         self._hosts = tuple(t.value_tn.host_array() for t in self.inputs)
+        self._push = tuple(_transfer(routine, t.value_tn, "from_host") for t in self.inputs)
         self._squeezed = tuple(_squeezed(h.shape) for h in self._hosts)
         self._fast_dtypes: tuple[set[np.dtype], ...] = tuple(set() for _ in self.inputs)
 
@@ -90,7 +108,7 @@ class Step:
             if self._fits(k, arr):
                 host = self._hosts[k]
                 np.copyto(host, arr if arr.shape == host.shape else arr.reshape(host.shape), casting="same_kind")
-                written(self.inputs[k].value_tn)
+                self._push[k]()
             else:
                 self.inputs[k].set_values(arr)
 
@@ -106,9 +124,10 @@ class TrainStep(Step):
         super().__init__(routine, inputs, name)
         self.loss = loss
         self._loss_cell = loss.value_tn.host_array().reshape(-1)
+        self._pull = _transfer(routine, loss.value_tn, "to_host")
 
     def loss_value(self) -> float:
-        to_host(self.loss.value_tn)
+        self._pull()
         return float(self._loss_cell[0])
 
 
@@ -120,10 +139,14 @@ class ForwardStep(Step):
                  outputs: Sequence[Tensor]):
         super().__init__(routine, inputs, name)
         self.outputs = tuple(outputs)
+        self._pulls = tuple(_transfer(routine, t.value_tn, "to_host") for t in self.outputs)
+        self._out_hosts = tuple(t.value_tn.host_array() for t in self.outputs)
 
     def __call__(self, *arrays: np.ndarray):  # type: ignore[override]
         super().__call__(*arrays)
-        outs = tuple(t.value.read().copy() for t in self.outputs)
+        for pull in self._pulls:
+            pull()
+        outs = tuple(host.copy() for host in self._out_hosts)
         return outs[0] if len(outs) == 1 else outs
 
 
@@ -145,19 +168,23 @@ def forward_code(*outputs: Tensor) -> asg.Asgns:
     return asg.BlockComment(f"forward {', '.join(t.label_str for t in outputs)}", body)
 
 
-def forward_step(outputs: Tensor | Sequence[Tensor], *, inputs: Sequence[Tensor], name: str = "forward") -> ForwardStep:
-    """Compile (once) a routine computing `outputs` from the inputs' current values."""
+def forward_step(outputs: Tensor | Sequence[Tensor], *, inputs: Sequence[Tensor], name: str = "forward",
+                 backend: object = None, context: object = None) -> ForwardStep:
+    """Compile (once) a routine computing `outputs` from the inputs' current values (on
+    `backend` / in `context` as `train.to_routine` takes them; default: the C backend's
+    context computing in the host arrays)."""
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     _check_params_set(outs)
-    routine = train.to_routine(forward_code(*outs), name=name)
+    routine = train.to_routine(forward_code(*outs), name=name, backend=backend, context=context)
     return ForwardStep(routine, inputs, name, outs)
 
 
-def train_step(loss: Tensor, update: asg.Asgns | object, *, inputs: Sequence[Tensor],
-               name: str = "train_step") -> TrainStep:
-    """Compile (once) forward, backprop and `update` (e.g. `train.sgd_update(loss, lr)`)."""
+def train_step(loss: Tensor, update: asg.Asgns | object, *, inputs: Sequence[Tensor], name: str = "train_step",
+               backend: object = None, context: object = None) -> TrainStep:
+    """Compile (once) forward, backprop and `update` (e.g. `train.sgd_update(loss, lr)`);
+    `backend` / `context` as for `forward_step`."""
     _check_params_set([loss])
-    routine = train.to_routine([train.grad_update(loss), update], name=name)
+    routine = train.to_routine([train.grad_update(loss), update], name=name, backend=backend, context=context)
     return TrainStep(routine, inputs, name, loss)
 
 
@@ -205,11 +232,11 @@ class _Gather:
         if a.dtype != host.dtype or int(np.prod(shape)) != host.size or _squeezed(shape) != _squeezed(host.shape):
             return lambda rows: t.set_values(a.take(rows, axis=0))
         take = functools.partial(np.take, a, axis=0, out=host.reshape(shape), mode="clip")
-        tn = t.value_tn
+        push = self.step._push[self.step.inputs.index(t)]
 
         def write(rows: np.ndarray) -> None:
             take(rows)
-            written(tn)
+            push()
 
         return write
 

@@ -120,3 +120,24 @@ def test_duplicate_labels_are_refused_at_save(tmp_path):
     a, b = ej.param("same", values=[1.0]), ej.param(["same"], values=[2.0])
     with pytest.raises(ej.CheckpointError, match="'same'.*distinct labels"):
         ej.save([a, b], tmp_path / "d.safetensors")
+
+
+def test_load_writes_into_the_contexts_already_holding_the_parameters(tmp_path):
+    from einjit import backends, fit, train
+    from mlp_model import dataset
+    xs, ys = dataset(64)
+    _, inputs, loss, lr = build(32, seed=1)
+    step = fit.train_step(loss, train.sgd_update(loss, lr), inputs=inputs, context=backends.get("cc").init("ck"))
+    step(xs[:32], ys[:32])
+    path = tmp_path / "p.safetensors"
+    ej.save(loss, path)
+    saved = params_of(loss)
+    step(xs[32:], ys[32:])
+    assert not np.array_equal(params_of(loss)["w1"], saved["w1"])
+    ej.load(loss, path)
+    for name, value in params_of(loss).items():
+        assert value.tobytes() == saved[name].tobytes(), name
+    lr.set_values(0.0)
+    step(xs[32:], ys[32:])
+    for name, value in params_of(loss).items():
+        assert value.tobytes() == saved[name].tobytes(), name

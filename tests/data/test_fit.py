@@ -137,3 +137,27 @@ def test_progress_bar_runs_with_tqdm(capsys):
     step = fit.train_step(loss, train.sgd_update(loss, lr), inputs=inputs)
     history = fit.fit(step, data.Loader(xs, ys, batch_size=16), epochs=2, progress=True)
     assert len(history.losses) == 2 and "epoch 2" in capsys.readouterr().err
+
+
+def test_private_contexts_get_writes_through_from_host_and_reads_through_to_host():
+    from einjit import backends
+    xs, ys = dataset(128)
+    mlp, inputs, loss, lr = build(32)
+    ref = params_of(loss)
+    context = backends.get("cc").init("private")
+    step = fit.train_step(loss, train.sgd_update(loss, lr), inputs=inputs, context=context)
+    assert step.routine.context is context
+    loader = data.Loader(xs, ys, batch_size=32, seed=3)
+    fit.fit(step, loader, epochs=1, progress=False)
+    for rows, _ in loader.index_batches(0):
+        reference_step(ref, xs[rows], ys[rows], np.full(32, 1 / 32), 0.1)
+    for name, value in params_of(loss).items():
+        np.testing.assert_allclose(value, ref[name], rtol=0, atol=1e-12, err_msg=name)
+    w1 = next(p for p in loss.params() if p.label_str == "w1")
+    w1.set_values(np.zeros((8, 2)))
+    lr.set_values(0.0)
+    step(xs[:32], ys[:32])
+    np.testing.assert_array_equal(w1.numpy(), np.zeros((8, 2)))
+    p = params_of(loss)
+    out = (np.maximum(p["b1"], 0) @ p["w2"].T)[0] + p["b2"][0]
+    assert step.loss_value() == pytest.approx(np.mean(np.maximum(1 - ys[:32] * out, 0)), abs=1e-12)

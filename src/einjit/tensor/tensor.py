@@ -80,13 +80,22 @@ def unchanged_roots() -> PyIterator[None]:
 
 
 def written(tn: Tnode) -> None:
-    """After the host array of `tn` was written in place: the routines reading it see it (the
-    CPU context computes on the host arrays of hosted nodes themselves)."""
+    """After the host array of `tn` was written in place: copy it to every context holding the
+    node (the seed's `from_host`), so the routines there read the new values. A context that
+    computes in the host arrays themselves (the C backend's default) has nothing to copy."""
+    from einjit.backends.interface import contexts_holding
+    for context in contexts_holding(tn):
+        context.from_host(tn)
 
 
 def to_host(tn: Tnode) -> None:
-    """Before reading the host array of `tn`: it holds what the routines computed (the CPU
-    context computes on the host arrays of hosted nodes themselves)."""
+    """Before reading the host array of `tn`: bring back what the routines computed (the
+    seed's `to_host`) from the context that holds it; with several (replicas), the most
+    recent one, whose values a read means."""
+    from einjit.backends.interface import contexts_holding
+    holders = contexts_holding(tn)
+    if holders:
+        holders[-1].to_host(tn)
 
 
 _REFUSED_KINDS = {"c": "complex", "O": "object", "U": "string", "S": "bytes", "M": "datetime",
