@@ -61,7 +61,7 @@ def _transfer(routine: object, tn: Tnode, direction: str) -> Callable[[], None]:
     if context is None:
         return _nothing
     cpu = getattr(context, "cpu", None)
-    if cpu is not None and cpu.arrays.get(tn) is tn.array:
+    if cpu is not None and (cpu.arrays.get(tn) is tn.array or (cpu.share_host_arrays and tn.is_hosted())):
         return _nothing
     return functools.partial(getattr(context, direction), tn)
 

@@ -79,23 +79,38 @@ def unchanged_roots() -> PyIterator[None]:
         _backprop_roots.update(bprop)
 
 
+def _transferring_holders(tn: Tnode) -> list:
+    """The live contexts holding `tn` in an array of their own: a C context computing in the
+    host arrays needs no transfer, so it is left out."""
+    from einjit.backends.interface import contexts_holding
+    out = []
+    for context in contexts_holding(tn):
+        cpu = getattr(context, "cpu", None)
+        if cpu is None or not (cpu.arrays.get(tn) is tn.array or (cpu.share_host_arrays and tn.is_hosted())):
+            out.append(context)
+    return out
+
+
 def written(tn: Tnode) -> None:
     """After the host array of `tn` was written in place: copy it to every context holding the
-    node (the seed's `from_host`), so the routines there read the new values. A context that
-    computes in the host arrays themselves (the C backend's default) has nothing to copy."""
-    from einjit.backends.interface import contexts_holding
-    for context in contexts_holding(tn):
-        context.from_host(tn)
+    node (the seed's `from_host`), so the routines there read the new values. Devices already
+    shut down are skipped: they run nothing more."""
+    from einjit.backends.interface import DeviceError
+    for context in _transferring_holders(tn):
+        with contextlib.suppress(DeviceError):
+            context.from_host(tn)
 
 
 def to_host(tn: Tnode) -> None:
     """Before reading the host array of `tn`: bring back what the routines computed (the
-    seed's `to_host`) from the context that holds it; with several (replicas), the most
-    recent one, whose values a read means."""
-    from einjit.backends.interface import contexts_holding
-    holders = contexts_holding(tn)
-    if holders:
-        holders[-1].to_host(tn)
+    seed's `to_host`) when one context holds the node. Replicas (several contexts, e.g. data
+    parallel devices) may differ, so then the host keeps what their synchronization last
+    wrote there; a device shut down has nothing newer than that either."""
+    from einjit.backends.interface import DeviceError
+    holders = _transferring_holders(tn)
+    if len(holders) == 1:
+        with contextlib.suppress(DeviceError):
+            holders[0].to_host(tn)
 
 
 _REFUSED_KINDS = {"c": "complex", "O": "object", "U": "string", "S": "bytes", "M": "datetime",
