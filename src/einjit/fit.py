@@ -224,18 +224,27 @@ class _Gather:
                               f"{[t.label_str for t in step.inputs]}) but the loader yields {n_arrays}")
         self.step, self.loader, self.routine = step, loader, step.routine
         self.size = step._hosts[0].shape[0] if step._hosts[0].ndim else 1
-        self.writers = [self._writer(t, a, host) for t, a, host in zip(step.inputs, loader.arrays, step._hosts)]
-        self.weights = step.inputs[-1] if loader.weights else None
+        self.writers = [self._writer(k, a) for k, a in enumerate(loader.arrays)]
+        self.weights = self._writer(len(step.inputs) - 1, None) if loader.weights else None
 
-    def _writer(self, t: Tensor, a: np.ndarray, host: np.ndarray) -> Callable[[np.ndarray], None]:
-        shape = (self.size, *a.shape[1:])
-        if a.dtype != host.dtype or int(np.prod(shape)) != host.size or _squeezed(shape) != _squeezed(host.shape):
-            return lambda rows: t.set_values(a.take(rows, axis=0))
-        take = functools.partial(np.take, a, axis=0, out=host.reshape(shape), mode="clip")
-        push = self.step._push[self.step.inputs.index(t)]
+    def _writer(self, k: int, a: np.ndarray | None) -> Callable[[np.ndarray], None]:
+        """Writes input `k` from the batch's rows of `a` (from the weights when `a` is None)."""
+        t, host, push = self.step.inputs[k], self.step._hosts[k], self.step._push[k]
+        if a is None:
+            if host.size != self.size:
+                return lambda w: t.set_values(w)
+            flat = host.reshape(-1)
+            fill = functools.partial(np.copyto, flat, casting="same_kind")
+        else:
+            shape = (self.size, *a.shape[1:])
+            if a.dtype != host.dtype or int(np.prod(shape)) != host.size or _squeezed(shape) != _squeezed(host.shape):
+                return lambda rows: t.set_values(a.take(rows, axis=0))
+            fill = functools.partial(np.take, a, axis=0, out=host.reshape(shape), mode="clip")
+        if push is _nothing:
+            return fill
 
         def write(rows: np.ndarray) -> None:
-            take(rows)
+            fill(rows)
             push()
 
         return write
@@ -247,7 +256,7 @@ class _Gather:
         for write in self.writers:
             write(rows)
         if self.weights is not None:
-            self.weights.set_values(self.loader.row_weights(real))
+            self.weights(self.loader.row_weights(real))
         self.routine()
 
 

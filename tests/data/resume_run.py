@@ -8,10 +8,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import einjit as ej  # noqa: E402
-from einjit import data, fit, train  # noqa: E402
+from mlp_model import build, dataset
 
-from mlp_model import build, dataset  # noqa: E402
+import einjit as ej
+from einjit import data, fit, train
 
 
 def run(start: int, epochs: int, out: str, source: str | None) -> None:

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_readme_real_data_example_runs(tmp_path):
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Real data"):]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=300)

@@ -9,7 +9,7 @@ with `set_values`. Inputs and scalars are never differentiated and never constan
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -26,8 +26,8 @@ def _dims(what: str, label: str, dims: Sequence[int]) -> list[int]:
     return out
 
 
-def input(label: str, *, batch_dims: Sequence[int] = (), input_dims: Sequence[int] = (),  # noqa: A001
-          output_dims: Sequence[int] = (1,), prec: "ops.Prec | str | np.dtype | type | None" = None,
+def input(label: str, *, batch_dims: Sequence[int] = (), input_dims: Sequence[int] = (),
+          output_dims: Sequence[int] = (1,), prec: ops.Prec | str | np.dtype | type | None = None,
           values: object = None) -> Tensor:
     """A data input, like a placeholder: fixed dims, values set per step with `set_values`.
 
@@ -51,7 +51,7 @@ def input(label: str, *, batch_dims: Sequence[int] = (), input_dims: Sequence[in
     return t
 
 
-def scalar(value: float, *, label: str, prec: "ops.Prec | str | np.dtype | type | None" = None) -> Tensor:
+def scalar(value: float, *, label: str, prec: ops.Prec | str | np.dtype | type | None = None) -> Tensor:
     """A one-cell input holding `value`, e.g. a learning rate changed between steps with
     `lr.set_values(0.01)` — no recompilation, unlike a number literal, which is compiled in."""
     return input(label, output_dims=(1,), prec=prec, values=value)
