@@ -181,10 +181,12 @@ def forward_step(outputs: Tensor | Sequence[Tensor], *, inputs: Sequence[Tensor]
 
 def train_step(loss: Tensor, update: asg.Asgns | object, *, inputs: Sequence[Tensor], name: str = "train_step",
                backend: object = None, context: object = None) -> TrainStep:
-    """Compile (once) forward, backprop and `update` (e.g. `train.sgd_update(loss, lr)`);
-    `backend` / `context` as for `forward_step`."""
+    """Compile (once) forward, backprop and `update` (e.g. `train.sgd_update(loss, lr)`, or a
+    list of per-parameter updates such as `train.sgd_one`'s); `backend` / `context` as for
+    `forward_step`."""
     _check_params_set([loss])
-    routine = train.to_routine([train.grad_update(loss), update], name=name, backend=backend, context=context)
+    updates = list(update) if isinstance(update, (list, tuple)) else [update]
+    routine = train.to_routine([train.grad_update(loss), *updates], name=name, backend=backend, context=context)
     return TrainStep(routine, inputs, name, loss)
 
 

@@ -57,20 +57,25 @@ def test_compatible_with_the_safetensors_package(tmp_path):
         np.testing.assert_array_equal(value, theirs[name] * 2)
 
 
-def test_save_load_new_process_continue_is_bit_identical(tmp_path):
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_save_load_new_process_continue_is_bit_identical(tmp_path, momentum):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
 
     def script(*args):
         subprocess.run([sys.executable, str(HERE / "resume_run.py"), *map(str, args)], check=True, env=env,
                        capture_output=True, text=True, timeout=300)
 
-    script(0, 4, tmp_path / "straight.safetensors")
-    script(0, 2, tmp_path / "half.safetensors")
-    script(2, 2, tmp_path / "resumed.safetensors", tmp_path / "half.safetensors")
+    script(0, 4, momentum, tmp_path / "straight.safetensors")
+    script(0, 2, momentum, tmp_path / "half.safetensors")
+    script(2, 2, momentum, tmp_path / "resumed.safetensors", tmp_path / "half.safetensors")
     straight = checkpoint.read(tmp_path / "straight.safetensors")
     resumed = checkpoint.read(tmp_path / "resumed.safetensors")
     half = checkpoint.read(tmp_path / "half.safetensors")
-    assert sorted(straight) == ["b1", "b2", "lr", "w1", "w2"]
+    names = ["b1", "b2", "lr", "w1", "w2"]
+    if momentum:
+        names += [f"{p}.momentum" for p in ("b1", "b2", "w1", "w2")]
+        assert np.abs(half["w1.momentum"]).max() > 0
+    assert sorted(straight) == sorted(names)
     for name in straight:
         assert straight[name].tobytes() == resumed[name].tobytes(), name
     assert not np.array_equal(straight["w1"], half["w1"])
