@@ -42,6 +42,8 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "save": ("einjit.checkpoint", "save"),
     "load": ("einjit.checkpoint", "load"),
     "CheckpointError": ("einjit.checkpoint", "CheckpointError"),
+    "data": ("einjit.data", None),
+    "fit": ("einjit.fit", None),
 }
 
 __all__ = sorted(_PUBLIC)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -32,7 +33,9 @@ import numpy as np
 
 from einjit import data, train
 from einjit.ir import assignments as asg
+from einjit.ir import ops
 from einjit.ir.tnode import MemoryModeError, Tnode
+from einjit.tensor.inputs import input as new_input
 from einjit.tensor.tensor import Tensor, TensorError
 
 
@@ -177,6 +180,24 @@ def forward_step(outputs: Tensor | Sequence[Tensor], *, inputs: Sequence[Tensor]
     _check_params_set(outs)
     routine = train.to_routine(forward_code(*outs), name=name, backend=backend, context=context)
     return ForwardStep(routine, inputs, name, outs)
+
+
+_predictors: "weakref.WeakKeyDictionary[Callable, dict[tuple, ForwardStep]]" = weakref.WeakKeyDictionary()
+
+
+def predictor(model: Callable[[Tensor], Tensor], *, batch_dims: Sequence[int] = (1,), input_dims: Sequence[int] = (),
+              output_dims: Sequence[int] = (1,), prec: object = None) -> ForwardStep:
+    """The forward step of `model` (an `@ej.op` function of one tensor) on inputs of these
+    dims: built and compiled on the first request, the same step for every later one, so
+    predicting after training never recompiles: `predictor(mlp, output_dims=[2])(sample)`."""
+    key = (tuple(batch_dims), tuple(input_dims), tuple(output_dims), None if prec is None else ops.as_prec(prec))
+    steps = _predictors.setdefault(model, {})
+    step = steps.get(key)
+    if step is None:
+        x = new_input(f"{getattr(model, '__name__', 'model')}_input", batch_dims=batch_dims, input_dims=input_dims,
+                         output_dims=output_dims, prec=prec)
+        step = steps[key] = forward_step(model(x), inputs=[x], name=f"predict_{getattr(model, '__name__', 'model')}")
+    return step
 
 
 def train_step(loss: Tensor, update: asg.Asgns | object, *, inputs: Sequence[Tensor], name: str = "train_step",

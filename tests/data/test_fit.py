@@ -160,3 +160,17 @@ def test_private_contexts_get_writes_through_from_host_and_reads_through_to_host
     p = params_of(loss)
     out = (np.maximum(p["b1"], 0) @ p["w2"].T)[0] + p["b2"][0]
     assert step.loss_value() == pytest.approx(np.mean(np.maximum(1 - ys[:32] * out, 0)), abs=1e-12)
+
+
+def test_predictor_is_one_routine_per_model_and_dims():
+    xs, _ = dataset(10)
+    mlp, _, loss, _ = build(8)
+    one = fit.predictor(mlp, batch_dims=[1], output_dims=[2])
+    compiles = cc.stats.compiler_invocations
+    assert fit.predictor(mlp, batch_dims=[1], output_dims=[2]) is one
+    p = params_of(loss)
+    for k in range(3):
+        want = np.maximum(xs[k:k + 1] @ p["w1"].T + p["b1"], 0) @ p["w2"].T + p["b2"]
+        np.testing.assert_allclose(one(xs[k:k + 1]), want, rtol=0, atol=1e-12)
+    assert cc.stats.compiler_invocations == compiles
+    assert fit.predictor(mlp, batch_dims=[4], output_dims=[2]) is not one
