@@ -36,6 +36,7 @@ from einjit.ir import assignments as asg
 from einjit.ir import ops
 from einjit.ir.tnode import MemoryModeError, Tnode
 from einjit.tensor.inputs import input as new_input
+from einjit.tensor.notation import Code
 from einjit.tensor.tensor import Tensor, TensorError
 
 
@@ -182,11 +183,11 @@ def forward_step(outputs: Tensor | Sequence[Tensor], *, inputs: Sequence[Tensor]
     return ForwardStep(routine, inputs, name, outs)
 
 
-_predictors: "weakref.WeakKeyDictionary[Callable, dict[tuple, ForwardStep]]" = weakref.WeakKeyDictionary()
+_predictors: weakref.WeakKeyDictionary[Callable, dict[tuple, ForwardStep]] = weakref.WeakKeyDictionary()
 
 
 def predictor(model: Callable[[Tensor], Tensor], *, batch_dims: Sequence[int] = (1,), input_dims: Sequence[int] = (),
-              output_dims: Sequence[int] = (1,), prec: object = None) -> ForwardStep:
+              output_dims: Sequence[int] = (1,), prec: ops.Prec | str | np.dtype | type | None = None) -> ForwardStep:
     """The forward step of `model` (an `@ej.op` function of one tensor) on inputs of these
     dims: built and compiled on the first request, the same step for every later one, so
     predicting after training never recompiles: `predictor(mlp, output_dims=[2])(sample)`."""
@@ -200,14 +201,15 @@ def predictor(model: Callable[[Tensor], Tensor], *, batch_dims: Sequence[int] = 
     return step
 
 
-def train_step(loss: Tensor, update: asg.Asgns | object, *, inputs: Sequence[Tensor], name: str = "train_step",
+def train_step(loss: Tensor, update: Code | asg.Asgns | list[Code | asg.Asgns] | tuple[Code | asg.Asgns, ...], *, inputs: Sequence[Tensor], name: str = "train_step",
                backend: object = None, context: object = None) -> TrainStep:
     """Compile (once) forward, backprop and `update` (e.g. `train.sgd_update(loss, lr)`, or a
     list of per-parameter updates such as `train.sgd_one`'s); `backend` / `context` as for
     `forward_step`."""
     _check_params_set([loss])
-    updates = list(update) if isinstance(update, (list, tuple)) else [update]
-    routine = train.to_routine([train.grad_update(loss), *updates], name=name, backend=backend, context=context)
+    updates: list[Code | asg.Asgns] = list(update) if isinstance(update, (list, tuple)) else [update]
+    code = [train.grad_update(loss), *updates]
+    routine = train.to_routine(code, name=name, backend=backend, context=context)
     return TrainStep(routine, inputs, name, loss)
 
 

@@ -19,9 +19,9 @@ from einjit.ir.tnode import MemoryType, hosted
 from einjit.tensor.tensor import Tensor, default_prec, make_node, new_label, register
 
 
-def _dims(what: str, label: str, dims: Sequence[int]) -> list[int]:
-    out = [int(d) for d in dims]
-    if any(d < 1 for d in out):
+def _dims(what: str, label: str, dims: Sequence[int]) -> list[int | None]:
+    out: list[int | None] = [int(d) for d in dims]
+    if any(int(d) < 1 for d in dims):
         raise sh.ShapeError(f"einjit: {what} of input {label!r} must be positive, got {list(dims)}")
     return out
 
