@@ -82,7 +82,8 @@ def test_partial_writes_and_assign():
     x.value.assign(np.ones((3, 2)))
     x.value[1] = [5, 6]
     x.value[2, 0] = -1
-    np.testing.assert_array_equal(x.numpy(), np.array([[1, 1], [5, 6], [-1, 1]], dtype=np.float32))
+    x.value[np.array([0])] = [[7, 8]]
+    np.testing.assert_array_equal(x.numpy(), np.array([[7, 8], [5, 6], [-1, 1]], dtype=np.float32))
     assert x.numpy().dtype == np.float32
     x.set_values(2)
     np.testing.assert_array_equal(x.numpy(), np.full((3, 2), 2, np.float32))

@@ -253,7 +253,7 @@ class NodeView:
         self.written()
 
     def __setitem__(self, key, values) -> None:
-        if key is Ellipsis or key == slice(None):
+        if key is Ellipsis or (isinstance(key, slice) and key == slice(None)):
             self.assign(values)
             return
         host = self._writable()
