@@ -23,7 +23,7 @@ from einjit.backends.interface import (
 )
 from einjit.ir import assignments as asg
 from einjit.ir.indexing import IntRef, StaticSymbol
-from einjit.ir.naming import node_base
+from einjit.ir.naming import node_base, stable_names
 from einjit.ir.optimize import VirtualizeSettings
 from einjit.tensor.notation import Code, as_asgns, cd
 from einjit.tensor.tensor import (
@@ -134,8 +134,9 @@ def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *,
     base = backends.resolve(backend)
     compiler = base if options is None else _with_options(base, options)
     start = time.perf_counter()
-    _, lowered = lower_assignments(tuple(refs), as_asgns(code), name, settings=settings)
-    compiled = compiler.compile(tuple(refs), lowered, shared=True, name=name)
+    with stable_names():
+        _, lowered = lower_assignments(tuple(refs), as_asgns(code), name, settings=settings)
+        compiled = compiler.compile(tuple(refs), lowered, shared=True, name=name)
     context = context if context is not None else default_context(base)
     load_inputs(context, compiled.inputs)
     routine = compiler.link(context, compiled, refs)
