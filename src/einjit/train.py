@@ -132,7 +132,7 @@ def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *,
     if backend is None and context is not None:
         backend = context.backend
     base = backends.resolve(backend)
-    compiler = base if options is None else _with_options(base, options)
+    compiler = base if options is None else backends.with_options(base, options)
     start = time.perf_counter()
     with stable_names():
         _, lowered = lower_assignments(tuple(refs), as_asgns(code), name, settings=settings)
@@ -142,15 +142,6 @@ def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *,
     routine = compiler.link(context, compiled, refs)
     config.debug(1, f"to_routine {name}: {1000 * (time.perf_counter() - start):.1f} ms")
     return routine
-
-
-def _with_options(backend: Any, options: Any) -> Any:
-    """The C backend compiling with other `CcOptions`; its code links into `backend`'s contexts."""
-    from einjit.backends.cc_backend import CcBackend
-    if not isinstance(backend, CcBackend):
-        raise TypeError(f"einjit: options= are C compiler options (CcOptions) and apply to the C backend, not to "
-                        f"backend {backend.name!r}; pass them to that backend's constructor instead")
-    return CcBackend(options, name=backend.name)
 
 
 def run(routine: Routine) -> None:
