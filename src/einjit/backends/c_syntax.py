@@ -18,12 +18,12 @@ array through a `const` pointer. Virtual nodes have no storage and must not appe
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from einjit.backends.params import MemClass, Param, ParamKind
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir import naming, ops
@@ -45,34 +45,6 @@ _INT_MAX = 2**31 - 1
 class RenderError(EinjitError, ValueError):
     """The low-level program cannot be rendered: a virtual node, an unbound symbol, an
     out-of-bounds constant index range, a malformed routine name."""
-
-
-class MemClass(enum.Enum):
-    LOCAL_ONLY = "Local_only"
-    FROM_CONTEXT = "From_context"
-    CONSTANT_FROM_HOST = "Constant_from_host"
-
-
-class ParamKind(enum.Enum):
-    ARRAY = "array"
-    MERGE_BUFFER = "merge_buffer"
-    STATIC = "static"
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Param:
-    """One parameter of a rendered routine, in calling order."""
-
-    kind: ParamKind
-    c_name: str
-    tn: Tnode | None = None
-    mem: MemClass | None = None
-    static: StaticSymbol | None = None
-
-    def __repr__(self) -> str:
-        what = self.tn.debug_name() if self.tn is not None else repr(self.static)
-        mem = f" {self.mem.value}" if self.mem is not None else ""
-        return f"<Param {self.kind.value} {self.c_name}: {what}{mem}>"
 
 
 def mem_class(tn: Tnode, written: bool) -> MemClass:

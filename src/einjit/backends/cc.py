@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-
 from einjit import config
 from einjit.backends import cache
 from einjit.backends.c_syntax import (

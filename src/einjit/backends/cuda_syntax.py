@@ -39,7 +39,7 @@ from einjit.backends.c_syntax import (
     render_routine,
     symbol_name,
 )
-from einjit.backends.interface import CudaMemClass
+from einjit.backends.params import CudaMemClass
 from einjit.ir import low_level as ll
 from einjit.ir import naming, ops
 from einjit.ir.indexing import AxisIndex, Iterator, StaticSymbol, Symbol, get_symbol

@@ -41,7 +41,8 @@ from typing import (
 )
 
 from einjit import config
-from einjit.backends.c_syntax import MemClass as CpuMemClass
+from einjit.backends.params import CudaMemClass
+from einjit.backends.params import MemClass as CpuMemClass
 from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
@@ -60,15 +61,6 @@ __all__ = [
 
 Ctx = TypeVar("Ctx")
 Proc = TypeVar("Proc")
-
-
-class CudaMemClass(enum.Enum):
-    """How the CUDA backend stores a node (seed 001)."""
-
-    LOCAL_ONLY = "Local_only"
-    """Only needed within one thread's share of a computation: a per-thread local array."""
-    GLOBAL = "Global"
-    """Computed directly in the device's global memory (one array per context)."""
 
 
 # ---------------------------------------------------------------- errors
