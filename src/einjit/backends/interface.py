@@ -41,7 +41,7 @@ from typing import (
 )
 
 from einjit import config
-from einjit.backends.params import CudaMemClass
+from einjit.backends.params import CudaMemClass, repeated_names
 from einjit.backends.params import MemClass as CpuMemClass
 from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
@@ -583,8 +583,6 @@ def _describe_context(context: Any) -> str:
 
 
 def _check_distinct(names: Iterable[str]) -> None:
-    seen: set[str] = set()
-    for n in names:
-        if n in seen:
-            raise ValueError(f"einjit: routine name {n!r} repeated in one batch")
-        seen.add(n)
+    dup = repeated_names(names)
+    if dup:
+        raise ValueError(f"einjit: routine name {dup[0]!r} repeated in one batch; give each routine its own name")

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Iterable
 
 from einjit.ir.indexing import StaticSymbol
 from einjit.ir.tnode import Tnode
 
-__all__ = ["CudaMemClass", "MemClass", "Param", "ParamKind"]
+__all__ = ["CudaMemClass", "MemClass", "Param", "ParamKind", "repeated_names"]
 
 
 class MemClass(enum.Enum):
@@ -56,3 +57,13 @@ class Param:
         what = self.tn.debug_name() if self.tn is not None else repr(self.static)
         mem = f" {self.mem.value}" if self.mem is not None else ""
         return f"<Param {self.kind.value} {self.c_name}: {what}{mem}>"
+
+
+def repeated_names(names: Iterable[str]) -> list[str]:
+    """The routine names given more than once, sorted: functions of one program, and
+    routines of one batch, must have distinct names."""
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for n in names:
+        (repeated if n in seen else seen).add(n)
+    return sorted(repeated)
