@@ -5,19 +5,18 @@ batch / input / output axes (`einjit.shape`), assignments are lowered to a C-lik
 optimized (`einjit.ir`), and compiled by gcc into routines (`einjit.backends`).
 
 The public names below are loaded on first use, so importing a low layer (say `einjit.ir`)
-does not pull in the tensor front end.
+does not pull in the tensor front end. The operations are every public function and class of
+`einjit.tensor.operation`, found when the first of them is asked for: a new operation gets its
+API name by being defined there (a trailing `_`, as in `range_`, avoids shadowing a builtin
+inside that module and is dropped from the API name).
 """
 
 from __future__ import annotations
 
 import importlib
 
-_OPERATIONS = ("Batch", "add", "batch_slice", "binop", "cos", "div", "einsum", "embed_symbol", "exp", "log",
-               "matmul", "maximum", "mean", "minimum", "mul", "ndarray", "neg", "number", "param", "pow", "recip",
-               "relu", "sigmoid", "sin", "sqrt", "sub", "sum", "tanh", "transpose", "unop", "where")
+_OPERATIONS_MODULE = "einjit.tensor.operation"
 _PUBLIC: dict[str, tuple[str, str]] = {
-    **{name: ("einjit.tensor.operation", name) for name in _OPERATIONS},
-    "range": ("einjit.tensor.operation", "range_"),
     "cd": ("einjit.tensor.notation", "cd"),
     "op": ("einjit.tensor.op_scope", "op"),
     "Code": ("einjit.tensor.notation", "Code"),
@@ -46,12 +45,24 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "fit": ("einjit.fit", None),
 }
 
-__all__ = sorted(_PUBLIC)
+
+
+def _operations() -> dict[str, str]:
+    """API name -> name in `einjit.tensor.operation`, for its public functions and classes."""
+    mod = importlib.import_module(_OPERATIONS_MODULE)
+    return {name.rstrip("_"): name for name, value in vars(mod).items()
+            if not name.startswith("_") and callable(value) and getattr(value, "__module__", None) == mod.__name__}
+
+
+def _public() -> dict[str, tuple[str, str | None]]:
+    return {**{api: (_OPERATIONS_MODULE, name) for api, name in _operations().items()}, **_PUBLIC}
 
 
 def __getattr__(name: str):
+    if name == "__all__":
+        return sorted(_public())
     try:
-        module, attr = _PUBLIC[name]
+        module, attr = _PUBLIC[name] if name in _PUBLIC else _public()[name]
     except KeyError:
         raise AttributeError(f"module 'einjit' has no attribute {name!r}") from None
     mod = importlib.import_module(module)
@@ -61,4 +72,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PUBLIC))
+    return sorted(set(globals()) | set(_public()))

@@ -221,7 +221,7 @@ class CommDataParallel:
         self.code, self.comm, self.backend = code, comm, backend
         self.bindings = {s: IntRef(0) for s in code.bindings} | dict(bindings or {})
         self.context = backend.init(f"rank{comm.rank}")
-        if not hasattr(self.context, "cpu"):
+        if not hasattr(self.context, "array"):
             raise TypeError(f"einjit: a communicator replica all-reduces its context's arrays in place and needs a "
                             f"no-device CPU backend (CcBackend), not {backend!r}")
         load_inputs(self.context, code.grad.inputs)
@@ -239,7 +239,7 @@ class CommDataParallel:
 
     def array(self, tn: Tnode) -> np.ndarray:
         """This rank's array of `tn` (the context's, not the host's)."""
-        return self.context.cpu.array(tn)
+        return self.context.array(tn)
 
     def broadcast_params(self, root: int = 0) -> None:
         """Give every rank the root's parameters (collective): replicas start equal."""

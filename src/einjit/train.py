@@ -23,7 +23,7 @@ from einjit.backends.interface import (
 )
 from einjit.ir import assignments as asg
 from einjit.ir.indexing import IntRef, StaticSymbol
-from einjit.ir.naming import node_base
+from einjit.ir.naming import node_base, stable_names
 from einjit.ir.optimize import VirtualizeSettings
 from einjit.tensor.notation import Code, as_asgns, cd
 from einjit.tensor.tensor import (
@@ -132,24 +132,16 @@ def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *,
     if backend is None and context is not None:
         backend = context.backend
     base = backends.resolve(backend)
-    compiler = base if options is None else _with_options(base, options)
+    compiler = base if options is None else backends.with_options(base, options)
     start = time.perf_counter()
-    _, lowered = lower_assignments(tuple(refs), as_asgns(code), name, settings=settings)
-    compiled = compiler.compile(tuple(refs), lowered, shared=True, name=name)
+    with stable_names():
+        _, lowered = lower_assignments(tuple(refs), as_asgns(code), name, settings=settings)
+        compiled = compiler.compile(tuple(refs), lowered, shared=True, name=name)
     context = context if context is not None else default_context(base)
     load_inputs(context, compiled.inputs)
     routine = compiler.link(context, compiled, refs)
     config.debug(1, f"to_routine {name}: {1000 * (time.perf_counter() - start):.1f} ms")
     return routine
-
-
-def _with_options(backend: Any, options: Any) -> Any:
-    """The C backend compiling with other `CcOptions`; its code links into `backend`'s contexts."""
-    from einjit.backends.cc_backend import CcBackend
-    if not isinstance(backend, CcBackend):
-        raise TypeError(f"einjit: options= are C compiler options (CcOptions) and apply to the C backend, not to "
-                        f"backend {backend.name!r}; pass them to that backend's constructor instead")
-    return CcBackend(options, name=backend.name)
 
 
 def run(routine: Routine) -> None:

@@ -147,7 +147,7 @@ def test_postponed_code_is_specialized_to_the_context_arrays():
     routine = backend.link(ctx, backend.compile((s,), code, name="special"))
     proc = backend.simple.compile_batch([("special2", code)], (s,), context=ctx)[0]
     source = proc.procedure.source
-    assert f"{ctx.cpu.array(a).ctypes.data:#x}ULL" in source and "void special2(int s" in source
+    assert f"{ctx.array(a).ctypes.data:#x}ULL" in source and "void special2(int s" in source
     assert proc.context is ctx and proc.entry is not None
     other = backend.init("other")
     backend.from_host(other, a)

@@ -161,3 +161,14 @@ def test_a_routine_named_like_a_c_keyword_is_refused_before_gcc_runs():
     x, y = doubled([1.0])
     with pytest.raises(RenderError, match=r"routine name 'double' is not a C identifier or is reserved"):
         train.to_routine(train.forward(y), name="double")
+
+
+def test_the_public_operations_are_the_operation_library():
+    import einjit
+    from einjit.tensor import operation
+    public = einjit._operations()
+    assert public["range"] == "range_" and {"relu", "where", "Batch", "batch_slice"} <= set(public)
+    for api, name in public.items():
+        assert getattr(ej, api) is getattr(operation, name)
+    assert set(operation._UNARY) <= set(public) and set(public) <= set(ej.__all__)
+    assert "_defs" not in public and "make_op" not in public and "np" not in ej.__all__

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from einjit.errors import EinjitError
 
-__all__ = ["UnknownBackendError", "get", "names", "resolve"]
+__all__ = ["UnknownBackendError", "get", "names", "resolve", "with_options"]
 
 
 class UnknownBackendError(EinjitError, ValueError):
@@ -57,6 +57,16 @@ def get(name: str | None = None) -> Any:
         if name not in _made:
             _made[name] = factory()
         return _made[name]
+
+
+def with_options(backend: Any, options: Any) -> Any:
+    """The C backend compiling with other `CcOptions`; its code links into `backend`'s contexts
+    (contexts belong to a backend name)."""
+    from einjit.backends.cc_backend import CcBackend
+    if not isinstance(backend, CcBackend):
+        raise TypeError(f"einjit: options= are C compiler options (CcOptions) and apply to the C backend, not to "
+                        f"backend {backend.name!r}; pass them to that backend's constructor instead")
+    return CcBackend(options, name=backend.name)
 
 
 def resolve(backend: Any = None) -> Any:

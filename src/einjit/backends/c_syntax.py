@@ -18,12 +18,12 @@ array through a `const` pointer. Virtual nodes have no storage and must not appe
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from einjit.backends.params import MemClass, Param, ParamKind, repeated_names
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir import naming, ops
@@ -45,34 +45,6 @@ _INT_MAX = 2**31 - 1
 class RenderError(EinjitError, ValueError):
     """The low-level program cannot be rendered: a virtual node, an unbound symbol, an
     out-of-bounds constant index range, a malformed routine name."""
-
-
-class MemClass(enum.Enum):
-    LOCAL_ONLY = "Local_only"
-    FROM_CONTEXT = "From_context"
-    CONSTANT_FROM_HOST = "Constant_from_host"
-
-
-class ParamKind(enum.Enum):
-    ARRAY = "array"
-    MERGE_BUFFER = "merge_buffer"
-    STATIC = "static"
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Param:
-    """One parameter of a rendered routine, in calling order."""
-
-    kind: ParamKind
-    c_name: str
-    tn: Tnode | None = None
-    mem: MemClass | None = None
-    static: StaticSymbol | None = None
-
-    def __repr__(self) -> str:
-        what = self.tn.debug_name() if self.tn is not None else repr(self.static)
-        mem = f" {self.mem.value}" if self.mem is not None else ""
-        return f"<Param {self.kind.value} {self.c_name}: {what}{mem}>"
 
 
 def mem_class(tn: Tnode, written: bool) -> MemClass:
@@ -157,7 +129,7 @@ class CProgram:
 
 # ---------------------------------------------------------------- helpers emitted on demand
 
-_HELPERS = {
+HELPERS = {
     "uniform01": """\
 /* VecUnop.UNIFORM_HASH: splitmix64 of a counter, top 53 bits scaled to [0, 1). */
 {q} double einjit_uniform01(unsigned long long x) {{
@@ -169,13 +141,6 @@ _HELPERS = {
 }}
 """,
 }
-
-_INT_TEMPLATES = {
-    ops.Binop.MAX: "({0} > {1} ? {0} : {1})",
-    ops.Binop.MIN: "({0} < {1} ? {0} : {1})",
-    ops.Binop.MOD: "({0} % {1})",
-}
-_INT_TERNOP_TEMPLATES = {ops.Ternop.FMA: "({0} * {1} + {2})"}
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _SIMPLE = re.compile(r"(\(\w[\w ]*\))?[\w.]+(\[[^\[\]]*\])?")
@@ -247,19 +212,11 @@ def _affine_text(terms: Iterable[tuple[int, Symbol]], offset: int) -> str:
     return out
 
 
-def _strides(dims: tuple[int, ...]) -> list[int]:
-    strides, acc = [], 1
-    for d in reversed(dims):
-        strides.append(acc)
-        acc *= d
-    return strides[::-1]
-
-
 def flat_index(dims: tuple[int, ...], idcs: tuple[AxisIndex, ...]) -> str:
     """Row-major flattening with constant strides: `i1 * 16 + i2`, `(2*i4 + i5 - 1) * 8 + 3`."""
     parts: list[str] = []
     const = 0
-    for idx, st in zip(idcs, _strides(dims)):
+    for idx, st in zip(idcs, ll.row_major_strides(dims)):
         match idx:
             case FixedIdx(i):
                 const += i * st
@@ -282,7 +239,7 @@ def clamped_flat_index(dims: tuple[int, ...], idcs: tuple[AxisIndex, ...], clamp
     """Row-major flattening where the axes in `clamped` are clamped into range: a read under a
     `where` guard (padding) is then always in bounds and can be done unconditionally."""
     parts = []
-    for axis, (idx, st) in enumerate(zip(idcs, _strides(dims))):
+    for axis, (idx, st) in enumerate(zip(idcs, ll.row_major_strides(dims))):
         text = axis_index_text(idx)
         if axis in clamped:
             text = f"EINJIT_CLAMP({text}, {dims[axis] - 1})"
@@ -509,7 +466,7 @@ class _Writer:
                 return self.apply(op.c_template, op.c_template, prec, [self.scalar(a, prec, pre, indent)], pre, indent)
             case ll.Binop(op, a, b):
                 args = [self.scalar(x, prec, pre, indent) for x in (a, b)]
-                return self.apply(op.c_template, _INT_TEMPLATES.get(op, op.c_template), prec, args, pre, indent)
+                return self.apply(op.c_template, op.c_int_template, prec, args, pre, indent)
             case ll.Ternop(ops.Ternop.WHERE, c, a, b):
                 args = [self.scalar(c, prec, pre, indent)]
                 self.guarded += 1
@@ -518,7 +475,7 @@ class _Writer:
                 return self.apply(ops.Ternop.WHERE.c_template, ops.Ternop.WHERE.c_template, prec, args, pre, indent)
             case ll.Ternop(op, a, b, c):
                 args = [self.scalar(x, prec, pre, indent) for x in (a, b, c)]
-                return self.apply(op.c_template, _INT_TERNOP_TEMPLATES.get(op, op.c_template), prec, args, pre, indent)
+                return self.apply(op.c_template, op.c_int_template, prec, args, pre, indent)
         raise TypeError(f"not a low-level scalar: {sc!r}")
 
     def apply(self, template: str, int_template: str, prec: ops.Prec, args: list[str], pre: list[str],
@@ -698,8 +655,7 @@ def _local_decl(tn: Tnode, syn: CSyntax) -> str:
 def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence[StaticSymbol] = (),
                    syntax: CSyntax = C_SYNTAX) -> CProgram:
     """Render routines into one translation unit, with only the helpers they use."""
-    names = [n for n, _ in routines]
-    dup = sorted({n for n in names if names.count(n) > 1})
+    dup = repeated_names(n for n, _ in routines)
     if dup:
         raise RenderError(f"einjit: routine names must be distinct in one program, repeated: {dup}")
     with naming.stable_names():
@@ -709,6 +665,6 @@ def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence
              + "#define EINJIT_CLAMP(x, hi) ((x) < 0 ? 0 : ((x) > (hi) ? (hi) : (x)))\n"]
     if syntax.prelude:
         parts.append(syntax.prelude)
-    parts += [_HELPERS[h].format(q=syntax.helper_qualifier) for h in helpers]
+    parts += [HELPERS[h].format(q=syntax.helper_qualifier) for h in helpers]
     parts += [r.code for r in rendered]
     return CProgram("\n".join(parts), rendered)

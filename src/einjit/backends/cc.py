@@ -1,4 +1,5 @@
-"""The C backend: render, compile with gcc into a shared object, load with ctypes, run.
+"""The gcc toolchain: render low-level code to C, compile it into a shared object, load the
+functions with ctypes. `cc_backend.CcBackend` links them into contexts and runs them.
 
 Compiled objects are cached on disk by `cache.py`, keyed by a content hash of (source, flags,
 compiler identity, CPU), so compiling a program that was compiled before — in this process or
@@ -6,9 +7,8 @@ an earlier one — loads the cached object without calling the compiler.
 
 Calling convention of a routine (see `c_syntax.render_routine`): one pointer per non-local
 array in node-id order, one pointer per merge buffer in node-id order, one `int` per static
-binding in the order given at compilation. `link` prepares the pointer arguments once; a
-routine call reads the static symbols' `IntRef`s and makes one ctypes call, which releases
-the GIL while the C code runs.
+binding in the order given at compilation. Linking prepares the pointer arguments once; a
+routine call makes one ctypes call, which releases the GIL while the C code runs.
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
-
-import numpy as np
+from typing import Callable, Sequence
 
 from einjit import config
 from einjit.backends import cache
@@ -41,7 +39,7 @@ from einjit.backends.c_syntax import (
 )
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import IntRef, StaticSymbol
+from einjit.ir.indexing import StaticSymbol
 from einjit.ir.tnode import Tnode
 
 _ABI_VERSION = "einjit-cc-1"
@@ -247,127 +245,3 @@ def compile_proc(llc: ll.LLStmt, *, name: str, bindings: Sequence[StaticSymbol] 
                  options: CcOptions | None = None) -> Procedure:
     """Compile one routine (its own shared object, shared by all contexts that link it)."""
     return compile_batch([(name, llc)], bindings=bindings, options=options)[0]
-
-
-# ---------------------------------------------------------------- contexts and routines
-
-
-class CpuContext:
-    """The arrays one CPU device computes with, keyed by node.
-
-    Hosted nodes use the host array itself (`share_host_arrays=True`, the default), so the
-    host sees results without copying; with `share_host_arrays=False` they get a per-context
-    copy moved by `from_host` / `to_host`, which lets several contexts compute concurrently.
-    Other nodes get a zeroed per-context array on first need.
-    """
-
-    def __init__(self, name: str = "cpu", *, share_host_arrays: bool = True):
-        self.name = name
-        self.share_host_arrays = share_host_arrays
-        self.arrays: dict[Tnode, np.ndarray] = {}
-        self.merge_buffers: dict[Tnode, np.ndarray] = {}
-
-    def __repr__(self) -> str:
-        return f"<CpuContext {self.name}: {len(self.arrays)} arrays>"
-
-    def array(self, tn: Tnode) -> np.ndarray:
-        arr = self.arrays.get(tn)
-        if arr is None:
-            if tn.is_hosted() and (self.share_host_arrays or tn.is_constant()):
-                arr = _checked(tn, tn.host_array())
-            elif tn.is_hosted():
-                arr = np.array(_checked(tn, tn.host_array()), order="C", copy=True)
-            else:
-                arr = np.zeros(tn.dims, dtype=tn.prec.dtype)
-            self.arrays[tn] = arr
-        return arr
-
-    def merge_buffer(self, tn: Tnode) -> np.ndarray:
-        """The buffer that receives another device's copy of `tn` (zeroed until filled)."""
-        buf = self.merge_buffers.get(tn)
-        if buf is None:
-            buf = self.merge_buffers[tn] = np.zeros(tn.dims, dtype=tn.prec.dtype)
-        return buf
-
-    def from_host(self, tn: Tnode) -> None:
-        arr = self.array(tn)
-        host = tn.host_array()
-        if arr is not host:
-            arr[...] = host
-
-    def to_host(self, tn: Tnode) -> None:
-        arr = self.array(tn)
-        host = tn.host_array()
-        if arr is not host:
-            host[...] = arr
-
-
-def _checked(tn: Tnode, arr: np.ndarray) -> np.ndarray:
-    if arr.dtype != tn.prec.dtype or tuple(arr.shape) != tuple(tn.dims) or not arr.flags.c_contiguous \
-            or not arr.flags.writeable:
-        raise ValueError(
-            f"einjit: host array of {tn.debug_name()} must be a writeable C-contiguous {tn.prec.dtype} array "
-            f"of shape {tn.dims}, got {arr.dtype} {arr.shape} (contiguous={arr.flags.c_contiguous})")
-    return arr
-
-
-class Routine:
-    """A procedure linked to a context: `routine()` runs it once on the context's arrays.
-
-    The argument pointers are captured at link time: arrays in the context must not be
-    replaced afterwards (mutate them in place instead).
-    """
-
-    __slots__ = ("name", "context", "procedure", "bindings", "_run", "_keep")
-
-    def __init__(self, context: CpuContext, procedure: Procedure, bindings: dict[StaticSymbol, IntRef],
-                 run: Callable[[], None], keep: list[np.ndarray]):
-        self.name = procedure.name
-        self.context = context
-        self.procedure = procedure
-        self.bindings = bindings
-        self._run = run
-        self._keep = keep
-
-    def __call__(self) -> None:
-        self._run()
-
-    def __repr__(self) -> str:
-        return f"<Routine {self.name} on {self.context.name}>"
-
-
-def link(context: CpuContext, procedure: Procedure,
-         static_values: Mapping[StaticSymbol, IntRef] | None = None) -> Routine:
-    """Bind `procedure` to `context`'s arrays. Static symbols without a given `IntRef` get a
-    fresh one (in `routine.bindings`); values are checked against known static ranges."""
-    keep: list[np.ndarray] = []
-    pointers: list[ctypes.c_void_p] = []
-    refs: dict[StaticSymbol, IntRef] = {}
-    for p in procedure.params:
-        match p.kind:
-            case ParamKind.ARRAY:
-                arr = context.array(p.tn)
-            case ParamKind.MERGE_BUFFER:
-                arr = context.merge_buffer(p.tn)
-            case ParamKind.STATIC:
-                refs[p.static] = (static_values or {}).get(p.static) or IntRef(0)
-                continue
-        keep.append(arr)
-        pointers.append(ctypes.c_void_p(arr.ctypes.data))
-    return Routine(context, procedure, refs, _caller(procedure.function, tuple(pointers), refs), keep)
-
-
-def _caller(fn: Callable, pointers: tuple, refs: dict[StaticSymbol, IntRef]) -> Callable[[], None]:
-    """The cheapest closure that performs one call: a bare partial when there are no statics."""
-    if not refs:
-        return functools.partial(fn, *pointers)
-    cells = tuple(refs.values())
-    ranged = tuple((s, r, s.static_range) for s, r in refs.items() if s.static_range is not None)
-
-    def run() -> None:
-        for s, r, n in ranged:
-            if not 0 <= r.value < n:
-                raise IndexError(f"einjit: static symbol {s!r} = {r.value} outside its range [0, {n})")
-        fn(*pointers, *[c.value for c in cells])
-
-    return run

@@ -39,7 +39,7 @@ from einjit.backends.c_syntax import (
     render_routine,
     symbol_name,
 )
-from einjit.backends.interface import CudaMemClass
+from einjit.backends.params import CudaMemClass, repeated_names
 from einjit.ir import low_level as ll
 from einjit.ir import naming, ops
 from einjit.ir.indexing import AxisIndex, Iterator, StaticSymbol, Symbol, get_symbol
@@ -96,18 +96,8 @@ EINJIT_INT_MATH(int)
 EINJIT_INT_MATH(long long)
 """
 
-_HELPERS = {
-    "uniform01": """\
-/* VecUnop.UNIFORM_HASH: splitmix64 of a counter, top 53 bits scaled to [0, 1). */
-__device__ inline double einjit_uniform01(unsigned long long x) {
-  unsigned long long z = x + 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  z = z ^ (z >> 31);
-  return (double)(z >> 11) * (1.0 / 9007199254740992.0);
-}
-""",
-}
+# The C renderer's helpers, as device functions.
+_HELPERS = {name: text.format(q=CUDA_SYNTAX.helper_qualifier) for name, text in c_syntax.HELPERS.items()}
 
 
 # ---------------------------------------------------------------- accesses
@@ -375,8 +365,7 @@ class CudaProgram:
 
 def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence[StaticSymbol] = ()) -> CudaProgram:
     """Plan and render routines into one CUDA source, with only the support code they use."""
-    names = [n for n, _ in routines]
-    dup = sorted({n for n in names if names.count(n) > 1})
+    dup = repeated_names(n for n, _ in routines)
     if dup:
         raise RenderError(f"einjit: routine names must be distinct in one program, repeated: {dup}")
     kernels = []

@@ -41,7 +41,8 @@ from typing import (
 )
 
 from einjit import config
-from einjit.backends.c_syntax import MemClass as CpuMemClass
+from einjit.backends.params import CudaMemClass, repeated_names
+from einjit.backends.params import MemClass as CpuMemClass
 from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
@@ -60,15 +61,6 @@ __all__ = [
 
 Ctx = TypeVar("Ctx")
 Proc = TypeVar("Proc")
-
-
-class CudaMemClass(enum.Enum):
-    """How the CUDA backend stores a node (seed 001)."""
-
-    LOCAL_ONLY = "Local_only"
-    """Only needed within one thread's share of a computation: a per-thread local array."""
-    GLOBAL = "Global"
-    """Computed directly in the device's global memory (one array per context)."""
 
 
 # ---------------------------------------------------------------- errors
@@ -200,11 +192,13 @@ def low_level_of(lowered: Any) -> ll.LLStmt:
 def lower_assignments(bindings: Sequence[StaticSymbol], asgns: asg.Asgns, name: str | None = None, *,
                       settings: Any = None) -> tuple[str, Any]:
     """The one lowering of assignments (the seed's `lower_assignments`): finish shape
-    inference, log and dump the assignments and the unoptimized loops, optimize.
+    inference, log and dump the assignments and the unoptimized loops, optimize. Names in
+    the texts and in the comments the lowering writes into the code are the program's
+    (`naming.stable_names`), so they do not change with unrelated tensors built before.
 
     Returns the routine's name (derived from the assigned nodes when not given) and the
     optimizer's result. Static symbols are passed to the optimizer as fixed indices. With
-    `EINJIT_DUMP_DIR` set, `<name>.cd` and `<name>.ll` are written there.
+    `EINJIT_DUMP_DIR` set, `<name>.cd`, `<name>.ll` and `<name>.optimized.ll` are written there.
     """
     from einjit.ir.optimize import optimize_proc
     from einjit.shape import finish_inference
@@ -213,12 +207,13 @@ def lower_assignments(bindings: Sequence[StaticSymbol], asgns: asg.Asgns, name: 
     name = name or default_name(asgns)
     with stable_names():
         doc = asg.to_doc(asgns)
-    config.debug(2, f"assignments of {name}:\n{doc}")
-    config.dump(name, "", "cd", doc)
-    llc = asg.to_low_level(asgns)
-    with stable_names():
+        config.debug(2, f"assignments of {name}:\n{doc}")
+        config.dump(name, "", "cd", doc)
+        llc = asg.to_low_level(asgns)
         config.dump(name, "", "ll", ll.to_doc(llc))
-    return name, optimize_proc(llc, name=name, static_indices=frozenset(bindings), settings=settings)
+        optimized = optimize_proc(llc, name=name, static_indices=frozenset(bindings), settings=settings)
+        config.dump(name, "optimized", "ll", ll.to_doc(optimized.llc))
+    return name, optimized
 
 
 def default_name(code: Any) -> str:
@@ -470,11 +465,12 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
         bindings = tuple(bindings)
         if names is not None and len(names) != len(codes):
             raise ValueError(f"einjit: {len(codes)} routines to compile but {len(names)} names")
-        prepared = [prepare(bindings, c, None if names is None else names[k]) for k, c in enumerate(codes)]
-        _check_distinct(n for n, _ in prepared)
-        if not shared:
-            return [Postponed(self.name, lowered, bindings, n) for n, lowered in prepared]
-        procs = self.simple.compile_batch(prepared, bindings)
+        with stable_names():
+            prepared = [prepare(bindings, c, None if names is None else names[k]) for k, c in enumerate(codes)]
+            _check_distinct(n for n, _ in prepared)
+            if not shared:
+                return [Postponed(self.name, lowered, bindings, n) for n, lowered in prepared]
+            procs = self.simple.compile_batch(prepared, bindings)
         return [Compiled(self.name, p, bindings, n, routine_inputs(lowered))
                 for p, (n, lowered) in zip(procs, prepared)]
 
@@ -587,8 +583,6 @@ def _describe_context(context: Any) -> str:
 
 
 def _check_distinct(names: Iterable[str]) -> None:
-    seen: set[str] = set()
-    for n in names:
-        if n in seen:
-            raise ValueError(f"einjit: routine name {n!r} repeated in one batch")
-        seen.add(n)
+    dup = repeated_names(names)
+    if dup:
+        raise ValueError(f"einjit: routine name {dup[0]!r} repeated in one batch; give each routine its own name")

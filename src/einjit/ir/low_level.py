@@ -299,6 +299,15 @@ def nodes_of(stmt: LLStmt) -> list[Tnode]:
     return list(seen.values())
 
 
+def row_major_strides(dims: tuple[int, ...]) -> list[int]:
+    """The element strides of a C-contiguous array of shape `dims`."""
+    out, acc = [], 1
+    for d in reversed(dims):
+        out.append(acc)
+        acc *= d
+    return list(reversed(out))
+
+
 # ---------------------------------------------------------------- printing
 
 

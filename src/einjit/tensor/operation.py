@@ -224,7 +224,7 @@ def range_(n: int, *, label=None) -> Tensor:
 def embed_symbol(static_sym: StaticSymbol, *, label=None) -> Tensor:
     """The current value of a static symbol as a one-cell tensor (OCANNL's `!@`)."""
     shape = sh.Shape.make(batch_dims=[], input_dims=[], output_dims=[1], debug_name=f"embed {static_sym!r}")
-    t = _terminal(new_label(label, f"embed_{static_sym!r}"), "!@", shape, GradSpec.PROHIBIT_GRAD)
+    t = _terminal(new_label(label, f"embed_{static_sym.symbol.name}"), "!@", shape, GradSpec.PROHIBIT_GRAD)
     t.own_forward = asg.Fetch(t.value_tn, asg.EmbedSymbol(static_sym))
     register(t)
     return t
