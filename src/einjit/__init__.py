@@ -46,7 +46,6 @@ _PUBLIC: dict[str, tuple[str, str]] = {
 }
 
 
-
 def _operations() -> dict[str, str]:
     """API name -> name in `einjit.tensor.operation`, for its public functions and classes."""
     mod = importlib.import_module(_OPERATIONS_MODULE)

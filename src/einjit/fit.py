@@ -37,7 +37,7 @@ from einjit.ir import ops
 from einjit.ir.tnode import MemoryModeError, Tnode
 from einjit.tensor.inputs import input as new_input
 from einjit.tensor.notation import Code
-from einjit.tensor.tensor import Tensor, TensorError
+from einjit.tensor.tensor import Tensor, TensorError, computes_in_host_array
 
 
 def _not_inputs(inputs: Sequence[Tensor]) -> list[str]:
@@ -64,8 +64,7 @@ def _transfer(routine: object, tn: Tnode, direction: str) -> Callable[[], None]:
     context = getattr(routine, "context", None)
     if context is None:
         return _nothing
-    cpu = getattr(context, "cpu", None)
-    if cpu is not None and (cpu.arrays.get(tn) is tn.array or (cpu.share_host_arrays and tn.is_hosted())):
+    if computes_in_host_array(context, tn):
         return _nothing
     return functools.partial(getattr(context, direction), tn)
 

@@ -30,7 +30,7 @@ def unrelated() -> None:
 def main() -> None:
     if sys.argv[1:] == ["unrelated"]:
         unrelated()
-    coords, labels = datasets.shuffled(*datasets.half_moons(20, seed=0), seed=0)
+    coords, labels = datasets.shuffled(*datasets.half_moons(20, seed=0, dtype=np.float32), seed=0)
     batch_n = get_static_symbol(4, "batch")
     step_n = get_static_symbol(None, "step")
     flat = ej.ndarray(coords.reshape(4, 10, 2), batch_axes=2, label="moons_flat")

@@ -79,16 +79,19 @@ def unchanged_roots() -> PyIterator[None]:
         _backprop_roots.update(bprop)
 
 
+def computes_in_host_array(context: object, tn: Tnode) -> bool:
+    """Whether `context` computes in the host array of `tn` itself (the C backend's default
+    context does, for hosted nodes), so host transfers of `tn` there are no-ops to skip."""
+    if getattr(context, "share_host_arrays", False) and tn.is_hosted():
+        return True
+    arrays = getattr(context, "arrays", None)
+    return isinstance(arrays, dict) and tn.array is not None and arrays.get(tn) is tn.array
+
+
 def _transferring_holders(tn: Tnode) -> list:
-    """The live contexts holding `tn` in an array of their own: a C context computing in the
-    host arrays needs no transfer, so it is left out."""
+    """The live contexts holding `tn` in an array of their own."""
     from einjit.backends.interface import contexts_holding
-    out = []
-    for context in contexts_holding(tn):
-        cpu = getattr(context, "cpu", None)
-        if cpu is None or not (cpu.arrays.get(tn) is tn.array or (cpu.share_host_arrays and tn.is_hosted())):
-            out.append(context)
-    return out
+    return [c for c in contexts_holding(tn) if not computes_in_host_array(c, tn)]
 
 
 def written(tn: Tnode) -> None:
