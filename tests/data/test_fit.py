@@ -174,3 +174,20 @@ def test_predictor_is_one_routine_per_model_and_dims():
         np.testing.assert_allclose(one(xs[k:k + 1]), want, rtol=0, atol=1e-12)
     assert cc.stats.compiler_invocations == compiles
     assert fit.predictor(mlp, batch_dims=[4], output_dims=[2]) is not one
+
+
+def test_training_and_prediction_on_the_multicore_backend_match_numpy():
+    xs, ys = dataset(128)
+    mlp, inputs, loss, lr = build(32)
+    ref = params_of(loss)
+    step = fit.train_step(loss, train.sgd_update(loss, lr), inputs=inputs, backend="multicore")
+    loader = data.Loader(xs, ys, batch_size=32, seed=3)
+    history = fit.fit(step, loader, epochs=1, progress=False)
+    losses = [reference_step(ref, xs[rows], ys[rows], np.full(32, 1 / 32), 0.1) for rows, _ in loader.index_batches(0)]
+    for name, value in params_of(loss).items():
+        np.testing.assert_allclose(value, ref[name], rtol=0, atol=1e-12, err_msg=name)
+    assert history.losses[0] == pytest.approx(np.mean(losses), abs=1e-12)
+    x1 = ej.input("x1", batch_dims=[1], output_dims=[2])
+    predict_one = fit.forward_step(mlp(x1), inputs=[x1], backend="multicore")
+    want = np.maximum(xs[:1] @ ref["w1"].T + ref["b1"], 0) @ ref["w2"].T + ref["b2"]
+    np.testing.assert_allclose(predict_one(xs[:1]), want, rtol=0, atol=1e-12)
