@@ -61,16 +61,14 @@ class Loader:
     def index_batches(self, epoch: int) -> Iterator[tuple[np.ndarray, int]]:
         """The rows of each batch of epoch `epoch` (padded to full size with `weights=True`)
         and how many of them are real."""
-        order = self.order(epoch)
-        for start in range(0, self.n, self.batch_size):
-            rows = order[start:start + self.batch_size]
-            real = len(rows)
-            if real < self.batch_size:
-                if self.drop_last:
-                    return
-                if self.weights:
-                    rows = np.concatenate([rows, np.resize(rows, self.batch_size - real)])
-            yield rows, real
+        order, size = self.order(epoch), self.batch_size
+        full = self.n // size * size
+        for rows in order[:full].reshape(-1, size):
+            yield rows, size
+        rows = order[full:]
+        real = len(rows)
+        if real and not self.drop_last:
+            yield (np.concatenate([rows, np.resize(rows, size - real)]) if self.weights else rows), real
 
     def row_weights(self, real: int) -> np.ndarray:
         """The weights of a batch with `real` real rows: `1 / real` each, 0 for the padding."""

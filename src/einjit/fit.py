@@ -263,7 +263,7 @@ class _Gather:
             shape = (self.size, *a.shape[1:])
             if a.dtype != host.dtype or int(np.prod(shape)) != host.size or _squeezed(shape) != _squeezed(host.shape):
                 return lambda rows: t.set_values(a.take(rows, axis=0))
-            fill = functools.partial(np.take, a, axis=0, out=host.reshape(shape), mode="clip")
+            fill = functools.partial(a.take, axis=0, out=host.reshape(shape), mode="clip")
         if push is _nothing:
             return fill
 
@@ -292,10 +292,11 @@ def fit(step: TrainStep, loader: data.Loader, *, epochs: int, start_epoch: int =
     for epoch in range(start_epoch, start_epoch + epochs):
         bar = _progress_bar(len(loader), progress, f"epoch {epoch + 1}")
         start, total, count = time.perf_counter(), 0.0, 0
-        gather = _Gather(step, loader)
+        gather, pull, cell = _Gather(step, loader), step._pull, step._loss_cell
         for rows, real in loader.index_batches(epoch):
             gather(rows, real)
-            total += step.loss_value()
+            pull()
+            total += float(cell[0])
             count += 1
             if bar is not None:
                 bar.update(1)
