@@ -226,6 +226,9 @@ class NodeView:
         return self.read().copy()
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        if copy is False:
+            raise ValueError(f"einjit: the values of {_describe(self.tensor, self.tn)} are read as a copy; "
+                             f"np.from_dlpack(tensor) gives the live host array")
         out = self.numpy()
         return out if dtype is None else out.astype(dtype, copy=False)
 
@@ -343,7 +346,7 @@ class Tensor:
     __array_ufunc__ = None
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        return self.value.__array__(dtype)
+        return self.value.__array__(dtype, copy)
 
     def __dlpack__(self, **kwargs):
         """Exports the live host array (no copy): writes through it are the tensor's values."""
