@@ -187,6 +187,6 @@ def test_host_transfers_of_a_non_hosted_node_are_named_errors_on_every_backend(n
     for transfer in (context.from_host, context.to_host):
         with pytest.raises(NotHostedError, match=r"(from|to)_host of scratch#\d+ in(to)? context '.*' \(backend "
                                                  r"'.*'\): the node is not hosted \(memory mode Local, provenance 17: "
-                                                 r"kept: it is read where .*; make it hosted before compiling"):
+                                                 r"kept: it is still read where .*; make it hosted before compiling"):
             transfer(local)
     assert local.array is None and not context.holds(local)
