@@ -172,3 +172,21 @@ def test_the_public_operations_are_the_operation_library():
         assert getattr(ej, api) is getattr(operation, name)
     assert set(operation._UNARY) <= set(public) and set(public) <= set(ej.__all__)
     assert "_defs" not in public and "make_op" not in public and "np" not in ej.__all__
+
+
+@pytest.mark.parametrize("name", ["cc", "multicore", "cuda"])
+def test_host_transfers_of_a_non_hosted_node_are_named_errors_on_every_backend(name, request):
+    if name == "cuda":
+        request.getfixturevalue("fake")
+        from einjit.backends.cuda import CudaBackend
+        backend = CudaBackend()
+    else:
+        backend = backends.get(name)
+    context = backend.init(backend.get_device(0)) if hasattr(backend, "get_device") else backend.init("plain")
+    local = tnode.Tnode("scratch", (3,), memory_mode=tnode.LOCAL, provenance=17)
+    for transfer in (context.from_host, context.to_host):
+        with pytest.raises(NotHostedError, match=r"(from|to)_host of scratch#\d+ in(to)? context '.*' \(backend "
+                                                 r"'.*'\): the node is not hosted \(memory mode Local, provenance 17: "
+                                                 r"kept: it is still read where .*; make it hosted before compiling"):
+            transfer(local)
+    assert local.array is None and not context.holds(local)

@@ -56,7 +56,7 @@ from einjit.backends.interface import default_context, load_inputs
 from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
-from einjit.ir import ops
+from einjit.ir import ops, provenance
 from einjit.ir.indexing import AxisIndex, Iterator, Projections, Symbol, get_symbol, make_affine
 from einjit.ir.naming import stable_names
 from einjit.ir.optimize import VirtualizeSettings, optimize_proc
@@ -215,7 +215,7 @@ class _Translator:
         for s in nf.stmts:
             self._stmt(s)
         output = self._stmt(nf.ret)
-        output.update_memory_mode(hosted(), 0)
+        output.update_memory_mode(hosted(), provenance.UNSET)
         self.translation = Translation(asg.sequence(*self.prelude, *self.body), tuple(inputs),
                                        output, frozenset(self.iotas.values()))
 
@@ -226,7 +226,7 @@ class _Translator:
             raise UnsupportedError(f"einjit ATL backend: argument '{sym}' of type {typ} is "
                                    "not a real, a real tensor or a relation")
         tn = _node(str(sym.name), dims)
-        tn.update_memory_mode(hosted(), 0)
+        tn.update_memory_mode(hosted(), provenance.UNSET)
         self.nodes[sym], self.shapes[sym] = tn, dims
         return tn
 

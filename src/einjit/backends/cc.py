@@ -30,7 +30,6 @@ from einjit import config
 from einjit.backends import cache
 from einjit.backends.c_syntax import (
     C_SYNTAX,
-    CProgram,
     CSyntax,
     MemClass,
     Param,
@@ -176,17 +175,17 @@ def _missing_compiler(compiler: str, err: Exception | None = None) -> CompileErr
         f"CcOptions(compiler=...).")
 
 
-def _build(program: CProgram, label: str, options: CcOptions) -> tuple[Path, Path | None]:
-    """The shared object for `program`, from the cache or freshly compiled; and the kept source."""
+def compile_source(source: str, *, label: str, options: CcOptions | None = None) -> cache.CompiledObject:
+    """The gcc toolchain's `compile(source, options)`: the shared object for C `source`, from
+    the cache or freshly compiled (`label` names it in messages)."""
+    options = options or CcOptions()
     identity = _compiler_identity(options.compiler)
     cmd_flags = " ".join(options.flags + options.effective_libs())
-    config.debug(3, f"cc: generated C for {label}:\n{program.source}")
-    keep = options.keep_source or config.debug_level() >= 3
-    built = cache.get_or_build("cc", [_ABI_VERSION, identity, _host_identity(), cmd_flags, program.source],
-                               suffix=".so", source=program.source, source_suffix=".c", stats=stats, label=label,
-                               keep_source=keep,
-                               build=lambda out, src, kept: _compile(out, src, kept, label, options))
-    return built.path, built.source_path
+    config.debug(3, f"cc: generated C for {label}:\n{source}")
+    return cache.get_or_build("cc", [_ABI_VERSION, identity, _host_identity(), cmd_flags, source],
+                              suffix=".so", source=source, source_suffix=".c", stats=stats, label=label,
+                              keep_source=options.keep_source or config.debug_level() >= 3,
+                              build=lambda out, src, kept: _compile(out, src, kept, label, options))
 
 
 def _compile(so_path: Path, c_path: Path, kept: Path, label: str, options: CcOptions) -> None:
@@ -227,7 +226,8 @@ def compile_batch(routines: Sequence[tuple[str, ll.LLStmt]], *, bindings: Sequen
                              options.effective_syntax())
     rendered_at = time.perf_counter()
     label = ", ".join(n for n, _ in routines)
-    so_path, c_path = _build(program, label, options)
+    built = compile_source(program.source, label=label, options=options)
+    so_path, c_path = built.path, built.source_path
     lib = ctypes.CDLL(str(so_path))
     for r in program.routines:
         config.dump(r.name, "", "c", program.source)

@@ -39,7 +39,6 @@ class CudaUnavailable(BackendError, ImportError):
 
 
 # CUdevice_attribute values used here (cuda.h).
-ATTR_MAX_THREADS_PER_BLOCK = 1
 ATTR_MULTIPROCESSOR_COUNT = 16
 ATTR_COMPUTE_CAPABILITY_MAJOR = 75
 ATTR_COMPUTE_CAPABILITY_MINOR = 76

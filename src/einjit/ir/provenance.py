@@ -23,24 +23,32 @@ HOSTED_FOR_HOST_ACCESS = 38
 HOSTED_VALUE = 60
 HOSTED_GRAD = 61
 
+NON_VIRTUAL_REASONS: dict[int, str] = {
+    4: "its computation accesses it with inconsistent index patterns",
+    5: "one loop symbol indexes several of its axes",
+    51: "an affine index of it has several loop symbols (e.g. a convolution); not supported yet",
+    6: "its computation contains a loop that is not traced",
+    7: "a write in its computation uses a loop symbol bound outside the computation",
+    8: "its computation contains backend-staged code",
+    9: "a read in its computation uses a loop symbol bound outside the computation",
+    10: "an index embedded in its computation uses a loop symbol bound outside the computation",
+    11: "its memory mode already excludes virtualization",
+    12: "the code block computing it does not write it",
+    13: "the indices of a read cannot be substituted into its computation",
+    14: "it has no computation to inline at a read",
+    KEPT: "it is still read where its computation could not be inlined",
+    131: "a node its computation reads is overwritten before the node is read",
+    132: "its computation sits in a loop of another computation, which repeats it",
+    140: "vector assignments cannot be inlined as scalars",
+}
+"""The optimizer's `NonVirtual` diagnostics (seed 001): why a node could not be virtual."""
+
 PROVENANCES: dict[int, str] = {
+    **{code: f"kept: {reason}" for code, reason in NON_VIRTUAL_REASONS.items()},
     UNSET: "set when the node was made, or by the ATL front end (hosted arguments and result)",
     TOO_MANY_VISITS: "kept: its cells are visited more often than VirtualizeSettings.max_visits allows",
     COMPLEX_COMPUTATION: "kept: its computation is complex and inline_complex_computations is off",
-    4: "kept: its computation accesses it with inconsistent index patterns",
-    5: "kept: one loop symbol indexes several of its axes",
-    51: "kept: an affine index of it has several loop symbols (e.g. a convolution)",
-    6: "kept: its computation contains a loop that is not traced",
-    7: "kept: a write in its computation uses a loop symbol bound outside the computation",
-    8: "kept: its computation contains backend-staged code",
-    9: "kept: a read in its computation uses a loop symbol bound outside the computation",
-    10: "kept: an index embedded in its computation uses a loop symbol bound outside the computation",
-    11: "kept: its memory mode already excluded virtualization",
-    12: "kept: the code block computing it does not write it",
-    13: "kept: the indices of a read cannot be substituted into its computation",
-    14: "kept: it has no computation to inline at a read",
     INLINED: "virtual: the optimizer inlined its computation at every read",
-    KEPT: "kept: it is read where its computation could not be inlined",
     CONSTANT_TENSOR: "hosted constant: a tensor made from given values",
     PARAM_VALUE: "hosted: the value of a parameter",
     PARAM_GRAD: "hosted: the gradient of a parameter",
@@ -49,10 +57,8 @@ PROVENANCES: dict[int, str] = {
     HOSTED_FOR_HOST_ACCESS: "hosted: its value is read from the host",
     HOSTED_VALUE: "hosted: tensor.hosted() (train.forward and grad_update call it for the result)",
     HOSTED_GRAD: "hosted: tensor.hosted() on a tensor with a gradient",
-    131: "kept: a node its computation reads is overwritten before the node is read",
-    132: "kept: its computation sits in a loop of another computation, which repeats it",
-    140: "kept: vector assignments cannot be inlined as scalars",
 }
+"""Every provenance code: the one table error messages and the optimizer's log read."""
 
 
 def describe(code: int) -> str:

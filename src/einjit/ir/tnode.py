@@ -149,9 +149,6 @@ class Tnode:
             self._dims = tuple(int(d) for d in self._dims())
         return self._dims
 
-    def dims_known(self) -> bool:
-        return not callable(self._dims)
-
     @property
     def size(self) -> int:
         return int(np.prod(self.dims, dtype=np.int64))

@@ -14,7 +14,7 @@ import numpy as np
 
 from einjit import shape as sh
 from einjit.ir import assignments as asg
-from einjit.ir import ops
+from einjit.ir import ops, provenance
 from einjit.ir.indexing import StaticSymbol
 from einjit.ir.tnode import MemoryType, hosted
 from einjit.tensor import op_scope
@@ -275,7 +275,7 @@ def ndarray(values, *, label: str | None = None, batch_axes: int | None = None, 
         data = data.reshape(data.shape[:len(dims["batch"])] + (1,) + data.shape[len(dims["batch"]):])
     p = default_prec() if prec is None else ops.as_prec(prec)
     t = _terminal(new_label(label, "ndarray"), "ndarray", shape, GradSpec.PROHIBIT_GRAD, prec=p)
-    t.value_tn.update_memory_mode(hosted(MemoryType.CONSTANT), 30)
+    t.value_tn.update_memory_mode(hosted(MemoryType.CONSTANT), provenance.CONSTANT_TENSOR)
     t.value_tn.array = np.ascontiguousarray(data, dtype=p.dtype)
     t._fwd_done = True
     register(t)
@@ -318,8 +318,8 @@ def param(label: str | Sequence[str], values=None, *, output_dims: list[int] | N
         fill = arr.ravel()
     t = _terminal(lbl, "param", shape, GradSpec.REQUIRE_GRAD,
                   init=sh.ConstantFill(fill.size) if fill is not None else None, prec=prec)
-    t.value_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), 31)
-    t.grad_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), 32)
+    t.value_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.PARAM_VALUE)
+    t.grad_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.PARAM_GRAD)
     if fill is not None:
         t.init = lambda rng: _fill_values(t, fill)
         if t.value_tn.dims_known() or (output_dims is not None and input_dims is not None):

@@ -24,7 +24,7 @@ import numpy as np
 from einjit import shape as sh
 from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
-from einjit.ir import ops
+from einjit.ir import ops, provenance
 from einjit.ir.tnode import Tnode
 
 
@@ -358,9 +358,9 @@ class Tensor:
     def hosted(self) -> "Tensor":
         """Keep the value (and gradient) readable from the host after routines run."""
         from einjit.ir.tnode import MemoryType, hosted
-        self.value_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), 60)
+        self.value_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.HOSTED_VALUE)
         if self.grad_tn is not None:
-            self.grad_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), 61)
+            self.grad_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.HOSTED_GRAD)
         return self
 
     # -------------------------------------------------------------- subtree
