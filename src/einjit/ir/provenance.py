@@ -22,6 +22,8 @@ READ_ONLY = 37
 HOSTED_FOR_HOST_ACCESS = 38
 HOSTED_VALUE = 60
 HOSTED_GRAD = 61
+HOSTED_BY_WRITE = 70
+INPUT = 80
 
 NON_VIRTUAL_REASONS: dict[int, str] = {
     4: "its computation accesses it with inconsistent index patterns",
@@ -57,6 +59,8 @@ PROVENANCES: dict[int, str] = {
     HOSTED_FOR_HOST_ACCESS: "hosted: its value is read from the host",
     HOSTED_VALUE: "hosted: tensor.hosted() (train.forward and grad_update call it for the result)",
     HOSTED_GRAD: "hosted: tensor.hosted() on a tensor with a gradient",
+    HOSTED_BY_WRITE: "hosted: its values were written from the host (set_values) before it was compiled",
+    INPUT: "hosted volatile: an input (ej.input / ej.scalar), written from the host between runs",
 }
 """Every provenance code: the one table error messages and the optimizer's log read."""
 

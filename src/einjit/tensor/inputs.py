@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from einjit import shape as sh
-from einjit.ir import ops
+from einjit.ir import ops, provenance
 from einjit.ir.tnode import MemoryType, hosted
 from einjit.tensor.tensor import Tensor, default_prec, make_node, new_label, register
 
@@ -42,7 +42,7 @@ def input(label: str, *, batch_dims: Sequence[int] = (), input_dims: Sequence[in
     p = default_prec() if prec is None else ops.as_prec(prec)
     t = Tensor(label=lbl, op_label="input", shape=shape, update_step=None, children=(),
                value_tn=make_node(lbl, shape, p), grad_tn=None, projections=None)
-    t.value_tn.update_memory_mode(hosted(MemoryType.VOLATILE), 80)
+    t.value_tn.update_memory_mode(hosted(MemoryType.VOLATILE), provenance.INPUT)
     t.value_tn.host_array()
     t._fwd_done = True
     register(t)

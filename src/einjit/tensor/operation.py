@@ -322,7 +322,7 @@ def param(label: str | Sequence[str], values=None, *, output_dims: list[int] | N
     t.grad_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.PARAM_GRAD)
     if fill is not None:
         t.init = lambda rng: _fill_values(t, fill)
-        if t.value_tn.dims_known() or (output_dims is not None and input_dims is not None):
+        if output_dims is not None and input_dims is not None:
             t.set_values(_fill_values(t, fill))
     else:
         t.init = lambda rng: _INITS[init](rng, t.dims, _row_size(shape.input), _row_size(shape.output))

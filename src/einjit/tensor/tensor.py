@@ -241,7 +241,7 @@ class NodeView:
         from einjit.ir.tnode import MemoryModeError, MemoryType, hosted
         if not self.tn.is_hosted():
             try:
-                self.tn.update_memory_mode(hosted(MemoryType.NONCONSTANT), 70)
+                self.tn.update_memory_mode(hosted(MemoryType.NONCONSTANT), provenance.HOSTED_BY_WRITE)
             except MemoryModeError:
                 raise TensorError(
                     f"einjit: cannot write {_describe(self.tensor, self.tn)}: it is {self.tn.memory_mode}, kept "
