@@ -7,6 +7,7 @@ assignments, so `to_routine` compiles a whole training step into one routine of 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -19,9 +20,11 @@ from einjit.backends.interface import (
     Routine,
     default_context,
     load_inputs,
+    low_level_of,
     lower_assignments,
 )
 from einjit.ir import assignments as asg
+from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.naming import node_base, stable_names
 from einjit.ir.optimize import VirtualizeSettings
@@ -123,8 +126,9 @@ def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *,
     The backend is `backend` (an object or a registered name), else the context's, else
     `$EINJIT_BACKEND` or the C backend; the context defaults to the backend's default context
     (for the C backend, one computing in the host arrays). `options` are the C compiler's
-    `CcOptions`. Calling the routine runs it to completion; `routine.schedule()` is the
-    asynchronous form.
+    `CcOptions`. Calling the routine runs it to completion, and the host then sees the hosted
+    nodes it wrote (on a context with its own arrays they are copied back); `schedule()` is
+    the asynchronous form of the seed, which copies nothing.
     """
     if isinstance(code, (list, tuple)):
         code = asg.sequence(*[as_asgns(c) for c in code])
@@ -140,8 +144,29 @@ def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *,
     context = context if context is not None else default_context(base)
     load_inputs(context, compiled.inputs)
     routine = compiler.link(context, compiled, refs)
+    if not getattr(context, "share_host_arrays", False):
+        routine = _syncing_host(routine, lowered)
     config.debug(1, f"to_routine {name}: {1000 * (time.perf_counter() - start):.1f} ms")
     return routine
+
+
+def _syncing_host(routine: Routine, lowered: Any) -> Routine:
+    """On a context with its own arrays, calling the routine also copies the hosted nodes it
+    writes back to the host, so `routine()` means the same on every backend: afterwards the
+    host sees the results. `routine.schedule()` stays asynchronous and copies nothing."""
+    written = {s.tn: None for s in ll.iter_stmts(low_level_of(lowered))
+               if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_hosted()}
+    if not written:
+        return routine
+    context, wait = routine.context, routine.await_
+
+    def await_and_sync() -> None:
+        if wait is not None:
+            wait()
+        for tn in written:
+            context.to_host(tn)
+
+    return dataclasses.replace(routine, await_=await_and_sync, run_now=None)
 
 
 def run(routine: Routine) -> None:

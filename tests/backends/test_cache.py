@@ -79,7 +79,7 @@ def test_a_failed_build_publishes_nothing_and_keeps_the_source():
 
 
 def test_a_truncated_shared_object_is_rebuilt_and_runs():
-    code, out = fill(6.5)
+    code, _ = fill(6.5)
     proc = cc.compile_proc(code, name="fill_rebuilt")
     so = proc.so_path
     damaged = so.with_name("damaged.tmp")

@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_cuda_fake_driver import fake  # noqa: F401 - the fake CUDA driver fixture
 
 import einjit as ej
 from einjit import backends, train
 from einjit.backends import interface
 from einjit.backends.cc_backend import CcBackend
-from einjit.backends.interface import NodeNotInContextError, NotHostedError, Routine, StaticRangeError, Work
+from einjit.backends.interface import (
+    NodeNotInContextError,
+    NotHostedError,
+    Routine,
+    StaticRangeError,
+    Work,
+)
 from einjit.backends.multicore import MulticoreBackend
 from einjit.ir import low_level as ll
 from einjit.ir import ops, tnode
 from einjit.ir.indexing import FixedIdx, IntRef, get_static_symbol
-from test_cuda_fake_driver import fake  # noqa: F401 - the fake CUDA driver fixture
 
 
 def doubled(values):
@@ -67,20 +73,22 @@ def test_to_routine_on_a_device_backend(name, request):
     routine = train.to_routine(value, name="double_dev", backend=backend)
     assert routine.context.backend is backend and routine.context.holds(x.value_tn)
     routine()
-    routine.context.to_host(y.value_tn)
     np.testing.assert_allclose(y.value.numpy(), [3.0, -3.0], rtol=0, atol=0)
+    y.value_tn.host_array()[...] = 0.0
+    routine.schedule()()
+    backend.await_(routine.context.device)
+    np.testing.assert_allclose(y.value.numpy(), [0.0, 0.0], rtol=0, atol=0)
     assert routine.context in interface.contexts_holding(y.value_tn)
     x.value_tn.host_array()[...] = [4.0, 5.0]
     for ctx in interface.contexts_holding(x.value_tn):
         ctx.from_host(x.value_tn)
     routine()
-    routine.context.to_host(y.value_tn)
     np.testing.assert_allclose(y.value.numpy(), [9.0, 11.0], rtol=0, atol=0)
 
 
 def test_forward_once_on_multicore_matches_cc():
-    x, y = doubled([0.5, 1.5])
-    x2, y2 = doubled([0.5, 1.5])
+    _, y = doubled([0.5, 1.5])
+    _, y2 = doubled([0.5, 1.5])
     np.testing.assert_allclose(train.forward_once(y, backend="multicore"), train.forward_once(y2), rtol=0, atol=0)
 
 
@@ -122,7 +130,7 @@ def test_a_routine_reading_state_its_context_does_not_hold_names_it():
 
 
 def test_non_hosted_nodes_refuse_host_transfers_on_every_context():
-    x, y = doubled([1.0, 2.0])
+    x, _ = doubled([1.0, 2.0])
     hidden = 3.0 * x
     out = hidden + 1.0
     routine = train.to_routine(train.forward(out), name="hidden")
@@ -136,7 +144,7 @@ def test_non_hosted_nodes_refuse_host_transfers_on_every_context():
 
 def test_options_compile_with_other_flags_into_the_default_context():
     from einjit.backends import cc
-    x, y = doubled([2.0])
+    _, y = doubled([2.0])
     routine = train.to_routine(train.forward(y), name="o1", options=cc.CcOptions(flags=("-O1", "-fPIC", "-shared")))
     routine()
     np.testing.assert_allclose(y.value.numpy(), [5.0], rtol=0, atol=0)
@@ -158,7 +166,7 @@ def test_contexts_holding_forgets_dead_contexts():
 
 def test_a_routine_named_like_a_c_keyword_is_refused_before_gcc_runs():
     from einjit.backends.c_syntax import RenderError
-    x, y = doubled([1.0])
+    _, y = doubled([1.0])
     with pytest.raises(RenderError, match=r"routine name 'double' is not a C identifier or is reserved"):
         train.to_routine(train.forward(y), name="double")
 
@@ -190,3 +198,13 @@ def test_host_transfers_of_a_non_hosted_node_are_named_errors_on_every_backend(n
                                                  r"kept: it is still read where .*; make it hosted before compiling"):
             transfer(local)
     assert local.array is None and not context.holds(local)
+
+
+def test_the_moons_demo_trains_identically_on_the_multicore_backend(monkeypatch):
+    from einjit.demo import run_moons
+    monkeypatch.delenv("EINJIT_BACKEND", raising=False)
+    on_cc = run_moons(epochs=3, quiet=True)
+    monkeypatch.setenv("EINJIT_BACKEND", "multicore")
+    on_multicore = run_moons(epochs=3, quiet=True)
+    assert on_multicore.losses == on_cc.losses and on_multicore.accuracy == on_cc.accuracy
+    assert on_cc.losses[-1] < on_cc.losses[0]

@@ -8,8 +8,8 @@ backend stores a node's array; a routine records the class of every node it touc
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from einjit.ir.indexing import StaticSymbol
 from einjit.ir.tnode import Tnode

@@ -15,9 +15,10 @@ This module imports nothing from einjit: nodes, symbols and scope ids are duck-t
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterator
+from typing import Any
 
 # C and CUDA keywords, the math functions generated code calls, and the fixed identifiers of
 # the renderers: a node labelled `exp` or `z` must not shadow them.
