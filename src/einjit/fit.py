@@ -40,6 +40,9 @@ from einjit.tensor.notation import Code
 from einjit.tensor.tensor import Tensor, TensorError, computes_in_host_array
 
 
+Update = Code | asg.Asgns
+
+
 def _not_inputs(inputs: Sequence[Tensor]) -> list[str]:
     return [t.describe() for t in inputs if t.op_label != "input"]
 
@@ -194,19 +197,20 @@ def predictor(model: Callable[[Tensor], Tensor], *, batch_dims: Sequence[int] = 
     steps = _predictors.setdefault(model, {})
     step = steps.get(key)
     if step is None:
-        x = new_input(f"{getattr(model, '__name__', 'model')}_input", batch_dims=batch_dims, input_dims=input_dims,
-                         output_dims=output_dims, prec=prec)
-        step = steps[key] = forward_step(model(x), inputs=[x], name=f"predict_{getattr(model, '__name__', 'model')}")
+        name = getattr(model, "__name__", "model")
+        x = new_input(f"{name}_input", batch_dims=batch_dims, input_dims=input_dims, output_dims=output_dims,
+                      prec=prec)
+        step = steps[key] = forward_step(model(x), inputs=[x], name=f"predict_{name}")
     return step
 
 
-def train_step(loss: Tensor, update: Code | asg.Asgns | list[Code | asg.Asgns] | tuple[Code | asg.Asgns, ...], *, inputs: Sequence[Tensor], name: str = "train_step",
-               backend: object = None, context: object = None) -> TrainStep:
+def train_step(loss: Tensor, update: Update | list[Update] | tuple[Update, ...], *, inputs: Sequence[Tensor],
+               name: str = "train_step", backend: object = None, context: object = None) -> TrainStep:
     """Compile (once) forward, backprop and `update` (e.g. `train.sgd_update(loss, lr)`, or a
     list of per-parameter updates such as `train.sgd_one`'s); `backend` / `context` as for
     `forward_step`."""
     _check_params_set([loss])
-    updates: list[Code | asg.Asgns] = list(update) if isinstance(update, (list, tuple)) else [update]
+    updates: list[Update] = list(update) if isinstance(update, (list, tuple)) else [update]
     code = [train.grad_update(loss), *updates]
     routine = train.to_routine(code, name=name, backend=backend, context=context)
     return TrainStep(routine, inputs, name, loss)

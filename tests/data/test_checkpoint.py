@@ -59,7 +59,8 @@ def test_compatible_with_the_safetensors_package(tmp_path):
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_save_load_new_process_continue_is_bit_identical(tmp_path, momentum):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([str(HERE.parents[1] / "src"), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
 
     def script(*args):
         subprocess.run([sys.executable, str(HERE / "resume_run.py"), *map(str, args)], check=True, env=env,
