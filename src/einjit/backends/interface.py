@@ -6,7 +6,9 @@ get a `Routine`, and runs routines through `Work` items:
 - `routine.schedule()` reads the current values of the routine's static-symbol `IntRef`s
   into a new `Work` and returns it; it never blocks and never runs anything. Capturing the
   values at scheduling time is what lets a training loop bump a batch counter and schedule
-  again before the previous step ran.
+  again before the previous step ran. Values outside a symbol's range are refused here,
+  before any compiled code runs (`StaticRangeError`).
+- Calling the routine itself schedules, runs and awaits it.
 - Running a work (`work()`) executes the routine to completion on a no-device backend, and
   only launches it (enqueues it on the device) on a device backend; `await_(device)` waits.
 
@@ -19,7 +21,13 @@ where the backend knows the context and may specialize the code to it.
 Memory classes, beside the memory modes of `ir.tnode`, say how a backend stores a node's
 array: `CpuMemClass` (`LOCAL_ONLY`, `FROM_CONTEXT`, `CONSTANT_FROM_HOST`) for CPU backends
 and `CudaMemClass` (`LOCAL_ONLY`, `GLOBAL`) for the CUDA backend. A routine records the class
-of every node it touches in `Routine.mem_classes`.
+of every node it touches in `Routine.mem_classes` (the classes live in `params.py`).
+
+Every context registers itself with its backend (`register_context`), so `contexts_holding(tn)`
+finds the contexts to refresh after a host write. Host transfers move hosted nodes only:
+anything else is a `NotHostedError` naming the node, its memory mode and the mode's provenance.
+`lower_assignments` is the one lowering (shape inference, dumps, optimization), under the
+program-local names of `ir.naming`, so generated code does not depend on global ids.
 """
 
 from __future__ import annotations
