@@ -59,7 +59,7 @@ from einjit.ir.naming import node_base, stable_names
 from einjit.ir.tnode import Tnode
 
 __all__ = [
-    "Backend", "BackendError", "Code", "Compiled", "Context", "CpuMemClass", "CudaMemClass", "DeviceError",
+    "Backend", "BackendError", "BackendUsageError", "Code", "Compiled", "Context", "CpuMemClass", "CudaMemClass", "DeviceError",
     "HostTransfers", "NoDeviceBackend", "NodeNotInContextError", "NotHostedError", "Postponed", "StaticRangeError", "Routine", "RoutineFailed", "SimpleBackend",
     "SimpleNoDeviceBackend", "WrongBackendError", "Work", "capture_values", "check_code", "check_hosted", "check_static_values", "contexts_holding", "default_context",
     "forget_context", "load_inputs", "register_context",
@@ -76,6 +76,11 @@ Proc = TypeVar("Proc")
 
 class BackendError(EinjitError):
     """Misuse of backends, contexts and devices; the message names what was involved."""
+
+
+class BackendUsageError(BackendError, ValueError):
+    """A value a backend cannot use: a host array of the wrong shape or layout, a count or a
+    name that does not fit; the message says which and what is expected."""
 
 
 class WrongBackendError(BackendError, TypeError):
@@ -472,7 +477,7 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
         """Several routines sharing the static bindings; with `shared=True`, one compilation."""
         bindings = tuple(bindings)
         if names is not None and len(names) != len(codes):
-            raise ValueError(f"einjit: {len(codes)} routines to compile but {len(names)} names")
+            raise BackendUsageError(f"einjit: {len(codes)} routines to compile but {len(names)} names")
         with stable_names():
             prepared = [prepare(bindings, c, None if names is None else names[k]) for k, c in enumerate(codes)]
             _check_distinct(n for n, _ in prepared)
@@ -536,7 +541,7 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
 def check_code(backend_name: str, code: Any, context: Any, accepted: Iterable[str] = ()) -> None:
     """Code links only into contexts of the backend that produced it (or of `accepted` ones)."""
     if not isinstance(code, (Postponed, Compiled)):
-        raise TypeError(f"einjit: link expects code from a backend's compile, got {type(code).__name__}")
+        raise WrongBackendError(f"einjit: link expects code from a backend's compile, got {type(code).__name__}")
     if code.backend != backend_name and code.backend not in tuple(accepted):
         raise WrongBackendError(
             f"einjit: routine {code.name!r} was compiled by backend {code.backend!r} and cannot be linked into "
@@ -593,4 +598,4 @@ def _describe_context(context: Any) -> str:
 def _check_distinct(names: Iterable[str]) -> None:
     dup = repeated_names(names)
     if dup:
-        raise ValueError(f"einjit: routine name {dup[0]!r} repeated in one batch; give each routine its own name")
+        raise BackendUsageError(f"einjit: routine name {dup[0]!r} repeated in one batch; give each routine its own name")
