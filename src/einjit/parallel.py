@@ -39,7 +39,7 @@ import numpy as np
 
 from einjit import backends, train
 from einjit import shape as sh
-from einjit.backends.interface import Compiled, load_inputs
+from einjit.backends.interface import BackendUsageError, Compiled, load_inputs
 from einjit.comm import Communicator
 from einjit.ir import assignments as asg
 from einjit.ir.indexing import IntRef, StaticSymbol
@@ -108,13 +108,13 @@ class DataParallel:
     def __init__(self, loss: Tensor, update_code: "Code | asg.Asgns", *, num_devices: int, bindings: Bindings,
                  shard: StaticSymbol, backend: Any = None, name: str = "data_parallel"):
         if num_devices < 1:
-            raise ValueError(f"einjit: data parallelism needs at least one device, got {num_devices}")
+            raise BackendUsageError(f"einjit: data parallelism needs at least one device, got {num_devices}")
         self._owns_backend = backend is None
         if backend is None:
             from einjit.backends.multicore import MulticoreBackend
             backend = MulticoreBackend(num_devices=num_devices)
         if backend.num_devices() < num_devices:
-            raise ValueError(f"einjit: backend {backend.name} has {backend.num_devices()} devices, "
+            raise BackendUsageError(f"einjit: backend {backend.name} has {backend.num_devices()} devices, "
                              f"{num_devices} requested")
         self.backend = backend
         self.num_devices = num_devices

@@ -195,7 +195,6 @@ def forward_once(t: Tensor, *, backend: Any = None, context: Any = None) -> np.n
         routine = _once_cache[t.id] = to_routine(forward(t), name=f"forward_{node_base(t.value_tn.label)}",
                                                      backend=backend, context=context)
     routine()
-    routine.context.to_host(t.value_tn)
     return t.value.numpy()
 
 
@@ -211,5 +210,4 @@ def update_once(loss: Tensor, *, learning_rate: float = 0.1, backend: Any = None
                                                 name=f"update_{node_base(loss.value_tn.label)}", backend=backend,
                                                 context=context)
     routine()
-    routine.context.to_host(loss.value_tn)
     return float(loss.value.numpy().ravel()[0])

@@ -64,8 +64,9 @@ def with_options(backend: Any, options: Any) -> Any:
     """The C backend compiling with other `CcOptions`; its code links into `backend`'s contexts
     (contexts belong to a backend name)."""
     from einjit.backends.cc_backend import CcBackend
+    from einjit.backends.interface import WrongBackendError
     if not isinstance(backend, CcBackend):
-        raise TypeError(f"einjit: options= are C compiler options (CcOptions) and apply to the C backend, not to "
+        raise WrongBackendError(f"einjit: options= are C compiler options (CcOptions) and apply to the C backend, not to "
                         f"backend {backend.name!r}; pass them to that backend's constructor instead")
     return CcBackend(options, name=backend.name)
 

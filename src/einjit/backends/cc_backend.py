@@ -29,6 +29,7 @@ import numpy as np
 from einjit.backends import cc
 from einjit.backends.c_syntax import CSyntax, MemClass, Param, ParamKind, render_routine
 from einjit.backends.interface import (
+    BackendUsageError,
     CpuMemClass,
     HostTransfers,
     NodeNotInContextError,
@@ -99,7 +100,7 @@ class CcContext(HostTransfers):
 def _checked(tn: Tnode, arr: np.ndarray) -> np.ndarray:
     if arr.dtype != tn.prec.dtype or tuple(arr.shape) != tuple(tn.dims) or not arr.flags.c_contiguous \
             or not arr.flags.writeable:
-        raise ValueError(
+        raise BackendUsageError(
             f"einjit: host array of {tn.debug_name()} must be a writeable C-contiguous {tn.prec.dtype} array "
             f"of shape {tn.dims}, got {arr.dtype} {arr.shape} (contiguous={arr.flags.c_contiguous})")
     return arr

@@ -61,6 +61,7 @@ from einjit.backends.cuda_driver import (
 from einjit.backends.cuda_driver import device_count as device_count
 from einjit.backends.cuda_syntax import CudaKernel, CudaProgram, render_program
 from einjit.backends.interface import (
+    BackendUsageError,
     CudaMemClass,
     DeviceError,
     HostTransfers,
@@ -123,7 +124,7 @@ def _nvcc_identity(nvcc: str) -> str | None:
 
 def _choose_compiler(options: CudaOptions) -> str:
     if options.compiler not in ("auto", "nvrtc", "nvcc"):
-        raise ValueError(f"einjit: CudaOptions.compiler must be 'auto', 'nvrtc' or 'nvcc', not {options.compiler!r}")
+        raise BackendUsageError(f"einjit: CudaOptions.compiler must be 'auto', 'nvrtc' or 'nvcc', not {options.compiler!r}")
     if options.compiler in ("auto", "nvrtc") and load_nvrtc() is not None:
         return "nvrtc"
     if options.compiler in ("auto", "nvcc") and _nvcc_identity(options.nvcc) is not None:
@@ -139,7 +140,7 @@ def compile_source(source: str, *, name: str, arch: str, kind: str, options: Cud
     from the disk cache or freshly compiled."""
     options = options or CudaOptions()
     if kind not in ("ptx", "cubin"):
-        raise ValueError(f"einjit: CUDA images are 'ptx' or 'cubin', not {kind!r}")
+        raise BackendUsageError(f"einjit: CUDA images are 'ptx' or 'cubin', not {kind!r}")
     compiler = _choose_compiler(options)
     if compiler == "nvrtc":
         nvrtc = load_nvrtc()
@@ -321,7 +322,7 @@ def _host_array(what: str, tn: Tnode, context: CudaContext) -> np.ndarray:
     check_hosted(what, tn, context)
     arr = tn.host_array()
     if arr.dtype != tn.prec.dtype or tuple(arr.shape) != tuple(tn.dims) or not arr.flags.c_contiguous:
-        raise ValueError(f"einjit: host array of {tn.debug_name()} must be a C-contiguous {tn.prec.dtype} array of "
+        raise BackendUsageError(f"einjit: host array of {tn.debug_name()} must be a C-contiguous {tn.prec.dtype} array of "
                          f"shape {tn.dims}, got {arr.dtype} {arr.shape}")
     return arr
 
@@ -474,7 +475,7 @@ class CudaCore:
         if not context.holds(tn):
             raise not_held_error("to_host", tn, context)
         if not host.flags.writeable:
-            raise ValueError(f"einjit: to_host: the host array of {tn.debug_name()} is read-only")
+            raise BackendUsageError(f"einjit: to_host: the host array of {tn.debug_name()} is read-only")
         context.device.activate()
         self.driver.copy_to_host(host.ctypes.data, context.buffers[tn], host.nbytes, context.device.stream)
         self.await_(context.device)

@@ -6,7 +6,9 @@ get a `Routine`, and runs routines through `Work` items:
 - `routine.schedule()` reads the current values of the routine's static-symbol `IntRef`s
   into a new `Work` and returns it; it never blocks and never runs anything. Capturing the
   values at scheduling time is what lets a training loop bump a batch counter and schedule
-  again before the previous step ran.
+  again before the previous step ran. Values outside a symbol's range are refused here,
+  before any compiled code runs (`StaticRangeError`).
+- Calling the routine itself schedules, runs and awaits it.
 - Running a work (`work()`) executes the routine to completion on a no-device backend, and
   only launches it (enqueues it on the device) on a device backend; `await_(device)` waits.
 
@@ -19,7 +21,13 @@ where the backend knows the context and may specialize the code to it.
 Memory classes, beside the memory modes of `ir.tnode`, say how a backend stores a node's
 array: `CpuMemClass` (`LOCAL_ONLY`, `FROM_CONTEXT`, `CONSTANT_FROM_HOST`) for CPU backends
 and `CudaMemClass` (`LOCAL_ONLY`, `GLOBAL`) for the CUDA backend. A routine records the class
-of every node it touches in `Routine.mem_classes`.
+of every node it touches in `Routine.mem_classes` (the classes live in `params.py`).
+
+Every context registers itself with its backend (`register_context`), so `contexts_holding(tn)`
+finds the contexts to refresh after a host write. Host transfers move hosted nodes only:
+anything else is a `NotHostedError` naming the node, its memory mode and the mode's provenance.
+`lower_assignments` is the one lowering (shape inference, dumps, optimization), under the
+program-local names of `ir.naming`, so generated code does not depend on global ids.
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ from einjit.ir.naming import node_base, stable_names
 from einjit.ir.tnode import Tnode
 
 __all__ = [
-    "Backend", "BackendError", "Code", "Compiled", "Context", "CpuMemClass", "CudaMemClass", "DeviceError",
+    "Backend", "BackendError", "BackendUsageError", "Code", "Compiled", "Context", "CpuMemClass", "CudaMemClass", "DeviceError",
     "HostTransfers", "NoDeviceBackend", "NodeNotInContextError", "NotHostedError", "Postponed", "StaticRangeError", "Routine", "RoutineFailed", "SimpleBackend",
     "SimpleNoDeviceBackend", "WrongBackendError", "Work", "capture_values", "check_code", "check_hosted", "check_static_values", "contexts_holding", "default_context",
     "forget_context", "load_inputs", "register_context",
@@ -68,6 +76,11 @@ Proc = TypeVar("Proc")
 
 class BackendError(EinjitError):
     """Misuse of backends, contexts and devices; the message names what was involved."""
+
+
+class BackendUsageError(BackendError, ValueError):
+    """A value a backend cannot use: a host array of the wrong shape or layout, a count or a
+    name that does not fit; the message says which and what is expected."""
 
 
 class WrongBackendError(BackendError, TypeError):
@@ -464,7 +477,7 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
         """Several routines sharing the static bindings; with `shared=True`, one compilation."""
         bindings = tuple(bindings)
         if names is not None and len(names) != len(codes):
-            raise ValueError(f"einjit: {len(codes)} routines to compile but {len(names)} names")
+            raise BackendUsageError(f"einjit: {len(codes)} routines to compile but {len(names)} names")
         with stable_names():
             prepared = [prepare(bindings, c, None if names is None else names[k]) for k, c in enumerate(codes)]
             _check_distinct(n for n, _ in prepared)
@@ -528,7 +541,7 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
 def check_code(backend_name: str, code: Any, context: Any, accepted: Iterable[str] = ()) -> None:
     """Code links only into contexts of the backend that produced it (or of `accepted` ones)."""
     if not isinstance(code, (Postponed, Compiled)):
-        raise TypeError(f"einjit: link expects code from a backend's compile, got {type(code).__name__}")
+        raise WrongBackendError(f"einjit: link expects code from a backend's compile, got {type(code).__name__}")
     if code.backend != backend_name and code.backend not in tuple(accepted):
         raise WrongBackendError(
             f"einjit: routine {code.name!r} was compiled by backend {code.backend!r} and cannot be linked into "
@@ -585,4 +598,4 @@ def _describe_context(context: Any) -> str:
 def _check_distinct(names: Iterable[str]) -> None:
     dup = repeated_names(names)
     if dup:
-        raise ValueError(f"einjit: routine name {dup[0]!r} repeated in one batch; give each routine its own name")
+        raise BackendUsageError(f"einjit: routine name {dup[0]!r} repeated in one batch; give each routine its own name")

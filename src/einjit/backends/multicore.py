@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from einjit.backends.interface import (
+    BackendUsageError,
     Code,
     DeviceError,
     HostTransfers,
@@ -165,7 +166,7 @@ class MulticoreBackend:
         self.name = f"multicore({inner.name})"
         self._num_devices = num_devices if num_devices is not None else os.cpu_count() or 1
         if self._num_devices < 1:
-            raise ValueError(f"einjit: a multicore backend needs at least one device, got {num_devices}")
+            raise BackendUsageError(f"einjit: a multicore backend needs at least one device, got {num_devices}")
         self._devices: dict[int, CpuDevice] = {}
         self._lock = threading.Lock()
         self._context_ids = itertools.count()
