@@ -13,6 +13,14 @@ the interchange plus the explicit FMA the simplifier introduces (i-k-j+fma); per
 of NumPy's speed.
 The chain is also compared with NumPy writing into a preallocated buffer (`out=`), which
 removes NumPy's temporaries but not its one pass over memory per operation.
+
+`bench_call_overhead` times an empty routine: the bare ctypes call against the seed's
+`Routine` (issue 10 moved every call onto it). Recorded on the 2-core development machine
+(shared, noisy), best of 5 x 200k calls: the old `cc.link` routine took 0.12-0.14 us (no
+static symbols) and 0.53-0.59 us (two ranged statics); the `Routine` call takes 0.19 us and
+0.89 us (+0.06 / +0.3 us, within the 2 us budget); `schedule()()` builds a `Work` and takes
+about 1.3-1.5 us. The moons step (200 epochs, best of 3) measured 3.1-5.0 us/step before and
+3.5-3.6 us/step after: unchanged within the machine's noise.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="BLAS threads for NumPy (0: library default)")
     ap.add_argument("--sizes", type=int, nargs="*", default=[256, 512, 1024], help="matmul sizes")
     ap.add_argument("--elements", type=int, default=10**6, help="pointwise chain length")
+    ap.add_argument("--moons-epochs", type=int, default=200, help="epochs of the moons demo timed per step")
     return ap.parse_args()
 
 
@@ -40,12 +49,14 @@ os.environ.setdefault("EINJIT_CACHE_DIR", os.path.join(tempfile.gettempdir(), "e
 
 import numpy as np  # noqa: E402  (after the thread settings)
 
+from einjit import backends  # noqa: E402
 from einjit.backends import cc  # noqa: E402
 from einjit.backends.c_syntax import CSyntax  # noqa: E402
+from einjit.backends.interface import default_context  # noqa: E402
 from einjit.ir import low_level as ll  # noqa: E402
 from einjit.ir import ops  # noqa: E402
-from einjit.ir.indexing import Iterator, get_symbol  # noqa: E402
-from einjit.ir.tnode import Tnode  # noqa: E402
+from einjit.ir.indexing import IntRef, Iterator, get_static_symbol, get_symbol  # noqa: E402
+from einjit.ir.tnode import Tnode, hosted  # noqa: E402
 
 
 def best_time(fn, min_time: float = 0.3, repeats: int = 5) -> float:
@@ -67,7 +78,7 @@ def best_time(fn, min_time: float = 0.3, repeats: int = 5) -> float:
 
 def pointwise_chain(n: int, with_exp: bool) -> tuple[ll.LLStmt, list[Tnode], Tnode]:
     """`out = relu((a * b + c) * 0.5 - d)`, or `relu(exp(a) * b + c) * 0.5` with `with_exp`."""
-    a, b, c, d, out = (Tnode(x, (n,)) for x in ("a", "b", "c", "d", "out"))
+    a, b, c, d, out = (Tnode(x, (n,), memory_mode=hosted()) for x in ("a", "b", "c", "d", "out"))
     i = get_symbol()
     g = {t: ll.Get(t, (Iterator(i),)) for t in (a, b, c, d)}
     B, U = ll.Binop, ll.Unop
@@ -83,7 +94,7 @@ def pointwise_chain(n: int, with_exp: bool) -> tuple[ll.LLStmt, list[Tnode], Tno
 def lowered_matmul(n: int, fma: bool = False) -> tuple[ll.LLStmt, Tnode, Tnode, Tnode]:
     """What lowering emits for `c =:+ a * b`: a neutral fill, then loops in (i, j, k) order;
     with `fma`, the accumulation as the simplifier's FMA detection rewrites it."""
-    a, b, c = Tnode("a", (n, n)), Tnode("b", (n, n)), Tnode("c", (n, n))
+    a, b, c = (Tnode(x, (n, n), memory_mode=hosted()) for x in ("a", "b", "c"))
     f1, f2, i, j, k = (get_symbol() for _ in range(5))
     fill = ll.ForLoop(f1, 0, n - 1, ll.ForLoop(f2, 0, n - 1, ll.Set(c, (Iterator(f1), Iterator(f2)), ll.Constant(0.0))))
     ij, ik, kj = (Iterator(i), Iterator(j)), (Iterator(i), Iterator(k)), (Iterator(k), Iterator(j))
@@ -95,12 +106,21 @@ def lowered_matmul(n: int, fma: bool = False) -> tuple[ll.LLStmt, Tnode, Tnode, 
     return ll.seq(fill, loops), a, b, c
 
 
+def link(code: ll.LLStmt, name: str, options: cc.CcOptions | None = None, bindings=()):
+    """`code` compiled by the C backend, linked into its context computing in the host arrays."""
+    backend = backends.get("cc")
+    compiler = backend if options is None else backends.with_options(backend, options)
+    return compiler.link(default_context(backend), compiler.compile(bindings, code, shared=True, name=name),
+                         {s: IntRef(0) for s in bindings})
+
+
 def bench_chain(n: int, with_exp: bool, rng: np.random.Generator) -> None:
     code, ins, out = pointwise_chain(n, with_exp)
-    routine = cc.link(ctx := cc.CpuContext(), cc.compile_proc(code, name="chain"))
     xs = [rng.standard_normal(n, dtype=np.float32) for _ in ins]
     for t, x in zip(ins, xs):
-        ctx.array(t)[...] = x
+        t.host_array()[...] = x
+    out.host_array()
+    routine = link(code, "chain")
     a, b, c, d = xs
     ref = (lambda: np.maximum(np.exp(a) * b + c, 0) * np.float32(0.5)) if with_exp else \
         (lambda: np.maximum((a * b + c) * np.float32(0.5) - d, 0))
@@ -121,7 +141,7 @@ def bench_chain(n: int, with_exp: bool, rng: np.random.Generator) -> None:
         return np.maximum(tmp, 0, out=tmp)
 
     routine()
-    np.testing.assert_allclose(ctx.array(out), ref(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.host_array(), ref(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(in_place(), ref(), rtol=1e-5, atol=1e-6)
     t_c, t_np, t_inp = best_time(routine), best_time(ref), best_time(in_place)
     label = "relu(exp(a)*b+c)*0.5" if with_exp else "relu((a*b+c)*0.5-d)"
@@ -138,14 +158,38 @@ def bench_matmul(n: int, rng: np.random.Generator) -> None:
                 ("i-k-j+fma", True, CSyntax()))
     for label, fma, syntax in variants:
         code, a, b, c = lowered_matmul(n, fma)
-        ctx = cc.CpuContext()
-        routine = cc.link(ctx, cc.compile_proc(code, name="matmul", options=cc.CcOptions(syntax=syntax)))
-        ctx.array(a)[...], ctx.array(b)[...] = A, B
+        a.host_array()[...], b.host_array()[...] = A, B
+        c.host_array()
+        routine = link(code, "matmul", cc.CcOptions(syntax=syntax))
         routine()
-        np.testing.assert_allclose(ctx.array(c), A @ B, rtol=1e-3, atol=1e-3 * np.sqrt(n))
+        np.testing.assert_allclose(c.host_array(), A @ B, rtol=1e-3, atol=1e-3 * np.sqrt(n))
         t_c = best_time(routine, min_time=0.3 if n < 1024 or label != "i-j-k" else 0.0, repeats=3)
         cells.append(f"{label} {flops / t_c / 1e9:5.1f} GFLOP/s ={t_np / t_c * 100:5.1f}%")
     print("   ".join(cells))
+
+
+def bench_call_overhead() -> None:
+    """Calling an empty routine: the bare ctypes call of the C function against the seed's
+    `Routine` called (schedule + run + await) and scheduled explicitly (`schedule()()`)."""
+    statics = (get_static_symbol(4, "s"), get_static_symbol(None, "t"))
+    cells = []
+    for bindings in ((), statics):
+        routine = link(ll.Noop(), f"empty{len(bindings)}", bindings=bindings)
+        fn = cc.compile_batch([(routine.name, ll.Noop())], bindings=bindings)[0].function
+        args = [0] * len(bindings)
+        t_ctypes = best_time(lambda: fn(*args), min_time=0.5)
+        t_call, t_schedule = best_time(routine, min_time=0.5), best_time(lambda: routine.schedule()(), min_time=0.5)
+        cells.append(f"{len(bindings)} statics: ctypes {t_ctypes * 1e6:5.2f} us, routine() {t_call * 1e6:5.2f} us "
+                     f"(+{(t_call - t_ctypes) * 1e6:4.2f}), schedule()() {t_schedule * 1e6:5.2f} us "
+                     f"(+{(t_schedule - t_ctypes) * 1e6:4.2f})")
+    print("empty routine call   " + "   |   ".join(cells))
+
+
+def bench_moons(epochs: int) -> None:
+    from einjit.demo import run_moons
+    result = run_moons(epochs=epochs, quiet=True)
+    print(f"moons training step  {result.seconds_per_step * 1e6:7.2f} us/step over {result.steps} steps "
+          f"(final loss {result.final_loss:.4f}, accuracy {result.accuracy:.3f})")
 
 
 def main() -> None:
@@ -157,6 +201,8 @@ def main() -> None:
         bench_chain(ARGS.elements, with_exp, rng)
     for n in ARGS.sizes:
         bench_matmul(n, rng)
+    bench_call_overhead()
+    bench_moons(ARGS.moons_epochs)
     sys.stdout.flush()
 
 

@@ -66,10 +66,10 @@ def fused_one_device(steps: int, warmup: int) -> tuple[float, list[np.ndarray]]:
 
 
 def data_parallel(devices: int, steps: int, warmup: int) -> tuple[float, list[np.ndarray]]:
-    from einjit import train
+    from einjit import parallel
 
     loss, params, update, batch_n = build(devices)
-    with train.parallel_update(loss, update, num_devices=devices, bindings=[batch_n], shard=batch_n,
+    with parallel.parallel_update(loss, update, num_devices=devices, bindings=[batch_n], shard=batch_n,
                                name=f"bench_dp{devices}") as dp:
         for k in range(warmup):
             dp.bindings[batch_n].value = k % UNION_BATCHES

@@ -5,23 +5,22 @@ batch / input / output axes (`einjit.shape`), assignments are lowered to a C-lik
 optimized (`einjit.ir`), and compiled by gcc into routines (`einjit.backends`).
 
 The public names below are loaded on first use, so importing a low layer (say `einjit.ir`)
-does not pull in the tensor front end.
+does not pull in the tensor front end. The operations are every public function and class of
+`einjit.tensor.operation`, found when the first of them is asked for: a new operation gets its
+API name by being defined there (a trailing `_`, as in `range_`, avoids shadowing a builtin
+inside that module and is dropped from the API name).
 """
 
 from __future__ import annotations
 
 import importlib
 
-_OPERATIONS = ("Batch", "add", "batch_slice", "binop", "cos", "div", "einsum", "embed_symbol", "exp", "log",
-               "matmul", "maximum", "minimum", "mul", "ndarray", "neg", "number", "param", "pow", "recip",
-               "relu", "sigmoid", "sin", "sqrt", "sub", "tanh", "transpose", "unop", "where")
+_OPERATIONS_MODULE = "einjit.tensor.operation"
 _REDUCTIONS = ("amax", "amin", "log_softmax", "logsumexp", "max", "mean", "min", "softmax", "sum")
 _ACTIVATIONS = ("abs", "clip", "gelu", "leaky_relu", "rsqrt", "softplus")
-_PUBLIC: dict[str, tuple[str, str]] = {
-    **{name: ("einjit.tensor.operation", name) for name in _OPERATIONS},
+_PUBLIC: dict[str, tuple[str, str | None]] = {
     **{name: ("einjit.tensor.reductions", name) for name in _REDUCTIONS},
     **{name: ("einjit.tensor.activations", name) for name in _ACTIVATIONS},
-    "range": ("einjit.tensor.operation", "range_"),
     "uniform": ("einjit.tensor.random", "uniform"),
     "normal": ("einjit.tensor.random", "normal"),
     "cd": ("einjit.tensor.notation", "cd"),
@@ -38,6 +37,10 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "unchanged_roots": ("einjit.tensor.tensor", "unchanged_roots"),
     "ShapeError": ("einjit.shape", "ShapeError"),
     "EinjitError": ("einjit.errors", "EinjitError"),
+    "BackendError": ("einjit.backends.interface", "BackendError"),
+    "NotHostedError": ("einjit.backends.interface", "NotHostedError"),
+    "NodeNotInContextError": ("einjit.backends.interface", "NodeNotInContextError"),
+    "StaticRangeError": ("einjit.backends.interface", "StaticRangeError"),
     "IntRef": ("einjit.ir.indexing", "IntRef"),
     "StaticSymbol": ("einjit.ir.indexing", "StaticSymbol"),
     "get_static_symbol": ("einjit.ir.indexing", "get_static_symbol"),
@@ -48,14 +51,28 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "save": ("einjit.checkpoint", "save"),
     "load": ("einjit.checkpoint", "load"),
     "CheckpointError": ("einjit.checkpoint", "CheckpointError"),
+    "data": ("einjit.data", None),
+    "fit": ("einjit.fit", None),
+    "nn": ("einjit.nn", None),
 }
 
-__all__ = sorted(_PUBLIC)
+
+def _operations() -> dict[str, str]:
+    """API name -> name in `einjit.tensor.operation`, for its public functions and classes."""
+    mod = importlib.import_module(_OPERATIONS_MODULE)
+    return {name.rstrip("_"): name for name, value in vars(mod).items()
+            if not name.startswith("_") and callable(value) and getattr(value, "__module__", None) == mod.__name__}
+
+
+def _public() -> dict[str, tuple[str, str | None]]:
+    return {**{api: (_OPERATIONS_MODULE, name) for api, name in _operations().items()}, **_PUBLIC}
 
 
 def __getattr__(name: str):
+    if name == "__all__":
+        return sorted(_public())
     try:
-        module, attr = _PUBLIC[name]
+        module, attr = _PUBLIC[name] if name in _PUBLIC else _public()[name]
     except KeyError:
         raise AttributeError(f"module 'einjit' has no attribute {name!r}") from None
     mod = importlib.import_module(module)
@@ -65,4 +82,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PUBLIC))
+    return sorted(set(globals()) | set(_public()))

@@ -14,6 +14,7 @@ continue from them (training resumes bit for bit).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import struct
@@ -80,7 +81,7 @@ def save(what: Tensor | Iterable[Tensor] | Mapping[str, Tensor], path: str | os.
             f.write(struct.pack("<Q", len(text)))
             f.write(text)
             for arr in arrays:
-                f.write(memoryview(arr).cast("B"))
+                f.write(arr.tobytes())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -130,7 +131,7 @@ def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
         ends.append((begin, end))
     ends.sort()
     if ends and (ends[0][0] != 0 or ends[-1][1] != len(data)
-                 or any(a[1] != b[0] for a, b in zip(ends, ends[1:]))):
+                 or any(a[1] != b[0] for a, b in itertools.pairwise(ends))):
         raise CheckpointError(f"einjit: {path} is corrupted: its data is not one contiguous block "
                               f"({len(data)} bytes, entries at {ends[:4]}...)")
     return out

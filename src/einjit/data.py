@@ -58,23 +58,31 @@ class Loader:
             return np.arange(self.n)
         return np.random.default_rng([self.seed, epoch]).permutation(self.n)
 
-    def epoch(self, epoch: int) -> Iterator[tuple[np.ndarray, ...]]:
-        order = self.order(epoch)
-        for start in range(0, self.n, self.batch_size):
-            rows = order[start:start + self.batch_size]
-            if len(rows) < self.batch_size and self.drop_last:
-                return
-            yield self._batch(rows)
-
-    def _batch(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+    def index_batches(self, epoch: int) -> Iterator[tuple[np.ndarray, int]]:
+        """The rows of each batch of epoch `epoch` (padded to full size with `weights=True`)
+        and how many of them are real."""
+        order, size = self.order(epoch), self.batch_size
+        full = self.n // size * size
+        for rows in order[:full].reshape(-1, size):
+            yield rows, size
+        rows = order[full:]
         real = len(rows)
-        if not self.weights:
-            return tuple(a[rows] for a in self.arrays)
-        if real < self.batch_size:
-            rows = np.concatenate([rows, np.resize(rows, self.batch_size - real)])
+        if real and not self.drop_last:
+            yield (np.concatenate([rows, np.resize(rows, size - real)]) if self.weights else rows), real
+
+    def row_weights(self, real: int) -> np.ndarray:
+        """The weights of a batch with `real` real rows: `1 / real` each, 0 for the padding."""
         w = np.zeros(self.batch_size)
         w[:real] = 1.0 / real
-        return (*(a[rows] for a in self.arrays), w)
+        return w
+
+    def batch(self, rows: np.ndarray, real: int) -> tuple[np.ndarray, ...]:
+        arrays = tuple([a.take(rows, axis=0) for a in self.arrays])
+        return (*arrays, self.row_weights(real)) if self.weights else arrays
+
+    def epoch(self, epoch: int) -> Iterator[tuple[np.ndarray, ...]]:
+        for rows, real in self.index_batches(epoch):
+            yield self.batch(rows, real)
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
         e = self.epochs_started

@@ -101,7 +101,7 @@ def run_moons(*, epochs: int = 80, batch_size: int = 10, seed: int = 0, n_points
     if n_points % (batch_size * replicas):
         raise ValueError(f"einjit demo: {n_points} points do not split into {replicas} replica(s) x batches of "
                          f"{batch_size}")
-    coords, labels = datasets.shuffled(*datasets.half_moons(n_points // 2, seed=seed), seed=seed)
+    coords, labels = datasets.shuffled(*datasets.half_moons(n_points // 2, seed=seed, dtype=np.float32), seed=seed)
     n_batches = n_points // batch_size
     steps_per_epoch = n_batches // replicas
     steps = epochs * steps_per_epoch

@@ -22,8 +22,10 @@ The five-line loop `fit` wraps, for a model `mlp` and a hinge loss:
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -31,8 +33,14 @@ import numpy as np
 
 from einjit import data, train
 from einjit.ir import assignments as asg
-from einjit.ir.tnode import MemoryModeError
-from einjit.tensor.tensor import Tensor, TensorError
+from einjit.ir import ops
+from einjit.ir.tnode import MemoryModeError, Tnode
+from einjit.tensor.inputs import input as new_input
+from einjit.tensor.notation import Code
+from einjit.tensor.tensor import Tensor, TensorError, computes_in_host_array
+
+
+Update = Code | asg.Asgns
 
 
 def _not_inputs(inputs: Sequence[Tensor]) -> list[str]:
@@ -48,6 +56,26 @@ def _check_params_set(tensors: Iterable[Tensor]) -> None:
                           f"or einjit.load(...) before compiling")
 
 
+def _nothing() -> None:
+    pass
+
+
+def _transfer(routine: object, tn: Tnode, direction: str) -> Callable[[], None]:
+    """The host transfer of `tn` for the context `routine` runs in, bound once: steps write
+    their inputs before every run and read their outputs after, in their own context, so the
+    per-step cost is one call — none when the context computes in the host arrays."""
+    context = getattr(routine, "context", None)
+    if context is None:
+        return _nothing
+    if computes_in_host_array(context, tn):
+        return _nothing
+    return functools.partial(getattr(context, direction), tn)
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
 class Step:
     """A routine compiled once and the input tensors it reads, in call-argument order."""
 
@@ -57,19 +85,38 @@ class Step:
             raise TensorError(f"einjit: {name}: {bad} are not ej.input tensors; only inputs are written per call")
         self.routine, self.inputs, self.name = routine, tuple(inputs), name
         self._hosts = tuple(t.value_tn.host_array() for t in self.inputs)
+        self._push = tuple(_transfer(routine, t.value_tn, "from_host") for t in self.inputs)
+        self._squeezed = tuple(_squeezed(h.shape) for h in self._hosts)
+        self._fast_dtypes: tuple[set[np.dtype], ...] = tuple(set() for _ in self.inputs)
+
+    def _fits(self, k: int, arr: object) -> bool:
+        """Whether `arr` can be copied straight into input `k`: an array of its dims (up to
+        axes of size 1) whose dtype `set_values` accepts (remembered once checked)."""
+        if type(arr) is not np.ndarray:
+            return False
+        host = self._hosts[k]
+        if arr.shape != host.shape and (arr.size != host.size or _squeezed(arr.shape) != self._squeezed[k]):
+            return False
+        if arr.dtype in self._fast_dtypes[k]:
+            return True
+        if arr.dtype.kind in "biuf" and np.can_cast(arr.dtype, host.dtype, casting="same_kind"):
+            self._fast_dtypes[k].add(arr.dtype)
+            return True
+        return False
 
     def write(self, *arrays: np.ndarray) -> None:
-        """Write one array per input: in place, with a fast path for arrays already of the
-        input's dims and dtype (a data loader's batches), checked otherwise."""
+        """Write one array per input, in place: copied straight in when it fits the input (a
+        data loader's batches), else through `set_values`, which explains what is wrong."""
         if len(arrays) != len(self.inputs):
             raise TensorError(f"einjit: {self.name} takes {len(self.inputs)} arrays (for "
                               f"{[t.label_str for t in self.inputs]}), got {len(arrays)}")
-        for t, host, arr in zip(self.inputs, self._hosts, arrays):
-            if type(arr) is np.ndarray and arr.shape == host.shape and arr.dtype == host.dtype:
-                np.copyto(host, arr)
-                t.value.written()
+        for k, arr in enumerate(arrays):
+            if self._fits(k, arr):
+                host = self._hosts[k]
+                np.copyto(host, arr if arr.shape == host.shape else arr.reshape(host.shape), casting="same_kind")
+                self._push[k]()
             else:
-                t.set_values(arr)
+                self.inputs[k].set_values(arr)
 
     def __call__(self, *arrays: np.ndarray) -> None:
         self.write(*arrays)
@@ -82,9 +129,12 @@ class TrainStep(Step):
     def __init__(self, routine: Callable[[], None], inputs: Sequence[Tensor], name: str, loss: Tensor):
         super().__init__(routine, inputs, name)
         self.loss = loss
+        self._loss_cell = loss.value_tn.host_array().reshape(-1)
+        self._pull = _transfer(routine, loss.value_tn, "to_host")
 
     def loss_value(self) -> float:
-        return float(self.loss.value.read().reshape(-1)[0])
+        self._pull()
+        return float(self._loss_cell[0])
 
 
 class ForwardStep(Step):
@@ -95,10 +145,14 @@ class ForwardStep(Step):
                  outputs: Sequence[Tensor]):
         super().__init__(routine, inputs, name)
         self.outputs = tuple(outputs)
+        self._pulls = tuple(_transfer(routine, t.value_tn, "to_host") for t in self.outputs)
+        self._out_hosts = tuple(t.value_tn.host_array() for t in self.outputs)
 
     def __call__(self, *arrays: np.ndarray):  # type: ignore[override]
         super().__call__(*arrays)
-        outs = tuple(t.value.read().copy() for t in self.outputs)
+        for pull in self._pulls:
+            pull()
+        outs = tuple(host.copy() for host in self._out_hosts)
         return outs[0] if len(outs) == 1 else outs
 
 
@@ -120,19 +174,45 @@ def forward_code(*outputs: Tensor) -> asg.Asgns:
     return asg.BlockComment(f"forward {', '.join(t.label_str for t in outputs)}", body)
 
 
-def forward_step(outputs: Tensor | Sequence[Tensor], *, inputs: Sequence[Tensor], name: str = "forward") -> ForwardStep:
-    """Compile (once) a routine computing `outputs` from the inputs' current values."""
+def forward_step(outputs: Tensor | Sequence[Tensor], *, inputs: Sequence[Tensor], name: str = "forward",
+                 backend: object = None, context: object = None) -> ForwardStep:
+    """Compile (once) a routine computing `outputs` from the inputs' current values (on
+    `backend` / in `context` as `train.to_routine` takes them; default: the C backend's
+    context computing in the host arrays)."""
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     _check_params_set(outs)
-    routine = train.to_routine(forward_code(*outs), name=name)
+    routine = train.to_routine(forward_code(*outs), name=name, backend=backend, context=context)
     return ForwardStep(routine, inputs, name, outs)
 
 
-def train_step(loss: Tensor, update: asg.Asgns | object, *, inputs: Sequence[Tensor],
-               name: str = "train_step") -> TrainStep:
-    """Compile (once) forward, backprop and `update` (e.g. `train.sgd_update(loss, lr)`)."""
+_predictors: weakref.WeakKeyDictionary[Callable, dict[tuple, ForwardStep]] = weakref.WeakKeyDictionary()
+
+
+def predictor(model: Callable[[Tensor], Tensor], *, batch_dims: Sequence[int] = (1,), input_dims: Sequence[int] = (),
+              output_dims: Sequence[int] = (1,), prec: ops.Prec | str | np.dtype | type | None = None) -> ForwardStep:
+    """The forward step of `model` (an `@ej.op` function of one tensor) on inputs of these
+    dims: built and compiled on the first request, the same step for every later one, so
+    predicting after training never recompiles: `predictor(mlp, output_dims=[2])(sample)`."""
+    key = (tuple(batch_dims), tuple(input_dims), tuple(output_dims), None if prec is None else ops.as_prec(prec))
+    steps = _predictors.setdefault(model, {})
+    step = steps.get(key)
+    if step is None:
+        name = getattr(model, "__name__", "model")
+        x = new_input(f"{name}_input", batch_dims=batch_dims, input_dims=input_dims, output_dims=output_dims,
+                      prec=prec)
+        step = steps[key] = forward_step(model(x), inputs=[x], name=f"predict_{name}")
+    return step
+
+
+def train_step(loss: Tensor, update: Update | list[Update] | tuple[Update, ...], *, inputs: Sequence[Tensor],
+               name: str = "train_step", backend: object = None, context: object = None) -> TrainStep:
+    """Compile (once) forward, backprop and `update` (e.g. `train.sgd_update(loss, lr)`, or a
+    list of per-parameter updates such as `train.sgd_one`'s); `backend` / `context` as for
+    `forward_step`."""
     _check_params_set([loss])
-    routine = train.to_routine([train.grad_update(loss), update], name=name)
+    updates: list[Update] = list(update) if isinstance(update, (list, tuple)) else [update]
+    code = [train.grad_update(loss), *updates]
+    routine = train.to_routine(code, name=name, backend=backend, context=context)
     return TrainStep(routine, inputs, name, loss)
 
 
@@ -160,6 +240,54 @@ class History:
     seconds: list[float] = field(default_factory=list)
 
 
+class _Gather:
+    """Runs `step` on a loader's batch by gathering the batch's rows straight into the host
+    arrays of the inputs (`np.take(..., out=)`): no batch array is allocated or copied twice,
+    which keeps per-step host writes close to the cost of data already on the device."""
+
+    def __init__(self, step: Step, loader: data.Loader):
+        n_arrays = len(loader.arrays) + (1 if loader.weights else 0)
+        if n_arrays != len(step.inputs):
+            raise TensorError(f"einjit: {step.name} takes {len(step.inputs)} arrays (for "
+                              f"{[t.label_str for t in step.inputs]}) but the loader yields {n_arrays}")
+        self.step, self.loader, self.routine = step, loader, step.routine
+        self.size = step._hosts[0].shape[0] if step._hosts[0].ndim else 1
+        self.writers = [self._writer(k, a) for k, a in enumerate(loader.arrays)]
+        self.weights = self._writer(len(step.inputs) - 1, None) if loader.weights else None
+
+    def _writer(self, k: int, a: np.ndarray | None) -> Callable[[np.ndarray], None]:
+        """Writes input `k` from the batch's rows of `a` (from the weights when `a` is None)."""
+        t, host, push = self.step.inputs[k], self.step._hosts[k], self.step._push[k]
+        if a is None:
+            if host.size != self.size:
+                return lambda w: t.set_values(w)
+            flat = host.reshape(-1)
+            fill = functools.partial(np.copyto, flat, casting="same_kind")
+        else:
+            shape = (self.size, *a.shape[1:])
+            if a.dtype != host.dtype or int(np.prod(shape)) != host.size or _squeezed(shape) != _squeezed(host.shape):
+                return lambda rows: t.set_values(a.take(rows, axis=0))
+            fill = functools.partial(a.take, axis=0, out=host.reshape(shape), mode="clip")
+        if push is _nothing:
+            return fill
+
+        def write(rows: np.ndarray) -> None:
+            fill(rows)
+            push()
+
+        return write
+
+    def __call__(self, rows: np.ndarray, real: int) -> None:
+        if len(rows) != self.size:
+            self.step(*self.loader.batch(rows, real))
+            return
+        for write in self.writers:
+            write(rows)
+        if self.weights is not None:
+            self.weights(self.loader.row_weights(real))
+        self.routine()
+
+
 def fit(step: TrainStep, loader: data.Loader, *, epochs: int, start_epoch: int = 0, progress: bool | None = None,
         on_epoch: Callable[[int, float], None] | None = None) -> History:
     """Train `epochs` epochs (numbered from `start_epoch`, which fixes their shuffles, so a
@@ -168,9 +296,11 @@ def fit(step: TrainStep, loader: data.Loader, *, epochs: int, start_epoch: int =
     for epoch in range(start_epoch, start_epoch + epochs):
         bar = _progress_bar(len(loader), progress, f"epoch {epoch + 1}")
         start, total, count = time.perf_counter(), 0.0, 0
-        for batch in loader.epoch(epoch):
-            step(*batch)
-            total += step.loss_value()
+        gather, pull, cell = _Gather(step, loader), step._pull, step._loss_cell
+        for rows, real in loader.index_batches(epoch):
+            gather(rows, real)
+            pull()
+            total += float(cell[0])
             count += 1
             if bar is not None:
                 bar.update(1)

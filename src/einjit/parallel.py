@@ -37,12 +37,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from einjit import backends, train
 from einjit import shape as sh
-from einjit import train
-from einjit.backends.interface import Compiled
+from einjit.backends.interface import BackendUsageError, Compiled, load_inputs
 from einjit.comm import Communicator
 from einjit.ir import assignments as asg
 from einjit.ir.indexing import IntRef, StaticSymbol
+from einjit.ir.naming import stable_names
 from einjit.ir.tnode import Tnode
 from einjit.tensor.notation import Code, as_asgns, cd
 from einjit.tensor.tensor import Tensor, TensorError
@@ -84,14 +85,6 @@ def compile_step(backend: Any, loss: Tensor, update_code: "Code | asg.Asgns", *,
     return StepCode(loss, params, grad, update, symbols, shard, name)
 
 
-def _load_inputs(backend: Any, context: Any, code: Compiled) -> None:
-    """Transfer the nodes `code` reads before writing (parameters, optimizer state) that the
-    context does not hold yet: linking needs them, and host values are their initial values."""
-    for tn in sorted(code.inputs, key=lambda tn: tn.id):
-        if not context.holds(tn):
-            backend.from_host(context, tn)
-
-
 def _shard_values(code: StepCode, given: Mapping[StaticSymbol, IntRef], mine: Mapping[StaticSymbol, IntRef],
                   replicas: int, replica: int) -> None:
     """Copy the caller's static values into one replica's refs, choosing its shard."""
@@ -115,13 +108,13 @@ class DataParallel:
     def __init__(self, loss: Tensor, update_code: "Code | asg.Asgns", *, num_devices: int, bindings: Bindings,
                  shard: StaticSymbol, backend: Any = None, name: str = "data_parallel"):
         if num_devices < 1:
-            raise ValueError(f"einjit: data parallelism needs at least one device, got {num_devices}")
+            raise BackendUsageError(f"einjit: data parallelism needs at least one device, got {num_devices}")
         self._owns_backend = backend is None
         if backend is None:
             from einjit.backends.multicore import MulticoreBackend
             backend = MulticoreBackend(num_devices=num_devices)
         if backend.num_devices() < num_devices:
-            raise ValueError(f"einjit: backend {backend.name} has {backend.num_devices()} devices, "
+            raise BackendUsageError(f"einjit: backend {backend.name} has {backend.num_devices()} devices, "
                              f"{num_devices} requested")
         self.backend = backend
         self.num_devices = num_devices
@@ -130,20 +123,22 @@ class DataParallel:
             self.bindings[shard] = IntRef(0)
         self.code = compile_step(backend, loss, update_code, bindings=tuple(self.bindings), shard=shard, name=name)
         params = self.code.params
+        with stable_names() as names:
+            merge_names = [f"{name}_merge_{names.node(p.grad_tn)}" for p in params]
         merge_codes = backend.compile_batch((), [cd("g =+ g.merge", g=p.grad).asgns for p in params], shared=True,
-                                            names=[f"{name}_merge_{p.grad_tn.name}" for p in params])
+                                            names=merge_names)
 
         self.devices = [backend.get_device(d) for d in range(num_devices)]
         self.contexts = [backend.init(device) for device in self.devices]
         self._grads = []
         for ctx in self.contexts:
-            _load_inputs(backend, ctx, self.code.grad)
+            load_inputs(ctx, self.code.grad.inputs)
             self._grads.append(backend.link(ctx, self.code.grad, {s: IntRef(0) for s in self.code.bindings}))
         ctx0 = self.contexts[0]
         for code in merge_codes:
-            _load_inputs(backend, ctx0, code)
+            load_inputs(ctx0, code.inputs)
         self._merges = backend.link_batch(ctx0, merge_codes)
-        _load_inputs(backend, ctx0, self.code.update)
+        load_inputs(ctx0, self.code.update.inputs)
         self._update = backend.link(ctx0, self.code.update, self.bindings)
 
     def __repr__(self) -> str:
@@ -222,18 +217,16 @@ class CommDataParallel:
 
     def __init__(self, code: StepCode, comm: Communicator, *, backend: Any = None,
                  bindings: Mapping[StaticSymbol, IntRef] | None = None):
-        if backend is None:
-            from einjit.backends.cc_backend import CcBackend
-            backend = CcBackend()
+        backend = backends.resolve(backend or "cc")
         self.code, self.comm, self.backend = code, comm, backend
         self.bindings = {s: IntRef(0) for s in code.bindings} | dict(bindings or {})
         self.context = backend.init(f"rank{comm.rank}")
-        if not hasattr(self.context, "cpu"):
+        if not hasattr(self.context, "array"):
             raise TypeError(f"einjit: a communicator replica all-reduces its context's arrays in place and needs a "
                             f"no-device CPU backend (CcBackend), not {backend!r}")
-        _load_inputs(backend, self.context, code.grad)
+        load_inputs(self.context, code.grad.inputs)
         self._grad = backend.link(self.context, code.grad, {s: IntRef(0) for s in code.bindings})
-        _load_inputs(backend, self.context, code.update)
+        load_inputs(self.context, code.update.inputs)
         self._update = backend.link(self.context, code.update, self.bindings)
         self._packs = _packs([p.grad_tn for p in code.params] + [code.loss.value_tn], self.array)
 
@@ -246,7 +239,7 @@ class CommDataParallel:
 
     def array(self, tn: Tnode) -> np.ndarray:
         """This rank's array of `tn` (the context's, not the host's)."""
-        return self.context.cpu.array(tn)
+        return self.context.array(tn)
 
     def broadcast_params(self, root: int = 0) -> None:
         """Give every rank the root's parameters (collective): replicas start equal."""
@@ -298,9 +291,7 @@ def comm_parallel_update(loss: Tensor, update_code: "Code | asg.Asgns", *, comm:
                          shard: StaticSymbol, backend: Any = None, name: str = "data_parallel") -> CommDataParallel:
     """Compile the step and make this rank's replica (one rank per process, e.g. under MPI);
     the caller's `bindings` refs drive it. Ranks sharing a process share one `compile_step`."""
-    if backend is None:
-        from einjit.backends.cc_backend import CcBackend
-        backend = CcBackend()
+    backend = backends.resolve(backend or "cc")
     refs = _refs(bindings)
     refs.setdefault(shard, IntRef(0))
     code = compile_step(backend, loss, update_code, bindings=tuple(refs), shard=shard, name=name)

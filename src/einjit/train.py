@@ -1,26 +1,40 @@
 """Training: gradient and update code, parameter initialization, compiling to routines, loops.
 
 Everything a step needs — forward, zeroing gradients, backprop, the optimizer update — is
-assignments, so `to_routine` compiles a whole training step into one C routine: one ctypes
-call per step, no Python in the loop body.
+assignments, so `to_routine` compiles a whole training step into one routine of a backend
+(`einjit.backends.get`): on the C backend, one ctypes call per step, no Python in the loop body.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from einjit import config
+from einjit import backends, config
 from einjit import shape as sh
-from einjit.backends import cc
+from einjit.backends.interface import (
+    Routine,
+    default_context,
+    load_inputs,
+    low_level_of,
+    lower_assignments,
+)
 from einjit.ir import assignments as asg
+from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol
-from einjit.ir.optimize import VirtualizeSettings, optimize_proc
+from einjit.ir.naming import node_base, stable_names
+from einjit.ir.optimize import VirtualizeSettings
 from einjit.tensor.notation import Code, as_asgns, cd
-from einjit.tensor.tensor import (Tensor, TensorError, consume_backprop_code, consume_forward_code)
+from einjit.tensor.tensor import (
+    Tensor,
+    TensorError,
+    consume_backprop_code,
+    consume_forward_code,
+)
 
 Asgns = asg.Asgns
 
@@ -103,32 +117,59 @@ def init_params(t: "Tensor | Iterable[Tensor]", *, seed: int = 0) -> None:
         host[...] = values.reshape(host.shape)
 
 
-def lower(code: "Code | Asgns", *, name: str = "routine", static_indices=frozenset(),
-          settings: VirtualizeSettings | None = None):
-    """Assignments to optimized low-level code (finishing shape inference first)."""
-    sh.finish_inference()
-    asgns = as_asgns(code)
-    config.debug(2, f"assignments of {name}:\n{asg.to_doc(asgns)}")
-    llc = asg.to_low_level(asgns)
-    return optimize_proc(llc, name=name, static_indices=frozenset(static_indices), settings=settings)
+def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *,
+               bindings: Mapping[StaticSymbol, IntRef] | Sequence[StaticSymbol] = (), name: str = "routine",
+               backend: Any = None, context: Any = None, settings: VirtualizeSettings | None = None,
+               options: Any = None) -> Routine:
+    """Compile assignments into one routine linked into `context`.
 
-
-def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *, bindings: Mapping[StaticSymbol, IntRef] | Sequence[StaticSymbol] = (),
-               name: str = "routine", context: cc.CpuContext | None = None,
-               settings: VirtualizeSettings | None = None, options: cc.CcOptions | None = None) -> cc.Routine:
-    """Compile assignments into one routine linked into `context` (a fresh CPU context if None)."""
+    The backend is `backend` (an object or a registered name), else the context's, else
+    `$EINJIT_BACKEND` or the C backend; the context defaults to the backend's default context
+    (for the C backend, one computing in the host arrays). `options` are the C compiler's
+    `CcOptions`. Calling the routine runs it to completion, and the host then sees the hosted
+    nodes it wrote (on a context with its own arrays they are copied back); `schedule()` is
+    the asynchronous form of the seed, which copies nothing.
+    """
     if isinstance(code, (list, tuple)):
         code = asg.sequence(*[as_asgns(c) for c in code])
     refs = dict(bindings) if isinstance(bindings, Mapping) else {s: IntRef(0) for s in bindings}
+    if backend is None and context is not None:
+        backend = context.backend
+    base = backends.resolve(backend)
+    compiler = base if options is None else backends.with_options(base, options)
     start = time.perf_counter()
-    opt = lower(code, name=name, static_indices={s.symbol for s in refs}, settings=settings)
-    proc = cc.compile_proc(opt, name=name, bindings=tuple(refs), options=options)
-    routine = cc.link(context or cc.CpuContext(), proc, refs)
+    with stable_names():
+        _, lowered = lower_assignments(tuple(refs), as_asgns(code), name, settings=settings)
+        compiled = compiler.compile(tuple(refs), lowered, shared=True, name=name)
+    context = context if context is not None else default_context(base)
+    load_inputs(context, compiled.inputs)
+    routine = compiler.link(context, compiled, refs)
+    if not getattr(context, "share_host_arrays", False):
+        routine = _syncing_host(routine, lowered)
     config.debug(1, f"to_routine {name}: {1000 * (time.perf_counter() - start):.1f} ms")
     return routine
 
 
-def run(routine: cc.Routine) -> None:
+def _syncing_host(routine: Routine, lowered: Any) -> Routine:
+    """On a context with its own arrays, calling the routine also copies the hosted nodes it
+    writes back to the host, so `routine()` means the same on every backend: afterwards the
+    host sees the results. `routine.schedule()` stays asynchronous and copies nothing."""
+    written = {s.tn: None for s in ll.iter_stmts(low_level_of(lowered))
+               if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_hosted()}
+    if not written:
+        return routine
+    context, wait = routine.context, routine.await_
+
+    def await_and_sync() -> None:
+        if wait is not None:
+            wait()
+        for tn in written:
+            context.to_host(tn)
+
+    return dataclasses.replace(routine, await_=await_and_sync, run_now=None)
+
+
+def run(routine: Routine) -> None:
     routine()
 
 
@@ -142,21 +183,22 @@ def sequential_loop(bindings: Mapping[StaticSymbol, IntRef], f: Callable[[], Non
         f()
 
 
-_once_cache: dict[int, cc.Routine] = {}
+_once_cache: dict[int, Routine] = {}
 
 
-def forward_once(t: Tensor, *, context: cc.CpuContext | None = None) -> np.ndarray:
+def forward_once(t: Tensor, *, backend: Any = None, context: Any = None) -> np.ndarray:
     """Compile (once) and run the forward code of `t`; return its value."""
     routine = _once_cache.get(t.id)
     if routine is None:
         if any(p.value_tn.array is None for p in t.params()):
             init_params(t)
-        routine = _once_cache[t.id] = to_routine(forward(t), name=f"forward_{t.value_tn.name}", context=context)
+        routine = _once_cache[t.id] = to_routine(forward(t), name=f"forward_{node_base(t.value_tn.label)}",
+                                                     backend=backend, context=context)
     routine()
     return t.value.numpy()
 
 
-def update_once(loss: Tensor, *, learning_rate: float = 0.1, context: cc.CpuContext | None = None) -> float:
+def update_once(loss: Tensor, *, learning_rate: float = 0.1, backend: Any = None, context: Any = None) -> float:
     """Compile (once) and run one gradient + SGD step on `loss`; return the loss value."""
     key = -loss.id
     routine = _once_cache.get(key)
@@ -165,19 +207,7 @@ def update_once(loss: Tensor, *, learning_rate: float = 0.1, context: cc.CpuCont
             init_params(loss)
         grads = grad_update(loss)
         routine = _once_cache[key] = to_routine([grads, sgd_update(loss, learning_rate)],
-                                                name=f"update_{loss.value_tn.name}", context=context)
+                                                name=f"update_{node_base(loss.value_tn.label)}", backend=backend,
+                                                context=context)
     routine()
     return float(loss.value.numpy().ravel()[0])
-
-
-# ---------------------------------------------------------------- data parallel (einjit.parallel)
-
-
-def parallel_update(loss: Tensor, update_code: "Code | Asgns", *, num_devices: int,
-                    bindings: Mapping[StaticSymbol, IntRef] | Sequence[StaticSymbol], shard: StaticSymbol,
-                    backend=None, name: str = "data_parallel"):
-    """Data-parallel training over `num_devices` devices: see `einjit.parallel.parallel_update`
-    (imported here lazily: `parallel` builds on this module)."""
-    from einjit.parallel import parallel_update as impl
-    return impl(loss, update_code, num_devices=num_devices, bindings=bindings, shard=shard, backend=backend,
-                name=name)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from einjit.backends import cc
+from einjit.backends.cc_backend import CcBackend, run_once
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
@@ -30,9 +31,7 @@ def test_second_compilation_hits_the_cache():
     second = cc.compile_proc(code, name="fill")
     assert cc.stats.compiler_invocations == before + 1 and cc.stats.cache_hits == hits + 1
     assert first.so_path == second.so_path and first.so_path.exists()
-    ctx = cc.CpuContext()
-    cc.link(ctx, second)()
-    np.testing.assert_array_equal(ctx.array(out), [1.25] * 4)
+    np.testing.assert_array_equal(run_once(code, name="fill").array(out), [1.25] * 4)
 
 
 def test_different_flags_do_not_share_a_cache_entry():
@@ -53,9 +52,11 @@ def test_batch_compiles_many_routines_with_one_compiler_call():
     procs = cc.compile_batch(routines)
     assert cc.stats.compiler_invocations == before + 1
     assert len({p.so_path for p in procs}) == 1 and [p.name for p in procs] == [n for n, _ in routines]
-    ctx = cc.CpuContext()
-    for p in procs:
-        cc.link(ctx, p)()
+    backend = CcBackend()
+    ctx = backend.init("batch", share_host_arrays=True)
+    compiled = backend.compile_batch((), [c for _, c in routines], shared=True, names=[n for n, _ in routines])
+    for routine in backend.link_batch(ctx, compiled):
+        routine()
     for k, out in enumerate(outs):
         np.testing.assert_array_equal(ctx.array(out), [k + 0.5] * 4)
 
@@ -72,8 +73,7 @@ def test_compiler_errors_show_diagnostics_and_the_kept_source():
     kept = Path(re.search(r"kept at (\S+\.c)", msg).group(1))
     assert kept.exists() and "this is not C;" in kept.read_text()
     code, target = fill_code(3.0)
-    ctx = cc.CpuContext()
-    cc.link(ctx, cc.compile_proc(code, name="after_error"))()
+    ctx = run_once(code, name="after_error")
     assert ctx.array(target)[0] == 3.0
 
 
@@ -118,8 +118,10 @@ def test_routine_reuses_prepared_arguments():
     i = get_symbol()
     code = ll.ForLoop(i, 0, 1, ll.Set(acc, (Iterator(i),), ll.Binop(ops.Binop.ADD, ll.Get(acc, (Iterator(i),)),
                                                                    ll.Constant(1.0))))
-    ctx = cc.CpuContext()
-    routine = cc.link(ctx, cc.compile_proc(code, name="count"))
+    backend = CcBackend()
+    ctx = backend.init("count", share_host_arrays=True)
+    ctx.array(acc)[...] = 0
+    routine = backend.link(ctx, backend.compile((), code, shared=True, name="count"))
     for _ in range(10):
         routine()
     np.testing.assert_array_equal(ctx.array(acc), [10, 10])
@@ -131,4 +133,4 @@ def test_host_array_must_match_the_node():
     y = Tnode("y", (2, 3), memory_mode=tnode.hosted())
     y.array = np.zeros((3, 2), dtype=np.float32).T
     with pytest.raises(ValueError, match="C-contiguous"):
-        cc.CpuContext().array(y)
+        CcBackend().init("mismatch", share_host_arrays=True).array(y)

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from einjit.backends import cc
+from einjit.backends.cc_backend import run_once
 from einjit.ir import assignments as asg
 from einjit.ir import interpret, ops
-from einjit.ir.indexing import Affine, IntRef, Iterator, Projections, SubAxis, get_static_symbol, get_symbol
+from einjit.ir.indexing import Affine, Iterator, Projections, SubAxis, get_static_symbol, get_symbol
 from einjit.ir.tnode import Tnode
 
 
 def run_both(code, inputs, bindings=(), values=None):
     """The compiled routine's arrays and the interpreter's, from the same inputs."""
-    ctx = cc.CpuContext()
-    for tn, v in inputs.items():
-        ctx.array(tn)[...] = v
-    proc = cc.compile_proc(code, name="lowered", bindings=bindings)
-    cc.link(ctx, proc, {s: IntRef(v) for s, v in (values or {}).items()})()
+    ctx = run_once(code, inputs, bindings=bindings, values=values, name="lowered")
     ref = interpret.run(code, {tn: np.array(v, dtype=tn.prec.dtype) for tn, v in inputs.items()},
                         {s.symbol: v for s, v in (values or {}).items()})
     return ctx, ref

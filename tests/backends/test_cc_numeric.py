@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from einjit.backends import cc
+from einjit.backends.cc_backend import CcBackend, run_once
 from einjit.backends.c_syntax import CSyntax
 from einjit.ir import interpret
 from einjit.ir import low_level as ll
@@ -124,12 +125,13 @@ def test_static_symbol_slice():
     j = get_symbol()
     code = ll.ForLoop(j, 0, 4, ll.Set(row, it(j), B(ops.Binop.ADD, ll.Get(data, (Iterator(s.symbol), Iterator(j))),
                                                      ll.EmbedIndex(Iterator(s.symbol)))))
-    proc = cc.compile_proc(code, name="slice", bindings=(s,))
-    ctx = cc.CpuContext()
+    backend = CcBackend()
+    compiled = backend.compile((s,), code, shared=True, name="slice")
+    ctx = backend.init("slice", share_host_arrays=True)
     vals = np.arange(20, dtype=np.float32).reshape(4, 5)
     ctx.array(data)[...] = vals
     ref = IntRef(2)
-    routine = cc.link(ctx, proc, {s: ref})
+    routine = backend.link(ctx, compiled, {s: ref})
     routine()
     np.testing.assert_array_equal(ctx.array(row), vals[2] + 2)
     ref.value = 3
@@ -138,7 +140,7 @@ def test_static_symbol_slice():
     ref.value = 4
     with pytest.raises(IndexError, match=r"outside its range \[0, 4\)"):
         routine()
-    fresh = cc.link(ctx, proc)
+    fresh = backend.link(ctx, compiled)
     assert fresh.bindings[s].value == 0
     fresh()
     np.testing.assert_array_equal(ctx.array(row), vals[0])
@@ -274,10 +276,11 @@ def test_mixed_precision_reads(run_c):
 def test_merge_buffer_read():
     a = Tnode("a", (4,))
     code = loop1(4, lambda i: ll.Set(a, it(i), B(ops.Binop.ADD, ll.Get(a, it(i)), ll.GetMergeBuffer(a, it(i)))))
-    ctx = cc.CpuContext()
+    backend = CcBackend()
+    ctx = backend.init("merge", share_host_arrays=True)
     ctx.array(a)[...] = [1, 2, 3, 4]
     ctx.merge_buffer(a)[...] = [10, 20, 30, 40]
-    cc.link(ctx, cc.compile_proc(code, name="merge"))()
+    backend.link(ctx, backend.compile((), code, shared=True, name="merge"))()
     np.testing.assert_array_equal(ctx.array(a), [11, 22, 33, 44])
 
 
@@ -305,7 +308,9 @@ def test_hosted_arrays_are_shared_with_the_host():
     proc = cc.compile_proc(code, name="hosted")
     assert proc.mem_class(w) is cc.MemClass.CONSTANT_FROM_HOST and proc.mem_class(y) is cc.MemClass.FROM_CONTEXT
     w.host_array()[...] = [1, 2, 3]
-    routine = cc.link(cc.CpuContext(), proc)
+    backend = CcBackend()
+    routine = backend.link(backend.init("hosted", share_host_arrays=True), backend.compile((), code, shared=True,
+                                                                                             name="hosted"))
     routine()
     np.testing.assert_array_equal(y.host_array(), [2, 4, 6])
     w.host_array()[...] = [5, 6, 7]
@@ -317,9 +322,10 @@ def test_private_context_copies_hosted_nodes():
     y = Tnode("y", (2,), memory_mode=tnode.hosted())
     code = loop1(2, lambda i: ll.Set(y, it(i), B(ops.Binop.ADD, ll.Get(y, it(i)), ll.Constant(1.0))))
     y.host_array()[...] = [5, 6]
-    ctx = cc.CpuContext("cpu1", share_host_arrays=False)
+    backend = CcBackend()
+    ctx = backend.init("cpu1")
     ctx.from_host(y)
-    cc.link(ctx, cc.compile_proc(code, name="bump"))()
+    backend.link(ctx, backend.compile((), code, shared=True, name="bump"))()
     np.testing.assert_array_equal(y.host_array(), [5, 6])
     ctx.to_host(y)
     np.testing.assert_array_equal(y.host_array(), [6, 7])
@@ -345,11 +351,6 @@ def test_interchange_preserves_results(dims, perm, n_lhs, seed):
     inputs = {x: rng.standard_normal(x.dims).astype(np.float32), y: rng.standard_normal(y.dims).astype(np.float32)}
     runs = []
     for options in (cc.CcOptions(), NO_INTERCHANGE):
-        proc = cc.compile_proc(body, name="nest", options=options)
-        ctx = cc.CpuContext()
-        for tn, v in inputs.items():
-            ctx.array(tn)[...] = v
-        cc.link(ctx, proc)()
-        runs.append(ctx.array(out).copy())
+        runs.append(run_once(body, inputs, options=options, name="nest").array(out).copy())
     np.testing.assert_array_equal(runs[0], runs[1])
     np.testing.assert_array_equal(runs[0], interpreted(body, inputs)[out])

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
 
-from einjit.backends import cc
+from einjit.backends.cc_backend import run_once
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
@@ -25,5 +24,5 @@ def test_reduction_over_where_with_conditional_loads():
     c.host_array()[...] = [[1, 0, 1], [0, 0, 1]]
     a.host_array()[...] = 1.0
     b.host_array()[...] = 2.0
-    cc.link(cc.CpuContext(), cc.compile_proc(code, name="where_reduction"))()
+    run_once(code, name="where_reduction")
     assert out.host_array()[0] == 9.0

@@ -14,7 +14,7 @@ import pytest
 import backend_programs as bp
 from einjit.backends import cuda
 from einjit.backends.c_syntax import ParamKind
-from einjit.backends.interface import NodeNotInContextError, RoutineFailed
+from einjit.backends.interface import NodeNotInContextError, NotHostedError, RoutineFailed
 from einjit.ir import interpret
 from einjit.ir import low_level as ll
 from einjit.ir import ops, tnode
@@ -221,8 +221,8 @@ def test_a_kernel_fault_names_the_routines_since_the_last_await(fake):
     i = get_symbol()
     routine = backend.link(ctx, backend.compile((), ll.ForLoop(i, 0, 2, ll.Set(out, (Iterator(i),), ll.Constant(
         2.0))), shared=True, name="fill"))
-    routine()
-    routine()
+    routine.schedule()()
+    routine.schedule()()
     fake.fail_next_sync = 700
     with pytest.raises(RoutineFailed, match=r"work on device cuda:0 failed: CUDA_ERROR_FAKE \(700\).*"
                                             r"since the last await \(the last 20 at most\): \['fill', 'fill'\]"):
@@ -250,5 +250,8 @@ def test_device_to_device_between_devices_and_transfers_need_the_node(fake):
     np.testing.assert_array_equal(result(backend, c0, acc), [2, 4, 6, 8])
     np.testing.assert_array_equal(result(backend, c1, acc), [1, 2, 3, 4])
     v = Tnode("v", (2,), memory_mode=tnode.VIRTUAL)
-    with pytest.raises(NodeNotInContextError, match="is Virtual"):
+    with pytest.raises(NotHostedError, match=r"from_host of v#\d+ in context 'cuda:0/0' \(backend 'cuda'\): the node is "
+                                             r"not hosted \(memory mode Virtual"):
         backend.from_host(c0, v)
+    with pytest.raises(NotHostedError, match=r"to_host of v#\d+ .*make it hosted"):
+        backend.to_host(c0, v)

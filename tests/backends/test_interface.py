@@ -9,7 +9,8 @@ import pytest
 import backend_programs as bp
 from einjit.backends import cc
 from einjit.backends.cc_backend import CcBackend
-from einjit.backends.interface import (Compiled, CpuMemClass, NodeNotInContextError, Postponed, Routine, Work,
+from einjit.backends.interface import (Compiled, CpuMemClass, NodeNotInContextError, NotHostedError, Postponed, Routine, StaticRangeError,
+                                       Work,
                                        WrongBackendError, default_name, lower_assignments, routine_inputs)
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
@@ -72,15 +73,15 @@ def test_schedule_captures_the_bindings_and_running_blocks(backend):
 def test_static_values_are_shared_through_given_refs_and_checked(backend):
     code, a, out, s = add_static()
     ctx = backend.init("cpu")
+    a.host_array()[...] = 0
     backend.from_host(ctx, a)
     ref = IntRef(9)
     compiled = backend.compile((s,), code, shared=True, name="add_ref")
     r1, r2 = backend.link(ctx, compiled, {s: ref}), backend.link(ctx, compiled, {s: ref})
     assert r1.bindings[s] is ref and r2.bindings[s] is ref
     ref.value = 10
-    work = r1.schedule()
-    with pytest.raises(IndexError, match=r"routine 'add_ref': static symbol .* = 10 outside its range \[0, 10\)"):
-        work()
+    with pytest.raises(StaticRangeError, match=r"routine 'add_ref': static symbol .* = 10 is outside its range \[0, 10\)"):
+        r1.schedule()
 
 
 def test_memory_classes_of_a_routine(backend):
@@ -141,11 +142,12 @@ def test_postponed_code_is_specialized_to_the_context_arrays():
     backend = CcBackend(cc.CcOptions(keep_source=True))
     code, a, out, s = add_static()
     ctx = backend.init("cpu")
+    a.host_array()[...] = 0
     backend.from_host(ctx, a)
     routine = backend.link(ctx, backend.compile((s,), code, name="special"))
     proc = backend.simple.compile_batch([("special2", code)], (s,), context=ctx)[0]
     source = proc.procedure.source
-    assert f"{ctx.cpu.array(a).ctypes.data:#x}ULL" in source and "void special2(int s" in source
+    assert f"{ctx.array(a).ctypes.data:#x}ULL" in source and "void special2(int s" in source
     assert proc.context is ctx and proc.entry is not None
     other = backend.init("other")
     backend.from_host(other, a)
@@ -274,6 +276,7 @@ def test_reading_a_node_the_context_does_not_hold(backend, shared):
 def test_a_node_computed_in_one_context_is_not_in_another(backend):
     code, a, out, s = add_static()
     producer, consumer = backend.init("producer"), backend.init("consumer")
+    a.host_array()[...] = 0
     backend.from_host(producer, a)
     backend.link(producer, backend.compile((s,), code, shared=True, name="produce"))()
     copy, dbl = Tnode("copy", (4,)), get_symbol()
@@ -289,10 +292,19 @@ def test_a_node_computed_in_one_context_is_not_in_another(backend):
     np.testing.assert_array_equal(result(backend, consumer, copy), 2 * result(backend, producer, out))
 
 
-def test_transfers_of_nodes_without_arrays_are_errors(backend):
-    v = Tnode("v", (2,), memory_mode=tnode.VIRTUAL)
-    with pytest.raises(NodeNotInContextError, match=r"from_host: v#\d+ is Virtual .* has no array"):
-        backend.from_host(backend.init("cpu"), v)
+def test_transfers_of_nodes_without_host_arrays_are_named_errors(backend):
+    v = Tnode("v", (2,), memory_mode=tnode.VIRTUAL, provenance=15)
+    ctx = backend.init("cpu")
+    for transfer in (lambda: backend.from_host(ctx, v), lambda: backend.to_host(ctx, v), lambda: ctx.to_host(v)):
+        with pytest.raises(NotHostedError, match=r"of v#\d+ in(to)? context 'cpu' \(backend 'cc'\): the node is not "
+                                                 r"hosted \(memory mode Virtual, provenance 15: virtual: the optimizer "
+                                                 r"inlined .*make it hosted before compiling \(tensor.hosted\(\)"):
+            transfer()
+    fresh = Tnode("fresh", (2,), memory_mode=tnode.hosted())
+    with pytest.raises(NotHostedError, match=r"from_host of fresh#\d+ into context 'cpu' .*: the node has no host "
+                                             r"array yet"):
+        backend.from_host(ctx, fresh)
+    assert fresh.array is None and not ctx.holds(fresh)
 
 
 def test_merge_buffer_receives_another_contexts_array(backend):

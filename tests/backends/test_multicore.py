@@ -10,7 +10,8 @@ import pytest
 
 import backend_programs as bp
 from einjit.backends.cc_backend import CcBackend
-from einjit.backends.interface import DeviceError, NodeNotInContextError, RoutineFailed, WrongBackendError
+from einjit.backends.interface import (DeviceError, NodeNotInContextError, RoutineFailed, StaticRangeError, Work,
+                                       WrongBackendError)
 from einjit.backends.multicore import MulticoreBackend
 from einjit.ir import low_level as ll
 from einjit.ir import ops, tnode
@@ -95,6 +96,7 @@ def test_thousand_routines_on_two_devices_capture_their_static_values(backend):
     code, acc, s = counter_program()
     devices, contexts = devices_and_contexts(backend, 2)
     for ctx in contexts:
+        acc.host_array()[...] = 0
         backend.from_host(ctx, acc)
     compiled = backend.compile((s,), code, shared=True, name="count")
     routines = [backend.link(ctx, compiled) for ctx in contexts]
@@ -115,11 +117,12 @@ def test_thousand_routines_on_two_devices_capture_their_static_values(backend):
 def test_scheduling_does_not_block(backend):
     code, out = busy_program()
     devices, contexts = devices_and_contexts(backend, 1)
+    out.host_array()[...] = 0
     backend.from_host(contexts[0], out)
     routine = backend.link(contexts[0], backend.compile((), code, shared=True, name="busy"))
     start = time.perf_counter()
     for _ in range(3):
-        routine()
+        routine.schedule()()
     scheduled = time.perf_counter() - start
     assert not devices[0].is_idle(), "the device should still be working"
     backend.await_(devices[0])
@@ -132,11 +135,12 @@ def test_devices_compute_without_holding_the_gil(backend):
     devices, contexts = devices_and_contexts(backend, 2)
     compiled = backend.compile((), code, shared=True, name="busy_both")
     for ctx in contexts:
+        out.host_array()[...] = 0
         backend.from_host(ctx, out)
     routines = [backend.link(ctx, compiled) for ctx in contexts]
     for _ in range(4):
         for routine in routines:
-            routine()
+            routine.schedule()()
     spins = 0
     while not all(d.is_idle() for d in devices):
         spins += 1
@@ -150,41 +154,56 @@ def test_devices_compute_without_holding_the_gil(backend):
 # ---------------------------------------------------------------- failures
 
 
-def test_a_failing_routine_is_reported_at_await_and_the_device_goes_on(backend):
+def _failing(name: str) -> Work:
+    def run() -> None:
+        raise ValueError(f"{name} broke")
+    return Work(name, run)
+
+
+def test_a_failing_work_is_reported_at_await_and_the_device_goes_on(backend):
     code, acc, s = counter_program(static_range=4)
     devices, contexts = devices_and_contexts(backend, 1)
     (device,), (ctx,) = devices, contexts
+    acc.host_array()[...] = 0
     backend.from_host(ctx, acc)
     good = backend.link(ctx, backend.compile((s,), code, shared=True, name="good"))
-    bad = backend.link(ctx, backend.compile((s,), code, shared=True, name="bad"))
     good.bindings[s].value = 1
-    bad.bindings[s].value = 7
-    good()
-    bad()
-    good()
-    with pytest.raises(RoutineFailed, match=r"routine 'bad' failed on device multicore\(cc\):0: IndexError: .*"
-                                            r"= 7 outside its range \[0, 4\)") as info:
+    good.schedule()()
+    device.enqueue(_failing("bad"))
+    good.schedule()()
+    with pytest.raises(RoutineFailed, match=r"routine 'bad' failed on device multicore\(cc\):0: ValueError: bad broke") \
+            as info:
         backend.await_(device)
-    assert info.value.routine_name == "bad" and isinstance(info.value.__cause__, IndexError)
+    assert info.value.routine_name == "bad" and isinstance(info.value.__cause__, ValueError)
     backend.await_(device)
     np.testing.assert_array_equal(result(backend, ctx, acc), [2, 2, 1])
+
+
+def test_an_out_of_range_static_value_is_refused_when_scheduled(backend):
+    code, acc, s = counter_program(static_range=4)
+    (device,), (ctx,) = devices_and_contexts(backend, 1)
+    acc.host_array()[...] = 0
+    backend.from_host(ctx, acc)
+    bad = backend.link(ctx, backend.compile((s,), code, shared=True, name="bad"))
+    bad.bindings[s].value = 7
+    with pytest.raises(StaticRangeError, match=r"routine 'bad': static symbol s\d+<4> = 7 is outside its range "
+                                               r"\[0, 4\); set its IntRef"):
+        bad.schedule()
+    with pytest.raises(StaticRangeError):
+        bad()
+    backend.await_(device)
+    np.testing.assert_array_equal(result(backend, ctx, acc), [0, 0, 0])
     bad.bindings[s].value = 3
     for _ in range(5):
         bad()
-    backend.await_(device)
-    np.testing.assert_array_equal(result(backend, ctx, acc), [7, 17, 3])
+    np.testing.assert_array_equal(result(backend, ctx, acc), [5, 15, 3])
 
 
 def test_several_failures_are_all_named(backend):
-    code, acc, s = counter_program(static_range=4)
-    (device,), (ctx,) = devices_and_contexts(backend, 1)
-    backend.from_host(ctx, acc)
-    compiled = backend.compile((s,), code, shared=True, name="r")
-    routines = [backend.link(ctx, compiled) for _ in range(3)]
-    for r in routines:
-        r.bindings[s].value = 9
-        r()
-    with pytest.raises(RoutineFailed, match=r"and 2 more failures: 'r': IndexError, 'r': IndexError"):
+    (device,), _ = devices_and_contexts(backend, 1)
+    for _ in range(3):
+        device.enqueue(_failing("r"))
+    with pytest.raises(RoutineFailed, match=r"and 2 more failures: 'r': ValueError, 'r': ValueError"):
         backend.await_(device)
 
 
@@ -281,10 +300,10 @@ def test_host_transfers_are_ordered_with_scheduled_work(backend):
     routine = backend.link(ctx, backend.compile((s,), bump, shared=True, name="bump_host"))
     routine.bindings[s].value = 2
     for _ in range(50):
-        routine()
+        routine.schedule()()
     acc.host_array()[...] = 7
     backend.from_host(ctx, acc)
-    routine()
+    routine.schedule()()
     np.testing.assert_array_equal(result(backend, ctx, acc), [9] * 4)
     backend.await_(device)
 
@@ -292,6 +311,7 @@ def test_host_transfers_are_ordered_with_scheduled_work(backend):
 def test_a_node_of_another_devices_context_is_not_there(backend):
     acc, _, bump, s = merge_program()
     _, (ctx0, ctx1) = devices_and_contexts(backend, 2)
+    acc.host_array()[...] = 0
     backend.from_host(ctx0, acc)
     compiled = backend.compile((s,), bump, shared=True, name="bump_other")
     backend.link(ctx0, compiled)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mlp_model import build, dataset, params_of, reference_step
 
 import einjit as ej
 from einjit import data, fit, train
 from einjit.backends import cc
-
-from mlp_model import build, dataset, params_of, reference_step
 
 
 @pytest.fixture(autouse=True)
@@ -137,3 +136,58 @@ def test_progress_bar_runs_with_tqdm(capsys):
     step = fit.train_step(loss, train.sgd_update(loss, lr), inputs=inputs)
     history = fit.fit(step, data.Loader(xs, ys, batch_size=16), epochs=2, progress=True)
     assert len(history.losses) == 2 and "epoch 2" in capsys.readouterr().err
+
+
+def test_private_contexts_get_writes_through_from_host_and_reads_through_to_host():
+    from einjit import backends
+    xs, ys = dataset(128)
+    mlp, inputs, loss, lr = build(32)
+    ref = params_of(loss)
+    context = backends.get("cc").init("private")
+    step = fit.train_step(loss, train.sgd_update(loss, lr), inputs=inputs, context=context)
+    assert step.routine.context is context
+    loader = data.Loader(xs, ys, batch_size=32, seed=3)
+    fit.fit(step, loader, epochs=1, progress=False)
+    for rows, _ in loader.index_batches(0):
+        reference_step(ref, xs[rows], ys[rows], np.full(32, 1 / 32), 0.1)
+    for name, value in params_of(loss).items():
+        np.testing.assert_allclose(value, ref[name], rtol=0, atol=1e-12, err_msg=name)
+    w1 = next(p for p in loss.params() if p.label_str == "w1")
+    w1.set_values(np.zeros((8, 2)))
+    lr.set_values(0.0)
+    step(xs[:32], ys[:32])
+    np.testing.assert_array_equal(w1.numpy(), np.zeros((8, 2)))
+    p = params_of(loss)
+    out = (np.maximum(p["b1"], 0) @ p["w2"].T)[0] + p["b2"][0]
+    assert step.loss_value() == pytest.approx(np.mean(np.maximum(1 - ys[:32] * out, 0)), abs=1e-12)
+
+
+def test_predictor_is_one_routine_per_model_and_dims():
+    xs, _ = dataset(10)
+    mlp, _, loss, _ = build(8)
+    one = fit.predictor(mlp, batch_dims=[1], output_dims=[2])
+    compiles = cc.stats.compiler_invocations
+    assert fit.predictor(mlp, batch_dims=[1], output_dims=[2]) is one
+    p = params_of(loss)
+    for k in range(3):
+        want = np.maximum(xs[k:k + 1] @ p["w1"].T + p["b1"], 0) @ p["w2"].T + p["b2"]
+        np.testing.assert_allclose(one(xs[k:k + 1]), want, rtol=0, atol=1e-12)
+    assert cc.stats.compiler_invocations == compiles
+    assert fit.predictor(mlp, batch_dims=[4], output_dims=[2]) is not one
+
+
+def test_training_and_prediction_on_the_multicore_backend_match_numpy():
+    xs, ys = dataset(128)
+    mlp, inputs, loss, lr = build(32)
+    ref = params_of(loss)
+    step = fit.train_step(loss, train.sgd_update(loss, lr), inputs=inputs, backend="multicore")
+    loader = data.Loader(xs, ys, batch_size=32, seed=3)
+    history = fit.fit(step, loader, epochs=1, progress=False)
+    losses = [reference_step(ref, xs[rows], ys[rows], np.full(32, 1 / 32), 0.1) for rows, _ in loader.index_batches(0)]
+    for name, value in params_of(loss).items():
+        np.testing.assert_allclose(value, ref[name], rtol=0, atol=1e-12, err_msg=name)
+    assert history.losses[0] == pytest.approx(np.mean(losses), abs=1e-12)
+    x1 = ej.input("x1", batch_dims=[1], output_dims=[2])
+    predict_one = fit.forward_step(mlp(x1), inputs=[x1], backend="multicore")
+    want = np.maximum(xs[:1] @ ref["w1"].T + ref["b1"], 0) @ ref["w2"].T + ref["b2"]
+    np.testing.assert_allclose(predict_one(xs[:1]), want, rtol=0, atol=1e-12)

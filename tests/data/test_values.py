@@ -82,7 +82,8 @@ def test_partial_writes_and_assign():
     x.value.assign(np.ones((3, 2)))
     x.value[1] = [5, 6]
     x.value[2, 0] = -1
-    np.testing.assert_array_equal(x.numpy(), np.array([[1, 1], [5, 6], [-1, 1]], dtype=np.float32))
+    x.value[np.array([0])] = [[7, 8]]
+    np.testing.assert_array_equal(x.numpy(), np.array([[7, 8], [5, 6], [-1, 1]], dtype=np.float32))
     assert x.numpy().dtype == np.float32
     x.set_values(2)
     np.testing.assert_array_equal(x.numpy(), np.full((3, 2), 2, np.float32))
@@ -166,6 +167,12 @@ def test_numpy_interop():
     np.testing.assert_array_equal(np.asarray(x), data)
     np.testing.assert_array_equal(np.from_dlpack(x), data)
     assert np.asarray(w, dtype=np.float32).dtype == np.float32
+    with pytest.raises(ValueError, match="'w'.*copy.*from_dlpack"):
+        np.asarray(w, copy=False)
+    live = np.from_dlpack(x)
+    live[0, 0] = 42.0
+    assert x.numpy()[0, 0] == 42.0
+    x.set_values(data)
     assert x.dtype == np.float64 and x.dims == (2, 4)
     left, right = np.full(4, 2.0) * x, x * np.full(4, 2.0)
     assert isinstance(left, ej.Tensor) and isinstance(right, ej.Tensor)

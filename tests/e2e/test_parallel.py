@@ -88,7 +88,7 @@ def rank_training(replica: parallel.CommDataParallel, s: Setup, steps: int = STE
 def test_devices_train_as_one_device_on_the_union_batch(devices, momentum):
     want, want_loss = single_device(devices, momentum)
     s = build(devices, SHARD, momentum)
-    with train.parallel_update(s.loss, s.update, num_devices=devices, bindings=[s.batch, s.step],
+    with parallel.parallel_update(s.loss, s.update, num_devices=devices, bindings=[s.batch, s.step],
                                shard=s.batch) as dp:
         for k in range(STEPS):
             dp.bindings[s.batch].value, dp.bindings[s.step].value = k % s.union_batches, k

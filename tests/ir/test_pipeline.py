@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from einjit.backends import cc
+from einjit.backends.cc_backend import CcBackend, run_once
 from einjit.ir import assignments as asg
 from einjit.ir import interpret, ops
-from einjit.ir.indexing import Affine, FixedIdx, IntRef, Iterator, Projections, get_static_symbol, get_symbol
+from einjit.ir.indexing import Affine, FixedIdx, Iterator, Projections, get_static_symbol, get_symbol
 from einjit.ir.optimize import optimize_proc
 from einjit.ir.tnode import Tnode, hosted
 
@@ -39,12 +39,8 @@ def run_four_ways(asgns, inputs: dict, outputs: dict, bindings=None):
         return {tn: np.array(v, dtype=tn.prec.dtype) for tn, v in inputs.items()}
 
     def via_gcc(code, name):
-        proc = cc.compile_proc(code, name=name, bindings=static_syms)
-        ctx = cc.CpuContext(share_host_arrays=False)
-        for tn, v in fresh_inputs().items():
-            ctx.array(tn)[...] = v
-        routine = cc.link(ctx, proc, {s: IntRef(v) for s, v in bindings.items()})
-        routine()
+        ctx = run_once(code, fresh_inputs(), bindings=static_syms, values=bindings, name=name,
+                       context=CcBackend().init(name))
         return {tn: ctx.array(tn) for tn in outputs}
 
     llc = asg.to_low_level(asgns)

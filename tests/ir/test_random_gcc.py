@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_random_programs import SETTINGS, _scale, build, programs
 
-from einjit.backends import cc
+from einjit.backends.cc_backend import CcBackend, run_once
 from einjit.ir import interpret
 from einjit.ir.optimize import optimize_proc
 
@@ -21,10 +21,7 @@ def test_gcc_agrees_with_the_interpreter(program, opt_settings, optimize):
     want = interpret.run(llc, {tn: v.copy() for tn, v in inputs.items()})
     llc, tns, inputs = build(program)
     code = optimize_proc(llc, settings=opt_settings) if optimize else llc
-    ctx = cc.CpuContext(share_host_arrays=False)
-    for tn, v in inputs.items():
-        ctx.array(tn)[...] = v
-    cc.link(ctx, cc.compile_proc(code, name="random_program"))()
+    ctx = run_once(code, inputs, name="random_program", context=CcBackend().init("random"))
     atol = 1e-9 * (1.0 + _scale([want.get(tn) for tn in tns]))
     for tn, spec in zip(tns, program.nodes):
         if spec.host and tn in want:

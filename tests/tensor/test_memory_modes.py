@@ -10,7 +10,7 @@ import pytest
 import einjit as ej
 from einjit import train
 from einjit.backends import cc
-from einjit.ir import mode_provenance
+from einjit.ir import provenance
 from einjit.ir.tnode import MemoryModeError
 
 
@@ -43,7 +43,7 @@ def test_materialize_keeps_the_tensor_for_later_routines():
     ctx = cc.CpuContext()
     train.to_routine(train.forward(y), name="first", context=ctx)()
     assert not h.value_tn.is_virtual()
-    assert h.value_tn.provenance == mode_provenance.MATERIALIZE
+    assert h.value_tn.provenance == provenance.MATERIALIZE_CALL
     z = h + 1.0
     train.to_routine(train.forward(z), name="second", context=ctx)()
     np.testing.assert_allclose(z.value.numpy(), np.exp(np.arange(3.0)) + 1.0, rtol=1e-12)
@@ -72,7 +72,7 @@ def test_on_device_is_not_host_readable():
     _, h, y = chain()
     h.on_device()
     train.to_routine(train.forward(y), name="dev")()
-    assert str(h.value_tn.memory_mode) == "On_device" and h.value_tn.provenance == mode_provenance.ON_DEVICE
+    assert str(h.value_tn.memory_mode) == "On_device" and h.value_tn.provenance == provenance.ON_DEVICE_CALL
     np.testing.assert_allclose(y.value.numpy(), 2.0 * np.exp(np.arange(3.0)), rtol=1e-12)
 
 

@@ -51,13 +51,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from einjit import config
-from einjit.backends import cc
+from einjit import backends, config
+from einjit.backends.interface import default_context, load_inputs
 from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
-from einjit.ir import ops
+from einjit.ir import ops, provenance
 from einjit.ir.indexing import AxisIndex, Iterator, Projections, Symbol, get_symbol, make_affine
+from einjit.ir.naming import stable_names
 from einjit.ir.optimize import VirtualizeSettings, optimize_proc
 from einjit.ir.tnode import Tnode, hosted
 
@@ -214,7 +215,7 @@ class _Translator:
         for s in nf.stmts:
             self._stmt(s)
         output = self._stmt(nf.ret)
-        output.update_memory_mode(hosted(), 0)
+        output.update_memory_mode(hosted(), provenance.UNSET)
         self.translation = Translation(asg.sequence(*self.prelude, *self.body), tuple(inputs),
                                        output, frozenset(self.iotas.values()))
 
@@ -225,7 +226,7 @@ class _Translator:
             raise UnsupportedError(f"einjit ATL backend: argument '{sym}' of type {typ} is "
                                    "not a real, a real tensor or a relation")
         tn = _node(str(sym.name), dims)
-        tn.update_memory_mode(hosted(), 0)
+        tn.update_memory_mode(hosted(), provenance.UNSET)
         self.nodes[sym], self.shapes[sym] = tn, dims
         return tn
 
@@ -476,43 +477,54 @@ def to_assignments(nf: NormalForm) -> Translation:
 
 
 class EinjitFunc:
-    """One normal form compiled by einjit's C backend, callable on NumPy arguments.
+    """One normal form compiled by an einjit backend, callable on NumPy arguments.
 
-    The routine is linked once to the nodes' host arrays; a call copies the arguments in
-    (any strides; a relation's booleans become 0/1), runs it, and copies the result out.
-    Not reentrant: concurrent calls share those arrays.
+    The routine is linked once, by default into the C backend's context that computes in
+    the host arrays; a call copies the arguments into the input nodes' host arrays (any
+    strides; a relation's booleans become 0/1), moves them to the context (a no-op there),
+    runs the routine, and copies the result out. Not reentrant: calls share those arrays.
     """
 
     def __init__(self, nf: NormalForm, *, settings: VirtualizeSettings | None = None,
-                 options: cc.CcOptions | None = None) -> None:
+                 options: Any = None, backend: Any = None) -> None:
         t0 = time.perf_counter()
         self.translation = to_assignments(nf)
-        config.debug(2, f"ATL normal form:\n{nf}\nATL einjit assignments:\n"
-                        f"{asg.to_doc(self.translation.asgns)}")
-        name = f"atl_{nf.ret.name.id}"
-        self.optimized = optimize_proc(self.translation.to_low_level(), name=name,
-                                       settings=settings)
-        self.procedure = cc.compile_proc(self.optimized, name=name, options=options)
-        self.routine = cc.link(cc.CpuContext(name), self.procedure)
-        self._inputs = [tn.host_array() for tn in self.translation.inputs]
+        name = "atl_" + re.sub(r"\W", "_", nf.ret.name.name)
+        base = backends.resolve(backend)
+        compiler = base if options is None else backends.with_options(base, options)
+        with stable_names():
+            config.debug(2, f"ATL normal form:\n{nf}\nATL einjit assignments:\n"
+                            f"{asg.to_doc(self.translation.asgns)}")
+            self.optimized = optimize_proc(self.translation.to_low_level(), name=name, settings=settings)
+            compiled = compiler.compile((), self.optimized, shared=True, name=name)
+        self.context = default_context(base)
+        self._input_nodes = self.translation.inputs
+        self._inputs = [tn.host_array() for tn in self._input_nodes]
+        for tn in self._input_nodes:
+            self.context.from_host(tn)
+        load_inputs(self.context, compiled.inputs)
+        self.routine = compiler.link(self.context, compiled)
         self._output = self.translation.output.host_array()
         config.debug(1, f"ATL einjit compile {name}: {time.perf_counter() - t0:.3f}s")
 
     def __call__(self, *args: Any) -> Any:
         if len(args) != len(self._inputs):
             raise TypeError(f"expected {len(self._inputs)} arguments, got {len(args)}")
-        for host, val in zip(self._inputs, args):
+        for tn, host, val in zip(self._input_nodes, self._inputs, args):
             host[...] = val
+            self.context.from_host(tn)
         self.routine()
+        self.context.to_host(self.translation.output)
         out = self._output
         return float(out[()]) if out.ndim == 0 else out.copy()
 
 
 def compile_normal_form(nf: NormalForm, **options: Any) -> EinjitFunc:
     """The ATL backend contract (see ``func._compile``). Options: ``settings``, the
-    optimizer's ``VirtualizeSettings``; ``options``, the C backend's ``CcOptions``."""
-    unknown = set(options) - {"settings", "options"}
+    optimizer's ``VirtualizeSettings``; ``options``, the C backend's ``CcOptions``;
+    ``backend``, an einjit backend or its name (default: ``$EINJIT_BACKEND`` or ``cc``)."""
+    unknown = set(options) - {"settings", "options", "backend"}
     if unknown:
         raise TypeError(f"einjit ATL backend: unknown options {sorted(unknown)}; "
-                        "expected 'settings' and/or 'options'")
+                        "expected 'settings', 'options' and/or 'backend'")
     return EinjitFunc(nf, **options)

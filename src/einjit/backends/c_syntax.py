@@ -18,16 +18,25 @@ array through a `const` pointer. Virtual nodes have no storage and must not appe
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from einjit.backends.params import MemClass, Param, ParamKind, repeated_names
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
-from einjit.ir import ops
-from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, StaticSymbol, SubAxis, Symbol, index_symbols
+from einjit.ir import naming, ops
+from einjit.ir.indexing import (
+    Affine,
+    AxisIndex,
+    FixedIdx,
+    Iterator,
+    StaticSymbol,
+    SubAxis,
+    Symbol,
+    index_symbols,
+)
 from einjit.ir.precision import combine_prec
 from einjit.ir.tnode import Tnode
 
@@ -37,34 +46,6 @@ _INT_MAX = 2**31 - 1
 class RenderError(EinjitError, ValueError):
     """The low-level program cannot be rendered: a virtual node, an unbound symbol, an
     out-of-bounds constant index range, a malformed routine name."""
-
-
-class MemClass(enum.Enum):
-    LOCAL_ONLY = "Local_only"
-    FROM_CONTEXT = "From_context"
-    CONSTANT_FROM_HOST = "Constant_from_host"
-
-
-class ParamKind(enum.Enum):
-    ARRAY = "array"
-    MERGE_BUFFER = "merge_buffer"
-    STATIC = "static"
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Param:
-    """One parameter of a rendered routine, in calling order."""
-
-    kind: ParamKind
-    c_name: str
-    tn: Tnode | None = None
-    mem: MemClass | None = None
-    static: StaticSymbol | None = None
-
-    def __repr__(self) -> str:
-        what = self.tn.debug_name() if self.tn is not None else repr(self.static)
-        mem = f" {self.mem.value}" if self.mem is not None else ""
-        return f"<Param {self.kind.value} {self.c_name}: {what}{mem}>"
 
 
 def mem_class(tn: Tnode, written: bool) -> MemClass:
@@ -149,7 +130,7 @@ class CProgram:
 
 # ---------------------------------------------------------------- helpers emitted on demand
 
-_HELPERS = {
+HELPERS = {
     "uniform01": """\
 /* VecUnop.UNIFORM_HASH: splitmix64 of a counter, top 53 bits scaled to [0, 1). */
 {q} double einjit_uniform01(unsigned long long x) {{
@@ -162,13 +143,6 @@ _HELPERS = {
 """,
 }
 
-_INT_TEMPLATES = {
-    ops.Binop.MAX: "({0} > {1} ? {0} : {1})",
-    ops.Binop.MIN: "({0} < {1} ? {0} : {1})",
-    ops.Binop.MOD: "({0} % {1})",
-}
-_INT_TERNOP_TEMPLATES = {ops.Ternop.FMA: "({0} * {1} + {2})"}
-
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _SIMPLE = re.compile(r"(\(\w[\w ]*\))?[\w.]+(\[[^\[\]]*\])?")
 
@@ -179,13 +153,14 @@ def _sanitize(name: str) -> str:
 
 
 def symbol_name(s: Symbol) -> str:
-    return _sanitize(f"{s.name}{s.id}")
+    return _sanitize(repr(s))
 
 
 def local_name(sid: ll.ScopeId) -> str:
     """Generated names end in `_` (locals `v3_`, temporaries `t1_`) so they can never equal a
-    loop symbol (`i3`) or a node name (`x_3`), which end in digits."""
-    return f"v{sid.id}_"
+    loop symbol (`i3`) or a node name, which never ends in `_`."""
+    names = naming.current()
+    return names.local(sid) if names is not None else f"v{sid.id}_"
 
 
 def _comment(text: str) -> str:
@@ -238,19 +213,11 @@ def _affine_text(terms: Iterable[tuple[int, Symbol]], offset: int) -> str:
     return out
 
 
-def _strides(dims: tuple[int, ...]) -> list[int]:
-    strides, acc = [], 1
-    for d in reversed(dims):
-        strides.append(acc)
-        acc *= d
-    return strides[::-1]
-
-
 def flat_index(dims: tuple[int, ...], idcs: tuple[AxisIndex, ...]) -> str:
     """Row-major flattening with constant strides: `i1 * 16 + i2`, `(2*i4 + i5 - 1) * 8 + 3`."""
     parts: list[str] = []
     const = 0
-    for idx, st in zip(idcs, _strides(dims)):
+    for idx, st in zip(idcs, ll.row_major_strides(dims)):
         match idx:
             case FixedIdx(i):
                 const += i * st
@@ -273,7 +240,7 @@ def clamped_flat_index(dims: tuple[int, ...], idcs: tuple[AxisIndex, ...], clamp
     """Row-major flattening where the axes in `clamped` are clamped into range: a read under a
     `where` guard (padding) is then always in bounds and can be done unconditionally."""
     parts = []
-    for axis, (idx, st) in enumerate(zip(idcs, _strides(dims))):
+    for axis, (idx, st) in enumerate(zip(idcs, ll.row_major_strides(dims))):
         text = axis_index_text(idx)
         if axis in clamped:
             text = f"EINJIT_CLAMP({text}, {dims[axis] - 1})"
@@ -504,7 +471,7 @@ class _Writer:
                 return self.apply(op.c_template, op.c_template, prec, [self.scalar(a, prec, pre, indent)], pre, indent)
             case ll.Binop(op, a, b):
                 args = [self.scalar(x, prec, pre, indent) for x in (a, b)]
-                return self.apply(op.c_template, _INT_TEMPLATES.get(op, op.c_template), prec, args, pre, indent)
+                return self.apply(op.c_template, op.c_int_template, prec, args, pre, indent)
             case ll.Ternop(ops.Ternop.WHERE, c, a, b):
                 args = [self.scalar(c, prec, pre, indent)]
                 self.guarded += 1
@@ -513,7 +480,7 @@ class _Writer:
                 return self.apply(ops.Ternop.WHERE.c_template, ops.Ternop.WHERE.c_template, prec, args, pre, indent)
             case ll.Ternop(op, a, b, c):
                 args = [self.scalar(x, prec, pre, indent) for x in (a, b, c)]
-                return self.apply(op.c_template, _INT_TERNOP_TEMPLATES.get(op, op.c_template), prec, args, pre, indent)
+                return self.apply(op.c_template, op.c_int_template, prec, args, pre, indent)
         raise TypeError(f"not a low-level scalar: {sc!r}")
 
     def apply(self, template: str, int_template: str, prec: ops.Prec, args: list[str], pre: list[str],
@@ -635,8 +602,9 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     id, then merge buffers (`merge_NODE`) sorted by node id, then one `int` per static
     binding in the order given.
     """
-    if not _IDENT.match(name):
-        raise RenderError(f"einjit: routine name {name!r} is not a C identifier")
+    if not _IDENT.match(name) or name in naming.RESERVED:
+        raise RenderError(f"einjit: routine name {name!r} is not a C identifier or is reserved (a C keyword or a "
+                          f"function generated code calls); choose another name")
     if syntax.interchange_loops:
         llc = interchange_loops(llc)
     index_type = "int" if all(tn.size <= _INT_MAX for tn in ll.nodes_of(llc)) else "long long"
@@ -692,16 +660,16 @@ def _local_decl(tn: Tnode, syn: CSyntax) -> str:
 def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence[StaticSymbol] = (),
                    syntax: CSyntax = C_SYNTAX) -> CProgram:
     """Render routines into one translation unit, with only the helpers they use."""
-    names = [n for n, _ in routines]
-    dup = sorted({n for n in names if names.count(n) > 1})
+    dup = repeated_names(n for n, _ in routines)
     if dup:
         raise RenderError(f"einjit: routine names must be distinct in one program, repeated: {dup}")
-    rendered = tuple(render_routine(n, llc, bindings, syntax) for n, llc in routines)
+    with naming.stable_names():
+        rendered = tuple(render_routine(n, llc, bindings, syntax) for n, llc in routines)
     helpers = sorted(set().union(*(r.helpers for r in rendered)))
     parts = ["/* Generated by einjit: C backend. */\n" + "".join(f"#include <{h}>\n" for h in syntax.includes)
              + "#define EINJIT_CLAMP(x, hi) ((x) < 0 ? 0 : ((x) > (hi) ? (hi) : (x)))\n"]
     if syntax.prelude:
         parts.append(syntax.prelude)
-    parts += [_HELPERS[h].format(q=syntax.helper_qualifier) for h in helpers]
+    parts += [HELPERS[h].format(q=syntax.helper_qualifier) for h in helpers]
     parts += [r.code for r in rendered]
     return CProgram("\n".join(parts), rendered)

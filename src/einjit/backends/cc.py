@@ -1,15 +1,14 @@
-"""The C backend: render, compile with gcc into a shared object, load with ctypes, run.
+"""The gcc toolchain: render low-level code to C, compile it into a shared object, load the
+functions with ctypes. `cc_backend.CcBackend` links them into contexts and runs them.
 
-Compiled objects are cached on disk by a content hash of (source, flags, compiler identity),
-so compiling a program that was compiled before — in this process or an earlier one — loads
-the cached object without calling the compiler. Writes go to a temporary name and are
-published with `os.replace`, so concurrent processes never see a partial file.
+Compiled objects are cached on disk by `cache.py`, keyed by a content hash of (source, flags,
+compiler identity, CPU), so compiling a program that was compiled before — in this process or
+an earlier one — loads the cached object without calling the compiler.
 
 Calling convention of a routine (see `c_syntax.render_routine`): one pointer per non-local
 array in node-id order, one pointer per merge buffer in node-id order, one `int` per static
-binding in the order given at compilation. `link` prepares the pointer arguments once; a
-routine call reads the static symbols' `IntRef`s and makes one ctypes call, which releases
-the GIL while the C code runs.
+binding in the order given at compilation. Linking prepares the pointer arguments once; a
+routine call makes one ctypes call, which releases the GIL while the C code runs.
 """
 
 from __future__ import annotations
@@ -17,25 +16,29 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
-import hashlib
 import os
 import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
-
-import numpy as np
+from typing import Callable, Sequence
 
 from einjit import config
-from einjit.backends.c_syntax import C_SYNTAX, CProgram, CSyntax, MemClass, Param, ParamKind, render_program
+from einjit.backends import cache
+from einjit.backends.c_syntax import (
+    C_SYNTAX,
+    CSyntax,
+    MemClass,
+    Param,
+    ParamKind,
+    render_program,
+)
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import IntRef, StaticSymbol
+from einjit.ir.indexing import StaticSymbol
 from einjit.ir.tnode import Tnode
 
 _ABI_VERSION = "einjit-cc-1"
@@ -110,15 +113,8 @@ class CcOptions:
         return (("-lmvec",) if self.vector_math and _has_libmvec() else ()) + self.libs
 
 
-@dataclass
-class CcStats:
-    """Counters for tests and debugging: how often the compiler actually ran."""
-
-    compiler_invocations: int = 0
-    cache_hits: int = 0
-
-
-stats = CcStats()
+stats = cache.CacheStats()
+"""The gcc toolchain's cache counters (tests check that a cached program runs no compiler)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,70 +175,38 @@ def _missing_compiler(compiler: str, err: Exception | None = None) -> CompileErr
         f"CcOptions(compiler=...).")
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def _cc_dir() -> Path:
-    path = config.cache_dir() / "cc"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _build(program: CProgram, label: str, options: CcOptions) -> tuple[Path, Path | None]:
-    """The shared object for `program`, from the cache or freshly compiled; and the kept source."""
+def compile_source(source: str, *, label: str, options: CcOptions | None = None) -> cache.CompiledObject:
+    """The gcc toolchain's `compile(source, options)`: the shared object for C `source`, from
+    the cache or freshly compiled (`label` names it in messages)."""
+    options = options or CcOptions()
     identity = _compiler_identity(options.compiler)
     cmd_flags = " ".join(options.flags + options.effective_libs())
-    key = hashlib.sha256("\0".join([_ABI_VERSION, identity, _host_identity(), cmd_flags, program.source])
-                         .encode()).hexdigest()[:32]
-    directory = _cc_dir()
-    so_path, c_path = directory / f"{key}.so", directory / f"{key}.c"
-    keep = options.keep_source or config.debug_level() >= 3
-    if keep:
-        _atomic_write(c_path, program.source)
-    config.debug(3, f"cc: generated C for {label}:\n{program.source}")
-    if so_path.exists():
-        stats.cache_hits += 1
-        config.debug(1, f"cc: {label}: cache hit {so_path}")
-    else:
-        _compile(program.source, so_path, c_path, label, options)
-    return so_path, c_path if keep else None
+    config.debug(3, f"cc: generated C for {label}:\n{source}")
+    return cache.get_or_build("cc", [_ABI_VERSION, identity, _host_identity(), cmd_flags, source],
+                              suffix=".so", source=source, source_suffix=".c", stats=stats, label=label,
+                              keep_source=options.keep_source or config.debug_level() >= 3,
+                              build=lambda out, src, kept: _compile(out, src, kept, label, options))
 
 
-def _compile(source: str, so_path: Path, c_path: Path, label: str, options: CcOptions) -> None:
-    """Run the compiler on `source` into `so_path`, through temporary files published with
-    `os.replace`; on failure keep the source at `c_path` and raise with the diagnostics."""
-    fd, tmp_c = tempfile.mkstemp(dir=so_path.parent, prefix=".tmp-", suffix=".c")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(source)
-    tmp_so = tmp_c[:-2] + ".so"
-    cmd = [options.compiler, *options.flags, "-o", tmp_so, tmp_c, *options.effective_libs()]
+def _compile(so_path: Path, c_path: Path, kept: Path, label: str, options: CcOptions) -> None:
+    """Run the compiler on the source at `c_path` into `so_path`; on failure raise with the
+    diagnostics, naming `kept`, where the cache keeps the source."""
+    cmd = [options.compiler, *options.flags, "-o", str(so_path), str(c_path), *options.effective_libs()]
     config.debug(3, f"cc: {' '.join(cmd)}")
     start = time.perf_counter()
-    stats.compiler_invocations += 1
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     except OSError as e:
-        os.unlink(tmp_c)
         _compiler_identity.cache_clear()
         raise _missing_compiler(options.compiler, e) from e
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0 or not os.path.exists(tmp_so):
-        os.replace(tmp_c, c_path)
-        if os.path.exists(tmp_so):
-            os.unlink(tmp_so)
+    if proc.returncode != 0 or not so_path.exists():
         diagnostics = (proc.stderr + proc.stdout).strip()
         if len(diagnostics) > _MAX_DIAGNOSTICS:
             diagnostics = diagnostics[:_MAX_DIAGNOSTICS] + "\n... (diagnostics truncated)"
         raise CompileError(
             f"einjit: {options.compiler} failed (exit {proc.returncode}) compiling {label}; the generated "
-            f"source is kept at {c_path}\ncommand: {' '.join(cmd)}\n{diagnostics}")
-    os.replace(tmp_so, so_path)
-    os.unlink(tmp_c)
-    config.debug(1, f"cc: {label}: compiled in {elapsed * 1000:.1f} ms")
+            f"source is kept at {kept}\ncommand: {' '.join(cmd)}\n{diagnostics}")
+    config.debug(1, f"cc: {label}: compiled in {(time.perf_counter() - start) * 1000:.1f} ms")
 
 
 def _unwrap(llc) -> ll.LLStmt:
@@ -262,14 +226,11 @@ def compile_batch(routines: Sequence[tuple[str, ll.LLStmt]], *, bindings: Sequen
                              options.effective_syntax())
     rendered_at = time.perf_counter()
     label = ", ".join(n for n, _ in routines)
-    so_path, c_path = _build(program, label, options)
-    try:
-        lib = ctypes.CDLL(str(so_path))
-    except OSError as e:
-        config.debug(1, f"cc: {label}: cached object {so_path} unloadable ({e}); rebuilding")
-        so_path.unlink(missing_ok=True)
-        so_path, c_path = _build(program, label, options)
-        lib = ctypes.CDLL(str(so_path))
+    built = compile_source(program.source, label=label, options=options)
+    so_path, c_path = built.path, built.source_path
+    lib = ctypes.CDLL(str(so_path))
+    for r in program.routines:
+        config.dump(r.name, "", "c", program.source)
     procs = []
     for r in program.routines:
         fn = lib[r.name]
@@ -284,127 +245,3 @@ def compile_proc(llc: ll.LLStmt, *, name: str, bindings: Sequence[StaticSymbol] 
                  options: CcOptions | None = None) -> Procedure:
     """Compile one routine (its own shared object, shared by all contexts that link it)."""
     return compile_batch([(name, llc)], bindings=bindings, options=options)[0]
-
-
-# ---------------------------------------------------------------- contexts and routines
-
-
-class CpuContext:
-    """The arrays one CPU device computes with, keyed by node.
-
-    Hosted nodes use the host array itself (`share_host_arrays=True`, the default), so the
-    host sees results without copying; with `share_host_arrays=False` they get a per-context
-    copy moved by `from_host` / `to_host`, which lets several contexts compute concurrently.
-    Other nodes get a zeroed per-context array on first need.
-    """
-
-    def __init__(self, name: str = "cpu", *, share_host_arrays: bool = True):
-        self.name = name
-        self.share_host_arrays = share_host_arrays
-        self.arrays: dict[Tnode, np.ndarray] = {}
-        self.merge_buffers: dict[Tnode, np.ndarray] = {}
-
-    def __repr__(self) -> str:
-        return f"<CpuContext {self.name}: {len(self.arrays)} arrays>"
-
-    def array(self, tn: Tnode) -> np.ndarray:
-        arr = self.arrays.get(tn)
-        if arr is None:
-            if tn.is_hosted() and (self.share_host_arrays or tn.is_constant()):
-                arr = _checked(tn, tn.host_array())
-            elif tn.is_hosted():
-                arr = np.array(_checked(tn, tn.host_array()), order="C", copy=True)
-            else:
-                arr = np.zeros(tn.dims, dtype=tn.prec.dtype)
-            self.arrays[tn] = arr
-        return arr
-
-    def merge_buffer(self, tn: Tnode) -> np.ndarray:
-        """The buffer that receives another device's copy of `tn` (zeroed until filled)."""
-        buf = self.merge_buffers.get(tn)
-        if buf is None:
-            buf = self.merge_buffers[tn] = np.zeros(tn.dims, dtype=tn.prec.dtype)
-        return buf
-
-    def from_host(self, tn: Tnode) -> None:
-        arr = self.array(tn)
-        host = tn.host_array()
-        if arr is not host:
-            arr[...] = host
-
-    def to_host(self, tn: Tnode) -> None:
-        arr = self.array(tn)
-        host = tn.host_array()
-        if arr is not host:
-            host[...] = arr
-
-
-def _checked(tn: Tnode, arr: np.ndarray) -> np.ndarray:
-    if arr.dtype != tn.prec.dtype or tuple(arr.shape) != tuple(tn.dims) or not arr.flags.c_contiguous \
-            or not arr.flags.writeable:
-        raise ValueError(
-            f"einjit: host array of {tn.debug_name()} must be a writeable C-contiguous {tn.prec.dtype} array "
-            f"of shape {tn.dims}, got {arr.dtype} {arr.shape} (contiguous={arr.flags.c_contiguous})")
-    return arr
-
-
-class Routine:
-    """A procedure linked to a context: `routine()` runs it once on the context's arrays.
-
-    The argument pointers are captured at link time: arrays in the context must not be
-    replaced afterwards (mutate them in place instead).
-    """
-
-    __slots__ = ("name", "context", "procedure", "bindings", "_run", "_keep")
-
-    def __init__(self, context: CpuContext, procedure: Procedure, bindings: dict[StaticSymbol, IntRef],
-                 run: Callable[[], None], keep: list[np.ndarray]):
-        self.name = procedure.name
-        self.context = context
-        self.procedure = procedure
-        self.bindings = bindings
-        self._run = run
-        self._keep = keep
-
-    def __call__(self) -> None:
-        self._run()
-
-    def __repr__(self) -> str:
-        return f"<Routine {self.name} on {self.context.name}>"
-
-
-def link(context: CpuContext, procedure: Procedure,
-         static_values: Mapping[StaticSymbol, IntRef] | None = None) -> Routine:
-    """Bind `procedure` to `context`'s arrays. Static symbols without a given `IntRef` get a
-    fresh one (in `routine.bindings`); values are checked against known static ranges."""
-    keep: list[np.ndarray] = []
-    pointers: list[ctypes.c_void_p] = []
-    refs: dict[StaticSymbol, IntRef] = {}
-    for p in procedure.params:
-        match p.kind:
-            case ParamKind.ARRAY:
-                arr = context.array(p.tn)
-            case ParamKind.MERGE_BUFFER:
-                arr = context.merge_buffer(p.tn)
-            case ParamKind.STATIC:
-                refs[p.static] = (static_values or {}).get(p.static) or IntRef(0)
-                continue
-        keep.append(arr)
-        pointers.append(ctypes.c_void_p(arr.ctypes.data))
-    return Routine(context, procedure, refs, _caller(procedure.function, tuple(pointers), refs), keep)
-
-
-def _caller(fn: Callable, pointers: tuple, refs: dict[StaticSymbol, IntRef]) -> Callable[[], None]:
-    """The cheapest closure that performs one call: a bare partial when there are no statics."""
-    if not refs:
-        return functools.partial(fn, *pointers)
-    cells = tuple(refs.values())
-    ranged = tuple((s, r, s.static_range) for s, r in refs.items() if s.static_range is not None)
-
-    def run() -> None:
-        for s, r, n in ranged:
-            if not 0 <= r.value < n:
-                raise IndexError(f"einjit: static symbol {s!r} = {r.value} outside its range [0, {n})")
-        fn(*pointers, *[c.value for c in cells])
-
-    return run

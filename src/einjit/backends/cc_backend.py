@@ -10,7 +10,7 @@ not inlined into the entry: gcc does not vectorize accesses at constant addresse
 of dr is a constant"). The price is the seed's trade-off: one compilation per context instead
 of one for all.
 
-Contexts hold private copies of hosted nodes (`CpuContext(share_host_arrays=False)`), so
+Contexts hold private copies of hosted nodes (unless made with `share_host_arrays=True`), so
 several contexts — several devices of the multicore backend — compute concurrently without
 racing on host arrays; `from_host` / `to_host` move the data. Constant hosted nodes that a
 routine only reads are the exception (`CONSTANT_FROM_HOST`): they are read from the host.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -27,10 +28,26 @@ import numpy as np
 
 from einjit.backends import cc
 from einjit.backends.c_syntax import CSyntax, MemClass, Param, ParamKind, render_routine
-from einjit.backends.interface import (CpuMemClass, NodeNotInContextError, Routine, SimpleNoDeviceBackend, Work,
-                                       capture_values, check_static_values, low_level_of, make_refs,
-                                       missing_input_error, not_held_error, routine_inputs)
+from einjit.backends.interface import (
+    BackendUsageError,
+    CpuMemClass,
+    HostTransfers,
+    NodeNotInContextError,
+    Routine,
+    SimpleNoDeviceBackend,
+    Work,
+    capture_values,
+    check_hosted,
+    check_static_values,
+    load_inputs,
+    low_level_of,
+    make_refs,
+    missing_input_error,
+    not_held_error,
+    routine_inputs,
+)
 from einjit.ir import low_level as ll
+from einjit.ir import naming
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.tnode import Tnode
 
@@ -38,15 +55,55 @@ _BODY_SUFFIX = "_body"
 
 
 @dataclass(eq=False)
-class CcContext:
-    """One CPU context: the arrays of `cpu`, private to it (hosted nodes included)."""
+class CcContext(HostTransfers):
+    """The arrays one CPU context computes with, keyed by node, and its merge buffers.
+
+    Arrays are private to the context, hosted nodes included, so several contexts compute
+    concurrently; `from_host` / `to_host` move the data. A context that shares the host
+    arrays (the default context of `train`) computes in a hosted node's host array itself:
+    held from the start, host transfers are no-ops, host writes are seen by the next call.
+    Other nodes get a zeroed array when a routine that writes them is linked.
+    """
 
     label: str
     backend_name: str
-    cpu: cc.CpuContext = field(repr=False)
+    share_host_arrays: bool = False
+    arrays: dict[Tnode, np.ndarray] = field(default_factory=dict, repr=False)
+    merge_buffers: dict[Tnode, np.ndarray] = field(default_factory=dict, repr=False)
+    backend: Any = field(default=None, repr=False)
 
     def holds(self, tn: Tnode) -> bool:
-        return tn in self.cpu.arrays
+        return tn in self.arrays or (self.share_host_arrays and tn.is_hosted())
+
+    def array(self, tn: Tnode) -> np.ndarray:
+        """The context's array for `tn` (made on first use: the host array itself when shared,
+        a copy of it for a hosted node, zeros otherwise)."""
+        arr = self.arrays.get(tn)
+        if arr is None:
+            if tn.is_hosted() and (self.share_host_arrays or tn.is_constant()):
+                arr = _checked(tn, tn.host_array())
+            elif tn.is_hosted():
+                arr = np.array(_checked(tn, tn.host_array()), order="C", copy=True)
+            else:
+                arr = np.zeros(tn.dims, dtype=tn.prec.dtype)
+            self.arrays[tn] = arr
+        return arr
+
+    def merge_buffer(self, tn: Tnode) -> np.ndarray:
+        """The buffer that receives another context's copy of `tn` (zeroed until filled)."""
+        buf = self.merge_buffers.get(tn)
+        if buf is None:
+            buf = self.merge_buffers[tn] = np.zeros(tn.dims, dtype=tn.prec.dtype)
+        return buf
+
+
+def _checked(tn: Tnode, arr: np.ndarray) -> np.ndarray:
+    if arr.dtype != tn.prec.dtype or tuple(arr.shape) != tuple(tn.dims) or not arr.flags.c_contiguous \
+            or not arr.flags.writeable:
+        raise BackendUsageError(
+            f"einjit: host array of {tn.debug_name()} must be a writeable C-contiguous {tn.prec.dtype} array "
+            f"of shape {tn.dims}, got {arr.dtype} {arr.shape} (contiguous={arr.flags.c_contiguous})")
+    return arr
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,8 +131,8 @@ class CcSimpleBackend:
         self.options = options or cc.CcOptions()
         self.name = name
 
-    def init(self, label: str) -> CcContext:
-        return CcContext(label, self.name, cc.CpuContext(label, share_host_arrays=False))
+    def init(self, label: str, *, share_host_arrays: bool = False) -> CcContext:
+        return CcContext(label, self.name, share_host_arrays)
 
     def owns(self, context: Any) -> bool:
         return isinstance(context, CcContext) and context.backend_name == self.name
@@ -94,6 +151,11 @@ class CcSimpleBackend:
                              context: CcContext) -> list[CcProcedure]:
         """Each routine `NAME` becomes a body `NAME_body` taking the arrays, and an entry
         `NAME(statics)` calling it with this context's array addresses."""
+        with naming.stable_names():
+            return self._compile_specialized_named(routines, bindings, context)
+
+    def _compile_specialized_named(self, routines: Sequence[tuple[str, Any]], bindings: tuple[StaticSymbol, ...],
+                                   context: CcContext) -> list[CcProcedure]:
         syntax = self.options.syntax
         glue: list[str] = []
         bodies: list[tuple[str, ll.LLStmt]] = []
@@ -126,9 +188,9 @@ class CcSimpleBackend:
                 case ParamKind.ARRAY:
                     if p.tn in inputs and p.mem is not MemClass.CONSTANT_FROM_HOST and not context.holds(p.tn):
                         raise missing_input_error(routine, p.tn, context, hosted_hint=True)
-                    arrays.append(context.cpu.array(p.tn))
+                    arrays.append(context.array(p.tn))
                 case ParamKind.MERGE_BUFFER:
-                    arrays.append(context.cpu.merge_buffer(p.tn))
+                    arrays.append(context.merge_buffer(p.tn))
         return arrays
 
     def link_compiled(self, context: CcContext, procedure: CcProcedure, inputs: frozenset[Tnode],
@@ -148,39 +210,54 @@ class CcSimpleBackend:
 
         def schedule() -> Work:
             values = capture_values(refs)
+            check_static_values(name, statics, values)
+            return Work(name, functools.partial(fn, *pointers, *values))
 
-            def run() -> None:
-                check_static_values(name, statics, values)
-                fn(*pointers, *values)
-
-            return Work(name, run)
-
-        return Routine(context, schedule, refs, name, procedure.mem_classes)
+        return Routine(context, schedule, refs, name, procedure.mem_classes,
+                       run_now=_run_now(name, fn, pointers, refs))
 
     # -- moving data
 
     def from_host(self, context: CcContext, tn: Tnode) -> None:
-        _check_has_array(tn, "from_host")
-        context.cpu.from_host(tn)
+        check_hosted("from_host", tn, context)
+        arr, host = context.array(tn), tn.host_array()
+        if arr is not host:
+            arr[...] = host
 
     def to_host(self, context: CcContext, tn: Tnode) -> None:
+        check_hosted("to_host", tn, context)
         if not context.holds(tn):
             raise not_held_error("to_host", tn, context)
-        context.cpu.to_host(tn)
+        arr, host = context.array(tn), tn.host_array()
+        if arr is not host:
+            host[...] = arr
+
+    def allocate_zeroed(self, context: CcContext, tn: Tnode) -> None:
+        if not context.holds(tn):
+            context.arrays[tn] = np.zeros(tn.dims, dtype=tn.prec.dtype)
 
     def device_to_device(self, tn: Tnode, dst_context: CcContext, src_context: CcContext,
                          into_merge_buffer: bool = True) -> None:
         if not src_context.holds(tn):
             raise not_held_error(f"device_to_device into {dst_context.label!r}", tn, src_context)
-        dst = dst_context.cpu.merge_buffer(tn) if into_merge_buffer else dst_context.cpu.array(tn)
-        dst[...] = src_context.cpu.array(tn)
+        dst = dst_context.merge_buffer(tn) if into_merge_buffer else dst_context.array(tn)
+        dst[...] = src_context.array(tn)
 
 
-def _check_has_array(tn: Tnode, what: str) -> None:
-    if tn.is_virtual() or tn.is_local():
-        raise NodeNotInContextError(
-            f"einjit: {what}: {tn.debug_name()} is {tn.memory_mode} (provenance {tn.provenance}) and has no array "
-            f"outside a routine")
+def _run_now(name: str, fn: Callable, pointers: tuple, refs: Mapping[StaticSymbol, IntRef]) -> Callable[[], None]:
+    """A synchronous call without a `Work`: a bare partial when there are no static symbols."""
+    if not refs:
+        return functools.partial(fn, *pointers)
+    statics, cells = tuple(refs), tuple(refs.values())
+    ranged = any(s.static_range is not None for s in statics)
+
+    def run_now() -> None:
+        values = [c.value for c in cells]
+        if ranged:
+            check_static_values(name, statics, values)
+        fn(*pointers, *values)
+
+    return run_now
 
 
 def _entry_source(name: str, body_head: str, params: Sequence[Param], arrays: Sequence[np.ndarray],
@@ -199,3 +276,30 @@ class CcBackend(SimpleNoDeviceBackend[CcContext, CcProcedure]):
 
     def __init__(self, options: cc.CcOptions | None = None, name: str = "cc"):
         super().__init__(CcSimpleBackend(options, name))
+
+    shares_host_arrays = True
+    """`init(label, share_host_arrays=True)` makes a context computing in the host arrays."""
+
+
+def run_once(code: Any, arrays: Mapping[Tnode, Any] | None = None, *, bindings: Sequence[StaticSymbol] = (),
+             values: Mapping[StaticSymbol, int] | None = None, options: cc.CcOptions | None = None,
+             name: str = "routine", context: CcContext | None = None) -> CcContext:
+    """Compile `code` (assignments or low-level code) with the C backend, link it into
+    `context` (by default a fresh one computing in the host arrays) after copying `arrays`
+    into it, run it once with the static `values`, and return the context, whose `array(tn)`
+    holds the results. Other nodes the code reads before writing start at zero (hosted ones
+    at their host values, zero when they have none).
+
+    For tests and experiments: differential tests compare these arrays with the interpreter's.
+    """
+    backend = CcBackend(options)
+    context = context if context is not None else backend.init(name, share_host_arrays=True)
+    for tn, value in (arrays or {}).items():
+        context.array(tn)[...] = value
+    refs = {s: IntRef((values or {}).get(s, 0)) for s in bindings}
+    compiled = backend.compile(tuple(bindings), code, shared=True, name=name)
+    load_inputs(context, compiled.inputs)
+    for tn in compiled.inputs:
+        context.array(tn)
+    backend.link(context, compiled, refs)()
+    return context

@@ -27,7 +27,7 @@ nvcc or NVRTC); the driver is loaded by the first call that needs a device.
 from __future__ import annotations
 
 import ctypes
-import hashlib
+import functools
 import itertools
 import os
 import shutil
@@ -44,16 +44,42 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from einjit import config
+from einjit.backends import cache
 from einjit.backends.c_syntax import ParamKind
-from einjit.backends.cuda_driver import CudaError, CudaUnavailable, Driver, cuda_home, load_driver, load_nvrtc
-from einjit.backends.cuda_driver import (ATTR_COMPUTE_CAPABILITY_MAJOR, ATTR_COMPUTE_CAPABILITY_MINOR,
-                                         ATTR_COOPERATIVE_LAUNCH, ATTR_MULTIPROCESSOR_COUNT)
+from einjit.backends.cuda_driver import (
+    ATTR_COMPUTE_CAPABILITY_MAJOR,
+    ATTR_COMPUTE_CAPABILITY_MINOR,
+    ATTR_COOPERATIVE_LAUNCH,
+    ATTR_MULTIPROCESSOR_COUNT,
+    CudaError,
+    CudaUnavailable,
+    Driver,
+    cuda_home,
+    load_driver,
+    load_nvrtc,
+)
 from einjit.backends.cuda_driver import device_count as device_count
 from einjit.backends.cuda_syntax import CudaKernel, CudaProgram, render_program
-from einjit.backends.interface import (CudaMemClass, DeviceError, NodeNotInContextError, Routine, RoutineFailed,
-                                       SimpleNoDeviceBackend, Work, WrongBackendError, capture_values,
-                                       check_static_values, low_level_of, make_refs, missing_input_error,
-                                       not_held_error)
+from einjit.backends.interface import (
+    BackendUsageError,
+    CudaMemClass,
+    DeviceError,
+    HostTransfers,
+    NodeNotInContextError,
+    Routine,
+    RoutineFailed,
+    SimpleNoDeviceBackend,
+    Work,
+    WrongBackendError,
+    capture_values,
+    check_hosted,
+    check_static_values,
+    low_level_of,
+    make_refs,
+    missing_input_error,
+    not_held_error,
+    register_context,
+)
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.tnode import Tnode
 
@@ -80,15 +106,8 @@ class CudaOptions:
     keep_source: bool = False
 
 
-@dataclass
-class CudaStats:
-    """How often a CUDA compiler actually ran, and how often the disk cache answered."""
-
-    compiler_invocations: int = 0
-    cache_hits: int = 0
-
-
-stats = CudaStats()
+stats = cache.CacheStats()
+"""The CUDA toolchains' cache counters (NVRTC and nvcc share the cache)."""
 
 
 # ---------------------------------------------------------------- compiling
@@ -105,7 +124,7 @@ def _nvcc_identity(nvcc: str) -> str | None:
 
 def _choose_compiler(options: CudaOptions) -> str:
     if options.compiler not in ("auto", "nvrtc", "nvcc"):
-        raise ValueError(f"einjit: CudaOptions.compiler must be 'auto', 'nvrtc' or 'nvcc', not {options.compiler!r}")
+        raise BackendUsageError(f"einjit: CudaOptions.compiler must be 'auto', 'nvrtc' or 'nvcc', not {options.compiler!r}")
     if options.compiler in ("auto", "nvrtc") and load_nvrtc() is not None:
         return "nvrtc"
     if options.compiler in ("auto", "nvcc") and _nvcc_identity(options.nvcc) is not None:
@@ -116,50 +135,31 @@ def _choose_compiler(options: CudaOptions) -> str:
                           f"$CUDA_HOME")
 
 
-def _cuda_dir() -> Path:
-    path = config.cache_dir() / "cuda"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def compile_source(source: str, *, name: str, arch: str, kind: str, options: CudaOptions | None = None) -> bytes:
     """PTX (`kind="ptx"`, `arch="compute_XY"`) or a cubin (`"cubin"`, `"sm_XY"`) for `source`,
     from the disk cache or freshly compiled."""
     options = options or CudaOptions()
     if kind not in ("ptx", "cubin"):
-        raise ValueError(f"einjit: CUDA images are 'ptx' or 'cubin', not {kind!r}")
+        raise BackendUsageError(f"einjit: CUDA images are 'ptx' or 'cubin', not {kind!r}")
     compiler = _choose_compiler(options)
     if compiler == "nvrtc":
         nvrtc = load_nvrtc()
         identity, flags = f"nvrtc {nvrtc.path} {nvrtc.version}", options.nvrtc_flags
     else:
         identity, flags = _nvcc_identity(options.nvcc), options.nvcc_flags
-    key = hashlib.sha256("\0".join([_ABI_VERSION, identity, arch, kind, " ".join(flags), source])
-                         .encode()).hexdigest()[:32]
-    directory = _cuda_dir()
-    image_path, cu_path = directory / f"{key}.{kind}", directory / f"{key}.cu"
-    config.debug(3, f"cuda: generated CUDA for {name}:\n{source}")
-    if options.keep_source or config.debug_level() >= 3:
-        _atomic_write(cu_path, source.encode())
-    if image_path.exists():
-        stats.cache_hits += 1
-        return image_path.read_bytes()
     start = time.perf_counter()
-    stats.compiler_invocations += 1
-    if compiler == "nvrtc":
-        image = _run_nvrtc(source, name, arch, kind, flags, cu_path)
-    else:
-        image = _run_nvcc(source, name, arch, kind, options, cu_path)
-    _atomic_write(image_path, image)
-    config.debug(1, f"cuda: {name}: {compiler} {kind} for {arch} in {1000 * (time.perf_counter() - start):.1f} ms")
-    return image
 
+    def build(out: Path, _src: Path, kept: Path) -> None:
+        run = _run_nvrtc(source, name, arch, kind, flags, kept) if compiler == "nvrtc" else \
+            _run_nvcc(source, name, arch, kind, options, kept)
+        out.write_bytes(run)
+        config.debug(1, f"cuda: {name}: {compiler} {kind} for {arch} in {1000 * (time.perf_counter() - start):.1f} ms")
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    config.debug(3, f"cuda: generated CUDA for {name}:\n{source}")
+    built = cache.get_or_build("cuda", [_ABI_VERSION, identity, arch, kind, " ".join(flags), source],
+                               suffix=f".{kind}", source=source, source_suffix=".cu", stats=stats, label=name,
+                               keep_source=options.keep_source or config.debug_level() >= 3, build=build)
+    return cache.read_object(built.path)
 
 
 def _run_nvrtc(source: str, name: str, arch: str, kind: str, flags: tuple[str, ...], cu_path: Path) -> bytes:
@@ -171,7 +171,6 @@ def _run_nvrtc(source: str, name: str, arch: str, kind: str, flags: tuple[str, .
     try:
         image, _ = load_nvrtc().compile(source, name, arch, kind, includes + tuple(flags))
     except CudaError as e:
-        _atomic_write(cu_path, source.encode())
         raise CudaError(f"{str(e)[:_MAX_DIAGNOSTICS]}\nthe generated source is kept at {cu_path}") from None
     return image
 
@@ -184,7 +183,6 @@ def _run_nvcc(source: str, name: str, arch: str, kind: str, options: CudaOptions
         config.debug(3, f"cuda: {' '.join(cmd)}")
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0 or not out.exists():
-            _atomic_write(cu_path, source.encode())
             diagnostics = (proc.stderr + proc.stdout).strip()[:_MAX_DIAGNOSTICS]
             raise CudaError(f"einjit: nvcc failed (exit {proc.returncode}) compiling {name} for {arch}; the generated "
                             f"source is kept at {cu_path}\ncommand: {' '.join(cmd)}\n{diagnostics}")
@@ -226,6 +224,8 @@ def compile_program(routines: Sequence[tuple[str, Any]], bindings: Sequence[Stat
     """Render routines into one source, compile it once, one procedure per kernel."""
     program = render_program([(n, low_level_of(c)) for n, c in routines], tuple(bindings))
     label = "_".join(n for n, _ in routines)[:80] or "empty"
+    for n, _ in routines:
+        config.dump(n, "", "cu", program.source)
     data = compile_source(program.source, name=label, arch=arch, kind=kind, options=options)
     image = CudaImage(program, data, kind, arch)
     return [CudaProcedure(k.name, image, k, tuple(bindings)) for k in program.kernels]
@@ -300,7 +300,7 @@ class CudaDevice:
 
 
 @dataclass(eq=False)
-class CudaContext:
+class CudaContext(HostTransfers):
     """Device arrays and merge buffers of one context, on one device."""
 
     label: str
@@ -308,6 +308,7 @@ class CudaContext:
     device: CudaDevice
     buffers: dict[Tnode, int] = field(default_factory=dict, repr=False)
     merge_buffers: dict[Tnode, int] = field(default_factory=dict, repr=False)
+    backend: Any = field(default=None, repr=False)
 
     def holds(self, tn: Tnode) -> bool:
         return tn in self.buffers
@@ -317,13 +318,11 @@ def _nbytes(tn: Tnode) -> int:
     return tn.size * tn.prec.itemsize
 
 
-def _host_array(tn: Tnode) -> np.ndarray:
-    if tn.is_virtual() or tn.is_local():
-        raise NodeNotInContextError(f"einjit: {tn.debug_name()} is {tn.memory_mode} (provenance {tn.provenance}) and "
-                                    f"has no array outside a routine")
+def _host_array(what: str, tn: Tnode, context: CudaContext) -> np.ndarray:
+    check_hosted(what, tn, context)
     arr = tn.host_array()
     if arr.dtype != tn.prec.dtype or tuple(arr.shape) != tuple(tn.dims) or not arr.flags.c_contiguous:
-        raise ValueError(f"einjit: host array of {tn.debug_name()} must be a C-contiguous {tn.prec.dtype} array of "
+        raise BackendUsageError(f"einjit: host array of {tn.debug_name()} must be a C-contiguous {tn.prec.dtype} array of "
                          f"shape {tn.dims}, got {arr.dtype} {arr.shape}")
     return arr
 
@@ -430,16 +429,17 @@ class CudaCore:
 
         def schedule() -> Work:
             values = capture_values(refs)
+            check_static_values(name, statics, values)
 
             def run() -> None:
-                check_static_values(name, statics, values)
                 cells = [*args, *(c_int(v) for v in values)]
                 params = (c_void_p * len(cells))(*[ctypes.addressof(c) for c in cells])
                 device.launch(fn, blocks, threads, params, cooperative, name)
 
             return Work(name, run)
 
-        return Routine(context, schedule, refs, name, procedure.mem_classes)
+        return Routine(context, schedule, refs, name, procedure.mem_classes,
+                       await_=functools.partial(self.await_, device))
 
     def _launch_config(self, device: CudaDevice, fn: int, procedure: CudaProcedure) -> tuple[int, int, bool]:
         """Grid-stride loops make any grid correct, so blocks are shrunk until one fits on a
@@ -465,20 +465,23 @@ class CudaCore:
     # -- moving data
 
     def from_host(self, context: CudaContext, tn: Tnode) -> None:
-        host = _host_array(tn)
+        host = _host_array("from_host", tn, context)
         ptr = self._buffer(context, tn)
         context.device.activate()
         self.driver.copy_to_device(ptr, host.ctypes.data, host.nbytes, context.device.stream)
 
     def to_host(self, context: CudaContext, tn: Tnode) -> None:
+        host = _host_array("to_host", tn, context)
         if not context.holds(tn):
             raise not_held_error("to_host", tn, context)
-        host = _host_array(tn)
         if not host.flags.writeable:
-            raise ValueError(f"einjit: to_host: the host array of {tn.debug_name()} is read-only")
+            raise BackendUsageError(f"einjit: to_host: the host array of {tn.debug_name()} is read-only")
         context.device.activate()
         self.driver.copy_to_host(host.ctypes.data, context.buffers[tn], host.nbytes, context.device.stream)
         self.await_(context.device)
+
+    def allocate_zeroed(self, context: CudaContext, tn: Tnode) -> None:
+        self._buffer(context, tn)
 
     def device_to_device(self, tn: Tnode, dst_context: CudaContext, src_context: CudaContext,
                          into_merge_buffer: bool = True) -> None:
@@ -524,7 +527,7 @@ class CudaBackend(SimpleNoDeviceBackend[CudaContext, CudaProcedure]):
         return self.core.get_device(ordinal)
 
     def init(self, device: CudaDevice) -> CudaContext:
-        return self.core.init(device)
+        return register_context(self.core.init(device), self)
 
     def await_(self, device: CudaDevice) -> None:
         self.core.await_(device)

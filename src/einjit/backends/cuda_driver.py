@@ -15,7 +15,16 @@ import importlib.util
 import os
 import shutil
 import threading
-from ctypes import POINTER, c_char_p, c_int, c_size_t, c_ubyte, c_uint, c_uint64, c_void_p
+from ctypes import (
+    POINTER,
+    c_char_p,
+    c_int,
+    c_size_t,
+    c_ubyte,
+    c_uint,
+    c_uint64,
+    c_void_p,
+)
 from pathlib import Path
 
 from einjit.backends.interface import BackendError
@@ -30,7 +39,6 @@ class CudaUnavailable(BackendError, ImportError):
 
 
 # CUdevice_attribute values used here (cuda.h).
-ATTR_MAX_THREADS_PER_BLOCK = 1
 ATTR_MULTIPROCESSOR_COUNT = 16
 ATTR_COMPUTE_CAPABILITY_MAJOR = 75
 ATTR_COMPUTE_CAPABILITY_MINOR = 76

@@ -26,15 +26,23 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterator as PyIterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from einjit.backends import c_syntax
-from einjit.backends.c_syntax import (CSyntax, MemClass, RenderedRoutine, RenderError, mem_class, render_routine,
-                                      symbol_name)
-from einjit.backends.interface import CudaMemClass
+from einjit.backends.c_syntax import (
+    CSyntax,
+    MemClass,
+    RenderedRoutine,
+    RenderError,
+    mem_class,
+    render_routine,
+    symbol_name,
+)
+from einjit.backends.params import CudaMemClass, repeated_names
 from einjit.ir import low_level as ll
-from einjit.ir import ops
-from einjit.ir.indexing import AxisIndex, Iterator, StaticSymbol, Symbol, get_symbol
+from einjit.ir import naming, ops
+from einjit.ir.indexing import Iterator, StaticSymbol, Symbol, get_symbol
+from einjit.ir.parallel_loops import accesses, opaque, parallel_chain
 from einjit.ir.tnode import Tnode
 
 MAX_BLOCK = 256
@@ -91,57 +99,8 @@ EINJIT_INT_MATH(int)
 EINJIT_INT_MATH(long long)
 """
 
-_HELPERS = {
-    "uniform01": """\
-/* VecUnop.UNIFORM_HASH: splitmix64 of a counter, top 53 bits scaled to [0, 1). */
-__device__ inline double einjit_uniform01(unsigned long long x) {
-  unsigned long long z = x + 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  z = z ^ (z >> 31);
-  return (double)(z >> 11) * (1.0 / 9007199254740992.0);
-}
-""",
-}
-
-
-# ---------------------------------------------------------------- accesses
-
-
-@dataclass(frozen=True, slots=True)
-class _Access:
-    tn: Tnode
-    idcs: tuple[AxisIndex, ...] | None
-    write: bool
-    vector: bool = False
-
-
-def _accesses(stmt: ll.LLStmt) -> PyIterator[_Access]:
-    """Array accesses in execution order (a statement's reads before its write). Merge
-    buffers are read-only during a routine and are left out."""
-    for s in ll.flatten(stmt):
-        match s:
-            case ll.ForLoop(body=body):
-                yield from _accesses(body)
-            case ll.Set(tn, idcs, sc, _):
-                yield from _reads(sc)
-                yield _Access(tn, idcs, True)
-            case ll.SetFromVec(tn, idcs, _, _, arg, _):
-                yield from _reads(arg)
-                yield _Access(tn, idcs, True, vector=True)
-            case ll.SetLocal(_, sc):
-                yield from _reads(sc)
-            case ll.ZeroOut(tn):
-                yield _Access(tn, None, True)
-
-
-def _reads(sc: ll.LLScalar) -> PyIterator[_Access]:
-    for x in ll.iter_scalars(sc):
-        match x:
-            case ll.Get(tn, idcs):
-                yield _Access(tn, idcs, False)
-            case ll.LocalScope(body=body):
-                yield from _accesses(body)
+# The C renderer's helpers, as device functions.
+_HELPERS = {name: text.format(q=CUDA_SYNTAX.helper_qualifier) for name, text in c_syntax.HELPERS.items()}
 
 
 # ---------------------------------------------------------------- the plan
@@ -204,58 +163,15 @@ def _private_nodes(stmts: Sequence[ll.LLStmt]) -> set[Tnode]:
     """`Local` nodes that one segment alone uses and that fit a thread's local memory."""
     users: dict[Tnode, set[int]] = {}
     for k, s in enumerate(stmts):
-        for a in _accesses(s):
+        for a in accesses(s):
             users.setdefault(a.tn, set()).add(k)
     return {tn for tn, ks in users.items()
             if tn.is_local() and len(ks) == 1 and tn.size * tn.prec.itemsize <= PRIVATE_LIMIT_BYTES}
 
 
-def _is_parallel(loop: ll.ForLoop, private: set[Tnode]) -> bool:
-    """Iterations of `loop` are independent: each shared node the body writes is sliced by
-    the loop's index at one axis in all its accesses; private nodes are written before read."""
-    if loop.to_ < loop.from_ or _opaque(loop.body):
-        return False
-    accesses = list(_accesses(loop.body))
-    here = Iterator(loop.index)
-    axes: dict[Tnode, set[int]] = {}
-    written = {a.tn for a in accesses if a.write and a.tn not in private}
-    first_private: dict[Tnode, _Access] = {}
-    for a in accesses:
-        if a.tn in private:
-            first_private.setdefault(a.tn, a)
-            continue
-        if a.tn not in written:
-            continue
-        if a.idcs is None:
-            return False
-        last = len(a.idcs) - 1
-        cand = {p for p, idx in enumerate(a.idcs) if idx == here and not (a.vector and p == last)}
-        axes[a.tn] = axes[a.tn] & cand if a.tn in axes else cand
-        if not axes[a.tn]:
-            return False
-    return all(a.write for a in first_private.values())
-
-
-def _opaque(stmt: ll.LLStmt) -> bool:
-    """Backend-staged code: what it touches is unknown."""
-    return any(isinstance(s, ll.StagedCompilation) for s in ll.iter_stmts(stmt))
-
-
-def _parallel_chain(stmt: ll.LLStmt, private: set[Tnode]) -> tuple[ll.ForLoop, ...]:
-    chain: list[ll.ForLoop] = []
-    cur = stmt
-    while isinstance(cur, ll.ForLoop) and _is_parallel(cur, private):
-        chain.append(cur)
-        inner = list(ll.flatten(cur.body))
-        if len(inner) != 1:
-            break
-        cur = inner[0]
-    return tuple(chain)
-
-
 def _touched(stmt: ll.LLStmt, private: set[Tnode]) -> tuple[set[Tnode], set[Tnode]]:
     reads, writes = set(), set()
-    for a in _accesses(stmt):
+    for a in accesses(stmt):
         if a.tn not in private:
             (writes if a.write else reads).add(a.tn)
     return reads, writes
@@ -272,20 +188,20 @@ def plan_kernel(name: str, llc: ll.LLStmt) -> KernelPlan:
     writes: set[Tnode] = set()
     opaque_before, started = False, False
     for s in stmts:
-        seg = Segment(s, _parallel_chain(s, private))
+        seg = Segment(s, parallel_chain(s, private))
         if seg.is_work:
             r, w = _touched(s, private)
-            opaque = _opaque(s)
-            if started and (writes & (r | w) or reads & w or opaque or opaque_before):
+            staged = opaque(s)
+            if started and (writes & (r | w) or reads & w or staged or opaque_before):
                 barriers.add(len(segments))
                 reads, writes = set(), set()
             reads |= r
             writes |= w
-            opaque_before, started = opaque, True
+            opaque_before, started = staged, True
         segments.append(seg)
     classes: dict[Tnode, CudaMemClass] = {}
     for s in stmts:
-        for a in _accesses(s):
+        for a in accesses(s):
             classes[a.tn] = CudaMemClass.LOCAL_ONLY if a.tn in private else CudaMemClass.GLOBAL
     return KernelPlan(name, tuple(segments), frozenset(barriers), classes)
 
@@ -370,15 +286,15 @@ class CudaProgram:
 
 def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence[StaticSymbol] = ()) -> CudaProgram:
     """Plan and render routines into one CUDA source, with only the support code they use."""
-    names = [n for n, _ in routines]
-    dup = sorted({n for n in names if names.count(n) > 1})
+    dup = repeated_names(n for n, _ in routines)
     if dup:
         raise RenderError(f"einjit: routine names must be distinct in one program, repeated: {dup}")
     kernels = []
-    for name, llc in routines:
-        plan = plan_kernel(name, llc)
-        kernels.append(CudaKernel(name, plan, render_kernel(plan, tuple(bindings))))
-    nodes = {a.tn for _, llc in routines for a in _accesses(llc)}
+    with naming.stable_names():
+        for name, llc in routines:
+            plan = plan_kernel(name, llc)
+            kernels.append(CudaKernel(name, plan, render_kernel(plan, tuple(bindings))))
+    nodes = {a.tn for _, llc in routines for a in accesses(llc)}
     nodes |= {x.id.tn for _, llc in routines for s in ll.iter_stmts(llc) if isinstance(s, ll.SetLocal) for x in [s]}
     precs = {tn.prec for tn in nodes}
     if ops.half in precs:

@@ -6,7 +6,9 @@ get a `Routine`, and runs routines through `Work` items:
 - `routine.schedule()` reads the current values of the routine's static-symbol `IntRef`s
   into a new `Work` and returns it; it never blocks and never runs anything. Capturing the
   values at scheduling time is what lets a training loop bump a batch counter and schedule
-  again before the previous step ran.
+  again before the previous step ran. Values outside a symbol's range are refused here,
+  before any compiled code runs (`StaticRangeError`).
+- Calling the routine itself schedules, runs and awaits it.
 - Running a work (`work()`) executes the routine to completion on a no-device backend, and
   only launches it (enqueues it on the device) on a device backend; `await_(device)` waits.
 
@@ -19,26 +21,48 @@ where the backend knows the context and may specialize the code to it.
 Memory classes, beside the memory modes of `ir.tnode`, say how a backend stores a node's
 array: `CpuMemClass` (`LOCAL_ONLY`, `FROM_CONTEXT`, `CONSTANT_FROM_HOST`) for CPU backends
 and `CudaMemClass` (`LOCAL_ONLY`, `GLOBAL`) for the CUDA backend. A routine records the class
-of every node it touches in `Routine.mem_classes`.
+of every node it touches in `Routine.mem_classes` (the classes live in `params.py`).
+
+Every context registers itself with its backend (`register_context`), so `contexts_holding(tn)`
+finds the contexts to refresh after a host write. Host transfers move hosted nodes only:
+anything else is a `NotHostedError` naming the node, its memory mode and the mode's provenance.
+`lower_assignments` is the one lowering (shape inference, dumps, optimization), under the
+program-local names of `ir.naming`, so generated code does not depend on global ids.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import (
+    Any,
+    Callable,
+    Generic,
+    Iterable,
+    Mapping,
+    Protocol,
+    Sequence,
+    TypeVar,
+    runtime_checkable,
+)
 
-from einjit.backends.c_syntax import MemClass as CpuMemClass
+from einjit import config
+from einjit.backends.params import CudaMemClass, repeated_names
+from einjit.backends.params import MemClass as CpuMemClass
 from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol
+from einjit.ir.naming import node_base, stable_names
 from einjit.ir.tnode import Tnode
 
 __all__ = [
-    "Backend", "BackendError", "Code", "Compiled", "Context", "CpuMemClass", "CudaMemClass", "DeviceError",
-    "NoDeviceBackend", "NodeNotInContextError", "Postponed", "Routine", "RoutineFailed", "SimpleBackend",
-    "SimpleNoDeviceBackend", "WrongBackendError", "Work", "capture_values", "check_code", "check_static_values",
+    "Backend", "BackendError", "BackendUsageError", "Code", "Compiled", "Context", "CpuMemClass", "CudaMemClass", "DeviceError",
+    "HostTransfers", "NoDeviceBackend", "NodeNotInContextError", "NotHostedError", "Postponed", "StaticRangeError", "Routine", "RoutineFailed", "SimpleBackend",
+    "SimpleNoDeviceBackend", "WrongBackendError", "Work", "capture_values", "check_code", "check_hosted", "check_static_values", "contexts_holding", "default_context",
+    "forget_context", "load_inputs", "register_context",
     "default_name", "lower_assignments", "low_level_of", "make_refs", "missing_input_error", "not_held_error",
     "prepare", "routine_inputs",
 ]
@@ -47,20 +71,16 @@ Ctx = TypeVar("Ctx")
 Proc = TypeVar("Proc")
 
 
-class CudaMemClass(enum.Enum):
-    """How the CUDA backend stores a node (seed 001)."""
-
-    LOCAL_ONLY = "Local_only"
-    """Only needed within one thread's share of a computation: a per-thread local array."""
-    GLOBAL = "Global"
-    """Computed directly in the device's global memory (one array per context)."""
-
-
 # ---------------------------------------------------------------- errors
 
 
 class BackendError(EinjitError):
     """Misuse of backends, contexts and devices; the message names what was involved."""
+
+
+class BackendUsageError(BackendError, ValueError):
+    """A value a backend cannot use: a host array of the wrong shape or layout, a count or a
+    name that does not fit; the message says which and what is expected."""
 
 
 class WrongBackendError(BackendError, TypeError):
@@ -73,6 +93,10 @@ class NodeNotInContextError(BackendError, LookupError):
 
 class DeviceError(BackendError, RuntimeError):
     """A device that does not exist or was never initialized."""
+
+
+class StaticRangeError(BackendError, IndexError):
+    """A static symbol's value outside its range: the routine would index arrays out of bounds."""
 
 
 class RoutineFailed(BackendError, RuntimeError):
@@ -101,16 +125,25 @@ class Work:
 @dataclass(frozen=True, eq=False)
 class Routine(Generic[Ctx]):
     """Code linked into a context. `schedule()` captures the bindings' current values into a
-    `Work` without blocking; calling the routine is `routine.schedule()()`."""
+    `Work` without blocking. Calling the routine schedules, runs and awaits it: `run_now`, when
+    the backend gives one, does that in one step without building a `Work` (it checks the
+    static ranges just the same), which keeps a synchronous call as cheap as the C call."""
 
     context: Ctx
     schedule: Callable[[], Work] = field(repr=False)
     bindings: Mapping[StaticSymbol, IntRef] = field(repr=False)
     name: str
     mem_classes: Mapping[Tnode, enum.Enum] = field(default_factory=dict, repr=False)
+    await_: Callable[[], None] | None = field(default=None, repr=False)
+    run_now: Callable[[], None] | None = field(default=None, repr=False)
 
     def __call__(self) -> None:
+        if self.run_now is not None:
+            self.run_now()
+            return
         self.schedule()()
+        if self.await_ is not None:
+            self.await_()
 
 
 def capture_values(bindings: Mapping[StaticSymbol, IntRef]) -> tuple[int, ...]:
@@ -122,8 +155,9 @@ def check_static_values(name: str, statics: Sequence[StaticSymbol], values: Sequ
     """Static symbols with a known range must stay in it: the code indexes arrays with them."""
     for s, v in zip(statics, values):
         if s.static_range is not None and not 0 <= v < s.static_range:
-            raise IndexError(f"einjit: routine {name!r}: static symbol {s!r} = {v} outside its range "
-                             f"[0, {s.static_range})")
+            raise StaticRangeError(
+                f"einjit: routine {name!r}: static symbol {s!r} = {v} is outside its range [0, {s.static_range}); "
+                f"set its IntRef to a value in range before scheduling the routine")
 
 
 def make_refs(bindings: Sequence[StaticSymbol],
@@ -170,16 +204,29 @@ def low_level_of(lowered: Any) -> ll.LLStmt:
 
 def lower_assignments(bindings: Sequence[StaticSymbol], asgns: asg.Asgns, name: str | None = None, *,
                       settings: Any = None) -> tuple[str, Any]:
-    """Lower assignments to loops and optimize them (the seed's `lower_assignments`).
+    """The one lowering of assignments (the seed's `lower_assignments`): finish shape
+    inference, log and dump the assignments and the unoptimized loops, optimize. Names in
+    the texts and in the comments the lowering writes into the code are the program's
+    (`naming.stable_names`), so they do not change with unrelated tensors built before.
 
     Returns the routine's name (derived from the assigned nodes when not given) and the
-    optimizer's result. Static symbols are passed to the optimizer as fixed indices.
+    optimizer's result. Static symbols are passed to the optimizer as fixed indices. With
+    `EINJIT_DUMP_DIR` set, `<name>.cd`, `<name>.ll` and `<name>.optimized.ll` are written there.
     """
     from einjit.ir.optimize import optimize_proc
+    from einjit.shape import finish_inference
 
+    finish_inference()
     name = name or default_name(asgns)
-    llc = asg.to_low_level(asgns)
-    return name, optimize_proc(llc, name=name, static_indices=frozenset(bindings), settings=settings)
+    with stable_names():
+        doc = asg.to_doc(asgns)
+        config.debug(2, f"assignments of {name}:\n{doc}")
+        config.dump(name, "", "cd", doc)
+        llc = asg.to_low_level(asgns)
+        config.dump(name, "", "ll", ll.to_doc(llc))
+        optimized = optimize_proc(llc, name=name, static_indices=frozenset(bindings), settings=settings)
+        config.dump(name, "optimized", "ll", ll.to_doc(optimized.llc))
+    return name, optimized
 
 
 def default_name(code: Any) -> str:
@@ -189,7 +236,7 @@ def default_name(code: Any) -> str:
     else:
         written = [tn for s in ll.iter_stmts(low_level_of(code))
                    if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) for tn in [s.tn]]
-    names = list(dict.fromkeys(tn.name for tn in written))[:2]
+    names = list(dict.fromkeys(node_base(tn.label) for tn in written))[:2]
     return "_".join(["run", *names]) if names else "routine"
 
 
@@ -243,6 +290,81 @@ def routine_inputs(lowered: Any) -> frozenset[Tnode]:
 
     stmts(llc)
     return frozenset(tn for tn in inputs if not tn.is_local() and not tn.is_virtual())
+
+
+# ---------------------------------------------------------------- contexts of the process
+
+
+class HostTransfers:
+    """Contexts know their backend, so code that changes a host array (writing data into a
+    tensor) can refresh every context holding the node without knowing the backends."""
+
+    backend: Any
+
+    def from_host(self, tn: Tnode) -> None:
+        self.backend.from_host(self, tn)
+
+    def to_host(self, tn: Tnode) -> None:
+        self.backend.to_host(self, tn)
+
+
+_contexts: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_context_order = itertools.count()
+
+
+def register_context(context: Any, backend: Any) -> Any:
+    """Attach `context` to `backend` and remember it (weakly) for `contexts_holding`."""
+    context.backend = backend
+    _contexts[next(_context_order)] = context
+    return context
+
+
+def forget_context(context: Any) -> None:
+    """Drop a context from the registry: one wrapped by another backend's context is reached
+    through the wrapper, whose transfers are ordered with its device's work."""
+    for key, c in list(_contexts.items()):
+        if c is context:
+            del _contexts[key]
+
+
+def contexts_holding(tn: Tnode) -> list[Any]:
+    """The live contexts that have an array for `tn`, oldest first; each has `from_host(tn)`
+    and `to_host(tn)`."""
+    return [c for _, c in sorted(_contexts.items(), key=lambda kv: kv[0]) if c.holds(tn)]
+
+
+_defaults: dict[int, tuple[Any, Any]] = {}
+
+
+def default_context(backend: Any) -> Any:
+    """The process's context of `backend` for routines linked without one: on a device
+    backend, a context on device 0; on the C backend, one that computes in the host arrays of
+    hosted nodes, so host writes and reads need no transfer."""
+    entry = _defaults.get(id(backend))
+    if entry is None or entry[0] is not backend:
+        if hasattr(backend, "get_device"):
+            context = backend.init(backend.get_device(0))
+        elif getattr(backend, "shares_host_arrays", False):
+            context = backend.init("default", share_host_arrays=True)
+        else:
+            context = backend.init("default")
+        entry = _defaults[id(backend)] = (backend, context)
+    return entry[1]
+
+
+def load_inputs(context: Any, inputs: frozenset[Tnode]) -> None:
+    """Give the context the inputs it lacks: hosted ones with host values (parameters) are
+    copied from the host (a context sharing the host arrays holds them already); state that
+    is not hosted and was never computed (optimizer momentum) starts at zero, the seed's
+    initial value of device arrays."""
+    for tn in sorted(inputs, key=lambda tn: tn.id):
+        if context.holds(tn):
+            continue
+        if tn.is_hosted() and tn.array is not None:
+            context.from_host(tn)
+        elif not tn.is_hosted():
+            config.debug(1, f"{tn.debug_name()}: state read before written, starts at zero in {context.label!r}")
+            context.backend.allocate_zeroed(context, tn)
 
 
 # ---------------------------------------------------------------- backend interfaces
@@ -326,6 +448,8 @@ class SimpleBackend(Protocol[Ctx, Proc]):
 
     def to_host(self, context: Ctx, tn: Tnode) -> None: ...
 
+    def allocate_zeroed(self, context: Ctx, tn: Tnode) -> None: ...
+
     def device_to_device(self, tn: Tnode, dst_context: Ctx, src_context: Ctx,
                          into_merge_buffer: bool = True) -> None: ...
 
@@ -341,8 +465,8 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
 
-    def init(self, label: str) -> Ctx:
-        return self.simple.init(label)
+    def init(self, label: str, **options: Any) -> Ctx:
+        return register_context(self.simple.init(label, **options), self)
 
     def compile(self, bindings: Sequence[StaticSymbol], code: Any, *, shared: bool = False,
                 name: str | None = None) -> Code:
@@ -353,12 +477,13 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
         """Several routines sharing the static bindings; with `shared=True`, one compilation."""
         bindings = tuple(bindings)
         if names is not None and len(names) != len(codes):
-            raise ValueError(f"einjit: {len(codes)} routines to compile but {len(names)} names")
-        prepared = [prepare(bindings, c, None if names is None else names[k]) for k, c in enumerate(codes)]
-        _check_distinct(n for n, _ in prepared)
-        if not shared:
-            return [Postponed(self.name, lowered, bindings, n) for n, lowered in prepared]
-        procs = self.simple.compile_batch(prepared, bindings)
+            raise BackendUsageError(f"einjit: {len(codes)} routines to compile but {len(names)} names")
+        with stable_names():
+            prepared = [prepare(bindings, c, None if names is None else names[k]) for k, c in enumerate(codes)]
+            _check_distinct(n for n, _ in prepared)
+            if not shared:
+                return [Postponed(self.name, lowered, bindings, n) for n, lowered in prepared]
+            procs = self.simple.compile_batch(prepared, bindings)
         return [Compiled(self.name, p, bindings, n, routine_inputs(lowered))
                 for p, (n, lowered) in zip(procs, prepared)]
 
@@ -401,6 +526,12 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
         self.check_context(context)
         self.simple.to_host(context, tn)
 
+    def allocate_zeroed(self, context: Ctx, tn: Tnode) -> None:
+        """Give `context` a zeroed array for `tn` if it holds none: the seed's initial value of
+        state a routine keeps across calls (optimizer momentum), asked for explicitly."""
+        self.check_context(context)
+        self.simple.allocate_zeroed(context, tn)
+
     def device_to_device(self, tn: Tnode, dst_context: Ctx, src_context: Ctx, into_merge_buffer: bool = True) -> None:
         self.check_context(dst_context)
         self.check_context(src_context)
@@ -410,7 +541,7 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
 def check_code(backend_name: str, code: Any, context: Any, accepted: Iterable[str] = ()) -> None:
     """Code links only into contexts of the backend that produced it (or of `accepted` ones)."""
     if not isinstance(code, (Postponed, Compiled)):
-        raise TypeError(f"einjit: link expects code from a backend's compile, got {type(code).__name__}")
+        raise WrongBackendError(f"einjit: link expects code from a backend's compile, got {type(code).__name__}")
     if code.backend != backend_name and code.backend not in tuple(accepted):
         raise WrongBackendError(
             f"einjit: routine {code.name!r} was compiled by backend {code.backend!r} and cannot be linked into "
@@ -424,6 +555,30 @@ def missing_input_error(routine: str, tn: Tnode, context: Any, hosted_hint: bool
     return NodeNotInContextError(
         f"einjit: routine {routine!r} reads {tn.debug_name()} before writing it, but {_describe_context(context)} "
         f"does not hold it; {how}")
+
+
+class NotHostedError(BackendError, LookupError):
+    """A host transfer of a node that has no host array by its memory mode."""
+
+
+def check_hosted(what: str, tn: Tnode, context: Any) -> None:
+    """Host transfers only move nodes that have a host array by their memory mode; and
+    `from_host` only copies a host array that exists: anything else would invent values."""
+    if not tn.can_be_hosted():
+        raise NotHostedError(
+            f"einjit: {what} of {tn.debug_name()} in {_describe_context(context)}: the node is not hosted (memory mode "
+            f"{tn.memory_mode}, {describe_provenance(tn.provenance)}), so it has no host array; make it hosted before "
+            f"compiling (tensor.hosted(), or train.forward(tensor) for a value you read)")
+    if what == "from_host" and tn.array is None:
+        raise NotHostedError(
+            f"einjit: from_host of {tn.debug_name()} into {_describe_context(context)}: the node has no host array yet "
+            f"(nothing was written to it on the host); give it values first (init_params, or write its host array), "
+            f"or let a routine compute it in this context")
+
+
+def describe_provenance(code: int) -> str:
+    from einjit.ir.provenance import describe
+    return describe(code)
 
 
 def not_held_error(what: str, tn: Tnode, context: Any) -> NodeNotInContextError:
@@ -441,8 +596,6 @@ def _describe_context(context: Any) -> str:
 
 
 def _check_distinct(names: Iterable[str]) -> None:
-    seen: set[str] = set()
-    for n in names:
-        if n in seen:
-            raise ValueError(f"einjit: routine name {n!r} repeated in one batch")
-        seen.add(n)
+    dup = repeated_names(names)
+    if dup:
+        raise BackendUsageError(f"einjit: routine name {dup[0]!r} repeated in one batch; give each routine its own name")

@@ -20,6 +20,7 @@ Transfers are ordered with the routines of the devices they touch:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import queue
@@ -27,8 +28,21 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from einjit.backends.interface import (Code, DeviceError, RoutineFailed, Routine, Work, WrongBackendError,
-                                       check_code, not_held_error)
+from einjit.backends.interface import (
+    BackendUsageError,
+    Code,
+    DeviceError,
+    HostTransfers,
+    Routine,
+    RoutineFailed,
+    Work,
+    WrongBackendError,
+    check_code,
+    check_hosted,
+    forget_context,
+    not_held_error,
+    register_context,
+)
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.tnode import Tnode
 
@@ -128,13 +142,14 @@ class CpuDevice:
 
 
 @dataclass(eq=False)
-class MulticoreContext:
+class MulticoreContext(HostTransfers):
     """A context of the inner backend, bound to one device."""
 
     label: str
     backend_name: str
     device: CpuDevice
     inner: Any = field(repr=False)
+    backend: Any = field(default=None, repr=False)
 
     def holds(self, tn: Tnode) -> bool:
         return self.inner.holds(tn)
@@ -151,7 +166,7 @@ class MulticoreBackend:
         self.name = f"multicore({inner.name})"
         self._num_devices = num_devices if num_devices is not None else os.cpu_count() or 1
         if self._num_devices < 1:
-            raise ValueError(f"einjit: a multicore backend needs at least one device, got {num_devices}")
+            raise BackendUsageError(f"einjit: a multicore backend needs at least one device, got {num_devices}")
         self._devices: dict[int, CpuDevice] = {}
         self._lock = threading.Lock()
         self._context_ids = itertools.count()
@@ -188,7 +203,9 @@ class MulticoreBackend:
         device = self._check_device(device)
         device.start()
         label = f"{device.label}/{next(self._context_ids)}"
-        return MulticoreContext(label, self.name, device, self.inner.init(label))
+        inner = self.inner.init(label)
+        forget_context(inner)
+        return register_context(MulticoreContext(label, self.name, device, inner), self)
 
     def await_(self, device: CpuDevice) -> None:
         """Wait for all work scheduled on `device`; raise the first failure since the last await."""
@@ -238,29 +255,36 @@ class MulticoreBackend:
         inner_routines = self.inner.link_batch(context.inner, codes, static_values)
         return [self._on_device(context, r) for r in inner_routines]
 
-    @staticmethod
-    def _on_device(context: MulticoreContext, inner: Routine) -> Routine[MulticoreContext]:
+    def _on_device(self, context: MulticoreContext, inner: Routine) -> Routine[MulticoreContext]:
         device = context.device
 
         def schedule() -> Work:
             work = inner.schedule()
             return Work(work.name, lambda: device.enqueue(work))
 
-        return Routine(context, schedule, inner.bindings, inner.name, inner.mem_classes)
+        return Routine(context, schedule, inner.bindings, inner.name, inner.mem_classes,
+                       await_=functools.partial(self.await_, device))
 
     # -- moving data
 
     def from_host(self, context: MulticoreContext, tn: Tnode) -> None:
         """Copy the host array into the context, after the work scheduled before; blocks until done."""
         context = self._check_context(context)
+        check_hosted("from_host", tn, context)
         context.device.call(f"from_host {tn.debug_name()}", lambda: self.inner.from_host(context.inner, tn))
 
     def to_host(self, context: MulticoreContext, tn: Tnode) -> None:
         """Copy the context's array to the host, after the work scheduled before; blocks until done."""
         context = self._check_context(context)
+        check_hosted("to_host", tn, context)
         if not context.holds(tn):
             raise not_held_error("to_host", tn, context)
         context.device.call(f"to_host {tn.debug_name()}", lambda: self.inner.to_host(context.inner, tn))
+
+    def allocate_zeroed(self, context: MulticoreContext, tn: Tnode) -> None:
+        """A zeroed array for `tn` in the context, after the work scheduled before."""
+        context = self._check_context(context)
+        context.device.call(f"allocate_zeroed {tn.debug_name()}", lambda: self.inner.allocate_zeroed(context.inner, tn))
 
     def device_to_device(self, tn: Tnode, dst_context: MulticoreContext, src_context: MulticoreContext,
                          into_merge_buffer: bool = True) -> None:

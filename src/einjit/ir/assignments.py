@@ -497,7 +497,7 @@ def _lower_fetch(tn: Tnode, fop: FetchOp) -> ll.LLStmt:
                 return ll.ZeroOut(tn)  # as in OCANNL: a zero fill is the node's Zero_out
             return _fill(tn, ll.Constant(v), f"{tn.name} := {v!r}")
         case RangeOverOffsets():
-            strides = _strides(dims)
+            strides = ll.row_major_strides(dims)
             offset = Affine(tuple((st, s) for st, s in zip(strides, syms)), 0) if syms else FixedIdx(0)
             return _loops(syms, dims, ll.Set(tn, idcs, ll.EmbedIndex(offset), f"{tn.name} := offsets"))
         case ConstantFill(values, strict):
@@ -525,14 +525,6 @@ def _lower_fetch(tn: Tnode, fop: FetchOp) -> ll.LLStmt:
         case EmbedSymbol(sym):
             return _fill(tn, ll.EmbedIndex(Iterator(sym.symbol)), f"{tn.name} := {sym!r}")
     raise TypeError(fop)
-
-
-def _strides(dims: tuple[int, ...]) -> list[int]:
-    out, acc = [], 1
-    for d in reversed(dims):
-        out.append(acc)
-        acc *= d
-    return list(reversed(out))
 
 
 def _describe(a: Asgns) -> str:

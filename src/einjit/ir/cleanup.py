@@ -18,8 +18,8 @@ from einjit.ir.indexing import AxisIndex, Symbol, index_symbols
 from einjit.ir.mode_provenance import record_virtual
 from einjit.ir.tnode import NEVER_VIRTUAL, VIRTUAL, Tnode, hosted
 from einjit.ir.tracing import VirtualizeSettings
-from einjit.ir.virtualize import (HOSTED_FOR_HOST_ACCESS, INLINED, KEPT, NonVirtual, VirtualState, log_decision,
-                                  narrow_mode, refuse, written_nodes)
+from einjit.ir.provenance import HOSTED_FOR_HOST_ACCESS, INLINED, KEPT
+from einjit.ir.virtualize import NonVirtual, VirtualState, log_decision, narrow_mode, refuse, written_nodes
 
 
 class ScopeError(AssertionError):

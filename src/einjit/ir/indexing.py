@@ -10,6 +10,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from einjit.ir import naming
+
 _symbol_counter = itertools.count(1)
 
 
@@ -21,7 +23,8 @@ class Symbol:
     name: str = "i"
 
     def __repr__(self) -> str:
-        return f"{self.name}{self.id}"
+        names = naming.current()
+        return names.symbol(self) if names is not None else f"{self.name}{self.id}"
 
 
 def get_symbol(name: str = "i") -> Symbol:

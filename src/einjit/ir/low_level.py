@@ -15,7 +15,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Iterator as PyIterator
 
-from einjit.ir import ops
+from einjit.ir import naming, ops
 from einjit.ir.indexing import AxisIndex, Symbol
 from einjit.ir.tnode import Tnode
 
@@ -30,7 +30,8 @@ class ScopeId:
     id: int
 
     def __repr__(self) -> str:
-        return f"v{self.id}"
+        names = naming.current()
+        return names.local(self).removesuffix("_") if names is not None else f"v{self.id}"
 
 
 def fresh_scope_id(tn: Tnode) -> ScopeId:
@@ -296,6 +297,15 @@ def nodes_of(stmt: LLStmt) -> list[Tnode]:
             case LocalScope(id=sid):
                 seen.setdefault(sid.tn.id, sid.tn)
     return list(seen.values())
+
+
+def row_major_strides(dims: tuple[int, ...]) -> list[int]:
+    """The element strides of a C-contiguous array of shape `dims`."""
+    out, acc = [], 1
+    for d in reversed(dims):
+        out.append(acc)
+        acc *= d
+    return list(reversed(out))
 
 
 # ---------------------------------------------------------------- printing

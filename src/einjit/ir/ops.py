@@ -105,6 +105,12 @@ class _OpFace:
         return self.value[1]
 
     @property
+    def c_int_template(self) -> str:
+        """The C template on integer operands, where the floating-point one does not apply
+        (`fmax`, `fmod`, `fma` are floating-point functions)."""
+        return _C_INT_TEMPLATES.get(self, self.value[0])
+
+    @property
     def symbol(self) -> str:
         return self.name.lower()
 
@@ -176,6 +182,14 @@ class Ternop(_OpFace, enum.Enum):
     WHERE = ("({0} != 0 ? {1} : {2})", _np_where)
     FMA = ("fma{f}({0}, {1}, {2})", lambda a, b, c: a * b + c)
     EQ_GATE = ("({0} == {1} ? {2} : 0)", lambda a, b, c: np.where(np.equal(a, b), c, 0))
+
+
+_C_INT_TEMPLATES: dict[_OpFace, str] = {
+    Binop.MAX: "({0} > {1} ? {0} : {1})",
+    Binop.MIN: "({0} < {1} ? {0} : {1})",
+    Binop.MOD: "({0} % {1})",
+    Ternop.FMA: "({0} * {1} + {2})",
+}
 
 
 class VecUnop(enum.Enum):

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from einjit.errors import EinjitError
-from einjit.ir import ops
+from einjit.ir import naming, ops
 
 
 class MemoryType(enum.Enum):
@@ -149,21 +149,18 @@ class Tnode:
             self._dims = tuple(int(d) for d in self._dims())
         return self._dims
 
-    def dims_known(self) -> bool:
-        return not callable(self._dims)
-
     @property
     def size(self) -> int:
         return int(np.prod(self.dims, dtype=np.int64))
 
     @property
     def name(self) -> str:
-        """A C identifier derived from the label: readable generated code, unique by id."""
-        base = "_".join(self.label[:2]) if self.label else "n"
-        clean = "".join(c if c.isalnum() else "_" for c in base).strip("_") or "n"
-        if clean[0].isdigit():
-            clean = "n" + clean
-        return f"{clean}_{self.id}"
+        """A C identifier derived from the label: inside `naming.stable_names()` the program's
+        name for the node (label and order of appearance), elsewhere unique by the global id."""
+        names = naming.current()
+        if names is not None:
+            return names.node(self)
+        return f"{naming.node_base(self.label)}_{self.id}"
 
     def debug_name(self) -> str:
         return f"{'.'.join(self.label) or 'n'}#{self.id}"
@@ -201,6 +198,10 @@ class Tnode:
 
     def is_hosted(self) -> bool:
         return self.memory_mode is not None and self.memory_mode.leaves <= _ALL_HOSTED
+
+    def can_be_hosted(self) -> bool:
+        """Whether the memory mode still allows a host array (an undecided mode does)."""
+        return self.memory_mode is None or bool(self.memory_mode.leaves & _ALL_HOSTED)
 
     def is_local(self) -> bool:
         return self.memory_mode is not None and self.memory_mode.leaves == frozenset({_Leaf.LOCAL})

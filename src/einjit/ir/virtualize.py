@@ -35,37 +35,11 @@ from dataclasses import dataclass, field, replace
 from einjit import config
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import AxisIndex, FixedIdx, Iterator, Symbol, get_symbol, index_symbols, subst_index
-from einjit.ir.mode_provenance import describe_call, virtual_by
+from einjit.ir.mode_provenance import virtual_by
+from einjit.ir.provenance import (COMPLEX_COMPUTATION, NON_VIRTUAL_REASONS, READ_ONLY, RECURRENT_NODE,
+                                   TENSOR_CALLS, TOO_MANY_VISITS)
 from einjit.ir.tnode import MATERIALIZED, NEVER_VIRTUAL, MemoryModeError, Mode, Tnode
 from einjit.ir.tracing import RECURRENT, Trace, TracedArray, VirtualizeSettings
-
-NON_VIRTUAL_REASONS: dict[int, str] = {
-    4: "its computation accesses it with inconsistent index patterns",
-    5: "one loop symbol indexes several of its axes",
-    51: "an affine index of it has several loop symbols (e.g. a convolution); not supported yet",
-    6: "its computation contains a loop that is not traced",
-    7: "a write in its computation uses a loop symbol bound outside the computation",
-    8: "its computation contains backend-staged code",
-    9: "a read in its computation uses a loop symbol bound outside the computation",
-    10: "an index embedded in its computation uses a loop symbol bound outside the computation",
-    11: "its memory mode already excludes virtualization",
-    12: "the code block computing it does not write it",
-    13: "the indices of a read cannot be substituted into its computation",
-    14: "it has no computation to inline at a read",
-    17: "it is still read where its computation could not be inlined",
-    131: "a node its computation reads is overwritten before the node is read",
-    132: "its computation sits in a loop of another computation, which repeats it",
-    140: "vector assignments cannot be inlined as scalars",
-}
-
-# Provenance codes of the memory modes set outside a `NonVirtual` failure.
-TOO_MANY_VISITS = 1
-COMPLEX_COMPUTATION = 2
-INLINED = 15
-KEPT = 17
-RECURRENT_NODE = 36
-READ_ONLY = 37
-HOSTED_FOR_HOST_ACCESS = 38
 
 
 class NonVirtual(Exception):
@@ -109,7 +83,7 @@ def refuse(tn: Tnode, err: NonVirtual, name: str = "") -> None:
 
 def _virtual_origin(tn: Tnode, name: str) -> str:
     """Who made `tn` virtual, and what the user can call instead."""
-    routine, call = virtual_by(tn), describe_call(tn.provenance)
+    routine, call = virtual_by(tn), TENSOR_CALLS.get(tn.provenance)
     here = f"routine {name!r}" if name else "this routine"
     fix = (f"; call materialize() (or hosted()) on tensor {tn.debug_name()} before compiling the first "
            f"routine that uses it, so that it is stored")

@@ -9,25 +9,25 @@ with `set_values`. Inputs and scalars are never differentiated and never constan
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from einjit import shape as sh
-from einjit.ir import ops
+from einjit.ir import ops, provenance
 from einjit.ir.tnode import MemoryType, hosted
 from einjit.tensor.tensor import Tensor, default_prec, make_node, new_label, register
 
 
-def _dims(what: str, label: str, dims: Sequence[int]) -> list[int]:
-    out = [int(d) for d in dims]
-    if any(d < 1 for d in out):
+def _dims(what: str, label: str, dims: Sequence[int]) -> list[int | None]:
+    out: list[int | None] = [int(d) for d in dims]
+    if any(int(d) < 1 for d in dims):
         raise sh.ShapeError(f"einjit: {what} of input {label!r} must be positive, got {list(dims)}")
     return out
 
 
-def input(label: str, *, batch_dims: Sequence[int] = (), input_dims: Sequence[int] = (),  # noqa: A001
-          output_dims: Sequence[int] = (1,), prec: "ops.Prec | str | np.dtype | type | None" = None,
+def input(label: str, *, batch_dims: Sequence[int] = (), input_dims: Sequence[int] = (),
+          output_dims: Sequence[int] = (1,), prec: ops.Prec | str | np.dtype | type | None = None,
           values: object = None) -> Tensor:
     """A data input, like a placeholder: fixed dims, values set per step with `set_values`.
 
@@ -42,7 +42,7 @@ def input(label: str, *, batch_dims: Sequence[int] = (), input_dims: Sequence[in
     p = default_prec() if prec is None else ops.as_prec(prec)
     t = Tensor(label=lbl, op_label="input", shape=shape, update_step=None, children=(),
                value_tn=make_node(lbl, shape, p), grad_tn=None, projections=None)
-    t.value_tn.update_memory_mode(hosted(MemoryType.VOLATILE), 80)
+    t.value_tn.update_memory_mode(hosted(MemoryType.VOLATILE), provenance.INPUT)
     t.value_tn.host_array()
     t._fwd_done = True
     register(t)
@@ -51,7 +51,7 @@ def input(label: str, *, batch_dims: Sequence[int] = (), input_dims: Sequence[in
     return t
 
 
-def scalar(value: float, *, label: str, prec: "ops.Prec | str | np.dtype | type | None" = None) -> Tensor:
+def scalar(value: float, *, label: str, prec: ops.Prec | str | np.dtype | type | None = None) -> Tensor:
     """A one-cell input holding `value`, e.g. a learning rate changed between steps with
     `lr.set_values(0.01)` — no recompilation, unlike a number literal, which is compiled in."""
     return input(label, output_dims=(1,), prec=prec, values=value)

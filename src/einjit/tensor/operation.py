@@ -14,7 +14,7 @@ import numpy as np
 
 from einjit import shape as sh
 from einjit.ir import assignments as asg
-from einjit.ir import ops
+from einjit.ir import ops, provenance
 from einjit.ir.indexing import StaticSymbol
 from einjit.ir.tnode import MemoryType, hosted
 from einjit.tensor import op_scope
@@ -228,7 +228,7 @@ def range_(n: int, *, label=None) -> Tensor:
 def embed_symbol(static_sym: StaticSymbol, *, label=None) -> Tensor:
     """The current value of a static symbol as a one-cell tensor (OCANNL's `!@`)."""
     shape = sh.Shape.make(batch_dims=[], input_dims=[], output_dims=[1], debug_name=f"embed {static_sym!r}")
-    t = _terminal(new_label(label, f"embed_{static_sym!r}"), "!@", shape, GradSpec.PROHIBIT_GRAD)
+    t = _terminal(new_label(label, f"embed_{static_sym.symbol.name}"), "!@", shape, GradSpec.PROHIBIT_GRAD)
     t.own_forward = asg.Fetch(t.value_tn, asg.EmbedSymbol(static_sym))
     register(t)
     return t
@@ -279,7 +279,7 @@ def ndarray(values, *, label: str | None = None, batch_axes: int | None = None, 
         data = data.reshape(data.shape[:len(dims["batch"])] + (1,) + data.shape[len(dims["batch"]):])
     p = default_prec() if prec is None else ops.as_prec(prec)
     t = _terminal(new_label(label, "ndarray"), "ndarray", shape, GradSpec.PROHIBIT_GRAD, prec=p)
-    t.value_tn.update_memory_mode(hosted(MemoryType.CONSTANT), 30)
+    t.value_tn.update_memory_mode(hosted(MemoryType.CONSTANT), provenance.CONSTANT_TENSOR)
     t.value_tn.array = np.ascontiguousarray(data, dtype=p.dtype)
     t._fwd_done = True
     register(t)
@@ -322,11 +322,11 @@ def param(label: str | Sequence[str], values=None, *, output_dims: list[int] | N
         fill = arr.ravel()
     t = _terminal(lbl, "param", shape, GradSpec.REQUIRE_GRAD,
                   init=sh.ConstantFill(fill.size) if fill is not None else None, prec=prec)
-    t.value_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), 31)
-    t.grad_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), 32)
+    t.value_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.PARAM_VALUE)
+    t.grad_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.PARAM_GRAD)
     if fill is not None:
         t.init = lambda rng: _fill_values(t, fill)
-        if t.value_tn.dims_known() or (output_dims is not None and input_dims is not None):
+        if output_dims is not None and input_dims is not None:
             t.set_values(_fill_values(t, fill))
     else:
         t.init = lambda rng: _INITS[init](rng, t.dims, _row_size(shape.input), _row_size(shape.output))

@@ -24,7 +24,7 @@ import numpy as np
 from einjit import shape as sh
 from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
-from einjit.ir import ops
+from einjit.ir import ops, provenance
 from einjit.ir.tnode import Tnode
 
 
@@ -95,6 +95,43 @@ def unchanged_roots() -> PyIterator[None]:
 def _note_consumed(x: "Tensor", kind: int) -> None:
     for consumed in _consumed_inside:
         consumed[kind].append(x)
+
+def computes_in_host_array(context: object, tn: Tnode) -> bool:
+    """Whether `context` computes in the host array of `tn` itself (the C backend's default
+    context does, for hosted nodes), so host transfers of `tn` there are no-ops to skip."""
+    if getattr(context, "share_host_arrays", False) and tn.is_hosted():
+        return True
+    arrays = getattr(context, "arrays", None)
+    return isinstance(arrays, dict) and tn.array is not None and arrays.get(tn) is tn.array
+
+
+def _transferring_holders(tn: Tnode) -> list:
+    """The live contexts holding `tn` in an array of their own."""
+    from einjit.backends.interface import contexts_holding
+    return [c for c in contexts_holding(tn) if not computes_in_host_array(c, tn)]
+
+
+def written(tn: Tnode) -> None:
+    """After the host array of `tn` was written in place: copy it to every context holding the
+    node (the seed's `from_host`), so the routines there read the new values. Devices already
+    shut down are skipped: they run nothing more."""
+    from einjit.backends.interface import DeviceError
+    for context in _transferring_holders(tn):
+        with contextlib.suppress(DeviceError):
+            context.from_host(tn)
+
+
+def to_host(tn: Tnode) -> None:
+    """Before reading the host array of `tn`: bring back what the routines computed (the
+    seed's `to_host`) when one context holds the node. Replicas (several contexts, e.g. data
+    parallel devices) may differ, so then the host keeps what their synchronization last
+    wrote there; a device shut down has nothing newer than that either."""
+    from einjit.backends.interface import DeviceError
+    holders = _transferring_holders(tn)
+    if len(holders) == 1:
+        with contextlib.suppress(DeviceError):
+            holders[0].to_host(tn)
+
 
 _REFUSED_KINDS = {"c": "complex", "O": "object", "U": "string", "S": "bytes", "M": "datetime",
                   "m": "timedelta", "V": "structured"}
@@ -194,21 +231,26 @@ class NodeView:
     def read(self) -> np.ndarray:
         """The live host array, current as of now: for einjit's own loops, which copy what they
         hand out. Users get copies from `numpy()`."""
-        return self._host()
+        host = self._host()
+        to_host(self.tn)
+        return host
 
     def written(self) -> None:
-        """Called after the host array was written in place: the node's routines see it."""
+        written(self.tn)
 
     def numpy(self) -> np.ndarray:
         """A copy of the node's current host values."""
-        return self._host().copy()
+        return self.read().copy()
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        if copy is False:
+            raise ValueError(f"einjit: the values of {_describe(self.tensor, self.tn)} are read as a copy; "
+                             f"np.from_dlpack(tensor) gives the live host array")
         out = self.numpy()
         return out if dtype is None else out.astype(dtype, copy=False)
 
     def __getitem__(self, key) -> np.ndarray:
-        return np.array(self._host()[key], copy=True)
+        return np.array(self.read()[key], copy=True)
 
     def _writable(self) -> np.ndarray:
         """The host array to write into; a node not yet committed to a memory mode becomes
@@ -216,7 +258,7 @@ class NodeView:
         from einjit.ir.tnode import MemoryModeError, MemoryType, hosted
         if not self.tn.is_hosted():
             try:
-                self.tn.update_memory_mode(hosted(MemoryType.NONCONSTANT), 70)
+                self.tn.update_memory_mode(hosted(MemoryType.NONCONSTANT), provenance.HOSTED_BY_WRITE)
             except MemoryModeError:
                 raise TensorError(
                     f"einjit: cannot write {_describe(self.tensor, self.tn)}: it is {self.tn.memory_mode}, kept "
@@ -234,7 +276,7 @@ class NodeView:
         self.written()
 
     def __setitem__(self, key, values) -> None:
-        if key is Ellipsis or key == slice(None):
+        if key is Ellipsis or (isinstance(key, slice) and key == slice(None)):
             self.assign(values)
             return
         host = self._writable()
@@ -321,46 +363,43 @@ class Tensor:
     __array_ufunc__ = None
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        return self.value.__array__(dtype)
+        return self.value.__array__(dtype, copy)
 
     def __dlpack__(self, **kwargs):
         """Exports the live host array (no copy): writes through it are the tensor's values."""
-        return self.value._host().__dlpack__(**kwargs)
+        return self.value.read().__dlpack__(**kwargs)
 
     def __dlpack_device__(self):
-        return self.value._host().__dlpack_device__()
+        return self.value.read().__dlpack_device__()
 
     def hosted(self) -> "Tensor":
         """Keep the value (and gradient) readable from the host after routines run."""
         from einjit.ir.tnode import MemoryType, hosted
-        self.value_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), 60)
+        self.value_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.HOSTED_VALUE)
         if self.grad_tn is not None:
-            self.grad_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), 61)
+            self.grad_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.HOSTED_GRAD)
         return self
 
     def materialize(self, *, grad: bool = False) -> "Tensor":
         """Store the value (or, with `grad`, the gradient) in an array on the device, so that
         every routine can read it; the optimizer will not inline it away (seed 001: the modes
         the user sets explicitly). Returns the tensor, for chaining."""
-        from einjit.ir import mode_provenance
         from einjit.ir.tnode import MATERIALIZED
-        self._memory_node(grad).update_memory_mode(MATERIALIZED, mode_provenance.MATERIALIZE)
+        self._memory_node(grad).update_memory_mode(MATERIALIZED, provenance.MATERIALIZE_CALL)
         return self
 
     def virtual(self, *, grad: bool = False) -> "Tensor":
         """Never store the value (or gradient): its computation is inlined where it is read. A
         routine that cannot inline it fails naming this call."""
-        from einjit.ir import mode_provenance
         from einjit.ir.tnode import VIRTUAL
-        self._memory_node(grad).update_memory_mode(VIRTUAL, mode_provenance.VIRTUAL)
+        self._memory_node(grad).update_memory_mode(VIRTUAL, provenance.VIRTUAL_CALL)
         return self
 
     def on_device(self, *, grad: bool = False) -> "Tensor":
         """Store the value (or gradient) on the device only: routines share it, the host does
         not see it."""
-        from einjit.ir import mode_provenance
         from einjit.ir.tnode import ON_DEVICE
-        self._memory_node(grad).update_memory_mode(ON_DEVICE, mode_provenance.ON_DEVICE)
+        self._memory_node(grad).update_memory_mode(ON_DEVICE, provenance.ON_DEVICE_CALL)
         return self
 
     def _memory_node(self, grad: bool) -> Tnode:

@@ -14,29 +14,29 @@
 /* All threads of the grid meet here; the kernel is launched cooperatively. */
 __device__ inline void einjit_grid_sync(void) { cooperative_groups::this_grid().sync(); }
 
-extern "C" __global__ void layer(const float *__restrict__ data_1, const float *__restrict__ w_1, float *__restrict__ x_1, float *__restrict__ y_1, float *__restrict__ total_1, const float *__restrict__ merge_y_1, int s1) {
-  float h_1[3] = {0};
+extern "C" __global__ void layer(const float *__restrict__ data, const float *__restrict__ w, float *__restrict__ x, float *__restrict__ y, float *__restrict__ total, const float *__restrict__ merge_y, int s0) {
+  float h[3] = {0};
   /* x := data[s] */
-  for (long long g_i1 = EINJIT_TID; g_i1 < 3LL; g_i1 += EINJIT_NTHREADS) { const int i1 = (int)(g_i1);
-    x_1[i1] = data_1[s1 * 3 + i1];
+  for (long long g_i0 = EINJIT_TID; g_i0 < 3LL; g_i0 += EINJIT_NTHREADS) { const int i0 = (int)(g_i0);
+    x[i0] = data[s0 * 3 + i0];
   }
   einjit_grid_sync();
-  for (long long g_i2 = EINJIT_TID; g_i2 < 2LL; g_i2 += EINJIT_NTHREADS) { const int i2 = (int)(g_i2);
+  for (long long g_i1 = EINJIT_TID; g_i1 < 2LL; g_i1 += EINJIT_NTHREADS) { const int i1 = (int)(g_i1);
     for (int i3 = 0; i3 < 3; ++i3) {
-      h_1[i3] = (x_1[i3] * w_1[i3 * 2 + i2]);
+      h[i3] = (x[i3] * w[i3 * 2 + i1]);
     }
     {
-      const float t1_ = ((h_1[0] + h_1[1]) + (h_1[2] + merge_y_1[i2]));
-      y_1[i2] = (t1_ > 0 ? t1_ : 0);
+      const float t1_ = ((h[0] + h[1]) + (h[2] + merge_y[i1]));
+      y[i1] = (t1_ > 0 ? t1_ : 0);
     }
   }
-  for (long long g_i4 = EINJIT_TID; g_i4 < 1LL; g_i4 += EINJIT_NTHREADS) { const int i4 = (int)(0);
-    total_1[i4] = 0.0f; /* total_1 := 0 */
+  for (long long g_i2 = EINJIT_TID; g_i2 < 1LL; g_i2 += EINJIT_NTHREADS) { const int i2 = (int)(0);
+    total[i2] = 0.0f; /* total := 0 */
   }
   einjit_grid_sync();
   if (EINJIT_TID == 0) {
-    for (int i5 = 0; i5 < 2; ++i5) {
-      total_1[0] = (total_1[0] + y_1[i5]);
+    for (int i4 = 0; i4 < 2; ++i4) {
+      total[0] = (total[0] + y[i4]);
     }
   }
 }

@@ -13,21 +13,21 @@ static inline double einjit_uniform01(unsigned long long x) {
   return (double)(z >> 11) * (1.0 / 9007199254740992.0);
 }
 
-void mixed(double *restrict r_1, _Float16 *restrict q_1, int *restrict n_1) {
-  for (int i1 = 0; i1 < 2; ++i1) {
+void mixed(double *restrict r, _Float16 *restrict q, int *restrict n) {
+  for (int i0 = 0; i0 < 2; ++i0) {
     { /* r := uniform */
-      const unsigned long long vec_base = (unsigned long long)(7LL + ((long long)i1)) * 4ULL;
+      const unsigned long long vec_base = (unsigned long long)(7LL + ((long long)i0)) * 4ULL;
       for (int vec_k = 0; vec_k < 4; ++vec_k)
-        r_1[i1 * 4 + vec_k] = (double)einjit_uniform01(vec_base + (unsigned long long)vec_k);
+        r[i0 * 4 + vec_k] = (double)einjit_uniform01(vec_base + (unsigned long long)vec_k);
     }
   }
-  for (int i2 = 0; i2 < 5; ++i2) {
-    q_1[i2] = (_Float16)exp((r_1[6] * 0.25));
+  for (int i1 = 0; i1 < 5; ++i1) {
+    q[i1] = ((_Float16)expf(((_Float16)((_Float16)r[6] * ((_Float16)0.25)))));
   }
-  for (int i2 = 0; i2 < 5; ++i2) {
+  for (int i1 = 0; i1 < 5; ++i1) {
     {
-      const int t1_ = (((int)i2) % 3);
-      n_1[i2] = (t1_ > (int)q_1[i2] ? t1_ : (int)q_1[i2]);
+      const int t1_ = (((int)i1) % 3);
+      n[i1] = (t1_ > (int)q[i1] ? t1_ : (int)q[i1]);
     }
   }
 }

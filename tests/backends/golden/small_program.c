@@ -4,26 +4,26 @@
 #include <string.h>
 #define EINJIT_CLAMP(x, hi) ((x) < 0 ? 0 : ((x) > (hi) ? (hi) : (x)))
 
-void small(const float *restrict x_1, const float *restrict w_1, float *restrict y_1, const float *restrict merge_y_1, int s1) {
-  float h_1[24] = {0};
+void small(const float *restrict x, const float *restrict w, float *restrict y, const float *restrict merge_y, int s0) {
+  float h[24] = {0};
   /* conv then relu */
-  memset(y_1, 0, sizeof(float) * 24);
-  for (int i1 = 0; i1 < 4; ++i1) {
-    for (int i2 = 0; i2 < 6; ++i2) {
+  memset(y, 0, sizeof(float) * 24);
+  for (int i0 = 0; i0 < 4; ++i0) {
+    for (int i1 = 0; i1 < 6; ++i1) {
       {
-        float v1_ = 0;
-        for (int i3 = 0; i3 < 3; ++i3) {
-          v1_ = (v1_ + (x_1[i1 * 14 + (2*i2 + i3)] * w_1[i3]));
+        float v0_ = 0;
+        for (int i2 = 0; i2 < 3; ++i2) {
+          v0_ = (v0_ + (x[i0 * 14 + (2*i1 + i2)] * w[i2]));
         }
-        h_1[i1 * 6 + i2] = v1_; /* h =: x conv w */
+        h[i0 * 6 + i1] = v0_; /* h =: x conv w */
       }
     }
   }
-  for (int i4 = 0; i4 < 4; ++i4) {
-    for (int i5 = 0; i5 < 6; ++i5) {
+  for (int i3 = 0; i3 < 4; ++i3) {
+    for (int i4 = 0; i4 < 6; ++i4) {
       {
-        const float t1_ = h_1[i4 * 6 + i5];
-        y_1[i4 * 6 + i5] = (((t1_ > 0 ? t1_ : 0) + (((float)s1) * 0.5f)) + merge_y_1[i4 * 6 + i5]); /* y =: relu h + s/2 + merge y */
+        const float t1_ = h[i3 * 6 + i4];
+        y[i3 * 6 + i4] = (((t1_ > 0 ? t1_ : 0) + (((float)s0) * 0.5f)) + merge_y[i3 * 6 + i4]); /* y =: relu h + s/2 + merge y */
       }
     }
   }

@@ -1,0 +1,128 @@
+"""The compiled-object cache shared by every toolchain (gcc, NVRTC, nvcc).
+
+An object is keyed by a content hash of everything that determines it (ABI version, compiler
+identity, flags, target, source), so compiling a program compiled before — in this process or
+an earlier one — returns the cached object without running the compiler.
+
+Each cached file is the object followed by a trailer (`_MAGIC` and the SHA-256 of the
+object). A file without a valid trailer — truncated by a crash or a full disk, or corrupted —
+is rebuilt instead of loaded. The trailer changes nothing for its readers: the dynamic
+loader ignores bytes after an ELF object's last section, and `read_object` strips it.
+
+Objects are written to a temporary file and published with `os.replace`, so concurrent
+processes compiling the same program both succeed: each publishes a complete file, and a
+reader sees one complete file or the other, never a partial one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from einjit import config
+
+__all__ = ["CacheStats", "CompiledObject", "cache_key", "get_or_build", "read_object"]
+
+_MAGIC = b"\nEINJIT-OBJECT-SHA256\n"
+_TRAILER = len(_MAGIC) + 32
+
+
+@dataclass
+class CacheStats:
+    """How often a toolchain's compiler actually ran, and how often the cache answered."""
+
+    compiler_invocations: int = 0
+    cache_hits: int = 0
+    rebuilds: int = 0
+    """Cached files found invalid (truncated or corrupt) and compiled again."""
+
+
+@dataclass(frozen=True)
+class CompiledObject:
+    """A cached object and, when kept, its source beside it."""
+
+    path: Path
+    source_path: Path | None
+    hit: bool
+
+
+def cache_key(*parts: str) -> str:
+    """The content hash naming an object: 32 hex digits of SHA-256 over the parts."""
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _directory(kind: str) -> Path:
+    path = config.cache_dir() / kind
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same directory."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _valid(path: Path) -> bool:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    if len(data) < _TRAILER or data[-_TRAILER:-32] != _MAGIC:
+        return False
+    return hashlib.sha256(data[:-_TRAILER]).digest() == data[-32:]
+
+
+def read_object(path: Path) -> bytes:
+    """The object stored at `path`, without its trailer."""
+    return path.read_bytes()[:-_TRAILER]
+
+
+def get_or_build(kind: str, key_parts: Sequence[str], *, suffix: str, source: str, source_suffix: str,
+                 build: Callable[[Path, Path, Path], None], stats: CacheStats, label: str,
+                 keep_source: bool = False) -> CompiledObject:
+    """The object for `key_parts`: from `<cache>/<kind>/` when a valid one is there, else
+    made by `build(output, source_path, kept_path)`, which compiles the source at
+    `source_path` (already written) into `output` (a temporary path), or raises; on failure
+    the source is moved to `kept_path`, which the error message should name."""
+    directory = _directory(kind)
+    key = cache_key(*key_parts)
+    path, kept = directory / f"{key}{suffix}", directory / f"{key}{source_suffix}"
+    if keep_source:
+        atomic_write(kept, source.encode())
+    if path.exists():
+        if _valid(path):
+            stats.cache_hits += 1
+            config.debug(1, f"{kind}: {label}: cache hit {path}")
+            return CompiledObject(path, kept if keep_source else None, True)
+        stats.rebuilds += 1
+        config.debug(1, f"{kind}: {label}: cached object {path} is truncated or corrupt; rebuilding")
+    fd, tmp_src = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=source_suffix)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(source)
+    tmp_out = Path(tmp_src).with_suffix(suffix)
+    stats.compiler_invocations += 1
+    try:
+        try:
+            build(tmp_out, Path(tmp_src), kept)
+        except BaseException:
+            os.replace(tmp_src, kept)
+            raise
+        data = tmp_out.read_bytes()
+        with open(tmp_out, "ab") as f:
+            f.write(_MAGIC + hashlib.sha256(data).digest())
+        os.replace(tmp_out, path)
+    finally:
+        tmp_out.unlink(missing_ok=True)
+        Path(tmp_src).unlink(missing_ok=True)
+    return CompiledObject(path, kept if keep_source else None, False)

@@ -1,0 +1,109 @@
+"""Program-local names: nodes, loop symbols and locals named by label and order of appearance.
+
+Nodes, symbols and scope ids carry process-global ids, so names built from them change when
+unrelated tensors are built first: the same model would render different C in two processes
+and miss the compiled-object cache. Inside `stable_names()`, printing a node, a symbol or a
+local asks the active `Names` instead, which hands out names in order of first request:
+nodes by label (`w1`, then `w1_2` for a second node labelled `w1`), symbols by their prefix
+and a counter from 0 (`i0`, `i1`), locals `v0_`, `v1_`. Renderers query names in program
+order, so "first request" is "first appearance". Outside the context, names keep the global
+id, which is what debug output and error messages want.
+
+This module imports nothing from einjit: nodes, symbols and scope ids are duck-typed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+# C and CUDA keywords, the math functions generated code calls, and the fixed identifiers of
+# the renderers: a node labelled `exp` or `z` must not shadow them.
+RESERVED = frozenset("""
+    auto break case char const continue default do double else enum extern float for goto if inline int
+    long register restrict return short signed sizeof static struct switch typedef union unsigned void
+    volatile while bool true false main NULL NAN INFINITY half
+    exp expf log logf sin sinf cos cosf tan tanf pow powf sqrt sqrtf fabs fabsf fmax fmaxf fmin fminf
+    tanh tanhf exp2 exp2f log2 log2f floor floorf ceil ceilf round roundf fmod fmodf erf erff fma fmaf
+    memset malloc free abs min max z vec_base vec_k threadIdx blockIdx blockDim gridDim grid block
+""".split())
+RESERVED_PREFIXES = ("merge_", "einjit", "EINJIT", "g_", "__")
+
+
+def _identifier(text: str) -> str:
+    clean = re.sub(r"\W", "_", text).strip("_") or "n"
+    return "n" + clean if clean[0].isdigit() else clean
+
+
+def node_base(label: list[str]) -> str:
+    """The C identifier a node's label suggests (its first two label parts)."""
+    base = _identifier("_".join(label[:2]) if label else "n")
+    return "n_" + base if base in RESERVED or base.startswith(RESERVED_PREFIXES) else base
+
+
+class Names:
+    """The names of one program; every name is distinct from every other and from `RESERVED`."""
+
+    def __init__(self) -> None:
+        self._given: dict[tuple[str, int], str] = {}
+        self._used: set[str] = set()
+        self._counters: dict[str, int] = {}
+
+    def _take(self, key: tuple[str, int], candidates: Iterator[str]) -> str:
+        name = self._given.get(key)
+        if name is None:
+            name = next(c for c in candidates if c not in self._used and c not in RESERVED)
+            self._used.add(name)
+            self._given[key] = name
+        return name
+
+    def node(self, tn: Any) -> str:
+        base = node_base(tn.label)
+        return self._take(("node", tn.id), _suffixed(base))
+
+    def symbol(self, s: Any) -> str:
+        return self._take(("symbol", s.id), self._counted(_identifier(s.name), ""))
+
+    def local(self, sid: Any) -> str:
+        return self._take(("local", sid.id), self._counted("v", "_"))
+
+    def _counted(self, prefix: str, suffix: str) -> Iterator[str]:
+        while True:
+            k = self._counters.get(prefix, 0)
+            self._counters[prefix] = k + 1
+            yield f"{prefix}{k}{suffix}"
+
+
+def _suffixed(base: str) -> Iterator[str]:
+    yield base
+    k = 2
+    while True:
+        yield f"{base}_{k}"
+        k += 1
+
+
+_current: ContextVar[Names | None] = ContextVar("einjit_names", default=None)
+
+
+def current() -> Names | None:
+    """The active program's names, or None outside `stable_names()`."""
+    return _current.get()
+
+
+@contextmanager
+def stable_names() -> Iterator[Names]:
+    """Name everything printed inside by order of appearance; nested uses share the outer names,
+    so a program rendered in parts names each node the same way in every part."""
+    active = _current.get()
+    if active is not None:
+        yield active
+        return
+    names = Names()
+    token = _current.set(names)
+    try:
+        yield names
+    finally:
+        _current.reset(token)
