@@ -16,11 +16,12 @@ removes NumPy's temporaries but not its one pass over memory per operation.
 
 `bench_call_overhead` times an empty routine: the bare ctypes call against the seed's
 `Routine` (issue 10 moved every call onto it). Recorded on the 2-core development machine
-(shared, noisy), best of 5 x 200k calls: the old `cc.link` routine took 0.12-0.14 us (no
-static symbols) and 0.53-0.59 us (two ranged statics); the `Routine` call takes 0.19 us and
-0.89 us (+0.06 / +0.3 us, within the 2 us budget); `schedule()()` builds a `Work` and takes
-about 1.3-1.5 us. The moons step (200 epochs, best of 3) measured 3.1-5.0 us/step before and
-3.5-3.6 us/step after: unchanged within the machine's noise.
+(shared, noisy), best of 5 x 200k calls, alternating old and new runs: the old `cc.link`
+routine took 0.16-0.28 us (no static symbols) and 0.62-0.85 us (two ranged statics); the
+`Routine` call takes 0.17-0.29 us and 0.64-0.99 us (within the 2 us budget); `schedule()()`
+builds a `Work` and takes about 1.3-1.5 us. The moons step (200 epochs, best of 3) measured
+3.18-3.35 us/step before and 3.12-3.35 us/step after (single outliers near 4-5 us on both
+sides when the machine was busy): unchanged.
 """
 
 from __future__ import annotations

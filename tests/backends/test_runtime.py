@@ -208,3 +208,20 @@ def test_the_moons_demo_trains_identically_on_the_multicore_backend(monkeypatch)
     on_multicore = run_moons(epochs=3, quiet=True)
     assert on_multicore.losses == on_cc.losses and on_multicore.accuracy == on_cc.accuracy
     assert on_cc.losses[-1] < on_cc.losses[0]
+
+
+def test_atl_functions_compile_through_any_backend():
+    from einjit.atl import Func, Gen, Idx, R, Sum, TTensor, Var
+    i, j, k = Idx("i"), Idx("j"), Idx("k")
+    a, b = Var("A"), Var("B")
+    rnn = TTensor(3, TTensor(3, R))
+    matmul = Func([("A", rnn), ("B", rnn)], Gen(i, 3, Gen(j, 3, Sum(k, 3, a[i, k] * b[k, j]))))
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((3, 3)), rng.standard_normal((3, 3))
+    on_cc = matmul.compiled("einjit")
+    on_multicore = matmul.compiled("einjit", einjit_backend="multicore")
+    assert on_multicore.context.backend is backends.get("multicore") and on_multicore is not on_cc
+    for _ in range(2):
+        np.testing.assert_allclose(on_multicore(x, y), x @ y, rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(on_multicore(x, y), on_cc(x, y))
+        x = 2 * x

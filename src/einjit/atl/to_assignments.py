@@ -486,11 +486,11 @@ class EinjitFunc:
     """
 
     def __init__(self, nf: NormalForm, *, settings: VirtualizeSettings | None = None,
-                 options: Any = None, backend: Any = None) -> None:
+                 options: Any = None, einjit_backend: Any = None) -> None:
         t0 = time.perf_counter()
         self.translation = to_assignments(nf)
         name = "atl_" + re.sub(r"\W", "_", nf.ret.name.name)
-        base = backends.resolve(backend)
+        base = backends.resolve(einjit_backend)
         compiler = base if options is None else backends.with_options(base, options)
         with stable_names():
             config.debug(2, f"ATL normal form:\n{nf}\nATL einjit assignments:\n"
@@ -522,9 +522,9 @@ class EinjitFunc:
 def compile_normal_form(nf: NormalForm, **options: Any) -> EinjitFunc:
     """The ATL backend contract (see ``func._compile``). Options: ``settings``, the
     optimizer's ``VirtualizeSettings``; ``options``, the C backend's ``CcOptions``;
-    ``backend``, an einjit backend or its name (default: ``$EINJIT_BACKEND`` or ``cc``)."""
-    unknown = set(options) - {"settings", "options", "backend"}
+    ``einjit_backend``, an einjit backend or its name (default: ``$EINJIT_BACKEND`` or ``cc``)."""
+    unknown = set(options) - {"settings", "options", "einjit_backend"}
     if unknown:
         raise TypeError(f"einjit ATL backend: unknown options {sorted(unknown)}; "
-                        "expected 'settings', 'options' and/or 'backend'")
+                        "expected 'settings', 'options' and/or 'einjit_backend'")
     return EinjitFunc(nf, **options)
