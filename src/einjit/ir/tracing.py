@@ -53,6 +53,12 @@ class VirtualizeSettings:
     default because without common-subexpression elimination each read replays the loop.
     `virtualize` / `simplify`: switch the two transformations off, to compare with the
     unoptimized program.
+    `schedule` / `interchange`: the CPU loop stages (`ir/schedule.py`, `ir/interchange.py`);
+    backends that map loops to threads themselves (CUDA) use the code before them.
+    `reassociate`: the scheduling stage may split a float reduction into independent partial
+    sums (vector lanes, blocked summation), which changes rounding — usually for the better —
+    but makes results differ from sequential summation in the last bits. Only that stage ever
+    reassociates; turn it off for results bit-identical to the unscheduled program.
     """
 
     max_visits: int = 1
@@ -63,6 +69,9 @@ class VirtualizeSettings:
     inline_complex_computations: bool = False
     virtualize: bool = True
     simplify: bool = True
+    schedule: bool = True
+    interchange: bool = True
+    reassociate: bool = True
 
     def __post_init__(self) -> None:
         if self.max_visits < 0:
