@@ -22,64 +22,72 @@ unit-stride everywhere, so it vectorizes. Every output cell still sums its terms
 original order, so results are bit-identical to the unscheduled code.
 
 **Reductions** whose innermost loop is summed and unit-stride (a row sum, a matrix-vector
-product) are split into `LANES` independent partial sums over `k = LANES*k0 + l`, added into
+product) are split into `Blocking.lanes` independent partial sums over `k = lanes*k0 + l`, added into
 the target in lane order at the end. That reassociates float sums, so it happens only under
 `VirtualizeSettings.reassociate` (on by default); integer sums are exact either way.
 
-Small nests (under `MIN_WORK` innermost iterations) are left alone: the rewrites pay only
+Small nests (under `Blocking.min_work` innermost iterations) are left alone: the rewrites pay only
 when the arithmetic dominates.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from einjit.ir import low_level as ll
 from einjit.ir import ops
-from einjit.ir.indexing import AxisIndex, FixedIdx, Iterator, Symbol, get_symbol, index_symbols, make_affine, subst_index
+from einjit.ir.indexing import (AxisIndex, FixedIdx, Iterator, Symbol, get_symbol, index_symbols, make_affine,
+                                subst_index)
 from einjit.ir.interchange import best_order, perfect_nest, reorderable
 from einjit.ir.tnode import LOCAL, Tnode
 from einjit.ir.tracing import VirtualizeSettings
 
-MIN_WORK = 1 << 16
-"""Innermost iterations below which a nest is not worth rescheduling."""
+@dataclass(frozen=True)
+class Blocking:
+    """The stage's size parameters, tuned on the development machine (AVX-512 EPYC, gcc 12).
 
-NB_CHOICES = (32, 24, 16, 8)
-"""Register-block widths along the unit-stride lhs axis, best first (multiples of the 8-float
-AVX vector). An axis none of them divides is blocked by its largest divisor up to 32."""
+    `min_work`: innermost iterations below which a nest is not worth rescheduling.
+    `nb_choices`: register-block widths along the unit-stride lhs axis, best first (multiples
+    of the 8-float AVX vector); an axis none of them divides is blocked by its largest divisor
+    up to `nb_choices[0]`, if that is at least `min_nb`.
+    `mb_max`: the most rows of a register block: 8 rows × 32 columns measured best.
+    `lanes`: partial sums of a split reduction: four 8-float vectors, enough independent FMA
+    chains to hide the FMA latency.
+    """
 
-MB_MAX = 8
-"""The most rows of a register block: 8 rows × 32 columns is 32 AVX registers of
-accumulators with AVX-512VL, and measured best on the development machine."""
+    min_work: int = 1 << 16
+    nb_choices: tuple[int, ...] = (32, 24, 16, 8)
+    min_nb: int = 4
+    mb_max: int = 8
+    lanes: int = 32
 
-LANES = 32
-"""Partial sums of a split reduction: four 8-float vectors, enough independent FMA chains to
-hide the FMA latency."""
+
+BLOCKING = Blocking()
 
 PROVENANCE = 70
 """The memory-mode provenance of the routine-local nodes this stage creates."""
 
 
-def schedule_llc(stmt: ll.LLStmt, settings: VirtualizeSettings, min_work: int = MIN_WORK) -> ll.LLStmt:
-    """Every eligible nest of `stmt` of at least `min_work` innermost iterations rescheduled;
-    other code unchanged."""
-    return ll.seq(*(_schedule_stmt(s, settings, min_work) for s in ll.flatten(stmt)))
+def schedule_llc(stmt: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocking = BLOCKING) -> ll.LLStmt:
+    """Every eligible nest of `stmt` rescheduled; other code unchanged."""
+    return ll.seq(*(_schedule_stmt(s, settings, blocking) for s in ll.flatten(stmt)))
 
 
-def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, min_work: int) -> ll.LLStmt:
+def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocking) -> ll.LLStmt:
     if not isinstance(s, ll.ForLoop):
         return s
     loops, body = perfect_nest(s)
     inner = list(ll.flatten(body))
     if len(inner) == 1 and isinstance(inner[0], ll.Set) and all(lp.from_ == 0 for lp in loops):
         st = inner[0]
-        new = (_contraction(loops, st) or _split_reduction(loops, st, settings)
-               if math.prod(lp.to_ + 1 for lp in loops) >= min_work else None)
+        new = (_contraction(loops, st, blocking) or _split_reduction(loops, st, settings, blocking)
+               if math.prod(lp.to_ + 1 for lp in loops) >= blocking.min_work else None)
         if new is not None:
             return new
     if len(loops) == 1:
-        return ll.ForLoop(s.index, s.from_, s.to_, schedule_llc(s.body, settings, min_work), s.trace_it)
-    rebuilt = schedule_llc(body, settings, min_work)
+        return ll.ForLoop(s.index, s.from_, s.to_, schedule_llc(s.body, settings, blocking), s.trace_it)
+    rebuilt = schedule_llc(body, settings, blocking)
     for loop in reversed(loops):
         rebuilt = ll.ForLoop(loop.index, loop.from_, loop.to_, rebuilt, loop.trace_it)
     return rebuilt
@@ -160,7 +168,7 @@ def _unit_stride_axis_symbol(tn: Tnode, idcs: tuple[AxisIndex, ...]) -> Symbol |
 # ---------------------------------------------------------------- contractions
 
 
-def _contraction(loops: list[ll.ForLoop], st: ll.Set) -> ll.LLStmt | None:
+def _contraction(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> ll.LLStmt | None:
     acc = _accumulation(st)
     if acc is None or acc[0] != "fma" or not st.tn.prec.is_float:
         return None
@@ -185,9 +193,10 @@ def _contraction(loops: list[ll.ForLoop], st: ll.Set) -> ll.LLStmt | None:
     if not rows:
         return None
     i = max(rows, key=lambda s: extent[s])
-    nb = next((d for d in NB_CHOICES if extent[j] % d == 0), None) or _divisor_up_to(extent[j], NB_CHOICES[0])
-    mb = _divisor_up_to(extent[i], MB_MAX)
-    if nb < 4:
+    nb = (next((d for d in blocking.nb_choices if extent[j] % d == 0), None)
+          or _divisor_up_to(extent[j], blocking.nb_choices[0]))
+    mb = _divisor_up_to(extent[i], blocking.mb_max)
+    if nb < blocking.min_nb:
         return None
     prec = st.tn.prec
     pack = _local("pack", tuple(extent[k] for k in summed) + (nb,), prec)
@@ -225,7 +234,8 @@ def _divisor_up_to(n: int, most: int) -> int:
 # ---------------------------------------------------------------- split reductions
 
 
-def _split_reduction(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSettings) -> ll.LLStmt | None:
+def _split_reduction(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSettings,
+                     blocking: Blocking) -> ll.LLStmt | None:
     acc = _accumulation(st)
     if acc is None or (st.tn.prec.is_float and not settings.reassociate):
         return None
@@ -233,18 +243,21 @@ def _split_reduction(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSe
     k = loops[-1].index
     n = loops[-1].to_ + 1
     lhs = {s for idx in st.idcs for s in index_symbols(idx)}
-    if k in lhs or n % LANES or n < 2 * LANES or best_order(loops, st) != loops:
+    n_lanes = blocking.lanes
+    if k in lhs or n % n_lanes or n < n_lanes or best_order(loops, st) != loops:
         return None
-    lanes = _local("lanes", (LANES,), st.tn.prec)
+    lanes = _local("lanes", (n_lanes,), st.tn.prec)
     k0, lane = get_symbol("k0"), get_symbol("l")
-    env: dict[Symbol, AxisIndex] = {k: make_affine(((LANES, k0), (1, lane)))}
+    env: dict[Symbol, AxisIndex] = {k: make_affine(((n_lanes, k0), (1, lane)))}
     own = (ll.Get(lanes, (Iterator(lane),)),)
     split = tuple(_subst(t, env) for t in terms)
     value = (ll.Ternop(ops.Ternop.FMA, *split, *own) if kind == "fma"
              else ll.Binop(ops.Binop.ADD, *own, *split))
     body = ll.seq(
-        ll.Comment(f"{LANES} partial sums into {st.tn.name} (reassociated)"),
-        ll.ForLoop(lane, 0, LANES - 1, ll.Set(lanes, (Iterator(lane),), ll.Constant(0.0))),
-        ll.ForLoop(k0, 0, n // LANES - 1, ll.ForLoop(lane, 0, LANES - 1, ll.Set(lanes, own[0].idcs, value, st.debug))),
-        ll.ForLoop(lane, 0, LANES - 1, ll.Set(st.tn, st.idcs, ll.Binop(ops.Binop.ADD, ll.Get(st.tn, st.idcs), own[0]))))
+        ll.Comment(f"{n_lanes} partial sums into {st.tn.name} (reassociated)"),
+        ll.ForLoop(lane, 0, n_lanes - 1, ll.Set(lanes, (Iterator(lane),), ll.Constant(0.0))),
+        ll.ForLoop(k0, 0, n // n_lanes - 1,
+                   ll.ForLoop(lane, 0, n_lanes - 1, ll.Set(lanes, own[0].idcs, value, st.debug))),
+        ll.ForLoop(lane, 0, n_lanes - 1,
+                   ll.Set(st.tn, st.idcs, ll.Binop(ops.Binop.ADD, ll.Get(st.tn, st.idcs), own[0]))))
     return _nest([(lp.index, lp.to_ + 1) for lp in loops[:-1]], body)
