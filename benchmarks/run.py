@@ -41,17 +41,25 @@ import numpy as np  # noqa: E402  (after the thread settings)
 
 def best_time(fn, repeats: int = 5, min_time: float = 0.2) -> float:
     """Best of `repeats` batches, each of enough calls to last about `min_time` / `repeats`."""
-    fn()
-    t = time.perf_counter()
-    fn()
-    once = max(time.perf_counter() - t, 1e-7)
-    per = max(1, int(min_time / repeats / once))
-    best = float("inf")
-    for _ in range(repeats):
+    return best_times([fn], repeats, min_time)[0]
+
+
+def best_times(fns, repeats: int = 7, min_time: float = 0.2) -> list[float]:
+    """Best batch time of each function, batches interleaved round by round, so that a busy
+    moment on a shared machine slows every contender alike rather than one of them."""
+    pers = []
+    for fn in fns:
+        fn()
         t = time.perf_counter()
-        for _ in range(per):
-            fn()
-        best = min(best, (time.perf_counter() - t) / per)
+        fn()
+        pers.append(max(1, int(min_time / repeats / max(time.perf_counter() - t, 1e-7))))
+    best = [float("inf")] * len(fns)
+    for _ in range(repeats):
+        for k, (fn, per) in enumerate(zip(fns, pers)):
+            t = time.perf_counter()
+            for _ in range(per):
+                fn()
+            best[k] = min(best[k], (time.perf_counter() - t) / per)
     return best
 
 
@@ -99,9 +107,9 @@ def matmul_rows(sizes: list[int]) -> list[dict]:
             yy = y.T if transposed else y
             routine()
             np.testing.assert_allclose(ctx.array(c), x @ yy, rtol=1e-3, atol=1e-3)
-            t_np = best_time(lambda: x @ yy)
+            t_ej, t_np = best_times([routine, lambda: x @ yy])
             name = f"fp32 matmul {'w @ x (A·Bᵀ)' if transposed else 'a @ b'} n={n}"
-            rows.append(row(name, best_time(routine), {"numpy": t_np} | _torch_mm(x, yy), 2.0 * n**3))
+            rows.append(row(name, t_ej, {"numpy": t_np} | _torch_mm(x, yy), 2.0 * n**3))
     return rows
 
 

@@ -122,6 +122,7 @@ class CSyntax:
     local_heap_free: str = "free({name});"
     zero_out_memset: bool = True
     interchange_loops: bool = False
+    unroll_pragma: str = "#pragma GCC unroll {n}"
     loop_head: Callable[[ll.ForLoop, str, str], str | None] | None = None
     classify: Callable[[Tnode, bool], MemClass] | None = None
 
@@ -485,6 +486,8 @@ class _Writer:
                     if index in self.loops or index in self.static_ranges:
                         raise RenderError(f"einjit: loop symbol {index!r} is already bound in an enclosing scope")
                     name = symbol_name(index)
+                    if s.unroll and self.syn.unroll_pragma:
+                        self.lines.append(indent + self.syn.unroll_pragma.format(n=to_ - from_ + 1))
                     head = self.syn.loop_head(s, name, self.index_type) if self.syn.loop_head else None
                     self.lines.append(indent + (head or f"for ({self.index_type} {name} = {from_}; "
                                                         f"{name} < {to_ + 1}; ++{name}) {{"))

@@ -65,11 +65,16 @@ class Seq:
 
 @dataclass(frozen=True, slots=True)
 class ForLoop:
+    """`unroll`: a request to the compiler to unroll the loop completely (the scheduling stage
+    sets it on register-block rows, so their accumulators can live in registers); it does not
+    change what the loop computes."""
+
     index: Symbol
     from_: int
     to_: int
     body: "LLStmt"
     trace_it: bool = True
+    unroll: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,9 +356,10 @@ def stmt_to_doc(stmt: LLStmt, cstyle: bool = False, indent: str = "") -> str:
                 out.append(f"{indent}/* {msg} */\n")
             case StagedCompilation(render):
                 out.append(f"{indent}{render()}\n")
-            case ForLoop(index, from_, to_, body, trace_it):
+            case ForLoop(index, from_, to_, body, trace_it, unroll):
+                note = ("" if trace_it else " (untraced)") + (" (unrolled)" if unroll else "")
                 head = (f"for (int {index!r} = {from_}; {index!r} <= {to_}; ++{index!r}) {{" if cstyle
-                        else f"for {index!r} = {from_} to {to_}{'' if trace_it else ' (untraced)'} {{")
+                        else f"for {index!r} = {from_} to {to_}{note} {{")
                 out.append(f"{indent}{head}\n{stmt_to_doc(body, cstyle, indent + '  ')}{indent}}}\n")
             case ZeroOut(tn):
                 out.append(f"{indent}zero_out({tn.name});\n")

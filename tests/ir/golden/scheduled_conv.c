@@ -15,6 +15,7 @@ void scheduled(const float *restrict img0, const float *restrict w1, float *rest
         }
       }
       for (int ib11 = 0; ib11 < 1; ++ib11) {
+        #pragma GCC unroll 4
         for (int ir12 = 0; ir12 < 4; ++ir12) {
           for (int jr10 = 0; jr10 < 8; ++jr10) {
             acc4[ir12 * 8 + jr10] = out2[(4*ib11 + ir12) * 64 + y5 * 8 + (8*jp6 + jr10)];
@@ -23,6 +24,7 @@ void scheduled(const float *restrict img0, const float *restrict w1, float *rest
         for (int c13 = 0; c13 < 2; ++c13) {
           for (int u14 = 0; u14 < 3; ++u14) {
             for (int v15 = 0; v15 < 3; ++v15) {
+              #pragma GCC unroll 4
               for (int ir12 = 0; ir12 < 4; ++ir12) {
                 for (int jr10 = 0; jr10 < 8; ++jr10) {
                   acc4[ir12 * 8 + jr10] = fmaf(w1[(4*ib11 + ir12) * 18 + c13 * 9 + u14 * 3 + v15], pack3[c13 * 72 + u14 * 24 + v15 * 8 + jr10], acc4[ir12 * 8 + jr10]);
@@ -31,6 +33,7 @@ void scheduled(const float *restrict img0, const float *restrict w1, float *rest
             }
           }
         }
+        #pragma GCC unroll 4
         for (int ir12 = 0; ir12 < 4; ++ir12) {
           for (int jr10 = 0; jr10 < 8; ++jr10) {
             out2[(4*ib11 + ir12) * 64 + y5 * 8 + (8*jp6 + jr10)] = acc4[ir12 * 8 + jr10];

@@ -10,18 +10,21 @@ void scheduled(const float *restrict a0, float *restrict c1, const float *restri
       }
     }
     for (int ib8 = 0; ib8 < 8; ++ib8) {
+      #pragma GCC unroll 8
       for (int ir9 = 0; ir9 < 8; ++ir9) {
         for (int jr7 = 0; jr7 < 32; ++jr7) {
           acc4[ir9 * 32 + jr7] = c1[(8*ib8 + ir9) * 64 + (32*jp5 + jr7)];
         }
       }
       for (int k10 = 0; k10 < 32; ++k10) {
+        #pragma GCC unroll 8
         for (int ir9 = 0; ir9 < 8; ++ir9) {
           for (int jr7 = 0; jr7 < 32; ++jr7) {
             acc4[ir9 * 32 + jr7] = fmaf(a0[(8*ib8 + ir9) * 32 + k10], pack3[k10 * 32 + jr7], acc4[ir9 * 32 + jr7]);
           }
         }
       }
+      #pragma GCC unroll 8
       for (int ir9 = 0; ir9 < 8; ++ir9) {
         for (int jr7 = 0; jr7 < 32; ++jr7) {
           c1[(8*ib8 + ir9) * 64 + (32*jp5 + jr7)] = acc4[ir9 * 32 + jr7];
