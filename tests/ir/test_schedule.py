@@ -200,3 +200,39 @@ def test_scheduled_c_golden(which):
     if os.environ.get("EINJIT_UPDATE_GOLDEN"):
         path.write_text(text)
     assert text == path.read_text()
+
+
+def test_large_contractions_run_on_threads_with_identical_results():
+    code, a, b, c = matmul(64, 48, 64, True)
+    sched = schedule_llc(code, ON, Blocking(min_work=1, parallel_min_work=1))
+    ins = inputs_for(a, b)
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[c]
+    results = {}
+    for threads in (1, 2):
+        options = cc.CcOptions(threads=threads)
+        proc = cc.compile_proc(sched, name="threaded", options=options)
+        assert ("#pragma omp parallel for num_threads(2) private(acc_" in proc.source) == (threads == 2)
+        ctx = cc.CpuContext(share_host_arrays=False)
+        for tn, v in ins.items():
+            ctx.array(tn)[...] = v
+        cc.link(ctx, proc, {})()
+        results[threads] = ctx.array(c).copy()
+    np.testing.assert_array_equal(results[1], want)
+    np.testing.assert_array_equal(results[2], want)
+
+
+def test_small_contractions_stay_serial():
+    code, *_ = matmul(16, 8, 32, True)
+    sched = schedule_llc(code, ON, ANY_SIZE)
+    assert not any(isinstance(s, ll.ForLoop) and s.parallel for s in ll.iter_stmts(sched))
+    assert "omp" not in cc.compile_proc(sched, name="serial", options=cc.CcOptions(threads=2)).source
+
+
+def test_thread_count_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("EINJIT_NUM_THREADS", "3")
+    assert cc.CcOptions().threads == 3
+    monkeypatch.setenv("EINJIT_NUM_THREADS", "many")
+    with pytest.raises(cc.CompileError, match="EINJIT_NUM_THREADS must be a positive integer, got 'many'"):
+        cc.CcOptions()
+    monkeypatch.delenv("EINJIT_NUM_THREADS")
+    assert cc.CcOptions().threads == (os.cpu_count() or 1)

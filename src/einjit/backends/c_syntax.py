@@ -123,6 +123,8 @@ class CSyntax:
     zero_out_memset: bool = True
     interchange_loops: bool = False
     unroll_pragma: str = "#pragma GCC unroll {n}"
+    num_threads: int = 1
+    parallel_pragma: str = "#pragma omp parallel for num_threads({n}){private}"
     loop_head: Callable[[ll.ForLoop, str, str], str | None] | None = None
     classify: Callable[[Tnode, bool], MemClass] | None = None
 
@@ -313,6 +315,7 @@ class _Writer:
         self.lines: list[str] = []
         self.guarded = 0
         self.temps = 0
+        self.parallel_depth = 0
 
     # -- names and storage
 
@@ -488,11 +491,15 @@ class _Writer:
                     name = symbol_name(index)
                     if s.unroll and self.syn.unroll_pragma:
                         self.lines.append(indent + self.syn.unroll_pragma.format(n=to_ - from_ + 1))
+                    if s.parallel and self.syn.num_threads > 1 and not self.parallel_depth:
+                        self.parallel_head(s, indent)
                     head = self.syn.loop_head(s, name, self.index_type) if self.syn.loop_head else None
                     self.lines.append(indent + (head or f"for ({self.index_type} {name} = {from_}; "
                                                         f"{name} < {to_ + 1}; ++{name}) {{"))
                     self.loops[index] = (from_, to_)
+                    self.parallel_depth += s.parallel
                     self.stmt(body, indent + "  ")
+                    self.parallel_depth -= s.parallel
                     del self.loops[index]
                     self.lines.append(indent + "}")
                 case ll.ZeroOut(tn):
@@ -512,6 +519,18 @@ class _Writer:
                     self.with_scalar(indent, lambda pre, ind, s=s: self.set_from_vec(s, pre, ind))
                 case _:
                     raise TypeError(f"not a low-level statement: {s!r}")
+
+    def parallel_head(self, loop: ll.ForLoop, indent: str) -> None:
+        """An OpenMP pragma for a `parallel` loop, unless a routine-local node it writes lives on
+        the heap (a private copy of a pointer would point nowhere): then the loop stays serial.
+        Local arrays written inside are private to each thread."""
+        written = {s.tn.id: s.tn for s in ll.iter_stmts(loop.body)
+                   if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_local()}
+        if any(tn.size * tn.prec.itemsize > self.syn.stack_limit_bytes for tn in written.values()):
+            return
+        names = ", ".join(tn.name for _, tn in sorted(written.items()))
+        private = f" private({names})" if names else ""
+        self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private))
 
     def zero_out(self, tn: Tnode, indent: str) -> None:
         name, t = self.node_name(tn, written=True), self.syn.type_name(tn.prec)

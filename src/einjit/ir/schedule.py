@@ -56,6 +56,8 @@ class Blocking:
     `mb_max`: the most rows of a register block: 8 rows × 32 columns measured best.
     `lanes`: partial sums of a split reduction: four 8-float vectors, enough independent FMA
     chains to hide the FMA latency.
+    `parallel_min_work`: contractions of at least this many multiply-adds mark their row-block
+    loop `parallel` (threads pay off only well above their fork-join cost of microseconds).
     """
 
     min_work: int = 1 << 16
@@ -63,6 +65,7 @@ class Blocking:
     min_nb: int = 4
     mb_max: int = 8
     lanes: int = 32
+    parallel_min_work: int = 1 << 20
 
 
 BLOCKING = Blocking()
@@ -224,8 +227,9 @@ def _contraction(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> ll.
         _nest(ab, ll.Set(accum, block, ll.Get(st.tn, cell)), rows),
         _nest([*((k, extent[k]) for k in summed), *ab], update, rows),
         _nest(ab, ll.Set(st.tn, cell, ll.Get(accum, block)), rows))
+    parallel = math.prod(extent.values()) >= blocking.parallel_min_work and extent[i] // mb > 1
     body = ll.seq(ll.Comment(f"register-blocked {mb}x{nb} contraction into {st.tn.name}"),
-                  fill, ll.ForLoop(i0, 0, extent[i] // mb - 1, kernel))
+                  fill, ll.ForLoop(i0, 0, extent[i] // mb - 1, kernel, parallel=parallel))
     outer = [(lp.index, extent[lp.index]) for lp in loops if lp.index in lhs and lp.index not in (i, j)]
     return _nest([*outer, (j0, extent[j] // nb)], body)
 
