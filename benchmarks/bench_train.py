@@ -135,9 +135,15 @@ def _mlp_data(dims: tuple[int, ...], batch: int) -> tuple[np.ndarray, np.ndarray
 def mlp_step_time(dims: tuple[int, ...], batch: int) -> float:
     """Seconds per einjit training step of an MLP with layer widths `dims` (ReLU between
     layers, hinge loss, SGD with momentum 0.9): one compiled routine per step."""
+    from run import best_time
+
+    return best_time(mlp_step(dims, batch))
+
+
+def mlp_step(dims: tuple[int, ...], batch: int):
+    """The compiled einjit step routine of `mlp_step_time`'s MLP."""
     import einjit as ej
     from einjit import train
-    from run import best_time
 
     data, labels = _mlp_data(dims, batch)
     h = x = ej.ndarray(data, batch_axes=1, label="x")
@@ -149,15 +155,12 @@ def mlp_step_time(dims: tuple[int, ...], batch: int) -> float:
     del x
     loss = ej.div(ej.sum(ej.relu(1 - y * h), "...|... => 0"), batch)
     train.init_params(loss)
-    routine = train.to_routine([train.grad_update(loss), train.sgd_update(loss, 0.01, momentum=0.9)],
-                               name=f"mlp_step_{'_'.join(map(str, dims))}_b{batch}")
-    return best_time(routine)
+    return train.to_routine([train.grad_update(loss), train.sgd_update(loss, 0.01, momentum=0.9)],
+                            name=f"mlp_step_{'_'.join(map(str, dims))}_b{batch}")
 
 
-def numpy_mlp_step_time(dims: tuple[int, ...], batch: int) -> float:
+def numpy_mlp_step(dims: tuple[int, ...], batch: int):
     """The same step written by hand in NumPy (forward, backward, momentum update)."""
-    from run import best_time
-
     x, y = _mlp_data(dims, batch)
     rng = np.random.default_rng(1)
     ws = [(rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32) for i, o in zip(dims, dims[1:])]
@@ -181,15 +184,15 @@ def numpy_mlp_step_time(dims: tuple[int, ...], batch: int) -> float:
             m += grad
             p -= 0.01 * m
 
-    return best_time(step)
+    return step
 
 
-def torch_mlp_step_time(dims: tuple[int, ...], batch: int) -> float | None:
+def torch_mlp_step(dims: tuple[int, ...], batch: int):
+    """The same step in PyTorch eager, or None when PyTorch is not installed."""
     try:
         import torch
     except ImportError:
         return None
-    from run import best_time
 
     torch.set_num_threads(int(os.environ.get("EINJIT_NUM_THREADS", "1")))
     layers = []
@@ -207,7 +210,7 @@ def torch_mlp_step_time(dims: tuple[int, ...], batch: int) -> float | None:
         loss.backward()
         opt.step()
 
-    return best_time(step)
+    return step
 
 
 def main() -> None:

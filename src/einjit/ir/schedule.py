@@ -50,9 +50,10 @@ class Blocking:
     """The stage's size parameters, tuned on the development machine (AVX-512 EPYC, gcc 12).
 
     `min_work`: innermost iterations below which a nest is not worth rescheduling.
-    `nb_choices`: register-block widths along the unit-stride lhs axis, best first (multiples
-    of the 8-float AVX vector); an axis none of them divides is blocked by its largest divisor
-    up to `nb_choices[0]`, if that is at least `min_nb`.
+    `nb_choices`: register-block widths along the unit-stride lhs axis for 4-byte elements,
+    best first (multiples of the 8-float AVX vector), halved for 8-byte elements so the block
+    takes the same registers; an axis none of them divides is blocked by its largest divisor
+    up to the first choice, if that is at least `min_nb`.
     `mb_max`: the most rows of a register block: 8 rows × 32 columns measured best.
     `lanes`: partial sums of a split reduction: four 8-float vectors, enough independent FMA
     chains to hide the FMA latency.
@@ -198,8 +199,11 @@ def _contraction(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> ll.
     if not rows:
         return None
     i = max(rows, key=lambda s: extent[s])
-    nb = (next((d for d in blocking.nb_choices if extent[j] % d == 0), None)
-          or _divisor_up_to(extent[j], blocking.nb_choices[0]))
+    per_vector = max(1, st.tn.prec.itemsize // 4)
+    choices = [d // per_vector for d in blocking.nb_choices if d // per_vector >= blocking.min_nb]
+    if not choices:
+        return None
+    nb = next((d for d in choices if extent[j] % d == 0), None) or _divisor_up_to(extent[j], choices[0])
     mb = _divisor_up_to(extent[i], blocking.mb_max)
     if nb < blocking.min_nb:
         return None
