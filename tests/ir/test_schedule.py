@@ -236,3 +236,39 @@ def test_thread_count_comes_from_the_environment(monkeypatch):
         cc.CcOptions()
     monkeypatch.delenv("EINJIT_NUM_THREADS")
     assert cc.CcOptions().threads == (os.cpu_count() or 1)
+
+
+def test_batched_contractions_run_their_batch_loop_on_threads():
+    """A conv over a batch: the batch loop is the one on threads, each with its own panel."""
+    code, img, w, out = conv()
+    n = get_symbol("n")
+    batched_img, batched_out = Tnode("bimg", (3, *img.dims)), Tnode("bout", (3, *out.dims))
+
+    def batched(sc):
+        match sc:
+            case ll.Get(tn, idcs) if tn in (img, out):
+                return ll.Get(batched_img if tn is img else batched_out, (Iterator(n), *idcs))
+            case ll.Ternop(op, a, b, c):
+                return ll.Ternop(op, batched(a), batched(b), batched(c))
+        return sc
+
+    nest = list(ll.flatten(code))[1]
+    loops, body = [], nest
+    while isinstance(body, ll.ForLoop):
+        loops.append(body)
+        body = body.body
+    new = ll.Set(batched_out, (Iterator(n), *body.idcs), batched(body.llsc))
+    for lp in reversed(loops):
+        new = ll.ForLoop(lp.index, lp.from_, lp.to_, new)
+    code = ll.seq(ll.ZeroOut(batched_out), ll.ForLoop(n, 0, 2, new))
+    sched = schedule_llc(code, ON, Blocking(min_work=1, parallel_min_work=1))
+    assert [s.index for s in ll.iter_stmts(sched) if isinstance(s, ll.ForLoop) and s.parallel] == [n]
+    ins = inputs_for(batched_img, w)
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[batched_out]
+    ctx = cc.CpuContext(share_host_arrays=False)
+    for tn, v in ins.items():
+        ctx.array(tn)[...] = v
+    proc = cc.compile_proc(sched, name="batched", options=cc.CcOptions(threads=2))
+    assert "#pragma omp parallel for num_threads(2) private(pack_" in proc.source
+    cc.link(ctx, proc, {})()
+    np.testing.assert_array_equal(ctx.array(batched_out), want)

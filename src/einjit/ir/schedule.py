@@ -57,8 +57,10 @@ class Blocking:
     `mb_max`: the most rows of a register block: 8 rows × 32 columns measured best.
     `lanes`: partial sums of a split reduction: four 8-float vectors, enough independent FMA
     chains to hide the FMA latency.
-    `parallel_min_work`: contractions of at least this many multiply-adds mark their row-block
-    loop `parallel` (threads pay off only well above their fork-join cost of microseconds).
+    `parallel_min_work`: contractions of at least this many multiply-adds mark one loop
+    `parallel` (threads pay off only well above their fork-join cost of microseconds).
+    `private_max_bytes`: the largest packed panel a thread may copy privately (the C
+    renderer's stack limit for local arrays).
     """
 
     min_work: int = 1 << 16
@@ -67,6 +69,7 @@ class Blocking:
     mb_max: int = 8
     lanes: int = 32
     parallel_min_work: int = 1 << 20
+    private_max_bytes: int = 16 * 1024
 
 
 BLOCKING = Blocking()
@@ -153,9 +156,10 @@ def _subst(sc: ll.LLScalar, env: dict[Symbol, AxisIndex]) -> ll.LLScalar:
     return sc
 
 
-def _nest(loops: list[tuple[Symbol, int]], body: ll.LLStmt, unrolled: frozenset[Symbol] = frozenset()) -> ll.LLStmt:
+def _nest(loops: list[tuple[Symbol, int]], body: ll.LLStmt, unrolled: frozenset[Symbol] = frozenset(),
+          parallel: Symbol | None = None) -> ll.LLStmt:
     for s, n in reversed(loops):
-        body = ll.ForLoop(s, 0, n - 1, body, unroll=s in unrolled)
+        body = ll.ForLoop(s, 0, n - 1, body, unroll=s in unrolled, parallel=s == parallel)
     return body
 
 
@@ -231,11 +235,25 @@ def _contraction(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> ll.
         _nest(ab, ll.Set(accum, block, ll.Get(st.tn, cell)), rows),
         _nest([*((k, extent[k]) for k in summed), *ab], update, rows),
         _nest(ab, ll.Set(st.tn, cell, ll.Get(accum, block)), rows))
-    parallel = math.prod(extent.values()) >= blocking.parallel_min_work and extent[i] // mb > 1
-    body = ll.seq(ll.Comment(f"register-blocked {mb}x{nb} contraction into {st.tn.name}"),
-                  fill, ll.ForLoop(i0, 0, extent[i] // mb - 1, kernel, parallel=parallel))
     outer = [(lp.index, extent[lp.index]) for lp in loops if lp.index in lhs and lp.index not in (i, j)]
-    return _nest([*outer, (j0, extent[j] // nb)], body)
+    threaded = _parallel_loop(outer, (i0, extent[i] // mb), pack, extent, blocking)
+    body = ll.seq(ll.Comment(f"register-blocked {mb}x{nb} contraction into {st.tn.name}"),
+                  fill, ll.ForLoop(i0, 0, extent[i] // mb - 1, kernel, parallel=threaded == i0))
+    return _nest([*outer, (j0, extent[j] // nb)], body, parallel=threaded)
+
+
+def _parallel_loop(outer: list[tuple[Symbol, int]], blocks: tuple[Symbol, int], pack: Tnode,
+                   extent: dict[Symbol, int], blocking: Blocking) -> Symbol | None:
+    """The loop to run on threads, if the nest is large enough: the outermost batch loop, so
+    each thread gets a big share and one fork-join serves the whole nest — provided the
+    packed panel, written inside it, is small enough for each thread's private copy on the
+    stack; else the row-block loop, whose threads share the panel."""
+    if math.prod(extent.values()) < blocking.parallel_min_work:
+        return None
+    batch = next((s for s, n in outer if n > 1), None)
+    if batch is not None and pack.size * pack.prec.itemsize <= blocking.private_max_bytes:
+        return batch
+    return blocks[0] if blocks[1] > 1 else None
 
 
 def _divisor_up_to(n: int, most: int) -> int:
