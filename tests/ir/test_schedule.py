@@ -17,7 +17,7 @@ from test_random_programs import SETTINGS, _scale, build, programs
 from einjit.backends import cc
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import Affine, Iterator, get_symbol
+from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_symbol
 from einjit.ir.optimize import STAGES, VirtualizeSettings, optimize_proc
 from einjit.ir.schedule import BLOCKING, Blocking, schedule_llc
 from einjit.ir.tnode import Tnode
@@ -272,3 +272,22 @@ def test_batched_contractions_run_their_batch_loop_on_threads():
     assert "#pragma omp parallel for num_threads(2) private(pack_" in proc.source
     cc.link(ctx, proc, {})()
     np.testing.assert_array_equal(ctx.array(batched_out), want)
+
+
+def test_split_sums_are_more_accurate_than_sequential_ones():
+    """The issue's example: a float32 sum of 2,000,000 values. In lanes each partial sum
+    stays small, so rounding errors stay small too."""
+    n = 2_000_000
+    a, s = Tnode("a", (n,)), Tnode("s", (1,))
+    k = get_symbol("k")
+    cell = (FixedIdx(0),)
+    code = ll.seq(ll.ZeroOut(s), ll.ForLoop(k, 0, n - 1, ll.Set(
+        s, cell, ll.Binop(ops.Binop.ADD, ll.Get(s, cell), ll.Get(a, it(k))))))
+    x = np.random.default_rng(0).uniform(0, 1, n).astype(np.float32)
+    exact = x.astype(np.float64).sum()
+    errors = {}
+    for settings_ in (ON, OFF):
+        opt = optimize_proc(code, name="total", settings=settings_)
+        assert ("lanes" in local_nodes(opt.llc)) == settings_.reassociate
+        errors[settings_.reassociate] = abs(float(run_c(opt, {a: x}, s)[0]) - exact) / exact
+    assert errors[True] < 1e-6 < errors[False]
