@@ -57,8 +57,9 @@ class Blocking:
     `mb_max`: the most rows of a register block: 8 rows × 32 columns measured best.
     `lanes`: partial sums of a split reduction: four 8-float vectors, enough independent FMA
     chains to hide the FMA latency.
-    `parallel_min_work`: contractions of at least this many multiply-adds mark one loop
-    `parallel` (threads pay off only well above their fork-join cost of microseconds).
+    `parallel_min_work`: contractions of at least this many multiply-adds (a millisecond or
+    so on one core) mark one loop `parallel`: threads pay off only well above their
+    fork-join cost, and on a busy machine every barrier may wait for a descheduled thread.
     `private_max_bytes`: the largest packed panel a thread may copy privately (the C
     renderer's stack limit for local arrays).
     """
@@ -68,7 +69,7 @@ class Blocking:
     min_nb: int = 4
     mb_max: int = 8
     lanes: int = 32
-    parallel_min_work: int = 1 << 20
+    parallel_min_work: int = 1 << 22
     private_max_bytes: int = 16 * 1024
 
 
