@@ -20,20 +20,25 @@ the operands' layouts (`a @ b`, the dense layer's `w @ x`, i.e. A·Bᵀ) this be
 unrolled them every access to `acc` has a constant row, so it keeps the MB×NB accumulator
 block in vector registers (register blocking, unroll-and-jam of `i` and `j`; without the
 unrolling the block round-trips through memory at every step and runs at half the speed).
-The innermost `b` loop is unit-stride everywhere, so it vectorizes. Every output cell still sums its terms in the
-original order, so results are bit-identical to the unscheduled code.
+The innermost `b` loop is unit-stride everywhere, so it vectorizes. Every output cell
+still sums its terms in the original order, so results are bit-identical to the unscheduled
+code. Large contractions also mark one loop `parallel` (see `Blocking.parallel_min_work`),
+which the C backend runs on OpenMP threads.
 
 **Reductions** whose innermost loop is summed and unit-stride (a row sum, a matrix-vector
-product) are split into `Blocking.lanes` independent partial sums over `k = lanes*k0 + l`, added into
-the target in lane order at the end. That reassociates float sums, so it happens only under
-`VirtualizeSettings.reassociate` (on by default); integer sums are exact either way.
+product) and that interchange would leave alone are split into `Blocking.lanes` independent
+partial sums over `k = lanes*k0 + l`, added into the target in lane order at the end. That
+reassociates float sums, so it happens only under `VirtualizeSettings.reassociate` (on by
+default); integer sums are exact either way. Small partial sums are also more accurate: a
+float32 sum of 2,000,000 values in [0, 1) is 2e-7 off instead of 1e-5.
 
-Small nests (under `Blocking.min_work` innermost iterations) are left alone: the rewrites pay only
-when the arithmetic dominates.
+Small nests (under `Blocking.min_work` innermost iterations) are left alone: the rewrites
+pay only when the arithmetic dominates.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -44,6 +49,7 @@ from einjit.ir.indexing import (AxisIndex, FixedIdx, Iterator, Symbol, get_symbo
 from einjit.ir.interchange import best_order, perfect_nest, reorderable
 from einjit.ir.tnode import LOCAL, Tnode
 from einjit.ir.tracing import VirtualizeSettings
+
 
 @dataclass(frozen=True)
 class Blocking:
@@ -95,11 +101,9 @@ def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blockin
                if math.prod(lp.to_ + 1 for lp in loops) >= blocking.min_work else None)
         if new is not None:
             return new
-    if len(loops) == 1:
-        return ll.ForLoop(s.index, s.from_, s.to_, schedule_llc(s.body, settings, blocking), s.trace_it)
     rebuilt = schedule_llc(body, settings, blocking)
     for loop in reversed(loops):
-        rebuilt = ll.ForLoop(loop.index, loop.from_, loop.to_, rebuilt, loop.trace_it)
+        rebuilt = dataclasses.replace(loop, body=rebuilt)
     return rebuilt
 
 
@@ -111,8 +115,7 @@ def _accumulation(st: ll.Set) -> tuple[str, tuple[ll.LLScalar, ...]] | None:
     own = ll.Get(st.tn, st.idcs)
     match st.llsc:
         case ll.Ternop(ops.Ternop.FMA, x, y, acc) if acc == own:
-            terms = (x, y)
-            kind = "fma"
+            terms, kind = (x, y), "fma"
         case ll.Binop(ops.Binop.ADD, acc, e) if acc == own:
             terms, kind = (e,), "add"
         case ll.Binop(ops.Binop.ADD, e, acc) if acc == own:
@@ -231,11 +234,11 @@ def _contraction(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> ll.
     args = (p_read, a_read) if b_first else (a_read, p_read)
     update = ll.Set(accum, block, ll.Ternop(ops.Ternop.FMA, *args, ll.Get(accum, block)), st.debug)
     ab = [(a, mb), (b, nb)] if mb > 1 else [(b, nb)]
-    rows = frozenset({a})
+    unrolled = frozenset({a})
     kernel = ll.seq(
-        _nest(ab, ll.Set(accum, block, ll.Get(st.tn, cell)), rows),
-        _nest([*((k, extent[k]) for k in summed), *ab], update, rows),
-        _nest(ab, ll.Set(st.tn, cell, ll.Get(accum, block)), rows))
+        _nest(ab, ll.Set(accum, block, ll.Get(st.tn, cell)), unrolled),
+        _nest([*((k, extent[k]) for k in summed), *ab], update, unrolled),
+        _nest(ab, ll.Set(st.tn, cell, ll.Get(accum, block)), unrolled))
     outer = [(lp.index, extent[lp.index]) for lp in loops if lp.index in lhs and lp.index not in (i, j)]
     threaded = _parallel_loop(outer, (i0, extent[i] // mb), pack, extent, blocking)
     body = ll.seq(ll.Comment(f"register-blocked {mb}x{nb} contraction into {st.tn.name}"),
