@@ -153,7 +153,7 @@ def _recursion_limit(limit: int):
 
 
 __all__ = [
-    "NON_VIRTUAL_REASONS", "NonVirtual", "Optimized", "RECURRENT", "STAGES", "Stage", "ScopeError", "Trace", "TracedArray",
-    "VirtualizeSettings", "check_and_store_virtual", "cleanup_virtual_llc", "decide_from_trace",
+    "NON_VIRTUAL_REASONS", "NonVirtual", "Optimized", "RECURRENT", "STAGES", "Stage", "ScopeError", "Trace",
+    "TracedArray", "VirtualizeSettings", "check_and_store_virtual", "cleanup_virtual_llc", "decide_from_trace",
     "inline_computation", "optimize_proc", "simplify_llc", "virtual_llc", "virtualize_settings", "visit_llc",
 ]
