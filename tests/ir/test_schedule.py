@@ -291,3 +291,31 @@ def test_split_sums_are_more_accurate_than_sequential_ones():
         assert ("lanes" in local_nodes(opt.llc)) == settings_.reassociate
         errors[settings_.reassociate] = abs(float(run_c(opt, {a: x}, s)[0]) - exact) / exact
     assert errors[True] < 1e-6 < errors[False]
+
+
+def test_conv_kernel_gradient_keeps_lanes_across_all_summed_loops():
+    """`dw[o, c, u, v] += g[n, o, y, x] * img[n, c, y + u, x + v]`: the lhs loops move out, and
+    one partial sum per `x` runs over `n`, `y` and `x` before the lanes are added up."""
+    oc, ic, k, b, h = 2, 2, 3, 2, 6
+    g, img, dw = Tnode("g", (b, oc, h, h)), Tnode("img", (b, ic, h + k - 1, h + k - 1)), Tnode("dw", (oc, ic, k, k))
+    o, c, u, v, n, y, x = (get_symbol(s) for s in "ocuvnyx")
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(g, it(n, o, y, x)),
+                    ll.Get(img, (Iterator(n), Iterator(c), Affine(((1, y), (1, u))), Affine(((1, x), (1, v))))),
+                    ll.Get(dw, it(o, c, u, v)))
+    body = ll.Set(dw, it(o, c, u, v), fma)
+    for s, e in reversed([(o, oc), (c, ic), (u, k), (v, k), (n, b), (y, h), (x, h)]):
+        body = ll.ForLoop(s, 0, e - 1, body)
+    code = ll.seq(ll.ZeroOut(dw), body)
+    sched = schedule_llc(code, ON, ANY_SIZE)
+    assert local_nodes(sched) == {"lanes"}
+    assert [s.index for s in ll.iter_stmts(sched) if isinstance(s, ll.ForLoop)][:4] == [o, c, u, v]
+    assert schedule_llc(code, OFF, ANY_SIZE) == code
+    ins = inputs_for(g, img)
+    got = interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[dw]
+    np.testing.assert_array_equal(run_c(sched, ins, dw), got)
+    gv, iv = ins[g].astype(np.float64), ins[img].astype(np.float64)
+    want = np.zeros(dw.dims)
+    for du in range(k):
+        for dv in range(k):
+            want[:, :, du, dv] = np.einsum("noyx,ncyx->oc", gv, iv[:, :, du:du + h, dv:dv + h])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

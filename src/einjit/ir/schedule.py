@@ -25,9 +25,11 @@ still sums its terms in the original order, so results are bit-identical to the 
 code. Large contractions also mark one loop `parallel` (see `Blocking.parallel_min_work`),
 which the C backend runs on OpenMP threads.
 
-**Reductions** whose innermost loop is summed and unit-stride (a row sum, a matrix-vector
-product) and that interchange would leave alone are split into `Blocking.lanes` independent
-partial sums over `k = lanes*k0 + l`, added into the target in lane order at the end. That
+**Reductions** whose innermost loop `k` is summed (a row sum, a matrix-vector product, a
+convolution's kernel gradient) and that interchange would leave alone get `Blocking.lanes`
+independent partial sums over `k = lanes*k0 + l` (or one per `k` when `k` is short), kept
+across all the summed loops — the lhs loops move outside — and added into the target in lane
+order at the end. That
 reassociates float sums, so it happens only under `VirtualizeSettings.reassociate` (on by
 default); integer sums are exact either way. Small partial sums are also more accurate: a
 float32 sum of 2,000,000 values in [0, 1) is 2e-7 off instead of 1e-5.
@@ -276,21 +278,29 @@ def _split_reduction(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSe
     k = loops[-1].index
     n = loops[-1].to_ + 1
     lhs = {s for idx in st.idcs for s in index_symbols(idx)}
-    n_lanes = blocking.lanes
-    if k in lhs or n % n_lanes or n < n_lanes or best_order(loops, st) != loops:
+    if k in lhs or n < 2 or best_order(loops, st) != loops:
+        return None
+    if n % blocking.lanes == 0:
+        n_lanes = blocking.lanes
+    elif n <= 2 * blocking.lanes:
+        n_lanes = n
+    else:
         return None
     lanes = _local("lanes", (n_lanes,), st.tn.prec)
     k0, lane = get_symbol("k0"), get_symbol("l")
-    env: dict[Symbol, AxisIndex] = {k: make_affine(((n_lanes, k0), (1, lane)))}
+    env: dict[Symbol, AxisIndex] = {k: make_affine(((n_lanes, k0), (1, lane))) if n_lanes < n else Iterator(lane)}
     own = (ll.Get(lanes, (Iterator(lane),)),)
     split = tuple(_subst(t, env) for t in terms)
     value = (ll.Ternop(ops.Ternop.FMA, *split, *own) if kind == "fma"
              else ll.Binop(ops.Binop.ADD, *own, *split))
+    step = ll.ForLoop(lane, 0, n_lanes - 1, ll.Set(lanes, own[0].idcs, value, st.debug))
+    if n_lanes < n:
+        step = ll.ForLoop(k0, 0, n // n_lanes - 1, step)
+    summed = [(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index not in lhs]
     body = ll.seq(
         ll.Comment(f"{n_lanes} partial sums into {st.tn.name} (reassociated)"),
         ll.ForLoop(lane, 0, n_lanes - 1, ll.Set(lanes, (Iterator(lane),), ll.Constant(0.0))),
-        ll.ForLoop(k0, 0, n // n_lanes - 1,
-                   ll.ForLoop(lane, 0, n_lanes - 1, ll.Set(lanes, own[0].idcs, value, st.debug))),
+        _nest(summed, step),
         ll.ForLoop(lane, 0, n_lanes - 1,
                    ll.Set(st.tn, st.idcs, ll.Binop(ops.Binop.ADD, ll.Get(st.tn, st.idcs), own[0]))))
-    return _nest([(lp.index, lp.to_ + 1) for lp in loops[:-1]], body)
+    return _nest([(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index in lhs], body)
