@@ -25,7 +25,7 @@ from einjit.ir.tnode import Tnode
 GOLDEN = Path(__file__).parent / "golden"
 LANES = BLOCKING.lanes
 ANY_SIZE = Blocking(min_work=1)
-TINY = Blocking(min_work=1, nb_choices=(2,), min_nb=2, mb_max=2, lanes=2)
+TINY = Blocking(min_work=1, nb_choices=(4,), min_nb=2, mb_max=2, lanes=2)
 """Blocks small enough for the random programs' 1-3 element axes."""
 ON = VirtualizeSettings()
 OFF = VirtualizeSettings(reassociate=False)
@@ -319,3 +319,24 @@ def test_conv_kernel_gradient_keeps_lanes_across_all_summed_loops():
         for dv in range(k):
             want[:, :, du, dv] = np.einsum("noyx,ncyx->oc", gv, iv[:, :, du:du + h, dv:dv + h])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program=programs(), threads=st.sampled_from([1, 2]))
+def test_gcc_runs_scheduled_random_programs_like_the_interpreter(program, threads):
+    """Scheduled random programs (tiny blocks, every contraction threaded) compiled by gcc
+    compute what the interpreter computes on the same scheduled code."""
+    base = VirtualizeSettings(schedule=False, interchange=False)
+    llc, tns, inputs = build(program)
+    code = optimize_proc(llc, settings=base).llc
+    sched = schedule_llc(code, ON, replace(TINY, parallel_min_work=1))
+    want = interpret.run(sched, {tn: v.copy() for tn, v in inputs.items()})
+    ctx = cc.CpuContext(share_host_arrays=False)
+    for tn, v in inputs.items():
+        ctx.array(tn)[...] = v
+    cc.link(ctx, cc.compile_proc(sched, name="scheduled_random", options=cc.CcOptions(threads=threads)))()
+    atol = 1e-9 * (1.0 + _scale([want.get(tn) for tn in tns]))
+    for tn, spec in zip(tns, program.nodes):
+        if spec.host and tn in want:
+            np.testing.assert_allclose(ctx.array(tn), want[tn], rtol=1e-9, atol=atol, equal_nan=True,
+                                       err_msg=tn.debug_name())
