@@ -340,3 +340,43 @@ def test_gcc_runs_scheduled_random_programs_like_the_interpreter(program, thread
         if spec.host and tn in want:
             np.testing.assert_allclose(ctx.array(tn), want[tn], rtol=1e-9, atol=atol, equal_nan=True,
                                        err_msg=tn.debug_name())
+
+
+@st.composite
+def contractions(draw):
+    """A random batched contraction nest `c[(n,) i, j] += A * B` in any loop order, with
+    either layout of each operand and random block sizes."""
+    prec = draw(st.sampled_from([ops.single, ops.double]))
+    ni, nj, nk, nb_ = (draw(st.integers(1, 9)) for _ in range(4))
+    batched = draw(st.booleans())
+    a_t, b_t = draw(st.booleans()), draw(st.booleans())
+    n, i, j, k = (get_symbol(s) for s in "nijk")
+    a = Tnode("a", (nk, ni) if a_t else (ni, nk), prec)
+    b = Tnode("b", ((nb_,) if batched else ()) + ((nj, nk) if b_t else (nk, nj)), prec)
+    c = Tnode("c", ((nb_,) if batched else ()) + (ni, nj), prec)
+    pre = (Iterator(n),) if batched else ()
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(a, it(k, i) if a_t else it(i, k)),
+                    ll.Get(b, pre + (it(j, k) if b_t else it(k, j))), ll.Get(c, pre + it(i, j)))
+    order = draw(st.permutations([(i, ni), (j, nj), (k, nk)] + ([(n, nb_)] if batched else [])))
+    body = ll.Set(c, pre + it(i, j), fma)
+    for s, e in reversed(order):
+        body = ll.ForLoop(s, 0, e - 1, body)
+    blocking = Blocking(min_work=1, nb_choices=(draw(st.sampled_from([2, 4, 8])),), min_nb=2,
+                        mb_max=draw(st.integers(1, 4)), parallel_min_work=1)
+    return ll.seq(ll.ZeroOut(c), body), a, b, c, blocking
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=contractions(), threads=st.sampled_from([1, 2]))
+def test_random_contractions_are_scheduled_exactly(case, threads):
+    code, a, b, c, blocking = case
+    sched = schedule_llc(code, ON, blocking)
+    ins = inputs_for(a, b)
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[c]
+    np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[c], want)
+    ctx = cc.CpuContext(share_host_arrays=False)
+    for tn, v in ins.items():
+        ctx.array(tn)[...] = v
+    cc.link(ctx, cc.compile_proc(sched, name="contraction", options=cc.CcOptions(threads=threads)))()
+    tol = 1e-6 if c.prec is ops.single else 1e-14
+    np.testing.assert_allclose(ctx.array(c), want, rtol=tol, atol=tol)
