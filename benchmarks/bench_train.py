@@ -213,6 +213,52 @@ def torch_mlp_step(dims: tuple[int, ...], batch: int):
     return step
 
 
+def convnet_step(batch: int = 64):
+    """An MNIST-size convnet training step (3x3 conv to 8 channels, 3x3 stride-2 conv to 16,
+    dense to 10; ReLU, hinge loss, SGD with momentum) as one einjit routine, and the seconds
+    its build and compile took."""
+    import einjit as ej
+    from einjit import train
+
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    x = ej.ndarray(rng.standard_normal((batch, 28, 28, 1)).astype(np.float32), batch_axes=1, label="img")
+    y = ej.ndarray(np.sign(rng.standard_normal((batch, 10))).astype(np.float32), batch_axes=1, label="y")
+    k1 = ej.param("k1", input_dims=[3, 3, 1], output_dims=[8])
+    h = ej.relu(ej.einsum("...|oh+kh, ow+kw, ci; kh, kw, ci -> co => ...|oh, ow, co", x, k1, label="c1"))
+    k2 = ej.param("k2", input_dims=[3, 3, 8], output_dims=[16])
+    h = ej.relu(ej.einsum("...|2*oh+kh, 2*ow+kw, ci; kh, kw, ci -> co => ...|oh, ow, co", h, k2, label="c2"))
+    w = ej.param("w", output_dims=[10])
+    out = ej.einsum("...|oh, ow, co; oh, ow, co -> o => ...|o", h, w, label="logits")
+    loss = ej.div(ej.sum(ej.relu(1 - y * out), "...|... => 0"), batch)
+    train.init_params(loss)
+    routine = train.to_routine([train.grad_update(loss), train.sgd_update(loss, 0.01, momentum=0.9)],
+                               name=f"convnet_step_b{batch}")
+    return routine, time.perf_counter() - t0
+
+
+def torch_convnet_step(batch: int = 64):
+    """The same step in PyTorch eager, or None when PyTorch is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(int(os.environ.get("EINJIT_NUM_THREADS", "1")))
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, bias=False), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 16, 3, stride=2, bias=False), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(16 * 12 * 12, 10, bias=False))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(batch, 1, 28, 28), torch.sign(torch.randn(batch, 10))
+
+    def step():
+        opt.zero_grad()
+        loss = torch.relu(1 - y * model(x)).sum() / batch
+        loss.backward()
+        opt.step()
+
+    return step
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=2000)

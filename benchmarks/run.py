@@ -4,14 +4,13 @@
 
 Rows: fp32 matmul for both operand layouts (`a @ b`, and the dense layer's `w @ x`, i.e.
 A·Bᵀ) at n = 256 / 512 / 1024; the training steps of an MLP 784→256→256→10 (B=256, SGD with
-momentum), an MLP 2→32→32→1 (B=1024) and the moons MLP (B=10); ATL matmul and matvec through
-einjit's backend; the optimizer on a chain of 400 virtual nodes; the cold compile of the
-moons step. (The issue's convnet row needs a convnet model, which the library does not have
-yet.) Peers: NumPy always, PyTorch eager and
-tinygrad when installed. Every peer gets einjit's thread count (BLAS through its environment
-variables, set before NumPy is imported; `torch.set_num_threads`). A ratio is the peer's time
-over einjit's: above 1 means einjit is faster. `--json` prints the rows as one JSON list, so
-runs can be compared.
+momentum), an MLP 2→32→32→1 (B=1024) and the moons MLP (B=10); an MNIST-size convnet step
+(B=64, peer: PyTorch only) and its cold compile; ATL matmul and matvec through einjit's
+backend; the optimizer on a chain of 400 virtual nodes; the cold compile of the moons step.
+Peers: NumPy always, PyTorch eager and tinygrad when installed. Every peer gets einjit's
+thread count (BLAS through its environment variables, set before NumPy is imported;
+`torch.set_num_threads`). A ratio is the peer's time over einjit's: above 1 means einjit is
+faster. `--json` prints the rows as one JSON list, so runs can be compared.
 """
 
 from __future__ import annotations
@@ -156,6 +155,18 @@ def atl_rows(n: int = 1024) -> list[dict]:
     return rows
 
 
+def convnet_rows() -> list[dict]:
+    from bench_train import convnet_step, torch_convnet_step
+
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["EINJIT_CACHE_DIR"] = cache
+        routine, compile_s = convnet_step()
+    peer = torch_convnet_step()
+    times = best_times([routine] + ([peer] if peer else []))
+    return [row("MNIST-size convnet step, B=64", times[0], {"torch": times[1] if peer else None}),
+            row("convnet step cold compile (build + optimize + gcc)", compile_s, {})]
+
+
 def chain_row(n: int = 400) -> dict:
     """The optimizer alone on `x -> relu(x) -> ...` with every intermediate virtual. (Still
     quadratic: each inlining copies the already-inlined chain below it.)"""
@@ -193,7 +204,8 @@ def compile_row() -> dict:
 def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     sizes = [256, 512] if ARGS.quick else [256, 512, 1024]
-    rows = matmul_rows(sizes) + mlp_step_rows() + atl_rows(512 if ARGS.quick else 1024) + [chain_row(), compile_row()]
+    rows = (matmul_rows(sizes) + mlp_step_rows() + convnet_rows() + atl_rows(512 if ARGS.quick else 1024)
+            + [chain_row(), compile_row()])
     if ARGS.json:
         print(json.dumps(rows, indent=1))
         return
