@@ -528,7 +528,7 @@ class _Writer:
                    if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_local()}
         if any(tn.size * tn.prec.itemsize > self.syn.stack_limit_bytes for tn in written.values()):
             return
-        names = ", ".join(tn.name for _, tn in sorted(written.items()))
+        names = ", ".join(self.node_name(tn, written=True) for _, tn in sorted(written.items()))
         private = f" private({names})" if names else ""
         self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private))
 
