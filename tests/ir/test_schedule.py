@@ -369,8 +369,10 @@ def contractions(draw):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=contractions(), threads=st.sampled_from([1, 2]))
 def test_random_contractions_are_scheduled_exactly(case, threads):
+    """Without reassociation (a nest that is no contraction, such as a dot product, may
+    otherwise become a split sum) every result is bit-identical."""
     code, a, b, c, blocking = case
-    sched = schedule_llc(code, ON, blocking)
+    sched = schedule_llc(code, OFF, blocking)
     ins = inputs_for(a, b)
     want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[c]
     np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[c], want)
