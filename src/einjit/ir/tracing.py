@@ -150,6 +150,7 @@ class _State:
     store: dict[Tnode, TracedArray] = field(default_factory=dict)
     reverse_node_map: dict[Symbol, Tnode] = field(default_factory=dict)
     merge_node: Tnode | None = None
+    write_templates: dict[int, tuple[ll.ForLoop, list]] = field(default_factory=dict)
 
     def node(self, tn: Tnode) -> TracedArray:
         ta = self.store.get(tn)
@@ -249,6 +250,37 @@ def _stmt(st: _State, stmt: ll.LLStmt, env: dict[Symbol, int], loops: tuple[tupl
 def _record_skipped_writes(st: _State, loop: ll.ForLoop, env: dict[Symbol, int]) -> None:
     """After a loop whose iterations were not all traced: add the box of cells each write in
     it covers over all its iterations (enclosing loops at their current values)."""
+    for tn, template, length in _write_templates(st, loop):
+        box = []
+        for spec in template:
+            if isinstance(spec, Symbol):
+                if spec not in env:
+                    break
+                box.append((env[spec], env[spec]))
+            else:
+                box.append(spec)
+        else:
+            if box:
+                box[-1] = (box[-1][0], box[-1][1] + length - 1)
+            ta = st.node(tn)
+            new = tuple(box)
+            ta.written_boxes = [b for b in ta.written_boxes
+                                if not all(lo <= l2 and h2 <= hi for (lo, hi), (l2, h2) in zip(new, b))]
+            ta.written_boxes.append(new)
+
+
+_Template = tuple["tuple[int, int] | Symbol", ...]
+
+
+def _write_templates(st: _State, loop: ll.ForLoop) -> list[tuple[Tnode, _Template, int]]:
+    """The writes inside `loop` whose box tracing can record, each as the per-axis ranges over
+    the loops inside `loop`, or the enclosing loop symbol whose current value it takes. A loop
+    is typically left partly untraced once per iteration of its enclosing loops, so this is
+    computed once per loop."""
+    cached = st.write_templates.get(id(loop))
+    if cached is not None:
+        return cached[1]
+    out: list[tuple[Tnode, _Template, int]] = []
 
     def walk(stmt: ll.LLStmt, ranges: dict[Symbol, tuple[int, int]]) -> None:
         for s in ll.flatten(stmt):
@@ -261,29 +293,22 @@ def _record_skipped_writes(st: _State, loop: ll.ForLoop, env: dict[Symbol, int])
                     add(tn, idcs, ranges, length)
 
     def add(tn: Tnode, idcs: tuple[AxisIndex, ...], ranges: dict[Symbol, tuple[int, int]], length: int) -> None:
-        box = []
+        template: list[tuple[int, int] | Symbol] = []
         for idx in idcs:
             match idx:
                 case FixedIdx(i):
-                    box.append((i, i))
-                case Iterator(sym) if sym in ranges:
-                    box.append(ranges[sym])
-                case Iterator(sym) if sym in env:
-                    box.append((env[sym], env[sym]))
+                    template.append((i, i))
+                case Iterator(sym):
+                    template.append(ranges.get(sym, sym))
                 case _:
                     return
         syms = [idx.symbol for idx in idcs if isinstance(idx, Iterator)]
-        if len(syms) != len(set(syms)):
-            return
-        if box:
-            box[-1] = (box[-1][0], box[-1][1] + length - 1)
-        ta = st.node(tn)
-        new = tuple(box)
-        ta.written_boxes = [b for b in ta.written_boxes
-                            if not all(lo <= l2 and h2 <= hi for (lo, hi), (l2, h2) in zip(new, b))]
-        ta.written_boxes.append(new)
+        if len(syms) == len(set(syms)):
+            out.append((tn, tuple(template), length))
 
     walk(loop, {})
+    st.write_templates[id(loop)] = (loop, out)
+    return out
 
 
 def _own_symbols(st: _State, tn: Tnode, idcs: tuple[AxisIndex, ...], loops: tuple[tuple[Symbol, int], ...]) -> None:
