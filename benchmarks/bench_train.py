@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -85,14 +86,20 @@ def torch_step_time(batch: int, steps: int) -> float | None:
     return (time.perf_counter() - t) / steps
 
 
-def tinygrad_step_time(batch: int, steps: int) -> float | None:
+def tinygrad_step_time(batch: int, steps: int) -> float | str | None:
+    """Seconds per step; None when tinygrad is not installed; the reason, as a string, when it
+    is installed but cannot run (its CPU device compiles with `clang`)."""
     os.environ.setdefault("DEV", "CPU")
     try:
         from tinygrad import Tensor, nn
+    except ImportError:
+        return None
+    try:
         (Tensor.ones(2) + 1).realize()
     except Exception as e:  # noqa: BLE001 - any failure means tinygrad cannot run here
-        print(f"tinygrad unavailable: {type(e).__name__}: {e}")
-        return None
+        if shutil.which("clang") is None:
+            return "installed, but its CPU device needs `clang`, which is not on PATH"
+        return f"installed, but failed: {type(e).__name__}: {e}"
     layers = [nn.Linear(2, 16), nn.Linear(16, 16), nn.Linear(16, 1)]
     params = nn.state.get_parameters(layers)
     opt = nn.optim.SGD(params, lr=0.01, weight_decay=1e-4)
@@ -100,14 +107,15 @@ def tinygrad_step_time(batch: int, steps: int) -> float | None:
     y = Tensor.randn(batch, 1).sign()
 
     def step():
-        with Tensor.train():
-            opt.zero_grad()
-            h = layers[0](x).relu()
-            h = layers[1](h).relu()
-            loss = (1 - y * layers[2](h)).relu().sum() / batch
-            loss.backward()
-            opt.step()
-            loss.realize()
+        # `Tensor.train()` (a context manager) is gone in tinygrad 0.14; the flag remains.
+        Tensor.training = True
+        opt.zero_grad()
+        h = layers[0](x).relu()
+        h = layers[1](h).relu()
+        loss = (1 - y * layers[2](h)).relu().sum() / batch
+        loss.backward()
+        opt.step()
+        loss.realize()
 
     for _ in range(5):
         step()
@@ -116,6 +124,139 @@ def tinygrad_step_time(batch: int, steps: int) -> float | None:
     for _ in range(n):
         step()
     return (time.perf_counter() - t) / n
+
+
+def _mlp_data(dims: tuple[int, ...], batch: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((batch, dims[0])).astype(np.float32),
+            np.sign(rng.standard_normal((batch, dims[-1]))).astype(np.float32))
+
+
+def mlp_step_time(dims: tuple[int, ...], batch: int) -> float:
+    """Seconds per einjit training step of an MLP with layer widths `dims` (ReLU between
+    layers, hinge loss, SGD with momentum 0.9): one compiled routine per step."""
+    from run import best_time
+
+    return best_time(mlp_step(dims, batch))
+
+
+def mlp_step(dims: tuple[int, ...], batch: int):
+    """The compiled einjit step routine of `mlp_step_time`'s MLP."""
+    import einjit as ej
+    from einjit import train
+
+    data, labels = _mlp_data(dims, batch)
+    h = x = ej.ndarray(data, batch_axes=1, label="x")
+    y = ej.ndarray(labels, batch_axes=1, label="y")
+    for k, width in enumerate(dims[1:]):
+        h = ej.param(f"b{k}", output_dims=[width], init="zeros") + ej.param(f"w{k}", output_dims=[width]) @ h
+        if k < len(dims) - 2:
+            h = ej.relu(h)
+    del x
+    loss = ej.div(ej.sum(ej.relu(1 - y * h), "...|... => 0"), batch)
+    train.init_params(loss)
+    return train.to_routine([train.grad_update(loss), train.sgd_update(loss, 0.01, momentum=0.9)],
+                            name=f"mlp_step_{'_'.join(map(str, dims))}_b{batch}")
+
+
+def numpy_mlp_step(dims: tuple[int, ...], batch: int):
+    """The same step written by hand in NumPy (forward, backward, momentum update)."""
+    x, y = _mlp_data(dims, batch)
+    rng = np.random.default_rng(1)
+    ws = [(rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32) for i, o in zip(dims, dims[1:])]
+    bs = [np.zeros(o, np.float32) for o in dims[1:]]
+    moms = [np.zeros_like(p) for p in ws + bs]
+
+    def step():
+        acts = [x]
+        for k, (w, b) in enumerate(zip(ws, bs)):
+            z = acts[-1] @ w.T + b
+            acts.append(np.maximum(z, 0) if k < len(ws) - 1 else z)
+        g = np.where(1 - y * acts[-1] > 0, -y, 0).astype(np.float32) / batch
+        grads_w, grads_b = [], []
+        for k in range(len(ws) - 1, -1, -1):
+            grads_w.append(g.T @ acts[k])
+            grads_b.append(g.sum(axis=0))
+            if k:
+                g = (g @ ws[k]) * (acts[k] > 0)
+        for p, grad, m in zip(ws + bs, grads_w[::-1] + grads_b[::-1], moms):
+            m *= 0.9
+            m += grad
+            p -= 0.01 * m
+
+    return step
+
+
+def torch_mlp_step(dims: tuple[int, ...], batch: int):
+    """The same step in PyTorch eager, or None when PyTorch is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+
+    torch.set_num_threads(int(os.environ.get("EINJIT_NUM_THREADS", "1")))
+    layers = []
+    for k, (i, o) in enumerate(zip(dims, dims[1:])):
+        layers.append(torch.nn.Linear(i, o))
+        if k < len(dims) - 2:
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = (torch.from_numpy(a) for a in _mlp_data(dims, batch))
+
+    def step():
+        opt.zero_grad()
+        loss = torch.relu(1 - y * model(x)).sum() / batch
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def convnet_step(batch: int = 64):
+    """An MNIST-size convnet training step (3x3 conv to 8 channels, 3x3 stride-2 conv to 16,
+    dense to 10; ReLU, hinge loss, SGD with momentum) as one einjit routine, and the seconds
+    its build and compile took."""
+    import einjit as ej
+    from einjit import train
+
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    x = ej.ndarray(rng.standard_normal((batch, 28, 28, 1)).astype(np.float32), batch_axes=1, label="img")
+    y = ej.ndarray(np.sign(rng.standard_normal((batch, 10))).astype(np.float32), batch_axes=1, label="y")
+    k1 = ej.param("k1", input_dims=[3, 3, 1], output_dims=[8])
+    h = ej.relu(ej.einsum("...|oh+kh, ow+kw, ci; kh, kw, ci -> co => ...|oh, ow, co", x, k1, label="c1"))
+    k2 = ej.param("k2", input_dims=[3, 3, 8], output_dims=[16])
+    h = ej.relu(ej.einsum("...|2*oh+kh, 2*ow+kw, ci; kh, kw, ci -> co => ...|oh, ow, co", h, k2, label="c2"))
+    w = ej.param("w", output_dims=[10])
+    out = ej.einsum("...|oh, ow, co; oh, ow, co -> o => ...|o", h, w, label="logits")
+    loss = ej.div(ej.sum(ej.relu(1 - y * out), "...|... => 0"), batch)
+    train.init_params(loss)
+    routine = train.to_routine([train.grad_update(loss), train.sgd_update(loss, 0.01, momentum=0.9)],
+                               name=f"convnet_step_b{batch}")
+    return routine, time.perf_counter() - t0
+
+
+def torch_convnet_step(batch: int = 64):
+    """The same step in PyTorch eager, or None when PyTorch is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(int(os.environ.get("EINJIT_NUM_THREADS", "1")))
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, bias=False), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 16, 3, stride=2, bias=False), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(16 * 12 * 12, 10, bias=False))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(batch, 1, 28, 28), torch.sign(torch.randn(batch, 10))
+
+    def step():
+        opt.zero_grad()
+        loss = torch.relu(1 - y * model(x)).sum() / batch
+        loss.backward()
+        opt.step()
+
+    return step
 
 
 def main() -> None:
@@ -134,7 +275,7 @@ def main() -> None:
         line = f"batch {batch:5d}: einjit {1e6 * ej_t:9.1f} µs/step"
         for name, fn in (("torch eager", torch_step_time), ("tinygrad", tinygrad_step_time)):
             other = fn(batch, steps)
-            line += f" | {name}: " + ("not installed" if other is None else
+            line += f" | {name}: " + ("not installed" if other is None else other if isinstance(other, str) else
                                        f"{1e6 * other:9.1f} µs/step ({other / ej_t:5.1f}x einjit's time)")
         print(line)
 

@@ -17,7 +17,6 @@ array through a `const` pointer. Virtual nodes have no storage and must not appe
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from einjit.ir.indexing import (
     index_symbols,
 )
 from einjit.ir.precision import combine_prec
+from einjit.ir.interchange import interchange_loops
 from einjit.ir.tnode import Tnode
 
 _INT_MAX = 2**31 - 1
@@ -103,7 +103,10 @@ class CSyntax:
     local_heap_decl: str | None = "{t} *{restrict} {name} = ({t} *)calloc({size}, sizeof({t}));\nif (!{name}) abort();"
     local_heap_free: str = "free({name});"
     zero_out_memset: bool = True
-    interchange_loops: bool = True
+    interchange_loops: bool = False
+    unroll_pragma: str = "#pragma GCC unroll {n}"
+    num_threads: int = 1
+    parallel_pragma: str = "#pragma omp parallel for num_threads({n}){private}"
     loop_head: Callable[[ll.ForLoop, str, str], str | None] | None = None
     classify: Callable[[Tnode, bool], MemClass] | None = None
 
@@ -261,90 +264,6 @@ def axis_index_text(idx: AxisIndex) -> str:
     raise TypeError(f"not an axis index: {idx!r}")
 
 
-# ---------------------------------------------------------------- loop interchange
-
-
-def interchange_loops(stmt: ll.LLStmt) -> ll.LLStmt:
-    """Move the lhs's unit-stride loop innermost in perfect nests around one accumulation.
-
-    Lowering emits product-space loops in einsum order, so `c[i,j] += a[i,k] * b[k,j]`
-    arrives as i-j-k with a strided innermost read of `b`. The pass only touches a perfect
-    nest whose body is a single `Set` that reads its lhs at exactly the written position,
-    whose lhs indices are distinct plain iterators or constants, and that has no local scope.
-    Then every lhs cell is updated by its own sequence of statement instances, and moving an
-    lhs loop inward keeps the order of that sequence: results are bit-identical.
-    """
-    return ll.seq(*(_interchange_stmt(s) for s in ll.flatten(stmt)))
-
-
-def _interchange_stmt(s: ll.LLStmt) -> ll.LLStmt:
-    if not isinstance(s, ll.ForLoop):
-        return s
-    loops, body = _perfect_nest(s)
-    inner = list(ll.flatten(body))
-    if len(loops) > 1 and len(inner) == 1 and isinstance(inner[0], ll.Set) and _reorderable(inner[0]):
-        loops = _best_order(loops, inner[0])
-    else:
-        body = interchange_loops(body)
-    for loop in reversed(loops):
-        body = dataclasses.replace(loop, body=body)
-    return body
-
-
-def _perfect_nest(loop: ll.ForLoop) -> tuple[list[ll.ForLoop], ll.LLStmt]:
-    loops, body = [loop], loop.body
-    while True:
-        inner = list(ll.flatten(body))
-        if len(inner) != 1 or not isinstance(inner[0], ll.ForLoop):
-            return loops, body
-        loops.append(inner[0])
-        body = inner[0].body
-
-
-def _reorderable(st: ll.Set) -> bool:
-    syms = [idx.symbol for idx in st.idcs if isinstance(idx, Iterator)]
-    if len(syms) != len(set(syms)) or not all(isinstance(i, (Iterator, FixedIdx)) for i in st.idcs):
-        return False
-    for x in ll.iter_scalars(st.llsc):
-        match x:
-            case ll.LocalScope():
-                return False
-            case ll.Get(tn, idcs) if tn is st.tn and idcs != st.idcs:
-                return False
-    return True
-
-
-def _unit_stride_symbol(tn: Tnode, idcs: tuple[AxisIndex, ...], s: Symbol) -> bool:
-    for d, idx in reversed(list(zip(tn.dims, idcs))):
-        if d == 1:
-            continue
-        match idx:
-            case Iterator(sym):
-                return sym == s
-            case Affine(terms, _):
-                return any(sym == s and abs(c) == 1 for c, sym in terms)
-            case _:
-                return False
-    return False
-
-
-def _best_order(loops: list[ll.ForLoop], st: ll.Set) -> list[ll.ForLoop]:
-    accesses = [(st.tn, st.idcs)] + [(x.tn, x.idcs) for x in ll.iter_scalars(st.llsc)
-                                     if isinstance(x, ll.Get) and x.tn is not st.tn]
-
-    def score(loop: ll.ForLoop) -> int:
-        return sum(_unit_stride_symbol(tn, idcs, loop.index) for tn, idcs in accesses)
-
-    lhs_syms = {idx.symbol for idx in st.idcs if isinstance(idx, Iterator)}
-    candidates = [lp for lp in loops[:-1] if lp.index in lhs_syms and lp.to_ > lp.from_]
-    if not candidates:
-        return loops
-    best = max(candidates, key=score)
-    if score(best) <= score(loops[-1]):
-        return loops
-    return [lp for lp in loops if lp is not best] + [best]
-
-
 # ---------------------------------------------------------------- function bodies
 
 
@@ -364,6 +283,7 @@ class _Writer:
         self.lines: list[str] = []
         self.guarded = 0
         self.temps = 0
+        self.parallel_depth = 0
 
     # -- names and storage
 
@@ -541,11 +461,17 @@ class _Writer:
                     if index in self.loops or index in self.static_ranges:
                         raise RenderError(f"einjit: loop symbol {index!r} is already bound in an enclosing scope")
                     name = symbol_name(index)
+                    if s.unroll and self.syn.unroll_pragma:
+                        self.lines.append(indent + self.syn.unroll_pragma.format(n=to_ - from_ + 1))
+                    if s.parallel and self.syn.num_threads > 1 and not self.parallel_depth:
+                        self.parallel_head(s, indent)
                     head = self.syn.loop_head(s, name, self.index_type) if self.syn.loop_head else None
                     self.lines.append(indent + (head or f"for ({self.index_type} {name} = {from_}; "
                                                         f"{name} < {to_ + 1}; ++{name}) {{"))
                     self.loops[index] = (from_, to_)
+                    self.parallel_depth += s.parallel
                     self.stmt(body, indent + "  ")
+                    self.parallel_depth -= s.parallel
                     del self.loops[index]
                     self.lines.append(indent + "}")
                 case ll.ZeroOut(tn):
@@ -565,6 +491,18 @@ class _Writer:
                     self.with_scalar(indent, lambda pre, ind, s=s: self.set_from_vec(s, pre, ind))
                 case _:
                     raise TypeError(f"not a low-level statement: {s!r}")
+
+    def parallel_head(self, loop: ll.ForLoop, indent: str) -> None:
+        """An OpenMP pragma for a `parallel` loop, unless a routine-local node it writes lives on
+        the heap (a private copy of a pointer would point nowhere): then the loop stays serial.
+        Local arrays written inside are private to each thread."""
+        written = {s.tn.id: s.tn for s in ll.iter_stmts(loop.body)
+                   if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_local()}
+        if any(tn.size * tn.prec.itemsize > self.syn.stack_limit_bytes for tn in written.values()):
+            return
+        names = ", ".join(self.node_name(tn, written=True) for _, tn in sorted(written.items()))
+        private = f" private({names})" if names else ""
+        self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private))
 
     def zero_out(self, tn: Tnode, indent: str) -> None:
         name, t = self.node_name(tn, written=True), self.syn.type_name(tn.prec)

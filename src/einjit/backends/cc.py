@@ -85,6 +85,10 @@ class CcOptions:
     from the interpreter. Fused multiply-adds are explicit in the IR (`Ternop.FMA`, which the
     simplifier introduces) and compile to FMA instructions under `-march=native`.
 
+    `threads`: how many OpenMP threads the loops the scheduler marks `parallel` (the outer
+    loops of large contractions) run on; 1 compiles without `-fopenmp` and renders no pragma.
+    Default: `EINJIT_NUM_THREADS`, else the machine's core count.
+
     `vector_math` lets gcc vectorize loops calling exp/log/sin/cos/pow/exp2/log2/tanh with
     glibc's libmvec (x86-64 glibc only; elsewhere it has no effect). Those vector variants
     are accurate to a few ulps rather than glibc's scalar < 1 ulp; turn it off for results
@@ -103,14 +107,33 @@ class CcOptions:
     keep_source: bool = False
     vector_math: bool = True
     syntax: CSyntax = C_SYNTAX
+    threads: int = field(default_factory=lambda: default_threads())
 
     def effective_syntax(self) -> CSyntax:
+        syntax = dataclasses.replace(self.syntax, num_threads=self.threads) if self.threads > 1 else self.syntax
         if self.vector_math and _has_libmvec():
-            return dataclasses.replace(self.syntax, prelude=self.syntax.prelude + _VECTOR_MATH_PRELUDE)
-        return self.syntax
+            return dataclasses.replace(syntax, prelude=syntax.prelude + _VECTOR_MATH_PRELUDE)
+        return syntax
 
     def effective_libs(self) -> tuple[str, ...]:
-        return (("-lmvec",) if self.vector_math and _has_libmvec() else ()) + self.libs
+        """The libraries, and `-fopenmp` when compiling for several threads (gcc takes it at
+        any position of its one compile-and-link command)."""
+        openmp = ("-fopenmp",) if self.threads > 1 else ()
+        return openmp + (("-lmvec",) if self.vector_math and _has_libmvec() else ()) + self.libs
+
+
+def default_threads() -> int:
+    """`EINJIT_NUM_THREADS` if set, else the machine's core count."""
+    value = os.environ.get("EINJIT_NUM_THREADS", "").strip()
+    if not value:
+        return os.cpu_count() or 1
+    try:
+        threads = int(value)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise CompileError(f"einjit: EINJIT_NUM_THREADS must be a positive integer, got {value!r}")
+    return threads
 
 
 stats = cache.CacheStats()

@@ -222,7 +222,8 @@ class CudaProcedure:
 def compile_program(routines: Sequence[tuple[str, Any]], bindings: Sequence[StaticSymbol], *, arch: str, kind: str,
                     options: CudaOptions | None = None) -> list[CudaProcedure]:
     """Render routines into one source, compile it once, one procedure per kernel."""
-    program = render_program([(n, low_level_of(c)) for n, c in routines], tuple(bindings))
+    program = render_program([(n, getattr(c, "portable_llc", None) or low_level_of(c)) for n, c in routines],
+                             tuple(bindings))
     label = "_".join(n for n, _ in routines)[:80] or "empty"
     for n, _ in routines:
         config.dump(n, "", "cu", program.source)

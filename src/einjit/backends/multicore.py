@@ -156,12 +156,14 @@ class MulticoreContext(HostTransfers):
 
 
 class MulticoreBackend:
-    """Devices over a no-device backend (by default `CcBackend`). Code is the inner backend's."""
+    """Devices over a no-device backend (by default `CcBackend`, one thread per routine: the
+    devices are the parallelism). Code is the inner backend's."""
 
     def __init__(self, inner: Any = None, num_devices: int | None = None):
         if inner is None:
+            from einjit.backends import cc
             from einjit.backends.cc_backend import CcBackend
-            inner = CcBackend()
+            inner = CcBackend(cc.CcOptions(threads=1))
         self.inner = inner
         self.name = f"multicore({inner.name})"
         self._num_devices = num_devices if num_devices is not None else os.cpu_count() or 1

@@ -1,32 +1,41 @@
-"""The backend-independent optimizer of low-level code (seed 000, `optimize_proc`).
+"""The optimizer of low-level code (seed 000, `optimize_proc`): a list of named stages.
 
-The pipeline, one module per pass:
+`STAGES`, one module per stage:
 
-1. `tracing.visit_llc` executes the code symbolically and records, per tensor node, where it
-   is written and read (`TracedArray`), and which node owns each loop symbol;
-2. `virtualize.decide_from_trace` keeps materialized what the trace already rules out, then
-   `virtualize.virtual_llc` checks each node's computation (`check_and_store_virtual`) and
-   inlines reads of virtual nodes (`inline_computation`);
-3. `cleanup.cleanup_virtual_llc` removes the virtual nodes' computations, checks symbol
-   scoping and finalizes every touched node's memory mode;
-4. `simplify.simplify_llc` folds constants and algebra, eliminates local scopes, unrolls
-   integer powers and forms fused multiply-adds.
+1. "tracing" (`tracing.visit_llc`) executes the code symbolically and records, per tensor
+   node, where it is written and read (`TracedArray`), and which node owns each loop symbol;
+2. "virtualize": `virtualize.decide_from_trace` keeps materialized what the trace already
+   rules out, then `virtualize.virtual_llc` checks each node's computation
+   (`check_and_store_virtual`) and inlines reads of virtual nodes (`inline_computation`);
+3. "cleanup" (`cleanup.cleanup_virtual_llc`) removes the virtual nodes' computations, checks
+   symbol scoping and finalizes every touched node's memory mode;
+4. "simplify" (`simplify.simplify_llc`) folds constants and algebra, eliminates local scopes,
+   unrolls integer powers and forms fused multiply-adds;
+5. "schedule" (`schedule.schedule_llc`, CPU) register-blocks, packs and reorders contraction
+   nests, and reassociates float reductions when the settings allow it;
+6. "interchange" (`interchange.interchange_loops`, CPU) moves the unit-stride loop of the
+   remaining accumulation nests innermost.
 
-`EINJIT_DEBUG=4` logs the unoptimized code and every virtualization decision with its
-`NonVirtual` code or provenance; `EINJIT_DEBUG=2` logs the optimized code.
+Stages 1-4 are portable: their result is `Optimized.portable_llc`, what GPU backends render.
+`EINJIT_DUMP_DIR=dir` writes the unoptimized code and each stage's result as
+`<routine>.<stage>.ll`. `EINJIT_DEBUG=4` logs the unoptimized code and every virtualization
+decision with its `NonVirtual` code or provenance; `EINJIT_DEBUG=2` logs the optimized code.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
-from dataclasses import dataclass
-from typing import Iterable
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
 
 from einjit import config
 from einjit.ir import low_level as ll
 from einjit.ir.cleanup import ScopeError, cleanup_virtual_llc
 from einjit.ir.indexing import StaticSymbol, Symbol
+from einjit.ir.interchange import interchange_loops
+from einjit.ir.schedule import schedule_llc
 from einjit.ir.simplify import simplify_llc
 from einjit.ir.tnode import Tnode
 from einjit.ir.tracing import RECURRENT, Trace, TracedArray, VirtualizeSettings, visit_llc
@@ -40,35 +49,92 @@ virtualize_settings = VirtualizeSettings()
 @dataclass(frozen=True, eq=False)
 class Optimized:
     """Optimized code with what tracing learned about its nodes. `merge_node` is the node whose
-    merge buffer the code reads, if any."""
+    merge buffer the code reads, if any. `llc` went through every enabled stage;
+    `portable_llc` stops before the CPU loop stages."""
 
     traced_store: dict[Tnode, TracedArray]
     llc: ll.LLStmt
     merge_node: Tnode | None
     name: str = ""
+    portable_llc: ll.LLStmt | None = None
+
+
+@dataclass(eq=False)
+class _Run:
+    """What the stages of one `optimize_proc` call share."""
+
+    settings: VirtualizeSettings
+    static: frozenset[Symbol]
+    name: str
+    trace: Trace | None = None
+    state: VirtualState | None = field(default=None)
+
+
+def _tracing(run: _Run, code: ll.LLStmt) -> ll.LLStmt:
+    run.trace = visit_llc(code, settings=run.settings)
+    decide_from_trace(run.trace, run.settings, run.name)
+    run.state = VirtualState(run.trace, run.static, run.name)
+    return code
+
+
+def _virtualize(run: _Run, code: ll.LLStmt) -> ll.LLStmt:
+    return virtual_llc(code, run.state)
+
+
+def _cleanup(run: _Run, code: ll.LLStmt) -> ll.LLStmt:
+    return cleanup_virtual_llc(code, run.state, run.settings)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One named optimizer stage. `portable`: part of the code every backend renders."""
+
+    name: str
+    run: Callable[[_Run, ll.LLStmt], ll.LLStmt]
+    enabled: Callable[[VirtualizeSettings], bool]
+    portable: bool = True
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("tracing", _tracing, lambda s: True),
+    Stage("virtualize", _virtualize, lambda s: s.virtualize),
+    Stage("cleanup", _cleanup, lambda s: True),
+    Stage("simplify", lambda run, code: simplify_llc(code), lambda s: s.simplify),
+    Stage("schedule", lambda run, code: schedule_llc(code, run.settings), lambda s: s.schedule, portable=False),
+    Stage("interchange", lambda run, code: interchange_loops(code), lambda s: s.interchange, portable=False),
+)
 
 
 def optimize_proc(llc: ll.LLStmt, *, name: str = "", static_indices: Iterable[Symbol | StaticSymbol] = frozenset(),
                   settings: VirtualizeSettings | None = None) -> Optimized:
-    """Optimize one routine. `static_indices` are the symbols bound per call rather than by
-    loops (static symbols may be given as such). Narrows the memory mode of every node the
-    code touches to `Virtual` or a stored mode, never against a mode already set."""
+    """Optimize one routine by running the enabled `STAGES` in order. `static_indices` are the
+    symbols bound per call rather than by loops (static symbols may be given as such).
+    Narrows the memory mode of every node the code touches to `Virtual` or a stored mode,
+    never against a mode already set."""
     settings = settings or virtualize_settings
     static = frozenset(s.symbol if isinstance(s, StaticSymbol) else s for s in static_indices)
     label = name or "<routine>"
     if config.debug_level() >= 4:
         config.debug(4, f"unoptimized low-level code of {label}:\n{ll.to_doc(llc)}")
+    dump_name = name or "routine"
+    dumping = bool(os.environ.get("EINJIT_DUMP_DIR"))
+    if dumping:
+        config.dump(dump_name, "unoptimized", "ll", ll.to_doc(llc))
+    run = _Run(settings, static, name)
+    code = portable = llc
     with _recursion_limit(RECURSION_LIMIT):
-        trace = visit_llc(llc, settings=settings)
-        decide_from_trace(trace, settings, name)
-        state = VirtualState(trace, static, name)
-        code = virtual_llc(llc, state) if settings.virtualize else llc
-        code = cleanup_virtual_llc(code, state, settings)
-        if settings.simplify:
-            code = simplify_llc(code)
+        for stage in STAGES:
+            if not stage.enabled(settings):
+                continue
+            code = stage.run(run, code)
+            if dumping and stage.name != "tracing":
+                config.dump(dump_name, stage.name, "ll", ll.to_doc(code))
+            if stage.portable:
+                portable = code
     if config.debug_level() >= 2:
         config.debug(2, f"optimized low-level code of {label}:\n{ll.to_doc(code)}")
-    return Optimized(trace.traced_store, code, trace.merge_node, name)
+    assert run.trace is not None
+    return Optimized(run.trace.traced_store, code, run.trace.merge_node, name, portable)
 
 
 RECURSION_LIMIT = 20_000
@@ -87,7 +153,7 @@ def _recursion_limit(limit: int):
 
 
 __all__ = [
-    "NON_VIRTUAL_REASONS", "NonVirtual", "Optimized", "RECURRENT", "ScopeError", "Trace", "TracedArray",
-    "VirtualizeSettings", "check_and_store_virtual", "cleanup_virtual_llc", "decide_from_trace",
+    "NON_VIRTUAL_REASONS", "NonVirtual", "Optimized", "RECURRENT", "STAGES", "Stage", "ScopeError", "Trace",
+    "TracedArray", "VirtualizeSettings", "check_and_store_virtual", "cleanup_virtual_llc", "decide_from_trace",
     "inline_computation", "optimize_proc", "simplify_llc", "virtual_llc", "virtualize_settings", "visit_llc",
 ]

@@ -44,6 +44,10 @@ class VirtualizeSettings:
     `max_visits`: a node whose cell is read more often than this stays materialized, unless its
     computation is simple enough to recompute for free (see `inline_simple_computations`).
     `max_tracing_dim`: how many iterations of each loop tracing executes.
+    `max_tracing_nest`: how many iterations of a whole loop nest tracing executes, about: once
+    the enclosing loops' traced iterations reach it, inner loops run only their first two
+    iterations (enough to see a cell read twice). Without it a 7-deep convolution nest traces
+    5^7 iterations, and tracing dominated the compile time of convolutional models.
     `enable_device_only`: nodes the optimizer materializes may live on the device only; when
     False they are made hosted, so every intermediate result can be read from the host.
     `inline_scalar_constexprs`: inline scalar constant expressions however often they are read.
@@ -53,22 +57,34 @@ class VirtualizeSettings:
     default because without common-subexpression elimination each read replays the loop.
     `virtualize` / `simplify`: switch the two transformations off, to compare with the
     unoptimized program.
+    `schedule` / `interchange`: the CPU loop stages (`ir/schedule.py`, `ir/interchange.py`);
+    backends that map loops to threads themselves (CUDA) use the code before them.
+    `reassociate`: the scheduling stage may split a float reduction into independent partial
+    sums (vector lanes, blocked summation), which changes rounding — usually for the better —
+    but makes results differ from sequential summation in the last bits. Only that stage ever
+    reassociates; turn it off for results bit-identical to the unscheduled program.
     """
 
     max_visits: int = 1
     max_tracing_dim: int = 5
+    max_tracing_nest: int = 125
     enable_device_only: bool = True
     inline_scalar_constexprs: bool = True
     inline_simple_computations: bool = True
     inline_complex_computations: bool = False
     virtualize: bool = True
     simplify: bool = True
+    schedule: bool = True
+    interchange: bool = True
+    reassociate: bool = True
 
     def __post_init__(self) -> None:
         if self.max_visits < 0:
             raise ValueError(f"einjit: max_visits must be >= 0, got {self.max_visits}")
         if self.max_tracing_dim < 1:
             raise ValueError(f"einjit: max_tracing_dim must be >= 1, got {self.max_tracing_dim}")
+        if self.max_tracing_nest < 1:
+            raise ValueError(f"einjit: max_tracing_nest must be >= 1, got {self.max_tracing_nest}")
 
 
 @dataclass(slots=True, eq=False)
@@ -130,9 +146,11 @@ class Trace:
 @dataclass(slots=True)
 class _State:
     max_tracing_dim: int
+    max_tracing_nest: int
     store: dict[Tnode, TracedArray] = field(default_factory=dict)
     reverse_node_map: dict[Symbol, Tnode] = field(default_factory=dict)
     merge_node: Tnode | None = None
+    write_templates: dict[int, tuple[ll.ForLoop, list]] = field(default_factory=dict)
 
     def node(self, tn: Tnode) -> TracedArray:
         ta = self.store.get(tn)
@@ -159,7 +177,7 @@ def lookup(env: dict[Symbol, int], idcs: tuple[AxisIndex, ...]) -> Position:
 
 def visit_llc(llc: ll.LLStmt, *, settings: VirtualizeSettings) -> Trace:
     """Trace `llc`: record every node's writes and reads, and derive the per-node facts."""
-    st = _State(settings.max_tracing_dim)
+    st = _State(settings.max_tracing_dim, settings.max_tracing_nest)
     _stmt(st, llc, {}, (), True)
     for ta in st.store.values():
         ta.read_only = not ta.zeroed_out and not ta.assignments
@@ -172,16 +190,19 @@ def _is_scalar_dims(tn: Tnode) -> bool:
 
 
 def _stmt(st: _State, stmt: ll.LLStmt, env: dict[Symbol, int], loops: tuple[tuple[Symbol, int], ...],
-          first_visit: bool) -> None:
+          first_visit: bool, traced: int = 1) -> None:
     """`loops` are the enclosing loops with their trip counts; `first_visit` holds during the
-    first iteration of every enclosing loop, when per-computation facts are collected."""
+    first iteration of every enclosing loop, when per-computation facts are collected;
+    `traced`: how many iterations of the enclosing loops tracing runs."""
     for s in ll.flatten(stmt):
         match s:
             case ll.ForLoop(index, from_, to_, body, trace_it):
-                last = min(to_, from_ + st.max_tracing_dim - 1) if trace_it else min(to_, from_)
+                count = st.max_tracing_dim if traced < st.max_tracing_nest else min(2, st.max_tracing_dim)
+                last = min(to_, from_ + count - 1) if trace_it else min(to_, from_)
                 inner = loops + ((index, to_ - from_ + 1),)
                 for v in range(from_, last + 1):
-                    _stmt(st, body, {**env, index: v}, inner, first_visit and v == from_)
+                    _stmt(st, body, {**env, index: v}, inner, first_visit and v == from_,
+                          traced * (last - from_ + 1))
                 if last < to_:
                     _record_skipped_writes(st, s, env)
             case ll.ZeroOut(tn):
@@ -229,6 +250,37 @@ def _stmt(st: _State, stmt: ll.LLStmt, env: dict[Symbol, int], loops: tuple[tupl
 def _record_skipped_writes(st: _State, loop: ll.ForLoop, env: dict[Symbol, int]) -> None:
     """After a loop whose iterations were not all traced: add the box of cells each write in
     it covers over all its iterations (enclosing loops at their current values)."""
+    for tn, template, length in _write_templates(st, loop):
+        box = []
+        for spec in template:
+            if isinstance(spec, Symbol):
+                if spec not in env:
+                    break
+                box.append((env[spec], env[spec]))
+            else:
+                box.append(spec)
+        else:
+            if box:
+                box[-1] = (box[-1][0], box[-1][1] + length - 1)
+            ta = st.node(tn)
+            new = tuple(box)
+            ta.written_boxes = [b for b in ta.written_boxes
+                                if not all(lo <= l2 and h2 <= hi for (lo, hi), (l2, h2) in zip(new, b))]
+            ta.written_boxes.append(new)
+
+
+_Template = tuple["tuple[int, int] | Symbol", ...]
+
+
+def _write_templates(st: _State, loop: ll.ForLoop) -> list[tuple[Tnode, _Template, int]]:
+    """The writes inside `loop` whose box tracing can record, each as the per-axis ranges over
+    the loops inside `loop`, or the enclosing loop symbol whose current value it takes. A loop
+    is typically left partly untraced once per iteration of its enclosing loops, so this is
+    computed once per loop."""
+    cached = st.write_templates.get(id(loop))
+    if cached is not None:
+        return cached[1]
+    out: list[tuple[Tnode, _Template, int]] = []
 
     def walk(stmt: ll.LLStmt, ranges: dict[Symbol, tuple[int, int]]) -> None:
         for s in ll.flatten(stmt):
@@ -241,29 +293,22 @@ def _record_skipped_writes(st: _State, loop: ll.ForLoop, env: dict[Symbol, int])
                     add(tn, idcs, ranges, length)
 
     def add(tn: Tnode, idcs: tuple[AxisIndex, ...], ranges: dict[Symbol, tuple[int, int]], length: int) -> None:
-        box = []
+        template: list[tuple[int, int] | Symbol] = []
         for idx in idcs:
             match idx:
                 case FixedIdx(i):
-                    box.append((i, i))
-                case Iterator(sym) if sym in ranges:
-                    box.append(ranges[sym])
-                case Iterator(sym) if sym in env:
-                    box.append((env[sym], env[sym]))
+                    template.append((i, i))
+                case Iterator(sym):
+                    template.append(ranges.get(sym, sym))
                 case _:
                     return
         syms = [idx.symbol for idx in idcs if isinstance(idx, Iterator)]
-        if len(syms) != len(set(syms)):
-            return
-        if box:
-            box[-1] = (box[-1][0], box[-1][1] + length - 1)
-        ta = st.node(tn)
-        new = tuple(box)
-        ta.written_boxes = [b for b in ta.written_boxes
-                            if not all(lo <= l2 and h2 <= hi for (lo, hi), (l2, h2) in zip(new, b))]
-        ta.written_boxes.append(new)
+        if len(syms) == len(set(syms)):
+            out.append((tn, tuple(template), length))
 
     walk(loop, {})
+    st.write_templates[id(loop)] = (loop, out)
+    return out
 
 
 def _own_symbols(st: _State, tn: Tnode, idcs: tuple[AxisIndex, ...], loops: tuple[tuple[Symbol, int], ...]) -> None:

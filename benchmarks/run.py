@@ -1,0 +1,230 @@
+"""One benchmark table: every row of issue 13's table, einjit against its peers, in one run.
+
+    python benchmarks/run.py [--json] [--threads N] [--quick]
+
+Rows: fp32 matmul for both operand layouts (`a @ b`, and the dense layer's `w @ x`, i.e.
+A·Bᵀ) at n = 256 / 512 / 1024; the training steps of an MLP 784→256→256→10 (B=256, SGD with
+momentum), an MLP 2→32→32→1 (B=1024) and the moons MLP (B=10); an MNIST-size convnet step
+(B=64, peer: PyTorch only) and its cold compile; ATL matmul and matvec through einjit's
+backend; the optimizer on a chain of 400 virtual nodes; the cold compile of the moons step.
+Peers: NumPy always, PyTorch eager and tinygrad when installed. Every peer gets einjit's
+thread count (BLAS through its environment variables, set before NumPy is imported;
+`torch.set_num_threads`). A ratio is the peer's time over einjit's: above 1 means einjit is
+faster. `--json` prints the rows as one JSON list, so runs can be compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+
+def _parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    ap.add_argument("--threads", type=int, default=1, help="threads for einjit and every peer")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions, no n=1024")
+    return ap.parse_args()
+
+
+ARGS = _parse() if __name__ == "__main__" else None
+if ARGS is not None:
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "EINJIT_NUM_THREADS"):
+        os.environ[var] = str(ARGS.threads)
+os.environ.setdefault("EINJIT_CACHE_DIR", os.path.join(tempfile.gettempdir(), "einjit-bench-cache"))
+
+import numpy as np  # noqa: E402  (after the thread settings)
+
+
+def best_time(fn, repeats: int = 5, min_time: float = 0.2) -> float:
+    """Best of `repeats` batches, each of enough calls to last about `min_time` / `repeats`."""
+    return best_times([fn], repeats, min_time)[0]
+
+
+def best_times(fns, repeats: int = 7, min_time: float = 0.2) -> list[float]:
+    """Best batch time of each function, batches interleaved round by round, so that a busy
+    moment on a shared machine slows every contender alike rather than one of them."""
+    pers = []
+    for fn in fns:
+        fn()
+        t = time.perf_counter()
+        fn()
+        pers.append(max(1, int(min_time / repeats / max(time.perf_counter() - t, 1e-7))))
+    best = [float("inf")] * len(fns)
+    for _ in range(repeats):
+        for k, (fn, per) in enumerate(zip(fns, pers)):
+            t = time.perf_counter()
+            for _ in range(per):
+                fn()
+            best[k] = min(best[k], (time.perf_counter() - t) / per)
+    return best
+
+
+def row(name: str, einjit_s: float, peers: dict[str, float | None], flops: float | None = None) -> dict:
+    out = {"workload": name, "einjit_s": einjit_s}
+    if flops:
+        out["einjit_gflops"] = flops / einjit_s / 1e9
+    for peer, t in peers.items():
+        out[f"{peer}_s"] = t
+        out[f"vs_{peer}"] = None if t is None else t / einjit_s
+    return out
+
+
+# ---------------------------------------------------------------- matmul
+
+
+def matmul_rows(sizes: list[int]) -> list[dict]:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from einjit.backends import cc
+    from einjit.ir import low_level as ll
+    from einjit.ir import ops
+    from einjit.ir.indexing import Iterator, get_symbol
+    from einjit.ir.optimize import optimize_proc
+    from einjit.ir.tnode import Tnode, hosted
+
+    rows = []
+    for n in sizes:
+        for transposed in (False, True):
+            a, c = Tnode("a", (n, n)), Tnode("c", (n, n))
+            b = Tnode("b", (n, n))
+            for tn in (a, b, c):
+                tn.update_memory_mode(hosted(), 0)
+            i, j, k = get_symbol("i"), get_symbol("j"), get_symbol("k")
+            bi = (Iterator(j), Iterator(k)) if transposed else (Iterator(k), Iterator(j))
+            prod = ll.Binop(ops.Binop.MUL, ll.Get(a, (Iterator(i), Iterator(k))), ll.Get(b, bi))
+            acc = ll.Set(c, (Iterator(i), Iterator(j)),
+                         ll.Binop(ops.Binop.ADD, ll.Get(c, (Iterator(i), Iterator(j))), prod))
+            code = ll.seq(ll.ZeroOut(c), ll.ForLoop(i, 0, n - 1, ll.ForLoop(j, 0, n - 1, ll.ForLoop(k, 0, n - 1, acc))))
+            opt = optimize_proc(code, name=f"mm{n}")
+            ctx = cc.CpuContext()
+            rng = np.random.default_rng(0)
+            x, y = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+            ctx.array(a)[...], ctx.array(b)[...] = x, y
+            routine = cc.link(ctx, cc.compile_proc(opt, name=f"mm{n}"), {})
+            yy = y.T if transposed else y
+            routine()
+            np.testing.assert_allclose(ctx.array(c), x @ yy, rtol=1e-3, atol=1e-3)
+            t_ej, t_np = best_times([routine, lambda: x @ yy])
+            name = f"fp32 matmul {'w @ x (A·Bᵀ)' if transposed else 'a @ b'} n={n}"
+            rows.append(row(name, t_ej, {"numpy": t_np} | _torch_mm(x, yy), 2.0 * n**3))
+    return rows
+
+
+def _torch_mm(x, y) -> dict[str, float | None]:
+    try:
+        import torch
+    except ImportError:
+        return {"torch": None}
+    torch.set_num_threads(ARGS.threads if ARGS else 1)
+    tx, ty = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(y))
+    return {"torch": best_time(lambda: tx @ ty)}
+
+
+# ---------------------------------------------------------------- training steps
+
+
+def mlp_step_rows() -> list[dict]:
+    from bench_train import mlp_step, numpy_mlp_step, torch_mlp_step
+
+    rows = []
+    for dims, batch, label in (((784, 256, 256, 10), 256, "MLP 784→256→256→10 step, B=256"),
+                               ((2, 32, 32, 1), 1024, "MLP 2→32→32→1 step, B=1024"),
+                               ((2, 16, 16, 1), 10, "moons MLP 2→16→16→1 step, B=10")):
+        steps = [mlp_step(dims, batch), numpy_mlp_step(dims, batch), torch_mlp_step(dims, batch)]
+        times = best_times([s for s in steps if s is not None])
+        ej, t_np, t_torch = times + [None] * (3 - len(times))
+        rows.append(row(label, ej, {"numpy": t_np, "torch": t_torch}))
+    return rows
+
+
+def atl_rows(n: int = 1024) -> list[dict]:
+    """ATL programs (float64) through einjit's backend; the time includes the ATL wrapper's
+    copies of the arguments into the routine's context and of the result out."""
+    import bench_atl
+
+    rows = []
+    for name, (f, inputs, ref) in bench_atl.programs(n).items():
+        fn = f.compiled("einjit")
+        np.testing.assert_allclose(fn(*inputs), ref(*inputs), rtol=1e-9, atol=1e-9)
+        t_ej, t_np = best_times([lambda: fn(*inputs), lambda: ref(*inputs)])
+        rows.append(row(f"ATL {name} n={n} (float64), einjit backend", t_ej, {"numpy": t_np}))
+    return rows
+
+
+def convnet_rows() -> list[dict]:
+    from bench_train import convnet_step, torch_convnet_step
+
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["EINJIT_CACHE_DIR"] = cache
+        routine, compile_s = convnet_step()
+    peer = torch_convnet_step()
+    times = best_times([routine] + ([peer] if peer else []))
+    return [row("MNIST-size convnet step, B=64", times[0], {"torch": times[1] if peer else None}),
+            row("convnet step cold compile (build + optimize + gcc)", compile_s, {})]
+
+
+def chain_row(n: int = 400) -> dict:
+    """The optimizer alone on `x -> relu(x) -> ...` with every intermediate virtual. (Still
+    quadratic: each inlining copies the already-inlined chain below it.)"""
+    from einjit.ir import low_level as ll
+    from einjit.ir import ops
+    from einjit.ir.indexing import Iterator, get_symbol
+    from einjit.ir.optimize import optimize_proc
+    from einjit.ir.tnode import Tnode, hosted
+
+    def build():
+        nodes = [Tnode(f"t{k}", (8,)) for k in range(n + 1)]
+        nodes[0].update_memory_mode(hosted(), 0)
+        nodes[-1].update_memory_mode(hosted(), 0)
+        stmts = []
+        for src, dst in zip(nodes, nodes[1:]):
+            i = get_symbol()
+            relu = ll.Unop(ops.Unop.RELU, ll.Get(src, (Iterator(i),)))
+            stmts.append(ll.ForLoop(i, 0, 7, ll.Set(dst, (Iterator(i),), relu)))
+        return ll.seq(*stmts)
+
+    code = build()
+    t = time.perf_counter()
+    optimize_proc(code, name="chain")
+    return row(f"optimizer on a chain of {n} virtual nodes", time.perf_counter() - t, {})
+
+
+def compile_row() -> dict:
+    from bench_train import compile_seconds_in_fresh_process
+
+    with tempfile.TemporaryDirectory() as cache:
+        cold = compile_seconds_in_fresh_process(cache)
+    return row("moons step cold compile (build + optimize + gcc)", cold, {})
+
+
+def main() -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sizes = [256, 512] if ARGS.quick else [256, 512, 1024]
+    rows = (matmul_rows(sizes) + mlp_step_rows() + convnet_rows() + atl_rows(512 if ARGS.quick else 1024)
+            + [chain_row(), compile_row()])
+    if ARGS.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"threads: {ARGS.threads} (einjit and every peer); ratio = peer time / einjit time, > 1: einjit faster")
+    for r in rows:
+        line = f"{r['workload']:<52} einjit {_fmt(r['einjit_s'])}"
+        if "einjit_gflops" in r:
+            line += f" ({r['einjit_gflops']:6.1f} GFLOP/s)"
+        for key in r:
+            if key.startswith("vs_"):
+                peer = key[3:]
+                line += f" | {peer} " + ("not installed" if r[key] is None else
+                                          f"{_fmt(r[f'{peer}_s'])} ({r[key]:.2f}x)")
+        print(line)
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds * 1e3:8.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:8.1f} µs"
+
+
+if __name__ == "__main__":
+    main()
