@@ -27,7 +27,7 @@ extern "C" __global__ void layer(const float *__restrict__ data_1, const float *
     }
     {
       const float t1_ = ((h_1[0] + h_1[1]) + (h_1[2] + merge_y_1[i2]));
-      y_1[i2] = (t1_ > 0 ? t1_ : 0);
+      y_1[i2] = (t1_ < 0 ? 0 : t1_);
     }
   }
   for (long long g_i4 = EINJIT_TID; g_i4 < 1LL; g_i4 += EINJIT_NTHREADS) { const int i4 = (int)(0);

@@ -23,7 +23,7 @@ void small(const float *restrict x_1, const float *restrict w_1, float *restrict
     for (int i5 = 0; i5 < 6; ++i5) {
       {
         const float t1_ = h_1[i4 * 6 + i5];
-        y_1[i4 * 6 + i5] = (((t1_ > 0 ? t1_ : 0) + (((float)s1) * 0.5f)) + merge_y_1[i4 * 6 + i5]); /* y =: relu h + s/2 + merge y */
+        y_1[i4 * 6 + i5] = (((t1_ < 0 ? 0 : t1_) + (((float)s1) * 0.5f)) + merge_y_1[i4 * 6 + i5]); /* y =: relu h + s/2 + merge y */
       }
     }
   }
