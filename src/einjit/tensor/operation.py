@@ -17,7 +17,7 @@ from einjit.ir import assignments as asg
 from einjit.ir import ops
 from einjit.ir.indexing import StaticSymbol
 from einjit.ir.tnode import MemoryType, hosted
-from einjit.tensor import op_scope
+from einjit.tensor import op_scope, validate
 from einjit.tensor.notation import Template, make_op
 from einjit.tensor.tensor import GradSpec, Tensor, TensorError, default_prec, make_node, new_label, register
 
@@ -140,6 +140,7 @@ def matmul(a: Like, b: Like, *, label=None) -> Tensor:
 
 def einsum(spec: str, a: Like, b: Like | None = None, *, label=None) -> Tensor:
     """Generalized einsum: `"rhs1;rhs2=>lhs"` for two tensors, `"rhs=>lhs"` for one."""
+    validate.text(spec, "the einsum spec", "ij;jk=>ik")
     if b is None:
         fwd, bwd = _PERMUTE
         return make_op("einsum", [as_tensor(a)], logic=spec, forward=fwd, backprop=bwd, label=label)
@@ -168,6 +169,7 @@ def mean(a: Like, spec: str = "...|...->... => 0", *, label=None) -> Tensor:
 
 def batch_slice(a: Like, static_sym: StaticSymbol, *, label=None) -> Tensor:
     """Remove the leftmost batch axis by indexing it with a static symbol (OCANNL's `@|`)."""
+    _static_symbol(static_sym, "batch_slice")
     fwd, bwd = _COPY
     return make_op("@|", [as_tensor(a)], logic=lambda shapes: sh.Transpose(sh.BatchSlice(static_sym), shapes[0]),
                    forward=fwd, backprop=bwd, label=label)
@@ -190,6 +192,7 @@ def _terminal(lbl: list[str], op_label: str, shape: sh.Shape, grad_spec: GradSpe
 
 def number(value: float, *, label: str | None = None, grad_spec: GradSpec = GradSpec.PROHIBIT_GRAD) -> Tensor:
     """A number: a tensor of one output axis of dimension 1, optionally dimension-labeled."""
+    value = validate.real_number(value, "a number")
     axes = [(label, 1)] if label else None
     shape = sh.Shape.make(batch_dims=[], input_dims=[], output_dims=None if axes else [1], output_axes=axes,
                           debug_name=repr(value))
@@ -213,6 +216,7 @@ def _lazy_number(value: asg.Lazy) -> Tensor:
 
 def range_(n: int, *, label=None) -> Tensor:
     """The values 0 .. n-1 along one output axis."""
+    n = validate.count(n, "range's length", minimum=1)
     shape = sh.Shape.make(batch_dims=[], input_dims=[], output_dims=[n], debug_name=f"range {n}")
     t = _terminal(new_label(label, f"range{n}"), "range", shape, GradSpec.PROHIBIT_GRAD)
     t.own_forward = asg.Fetch(t.value_tn, asg.RangeOverOffsets())
@@ -222,6 +226,7 @@ def range_(n: int, *, label=None) -> Tensor:
 
 def embed_symbol(static_sym: StaticSymbol, *, label=None) -> Tensor:
     """The current value of a static symbol as a one-cell tensor (OCANNL's `!@`)."""
+    _static_symbol(static_sym, "embed_symbol")
     shape = sh.Shape.make(batch_dims=[], input_dims=[], output_dims=[1], debug_name=f"embed {static_sym!r}")
     t = _terminal(new_label(label, f"embed_{static_sym!r}"), "!@", shape, GradSpec.PROHIBIT_GRAD)
     t.own_forward = asg.Fetch(t.value_tn, asg.EmbedSymbol(static_sym))
@@ -233,6 +238,12 @@ class Batch(list):
     """Marks a nesting level of a literal as a batch axis (tuples are input, lists output)."""
 
 
+def _static_symbol(value, what: str) -> None:
+    if not isinstance(value, StaticSymbol):
+        raise TensorError(f"einjit: {what} takes a StaticSymbol (from einjit.get_static_symbol), got "
+                          f"{type(value).__name__} {value!r:.60}")
+
+
 def _literal_axes(values) -> tuple[np.ndarray, list[str]]:
     kinds: list[str] = []
     level = values
@@ -241,7 +252,7 @@ def _literal_axes(values) -> tuple[np.ndarray, list[str]]:
         if not level:
             break
         level = level[0]
-    return np.array(values, dtype=np.float64), kinds
+    return validate.literal(values, "ndarray literal"), kinds
 
 
 def ndarray(values, *, label: str | None = None, batch_axes: int | None = None, input_axes: int | None = None,
@@ -252,9 +263,11 @@ def ndarray(values, *, label: str | None = None, batch_axes: int | None = None, 
     an output axis, a `Batch` level a batch axis. A NumPy array is split by `batch_axes`
     (leading) and `input_axes` (trailing); the rest are output axes.
     """
+    prec = validate.precision(prec)
     if isinstance(values, np.ndarray):
-        data = values
-        nb, ni = batch_axes or 0, input_axes or 0
+        data = validate.real_array(values, "ndarray literal")
+        nb = validate.count(batch_axes or 0, "batch_axes")
+        ni = validate.count(input_axes or 0, "input_axes")
         if nb + ni > data.ndim:
             raise TensorError(f"einjit: ndarray literal of {data.ndim} axes cannot have {nb} batch and {ni} input axes")
         kinds = ["batch"] * nb + ["output"] * (data.ndim - nb - ni) + ["input"] * ni
@@ -299,6 +312,7 @@ def param(label: str | Sequence[str], values=None, *, output_dims: list[int] | N
     generator, so runs are reproducible. Inside an `@einjit.op` function the parameter is
     declared once per definition (see `op_scope`).
     """
+    prec = validate.precision(prec)
     if init not in _INITS:
         raise TensorError(f"einjit: unknown init {init!r} for parameter {label}; use one of {sorted(_INITS)}")
     declared, lbl = op_scope.lookup(label) if isinstance(label, str) else (None, new_label(label, "param"))
@@ -307,7 +321,7 @@ def param(label: str | Sequence[str], values=None, *, output_dims: list[int] | N
     shape = sh.Shape.make(batch_dims=[], input_dims=input_dims, output_dims=output_dims, debug_name=".".join(lbl))
     fill = None
     if values is not None:
-        arr = np.asarray(values, dtype=np.float64)
+        arr = validate.literal(values, f"initial values of parameter {label}")
         if output_dims is None and input_dims is None:
             output_dims, input_dims = list(arr.shape) or [1], []
             shape = sh.Shape.make(batch_dims=[], input_dims=input_dims, output_dims=output_dims,
