@@ -34,11 +34,20 @@ class StaticSymbol:
     """A symbol whose value is fixed for one call of a routine and passed as an argument.
 
     `static_range` is the number of values it ranges over, when known (e.g. the number of
-    batches when it slices a dataset).
+    batches when it slices a dataset). A symbol created without one gets it from the axis it
+    indexes (`infer_range`, called by `batch_slice`), so no value can index outside
+    that axis. The range is not part of equality or the hash: it is filled in after the symbol
+    may already be a key of a bindings mapping.
     """
 
     symbol: Symbol
-    static_range: int | None = None
+    static_range: int | None = field(default=None, compare=False)
+
+    def infer_range(self, n: int) -> None:
+        """Record the size of the axis this symbol indexes as its range, if it has none; a
+        symbol indexing axes of different sizes keeps the smallest, so it is valid for all."""
+        if self.static_range is None or n < self.static_range:
+            object.__setattr__(self, "static_range", n)
 
     def __repr__(self) -> str:
         return f"{self.symbol!r}" + ("" if self.static_range is None else f"<{self.static_range}>")

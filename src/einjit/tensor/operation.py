@@ -15,7 +15,7 @@ import numpy as np
 from einjit import shape as sh
 from einjit.ir import assignments as asg
 from einjit.ir import ops
-from einjit.ir.indexing import StaticSymbol
+from einjit.ir.indexing import Iterator, Projections, StaticSymbol
 from einjit.ir.tnode import MemoryType, hosted
 from einjit.tensor import op_scope, validate
 from einjit.tensor.notation import Template, make_op
@@ -168,11 +168,23 @@ def mean(a: Like, spec: str = "...|...->... => 0", *, label=None) -> Tensor:
 
 
 def batch_slice(a: Like, static_sym: StaticSymbol, *, label=None) -> Tensor:
-    """Remove the leftmost batch axis by indexing it with a static symbol (OCANNL's `@|`)."""
+    """Remove the leftmost batch axis by indexing it with a static symbol (OCANNL's `@|`).
+
+    A symbol without a range gets the sliced axis's size as its range once the projections
+    are derived (before any routine using them is compiled), so the routines check its value
+    in Python before they run instead of reading outside the array."""
     _static_symbol(static_sym, "batch_slice")
     fwd, bwd = _COPY
-    return make_op("@|", [as_tensor(a)], logic=lambda shapes: sh.Transpose(sh.BatchSlice(static_sym), shapes[0]),
-                   forward=fwd, backprop=bwd, label=label)
+    t = make_op("@|", [as_tensor(a)], logic=lambda shapes: sh.Transpose(sh.BatchSlice(static_sym), shapes[0]),
+                forward=fwd, backprop=bwd, label=label)
+    t.projections.on_force(lambda proj: _range_from_sliced_axis(static_sym, proj))
+    return t
+
+
+def _range_from_sliced_axis(static_sym: StaticSymbol, proj: Projections) -> None:
+    for idx, d in zip(proj.project_rhs[0], proj.rhs_dims[0]):
+        if idx == Iterator(static_sym.symbol):
+            static_sym.infer_range(d)
 
 
 # ------------------------------------------------------------------ terminals
