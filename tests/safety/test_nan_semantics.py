@@ -7,9 +7,9 @@ import itertools
 
 import numpy as np
 import pytest
+from conftest import run_c, run_interpreter
 
 import einjit as ej
-from conftest import run_c, run_interpreter
 from einjit import train
 from einjit.backends import cuda_syntax
 from einjit.backends.c_syntax import symbol_name

@@ -63,7 +63,7 @@ def test_range_comes_from_the_sliced_axis(through_intermediate):
 
 
 def test_a_given_range_is_kept_and_a_wrong_one_is_a_shape_error():
-    data, s, y = sliced_model(N)
+    _, s, y = sliced_model(N)
     train.to_routine(train.forward(y), bindings=[s], name="slice_ranged")
     assert s.static_range == N
     with pytest.raises(ej.ShapeError, match="4 vs 3"):

@@ -55,7 +55,7 @@ def _is_word_char(ch: str) -> bool:
     return ch.isascii() and (ch.isalnum() or ch == "_")
 
 
-def _number(src: "_Source", text: str, pos: int) -> int:
+def _number(src: _Source, text: str, pos: int) -> int:
     """`text` (ASCII digits) as an int, refused past `MAX_NUMBER` before converting it."""
     digits = text.lstrip("0") or "0"
     if len(digits) > len(str(MAX_NUMBER)) or int(digits) > MAX_NUMBER:

@@ -182,7 +182,7 @@ def batch_slice(a: Like, static_sym: StaticSymbol, *, label=None) -> Tensor:
 
 
 def _range_from_sliced_axis(static_sym: StaticSymbol, proj: Projections) -> None:
-    for idx, d in zip(proj.project_rhs[0], proj.rhs_dims[0]):
+    for idx, d in zip(proj.project_rhs[0], proj.rhs_dims[0], strict=True):
         if idx == Iterator(static_sym.symbol):
             static_sym.infer_range(d)
 
