@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import run_c, run_interpreter
+from safety_helpers import run_c, run_interpreter
 
 import einjit as ej
 from einjit import train
@@ -21,6 +21,12 @@ from einjit.ir.tnode import Tnode
 SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.5, 2.0]
 PAIRS = np.array(list(itertools.product(SPECIAL, SPECIAL))).T   # every ordered pair, 64 columns
 PRECS = [ops.single, ops.double]
+
+
+@pytest.fixture
+def float64():
+    with ej.default_precision("double"):
+        yield
 
 
 def assert_same(got, want):

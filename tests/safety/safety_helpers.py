@@ -1,12 +1,11 @@
-"""Shared helpers of the safety tests: compile-and-run a low-level program, and a
-double-precision default for the tensor-level tests."""
+"""Shared helpers of the safety tests: compile-and-run a low-level program with gcc or the
+reference interpreter."""
 
 from __future__ import annotations
 
 from typing import Mapping
 
 import numpy as np
-import pytest
 
 from einjit.backends import cc
 from einjit.ir import interpret
@@ -29,10 +28,3 @@ def run_c(llc: ll.LLStmt, inputs: Mapping[Tnode, np.ndarray], *, bindings: tuple
 def run_interpreter(llc: ll.LLStmt, inputs: Mapping[Tnode, np.ndarray]) -> dict[Tnode, np.ndarray]:
     arrays = {tn: np.array(v, dtype=tn.prec.dtype) for tn, v in inputs.items()}
     return interpret.run(llc, arrays)
-
-
-@pytest.fixture
-def float64():
-    import einjit as ej
-    with ej.default_precision("double"):
-        yield
