@@ -32,6 +32,7 @@ from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, StaticSymb
 from einjit.ir.tnode import Tnode
 
 _INT_MAX = 2**31 - 1
+_LLONG_MAX = 2**63 - 1
 
 
 class RenderError(EinjitError, ValueError):
@@ -623,6 +624,26 @@ class _Writer:
 # ---------------------------------------------------------------- routines and programs
 
 
+def index_type(name: str, llc: ll.LLStmt) -> str:
+    """`int` when every array size and loop bound fits in 32 bits, else `long long` (an `int`
+    loop counter running to 3e9 never stops). Past 64 bits no index type fits: an error
+    before compiling, naming the node or loop."""
+    widest = 0
+    for tn in ll.nodes_of(llc):
+        if tn.size > _LLONG_MAX:
+            raise RenderError(f"einjit: routine {name!r}: {tn.debug_name()} with dims {tn.dims} has {tn.size} "
+                              f"cells, more than 64-bit indexing can address ({_LLONG_MAX})")
+        widest = max(widest, tn.size)
+    for s in ll.iter_stmts(llc):
+        if isinstance(s, ll.ForLoop):
+            bound = max(abs(s.from_), abs(s.to_) + 1)
+            if bound > _LLONG_MAX:
+                raise RenderError(f"einjit: routine {name!r}: loop {s.index!r} over [{s.from_}, {s.to_}] is longer "
+                                  f"than 64-bit indexing can count ({_LLONG_MAX})")
+            widest = max(widest, bound)
+    return "int" if widest <= _INT_MAX else "long long"
+
+
 def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] = (),
                    syntax: CSyntax = C_SYNTAX) -> RenderedRoutine:
     """Render one routine as a C function definition (without the prelude).
@@ -639,8 +660,8 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     name = c_name(name)
     if syntax.interchange_loops:
         llc = interchange_loops(llc)
-    index_type = "int" if all(tn.size <= _INT_MAX for tn in ll.nodes_of(llc)) else "long long"
-    w = _Writer(syntax, tuple(bindings), index_type)
+    itype = index_type(name, llc)
+    w = _Writer(syntax, tuple(bindings), itype)
     w.stmt(llc, "  ")
 
     params: list[Param] = []
@@ -666,13 +687,20 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
             raise RenderError(f"einjit: merge buffer of {tn.debug_name()} read, but the node is Local")
         params.append(Param(ParamKind.MERGE_BUFFER, f"merge_{tn.name}", tn=tn))
         decls.append(f"const {syntax.type_name(tn.prec)} *{r} merge_{tn.name}")
+    widened: list[str] = []
     for b in bindings:
-        params.append(Param(ParamKind.STATIC, symbol_name(b.symbol), static=b))
-        decls.append(f"int {symbol_name(b.symbol)}")
+        sym = symbol_name(b.symbol)
+        params.append(Param(ParamKind.STATIC, sym, static=b))
+        if itype == "int":
+            decls.append(f"int {sym}")
+        else:
+            # Static values arrive as `int`; widened, `s * stride` cannot overflow in 32 bits.
+            decls.append(f"int {sym}_arg")
+            widened.append(f"  const long long {sym} = {sym}_arg;")
 
     qual = f"{syntax.function_qualifier} " if syntax.function_qualifier else ""
     head = f"{qual}void {name}({', '.join(decls) or 'void'}) {{"
-    body = [line for d in local_decls for line in d.split("\n")] + w.lines + frees
+    body = widened + [line for d in local_decls for line in d.split("\n")] + w.lines + frees
     code = "\n".join([head, *body, "}"]) + "\n"
     return RenderedRoutine(name, code, tuple(params), tuple(local_nodes), frozenset(w.helpers))
 

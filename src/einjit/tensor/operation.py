@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from einjit import memory
 from einjit import shape as sh
 from einjit.ir import assignments as asg
 from einjit.ir import ops
@@ -346,12 +347,18 @@ def param(label: str | Sequence[str], values=None, *, output_dims: list[int] | N
     if fill is not None:
         t.init = lambda rng: _fill_values(t, fill)
     else:
-        t.init = lambda rng: _INITS[init](rng, t.dims, _row_size(shape.input), _row_size(shape.output))
+        t.init = lambda rng: _INITS[init](rng, _fitting_dims(t), _row_size(shape.input), _row_size(shape.output))
     t._fwd_done = True
     register(t)
     if isinstance(label, str):
         op_scope.remember(label, t)
     return t
+
+
+def _fitting_dims(t: Tensor) -> tuple[int, ...]:
+    """The parameter's dims, once checked to fit in memory (the generator draws float64s)."""
+    memory.check_fits(f"parameter {t.label_str}", t.dims, np.float64)
+    return t.dims
 
 
 def _row_size(row) -> int:
