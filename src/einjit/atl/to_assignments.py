@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -480,7 +481,8 @@ class EinjitFunc:
 
     The routine is linked once to the nodes' host arrays; a call copies the arguments in
     (any strides; a relation's booleans become 0/1), runs it, and copies the result out.
-    Not reentrant: concurrent calls share those arrays.
+    Calls from several threads share those arrays, so a lock makes each call whole (the C
+    routine runs without the GIL: another thread would otherwise overwrite the inputs).
     """
 
     def __init__(self, nf: NormalForm, *, settings: VirtualizeSettings | None = None,
@@ -496,16 +498,18 @@ class EinjitFunc:
         self.routine = cc.link(cc.CpuContext(name), self.procedure)
         self._inputs = [tn.host_array() for tn in self.translation.inputs]
         self._output = self.translation.output.host_array()
+        self._lock = threading.Lock()
         config.debug(1, f"ATL einjit compile {name}: {time.perf_counter() - t0:.3f}s")
 
     def __call__(self, *args: Any) -> Any:
         if len(args) != len(self._inputs):
             raise TypeError(f"expected {len(self._inputs)} arguments, got {len(args)}")
-        for host, val in zip(self._inputs, args):
-            host[...] = val
-        self.routine()
-        out = self._output
-        return float(out[()]) if out.ndim == 0 else out.copy()
+        with self._lock:
+            for host, val in zip(self._inputs, args, strict=True):
+                host[...] = val
+            self.routine()
+            out = self._output
+            return float(out[()]) if out.ndim == 0 else out.copy()
 
 
 def compile_normal_form(nf: NormalForm, **options: Any) -> EinjitFunc:
