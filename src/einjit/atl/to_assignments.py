@@ -64,8 +64,30 @@ from einjit.ir.tnode import Tnode, hosted
 
 from .index import interval, to_affine
 from .ir import (
-    Access, Add, And, Const, Eq, Expr, IConst, Index, Indicate, Le, Lt, Mul, Ne, Not, Or,
-    Pred, R, Rel, Sum, Sym, TNum, Type, Var, tensor_shape,
+    Access,
+    Add,
+    And,
+    Const,
+    Eq,
+    Expr,
+    IConst,
+    Index,
+    Indicate,
+    Le,
+    Lt,
+    Mul,
+    Ne,
+    Not,
+    Or,
+    Pred,
+    R,
+    Rel,
+    Sum,
+    Sym,
+    TNum,
+    Type,
+    Var,
+    tensor_shape,
 )
 from .normalize import NormalForm, Stmt
 from .typecheck import is_relation_type
