@@ -10,6 +10,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from einjit.errors import EinjitError
+
 _symbol_counter = itertools.count(1)
 
 
@@ -53,7 +55,18 @@ class StaticSymbol:
         return f"{self.symbol!r}" + ("" if self.static_range is None else f"<{self.static_range}>")
 
 
+class StaticSymbolError(EinjitError, ValueError):
+    pass
+
+
 def get_static_symbol(static_range: int | None = None, name: str = "s") -> StaticSymbol:
+    """A new static symbol; `static_range` (the number of values, at least 1) or None."""
+    if static_range is not None and (isinstance(static_range, bool) or not isinstance(static_range, int)
+                                     or static_range < 1):
+        raise StaticSymbolError(f"einjit: get_static_symbol: the range must be None or an int at least 1, got "
+                                f"{static_range!r}")
+    if not isinstance(name, str) or not name.isidentifier() or not name.isascii():
+        raise StaticSymbolError(f"einjit: get_static_symbol: the name must be an identifier, got {name!r}")
     return StaticSymbol(get_symbol(name), static_range)
 
 

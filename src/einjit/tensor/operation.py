@@ -326,6 +326,9 @@ def param(label: str | Sequence[str], values=None, *, output_dims: list[int] | N
     declared once per definition (see `op_scope`).
     """
     prec = validate.precision(prec)
+    validate.label(label, "a parameter's label")
+    validate.dims(output_dims, "output_dims")
+    validate.dims(input_dims, "input_dims")
     if init not in _INITS:
         raise TensorError(f"einjit: unknown init {init!r} for parameter {label}; use one of {sorted(_INITS)}")
     declared, lbl = op_scope.lookup(label) if isinstance(label, str) else (None, new_label(label, "param"))

@@ -17,7 +17,8 @@ from __future__ import annotations
 import contextlib
 import enum
 import itertools
-from typing import Callable, Iterator as PyIterator, Sequence
+from typing import Callable, Sequence
+from typing import Iterator as PyIterator
 
 import numpy as np
 
@@ -48,7 +49,7 @@ def default_prec() -> ops.Prec:
 @contextlib.contextmanager
 def default_precision(prec: ops.Prec | str) -> PyIterator[None]:
     """Tensors created inside the block get this value/gradient precision."""
-    p = ops.PRECISIONS[prec] if isinstance(prec, str) else prec
+    p = _precision(prec)
     _default_prec.append(p)
     try:
         yield
@@ -57,7 +58,15 @@ def default_precision(prec: ops.Prec | str) -> PyIterator[None]:
 
 
 def set_default_precision(prec: ops.Prec | str) -> None:
-    _default_prec[0] = ops.PRECISIONS[prec] if isinstance(prec, str) else prec
+    _default_prec[0] = _precision(prec)
+
+
+def _precision(prec: ops.Prec | str) -> ops.Prec:
+    if isinstance(prec, ops.Prec):
+        return prec
+    if isinstance(prec, str) and prec in ops.PRECISIONS:
+        return ops.PRECISIONS[prec]
+    raise TensorError(f"einjit: unknown precision {prec!r}; use one of {sorted(ops.PRECISIONS)}")
 
 
 _ids = itertools.count(1)

@@ -60,6 +60,21 @@ def text(value: Any, what: str, example: str) -> str:
     return value
 
 
+def label(value: Any, what: str) -> None:
+    """A label: a str, or a list/tuple of str (its components)."""
+    parts = [value] if isinstance(value, str) else value if isinstance(value, (list, tuple)) else None
+    if parts is None or not parts or not all(isinstance(p, str) for p in parts):
+        raise TensorError(f"einjit: {what} must be a str or a list of str, got {type(value).__name__} "
+                          f"{_preview(value)}")
+
+
+def dims(value: Any, what: str) -> None:
+    """None (inferred) or a list/tuple of dimensions (each checked by the shape layer)."""
+    if value is not None and not isinstance(value, (list, tuple)):
+        raise TensorError(f"einjit: {what} must be a list of dimensions such as [3], got {type(value).__name__} "
+                          f"{_preview(value)}")
+
+
 def precision(value: Any, what: str = "prec") -> ops.Prec | None:
     """None (the default precision), a `Prec`, or a precision's name."""
     if value is None or isinstance(value, ops.Prec):
@@ -131,6 +146,7 @@ def _check_nesting(values: Any, what: str) -> tuple[int, ...]:
             raise TensorError(f"einjit: {what} is ragged: {where} is a sequence where a number is expected; "
                               f"all rows must have the same length")
         elif not _is_real(item):
-            raise TensorError(f"einjit: {what}: element {where} is {type(item).__name__} {_preview(item)}; "
-                              f"literals hold real numbers (bool, int, float) only")
+            which = f"element {where} is" if path else "it is a"
+            raise TensorError(f"einjit: {what}: {which} {type(item).__name__} {_preview(item)}; literals are real "
+                              f"numbers (bool, int, float), nested in lists and tuples or in a NumPy array")
     return tuple(shape)
