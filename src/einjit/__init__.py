@@ -32,6 +32,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "unchanged_roots": ("einjit.tensor.tensor", "unchanged_roots"),
     "ShapeError": ("einjit.shape", "ShapeError"),
     "EinjitError": ("einjit.errors", "EinjitError"),
+    "AllocationError": ("einjit.memory", "AllocationError"),
     "IntRef": ("einjit.ir.indexing", "IntRef"),
     "StaticSymbol": ("einjit.ir.indexing", "StaticSymbol"),
     "get_static_symbol": ("einjit.ir.indexing", "get_static_symbol"),

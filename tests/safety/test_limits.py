@@ -75,7 +75,7 @@ def test_a_parameter_larger_than_memory_is_a_named_error():
     want = r"parameter enormous with dims \(10000000, 10000000\) needs 727\.6 TiB"
     with pytest.raises(memory.AllocationError, match=want):
         train.init_params(p)
-    assert isinstance(memory.AllocationError("x"), ej.EinjitError)
+    assert ej.AllocationError is memory.AllocationError and issubclass(ej.AllocationError, ej.EinjitError)
 
 
 def test_a_hosted_result_larger_than_memory_is_a_named_error(monkeypatch):
@@ -99,3 +99,17 @@ def test_the_interpreter_allocates_through_the_same_check(monkeypatch):
 def test_human_sizes():
     assert [memory.human(n) for n in (12, 2048, 5 * 2**30, 3 * 2**50)] == ["12 bytes", "2.0 KiB", "5.0 GiB",
                                                                            "3.0 PiB"]
+
+
+def test_a_local_array_larger_than_memory_is_refused_before_compiling(monkeypatch):
+    """A heap-allocated local whose calloc would fail (and abort the process) is refused."""
+    from einjit.ir import tnode
+    big = Tnode("scratch", (64, 128), memory_mode=tnode.LOCAL)
+    out = Tnode("out", (1,))
+    i = get_symbol()
+    code = ll.seq(ll.ForLoop(i, 0, 127, ll.Set(big, (ll_fixed0(), Iterator(i)), ll.Constant(1.0))),
+                  ll.Set(out, (ll_fixed0(),), ll.Get(big, (ll_fixed0(), ll_fixed0()))))
+    assert "calloc(8192" in c_syntax.render_routine("fits", code).code
+    monkeypatch.setattr(memory, "available_bytes", lambda: 16 * 1024)
+    with pytest.raises(memory.AllocationError, match=r"local tensor scratch.*\(64, 128\) needs 32\.0 KiB"):
+        c_syntax.render_routine("too_big_local", code)

@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from einjit import memory
 from einjit.backends.c_names import c_name
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
@@ -709,11 +710,13 @@ def _local_decl(tn: Tnode, syn: CSyntax) -> str:
     fields = dict(t=syn.type_name(tn.prec), name=tn.name, size=tn.size, restrict=syn.restrict)
     if tn.size * tn.prec.itemsize <= syn.stack_limit_bytes:
         template = syn.local_stack_decl
-    elif syn.local_heap_decl is None:
+    elif syn.local_heap_decl is not None:
+        # A failed calloc aborts the process: refuse, naming the node, what cannot fit now.
+        memory.check_fits(f"local tensor {tn.debug_name()}", tn.dims, tn.prec.dtype)
+        template = syn.local_heap_decl
+    else:
         raise RenderError(f"einjit: local tensor {tn.debug_name()} needs {tn.size * tn.prec.itemsize} bytes, "
                           f"over the {syn.stack_limit_bytes}-byte limit for locals of this backend")
-    else:
-        template = syn.local_heap_decl
     return "\n".join("  " + line for line in template.format(**fields).split("\n"))
 
 
