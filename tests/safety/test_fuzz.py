@@ -251,3 +251,37 @@ def test_cd_texts_slow(text):
 def test_arbitrary_text_slow(text):
     cd_outcome(text)
     einsum_outcome(text)
+
+
+# ---------------------------------------------------------------- literals
+
+ELEMENTS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-2**70, 2**70), st.booleans(),
+                     st.none(), st.text(max_size=2), st.complex_numbers(max_magnitude=10),
+                     st.sampled_from([np.float32(1.5), np.int8(-3), np.bool_(True), np.datetime64("2020-01-01")]))
+LITERALS = st.recursive(ELEMENTS, lambda inner: st.lists(inner, min_size=0, max_size=3), max_leaves=12)
+
+
+def literal_outcome(values) -> None:
+    """A literal of output axes (lists only): a tensor holding exactly NumPy's float64
+    conversion, or a TensorError/ShapeError."""
+    try:
+        t = ej.ndarray(values, prec="double")
+    except ej.EinjitError:
+        return
+    want = np.array(values, dtype=np.float64)
+    got = t.value_tn.array
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got.reshape(want.shape), want)
+
+
+@DEFAULT
+@given(LITERALS)
+def test_literals_give_their_values_or_an_einjit_error(values):
+    literal_outcome(values)
+
+
+@pytest.mark.slow
+@SLOW
+@given(LITERALS)
+def test_literals_slow(values):
+    literal_outcome(values)
