@@ -20,7 +20,7 @@ from einjit.ir.tnode import Tnode
 
 SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.5, 2.0]
 PAIRS = np.array(list(itertools.product(SPECIAL, SPECIAL))).T   # every ordered pair, 64 columns
-PRECS = [ops.single, ops.double]
+PRECS = [ops.half, ops.single, ops.double]
 
 
 @pytest.fixture
