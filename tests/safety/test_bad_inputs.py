@@ -76,6 +76,8 @@ BAD = {
     "static name": (lambda: ej.get_static_symbol(3, "a b"), ej.EinjitError, "must be an identifier"),
     "param label int": (lambda: ej.param(3), ej.TensorError, "label must be a str or a list of str"),
     "param dims int": (lambda: ej.param("pd", output_dims=3), ej.TensorError, "output_dims must be a list"),
+    "label int": (lambda: ej.relu(x3(), label=3), ej.TensorError, "label of a relu must be a str or a list of str"),
+    "label list of int": (lambda: ej.add(x3(), 1.0, label=[1]), ej.TensorError, "must be a str or a list of str"),
     "dict literal": (lambda: ej.ndarray({"a": 1}), ej.TensorError, "it is a dict"),
     "unknown default precision": (lambda: ej.set_default_precision("quad"), ej.TensorError,
                                   "unknown precision 'quad'"),

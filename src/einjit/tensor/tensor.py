@@ -199,7 +199,10 @@ class Tensor:
 def new_label(label: str | Sequence[str] | None, op_label: str) -> list[str]:
     if label is None:
         return [op_label]
-    return [label] if isinstance(label, str) else list(label)
+    parts = [label] if isinstance(label, str) else list(label) if isinstance(label, (list, tuple)) else None
+    if not parts or not all(isinstance(p, str) for p in parts):
+        raise TensorError(f"einjit: the label of a {op_label} must be a str or a list of str, got {label!r:.60}")
+    return parts
 
 
 def make_node(label: list[str], shape: sh.Shape, prec: ops.Prec) -> Tnode:
