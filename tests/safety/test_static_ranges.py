@@ -105,3 +105,25 @@ def test_sweep_on_every_cpu_backend(kind, shared):
             backend.to_host(ctx, y.value_tn)
 
         check_sweep(call, s, y, data, kind)
+
+
+def test_backprop_through_a_slice_is_guarded_too():
+    """The gradient of a sliced tensor is written at the symbol's index: a training step
+    refuses out-of-range values the same way, and in range gives NumPy's gradient."""
+    data = np.arange(2.0 * N).reshape(N, 2) + 1.0
+    w = ej.param("slice_w", values=[0.5, -2.0])
+    scaled = ej.mul(w, ej.ndarray(data, batch_axes=1, label="slice_data"), label="scaled")
+    s = ej.get_static_symbol(None, "b")
+    loss = ej.sum(ej.batch_slice(scaled, s), "...|...->... => 0", label="slice_loss")
+    train.init_params(loss)
+    routine = train.to_routine(train.grad_update(loss), bindings=[s], name="slice_backprop")
+    assert s.static_range == N
+    for v in VALUES:
+        routine.bindings[s].value = v
+        if 0 <= v < N:
+            routine()
+            np.testing.assert_array_equal(w.grad.numpy(), data[v])
+            np.testing.assert_allclose(loss.value.numpy(), [data[v] @ [0.5, -2.0]], rtol=1e-12)
+        else:
+            with pytest.raises(OUT_OF_RANGE, match=rf"= {v} outside its range"):
+                routine()
