@@ -41,6 +41,7 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     "NotHostedError": ("einjit.backends.interface", "NotHostedError"),
     "NodeNotInContextError": ("einjit.backends.interface", "NodeNotInContextError"),
     "StaticRangeError": ("einjit.backends.interface", "StaticRangeError"),
+    "AllocationError": ("einjit.memory", "AllocationError"),
     "IntRef": ("einjit.ir.indexing", "IntRef"),
     "StaticSymbol": ("einjit.ir.indexing", "StaticSymbol"),
     "get_static_symbol": ("einjit.ir.indexing", "get_static_symbol"),

@@ -26,6 +26,7 @@ import numpy as np
 import einjit as ej
 from einjit import datasets, parallel, train
 from einjit.comm import Communicator
+from einjit.demo_cli import MOONS_POINTS, check_batch_size
 from einjit.ir.indexing import IntRef, StaticSymbol, get_static_symbol
 
 
@@ -92,7 +93,7 @@ def _predict(mlp, points: np.ndarray, name: str) -> np.ndarray:
     return out.value.numpy().reshape(-1)
 
 
-def run_moons(*, epochs: int = 80, batch_size: int = 10, seed: int = 0, n_points: int = 400,
+def run_moons(*, epochs: int = 80, batch_size: int = 10, seed: int = 0, n_points: int = MOONS_POINTS,
               quiet: bool = False, plot: str | None = None, devices: int = 1,
               comm: Communicator | None = None) -> MoonsResult:
     replicas = comm.size if comm is not None else devices
@@ -220,6 +221,7 @@ def main_moons(args) -> int:
             comm = MpiCommunicator()
         except ImportError as e:
             raise SystemExit(str(e)) from None
+        check_batch_size(args.batch_size, comm.size, MOONS_POINTS, "mpiexec -n")
     lead = comm is None or comm.rank == 0
     result = run_moons(epochs=args.epochs, batch_size=args.batch_size, seed=args.seed, quiet=args.json or not lead,
                        plot=args.plot if lead else None, devices=devices, comm=comm)

@@ -111,7 +111,7 @@ def init_params(t: "Tensor | Iterable[Tensor]", *, seed: int = 0) -> None:
     """Give every parameter under `t` its initial values (in place, on the host)."""
     sh.finish_inference()
     rng = np.random.default_rng(seed)
-    for p in _params_of(t):
+    for p in _params_of(t) if isinstance(t, Tensor) else dict.fromkeys(q for x in t for q in _params_of(x)):
         values = np.asarray(p.init(rng), dtype=p.value_tn.prec.dtype)
         host = p.value_tn.host_array()
         host[...] = values.reshape(host.shape)

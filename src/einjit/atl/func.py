@@ -12,6 +12,7 @@ For backend authors: ``Func.normal_form`` is the ``NormalForm`` after every pass
 
 from __future__ import annotations
 
+import threading
 from functools import cached_property
 from typing import Any, Callable, Sequence
 
@@ -36,6 +37,7 @@ class Func:
         self.arg_names: tuple[str, ...] = tuple(str(name) for name, _ in args)
         self.arg_types: tuple[Type, ...] = tuple(typ for _, typ in args)
         self._compiled: dict[tuple, Callable] = {}
+        self._compiling = threading.Lock()
 
     @property
     def ret_type(self) -> Type:
@@ -104,9 +106,10 @@ class Func:
         """The compiled form for ``backend`` (built once per set of options); it takes
         the arguments in order, already checked and converted."""
         key = (backend, tuple(sorted(options.items())))
-        fn = self._compiled.get(key)
-        if fn is None:
-            fn = self._compiled[key] = _compile(self.normal_form, backend, options)
+        with self._compiling:
+            fn = self._compiled.get(key)
+            if fn is None:
+                fn = self._compiled[key] = _compile(self.normal_form, backend, options)
         return fn
 
     @property

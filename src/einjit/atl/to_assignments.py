@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -64,8 +65,30 @@ from einjit.ir.tnode import Tnode, hosted
 
 from .index import interval, to_affine
 from .ir import (
-    Access, Add, And, Const, Eq, Expr, IConst, Index, Indicate, Le, Lt, Mul, Ne, Not, Or,
-    Pred, R, Rel, Sum, Sym, TNum, Type, Var, tensor_shape,
+    Access,
+    Add,
+    And,
+    Const,
+    Eq,
+    Expr,
+    IConst,
+    Index,
+    Indicate,
+    Le,
+    Lt,
+    Mul,
+    Ne,
+    Not,
+    Or,
+    Pred,
+    R,
+    Rel,
+    Sum,
+    Sym,
+    TNum,
+    Type,
+    Var,
+    tensor_shape,
 )
 from .normalize import NormalForm, Stmt
 from .typecheck import is_relation_type
@@ -482,7 +505,9 @@ class EinjitFunc:
     The routine is linked once, by default into the C backend's context that computes in
     the host arrays; a call copies the arguments into the input nodes' host arrays (any
     strides; a relation's booleans become 0/1), moves them to the context (a no-op there),
-    runs the routine, and copies the result out. Not reentrant: calls share those arrays.
+    runs the routine, and copies the result out. Calls from several threads share those
+    arrays, so a lock makes each call whole (the C routine runs without the GIL: another
+    thread would otherwise overwrite the inputs).
     """
 
     def __init__(self, nf: NormalForm, *, settings: VirtualizeSettings | None = None,
@@ -505,18 +530,20 @@ class EinjitFunc:
         load_inputs(self.context, compiled.inputs)
         self.routine = compiler.link(self.context, compiled)
         self._output = self.translation.output.host_array()
+        self._lock = threading.Lock()
         config.debug(1, f"ATL einjit compile {name}: {time.perf_counter() - t0:.3f}s")
 
     def __call__(self, *args: Any) -> Any:
         if len(args) != len(self._inputs):
             raise TypeError(f"expected {len(self._inputs)} arguments, got {len(args)}")
-        for tn, host, val in zip(self._input_nodes, self._inputs, args):
-            host[...] = val
-            self.context.from_host(tn)
-        self.routine()
-        self.context.to_host(self.translation.output)
-        out = self._output
-        return float(out[()]) if out.ndim == 0 else out.copy()
+        with self._lock:
+            for tn, host, val in zip(self._input_nodes, self._inputs, args, strict=True):
+                host[...] = val
+                self.context.from_host(tn)
+            self.routine()
+            self.context.to_host(self.translation.output)
+            out = self._output
+            return float(out[()]) if out.ndim == 0 else out.copy()
 
 
 def compile_normal_form(nf: NormalForm, **options: Any) -> EinjitFunc:

@@ -22,10 +22,12 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from einjit import memory
 from einjit.backends.params import MemClass, Param, ParamKind, repeated_names
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir import naming, ops
+from einjit.ir.c_names import c_name
 from einjit.ir.indexing import (
     Affine,
     AxisIndex,
@@ -36,11 +38,12 @@ from einjit.ir.indexing import (
     Symbol,
     index_symbols,
 )
-from einjit.ir.precision import combine_prec
 from einjit.ir.interchange import interchange_loops
+from einjit.ir.precision import combine_prec
 from einjit.ir.tnode import Tnode
 
 _INT_MAX = 2**31 - 1
+_LLONG_MAX = 2**63 - 1
 
 
 class RenderError(EinjitError, ValueError):
@@ -532,21 +535,44 @@ class _Writer:
 # ---------------------------------------------------------------- routines and programs
 
 
+def index_type(name: str, llc: ll.LLStmt) -> str:
+    """`int` when every array size and loop bound fits in 32 bits, else `long long` (an `int`
+    loop counter running to 3e9 never stops). Past 64 bits no index type fits: an error
+    before compiling, naming the node or loop."""
+    widest = 0
+    for tn in ll.nodes_of(llc):
+        if tn.size > _LLONG_MAX:
+            raise RenderError(f"einjit: routine {name!r}: {tn.debug_name()} with dims {tn.dims} has {tn.size} "
+                              f"cells, more than 64-bit indexing can address ({_LLONG_MAX})")
+        widest = max(widest, tn.size)
+    for s in ll.iter_stmts(llc):
+        if isinstance(s, ll.ForLoop):
+            bound = max(abs(s.from_), abs(s.to_) + 1)
+            if bound > _LLONG_MAX:
+                raise RenderError(f"einjit: routine {name!r}: loop {s.index!r} over [{s.from_}, {s.to_}] is longer "
+                                  f"than 64-bit indexing can count ({_LLONG_MAX})")
+            widest = max(widest, bound)
+    return "int" if widest <= _INT_MAX else "long long"
+
+
 def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] = (),
                    syntax: CSyntax = C_SYNTAX) -> RenderedRoutine:
     """Render one routine as a C function definition (without the prelude).
+
+    The function is called `c_names.c_name(name)`: the routine's name unless it is a C keyword,
+    a math or C library name (then mangled, e.g. `exp_`); `RenderedRoutine.name` is that name.
 
     Parameters: the arrays of `FROM_CONTEXT` and `CONSTANT_FROM_HOST` nodes sorted by node
     id, then merge buffers (`merge_NODE`) sorted by node id, then one `int` per static
     binding in the order given.
     """
-    if not _IDENT.match(name) or name in naming.RESERVED:
-        raise RenderError(f"einjit: routine name {name!r} is not a C identifier or is reserved (a C keyword or a "
-                          f"function generated code calls); choose another name")
+    if not isinstance(name, str) or not _IDENT.match(name):
+        raise RenderError(f"einjit: routine name {name!r} is not a C identifier (letters, digits, _)")
+    name = c_name(name)
     if syntax.interchange_loops:
         llc = interchange_loops(llc)
-    index_type = "int" if all(tn.size <= _INT_MAX for tn in ll.nodes_of(llc)) else "long long"
-    w = _Writer(syntax, tuple(bindings), index_type)
+    itype = index_type(name, llc)
+    w = _Writer(syntax, tuple(bindings), itype)
     w.stmt(llc, "  ")
 
     params: list[Param] = []
@@ -572,13 +598,20 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
             raise RenderError(f"einjit: merge buffer of {tn.debug_name()} read, but the node is Local")
         params.append(Param(ParamKind.MERGE_BUFFER, f"merge_{tn.name}", tn=tn))
         decls.append(f"const {syntax.type_name(tn.prec)} *{r} merge_{tn.name}")
+    widened: list[str] = []
     for b in bindings:
-        params.append(Param(ParamKind.STATIC, symbol_name(b.symbol), static=b))
-        decls.append(f"int {symbol_name(b.symbol)}")
+        sym = symbol_name(b.symbol)
+        params.append(Param(ParamKind.STATIC, sym, static=b))
+        if itype == "int":
+            decls.append(f"int {sym}")
+        else:
+            # Static values arrive as `int`; widened, `s * stride` cannot overflow in 32 bits.
+            decls.append(f"int {sym}_arg")
+            widened.append(f"  const long long {sym} = {sym}_arg;")
 
     qual = f"{syntax.function_qualifier} " if syntax.function_qualifier else ""
     head = f"{qual}void {name}({', '.join(decls) or 'void'}) {{"
-    body = [line for d in local_decls for line in d.split("\n")] + w.lines + frees
+    body = widened + [line for d in local_decls for line in d.split("\n")] + w.lines + frees
     code = "\n".join([head, *body, "}"]) + "\n"
     return RenderedRoutine(name, code, tuple(params), tuple(local_nodes), frozenset(w.helpers))
 
@@ -587,11 +620,13 @@ def _local_decl(tn: Tnode, syn: CSyntax) -> str:
     fields = dict(t=syn.type_name(tn.prec), name=tn.name, size=tn.size, restrict=syn.restrict)
     if tn.size * tn.prec.itemsize <= syn.stack_limit_bytes:
         template = syn.local_stack_decl
-    elif syn.local_heap_decl is None:
+    elif syn.local_heap_decl is not None:
+        # A failed calloc aborts the process: refuse, naming the node, what cannot fit now.
+        memory.check_fits(f"local tensor {tn.debug_name()}", tn.dims, tn.prec.dtype)
+        template = syn.local_heap_decl
+    else:
         raise RenderError(f"einjit: local tensor {tn.debug_name()} needs {tn.size * tn.prec.itemsize} bytes, "
                           f"over the {syn.stack_limit_bytes}-byte limit for locals of this backend")
-    else:
-        template = syn.local_heap_decl
     return "\n".join("  " + line for line in template.format(**fields).split("\n"))
 
 
@@ -603,6 +638,9 @@ def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence
         raise RenderError(f"einjit: routine names must be distinct in one program, repeated: {dup}")
     with naming.stable_names():
         rendered = tuple(render_routine(n, llc, bindings, syntax) for n, llc in routines)
+    dup = repeated_names(r.name for r in rendered)
+    if dup:
+        raise RenderError(f"einjit: routine names must be distinct in one program once mangled, repeated: {dup}")
     helpers = sorted(set().union(*(r.helpers for r in rendered)))
     parts = ["/* Generated by einjit: C backend. */\n" + "".join(f"#include <{h}>\n" for h in syntax.includes)
              + "#define EINJIT_CLAMP(x, hi) ((x) < 0 ? 0 : ((x) > (hi) ? (hi) : (x)))\n"]

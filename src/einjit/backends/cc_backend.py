@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from einjit.backends import cc
+from einjit.ir.c_names import c_name
 from einjit.backends.c_syntax import CSyntax, MemClass, Param, ParamKind, render_routine
 from einjit.backends.interface import (
     BackendUsageError,
@@ -161,10 +162,10 @@ class CcSimpleBackend:
         bodies: list[tuple[str, ll.LLStmt]] = []
         for name, code in routines:
             llc = low_level_of(code)
-            body = name + _BODY_SUFFIX
+            body = c_name(name) + _BODY_SUFFIX
             rendered = render_routine(body, llc, bindings, syntax)
             arrays = self._arrays(context, rendered.params, routine_inputs(code), name)
-            glue.append(_entry_source(name, rendered.code.split("\n", 1)[0], rendered.params, arrays, syntax))
+            glue.append(_entry_source(c_name(name), rendered.code.split("\n", 1)[0], rendered.params, arrays, syntax))
             bodies.append((body, llc))
         prelude = syntax.prelude + "\n".join(["/* Entry points specialized to one context's arrays. */", *glue])
         options = dataclasses.replace(self.options, syntax=dataclasses.replace(syntax, prelude=prelude))
@@ -172,7 +173,7 @@ class CcSimpleBackend:
         lib = ctypes.CDLL(str(procs[0].so_path)) if procs else None
         out = []
         for (name, _), proc, (_, llc) in zip(routines, procs, bodies):
-            entry = lib[name]
+            entry = lib[c_name(name)]
             entry.restype = None
             out.append(CcProcedure(name, proc, _mem_classes(proc, llc), context, entry))
         return out

@@ -293,7 +293,8 @@ def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence
     with naming.stable_names():
         for name, llc in routines:
             plan = plan_kernel(name, llc)
-            kernels.append(CudaKernel(name, plan, render_kernel(plan, tuple(bindings))))
+            rendered = render_kernel(plan, tuple(bindings))
+            kernels.append(CudaKernel(rendered.name, plan, rendered))
     nodes = {a.tn for _, llc in routines for a in accesses(llc)}
     nodes |= {x.id.tn for _, llc in routines for s in ll.iter_stmts(llc) if isinstance(s, ll.SetLocal) for x in [s]}
     precs = {tn.prec for tn in nodes}

@@ -41,6 +41,20 @@ class Lazy(Generic[T]):
             self._thunk = None
         return self._value
 
+    def on_force(self, effect: Callable[[T], None]) -> None:
+        """Run `effect` on the value when it is computed (now, if it already was)."""
+        if self._forced:
+            effect(self._value)
+            return
+        thunk = self._thunk
+
+        def then() -> T:
+            value = thunk()
+            effect(value)
+            return value
+
+        self._thunk = then
+
     __call__ = force
 
 

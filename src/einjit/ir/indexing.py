@@ -10,6 +10,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from einjit.errors import EinjitError
 from einjit.ir import naming
 
 _symbol_counter = itertools.count(1)
@@ -37,17 +38,37 @@ class StaticSymbol:
     """A symbol whose value is fixed for one call of a routine and passed as an argument.
 
     `static_range` is the number of values it ranges over, when known (e.g. the number of
-    batches when it slices a dataset).
+    batches when it slices a dataset). A symbol created without one gets it from the axis it
+    indexes (`infer_range`, called by `batch_slice`), so no value can index outside
+    that axis. The range is not part of equality or the hash: it is filled in after the symbol
+    may already be a key of a bindings mapping.
     """
 
     symbol: Symbol
-    static_range: int | None = None
+    static_range: int | None = field(default=None, compare=False)
+
+    def infer_range(self, n: int) -> None:
+        """Record the size of the axis this symbol indexes as its range, if it has none; a
+        symbol indexing axes of different sizes keeps the smallest, so it is valid for all."""
+        if self.static_range is None or n < self.static_range:
+            object.__setattr__(self, "static_range", n)
 
     def __repr__(self) -> str:
         return f"{self.symbol!r}" + ("" if self.static_range is None else f"<{self.static_range}>")
 
 
+class StaticSymbolError(EinjitError, ValueError):
+    pass
+
+
 def get_static_symbol(static_range: int | None = None, name: str = "s") -> StaticSymbol:
+    """A new static symbol; `static_range` (the number of values, at least 1) or None."""
+    if static_range is not None and (isinstance(static_range, bool) or not isinstance(static_range, int)
+                                     or static_range < 1):
+        raise StaticSymbolError(f"einjit: get_static_symbol: the range must be None or an int at least 1, got "
+                                f"{static_range!r}")
+    if not isinstance(name, str) or not name.isidentifier() or not name.isascii():
+        raise StaticSymbolError(f"einjit: get_static_symbol: the name must be an identifier, got {name!r}")
     return StaticSymbol(get_symbol(name), static_range)
 
 

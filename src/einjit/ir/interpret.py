@@ -13,6 +13,7 @@ from typing import Mapping
 
 import numpy as np
 
+from einjit import memory
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir import ops
@@ -49,11 +50,12 @@ class _Machine:
         try:
             return self.env[s]
         except KeyError:
-            raise InterpretError(f"einjit interpreter: symbol {s!r} is not bound by a loop or a static binding") from None
+            raise InterpretError(f"einjit interpreter: symbol {s!r} is not bound by a loop or a static "
+                                 f"binding") from None
 
     def position(self, tn: Tnode, arr: np.ndarray, idcs: tuple[AxisIndex, ...]) -> tuple[int, ...]:
         pos = tuple(self.index(i) for i in idcs)
-        if len(pos) != arr.ndim or any(not 0 <= p < d for p, d in zip(pos, arr.shape)):
+        if len(pos) != arr.ndim or any(not 0 <= p < d for p, d in zip(pos, arr.shape, strict=True)):
             raise InterpretError(f"einjit interpreter: index {pos} out of bounds for {tn.debug_name()} "
                                  f"with dims {arr.shape}")
         return pos
@@ -63,7 +65,7 @@ class _Machine:
         if arr is None:
             if tn.is_virtual():
                 raise InterpretError(f"einjit interpreter: {tn.debug_name()} is virtual and has no array")
-            arr = self.arrays[tn] = np.zeros(tn.dims, dtype=tn.prec.dtype)
+            arr = self.arrays[tn] = memory.zeros(tn.debug_name(), tn.dims, tn.prec.dtype)
         return arr
 
     def exec(self, stmt: ll.LLStmt) -> None:

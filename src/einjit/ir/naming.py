@@ -9,7 +9,7 @@ and a counter from 0 (`i0`, `i1`), locals `v0_`, `v1_`. Renderers query names in
 order, so "first request" is "first appearance". Outside the context, names keep the global
 id, which is what debug output and error messages want.
 
-This module imports nothing from einjit: nodes, symbols and scope ids are duck-typed.
+Nodes, symbols and scope ids are duck-typed; the only einjit import is the reserved C names.
 """
 
 from __future__ import annotations
@@ -20,16 +20,18 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-# C and CUDA keywords, the math functions generated code calls, and the fixed identifiers of
-# the renderers: a node labelled `exp` or `z` must not shadow them.
-RESERVED = frozenset("""
-    auto break case char const continue default do double else enum extern float for goto if inline int
-    long register restrict return short signed sizeof static struct switch typedef union unsigned void
-    volatile while bool true false main NULL NAN INFINITY half
-    exp expf log logf sin sinf cos cosf tan tanf pow powf sqrt sqrtf fabs fabsf fmax fmaxf fmin fminf
-    tanh tanhf exp2 exp2f log2 log2f floor floorf ceil ceilf round roundf fmod fmodf erf erff fma fmaf
-    memset malloc free abs min max z vec_base vec_k threadIdx blockIdx blockDim gridDim grid block
-""".split())
+from einjit.ir import c_names
+
+# Everything a routine name may not be (C/C++/CUDA keywords, libm and libc names, einjit's
+# helpers), and the fixed identifiers of the renderers: a node labelled `exp` or `z` must not
+# shadow them.
+RENDERER_NAMES = frozenset("z vec_base vec_k grid block half".split())
+
+
+def is_reserved(name: str) -> bool:
+    return c_names.is_reserved(name) or name in RENDERER_NAMES
+
+
 RESERVED_PREFIXES = ("merge_", "einjit", "EINJIT", "g_", "__")
 
 
@@ -41,11 +43,11 @@ def _identifier(text: str) -> str:
 def node_base(label: list[str]) -> str:
     """The C identifier a node's label suggests (its first two label parts)."""
     base = _identifier("_".join(label[:2]) if label else "n")
-    return "n_" + base if base in RESERVED or base.startswith(RESERVED_PREFIXES) else base
+    return "n_" + base if is_reserved(base) or base.startswith(RESERVED_PREFIXES) else base
 
 
 class Names:
-    """The names of one program; every name is distinct from every other and from `RESERVED`."""
+    """The names of one program; every name is distinct from every other and none is reserved."""
 
     def __init__(self) -> None:
         self._given: dict[tuple[str, int], str] = {}
@@ -55,7 +57,7 @@ class Names:
     def _take(self, key: tuple[str, int], candidates: Iterator[str]) -> str:
         name = self._given.get(key)
         if name is None:
-            name = next(c for c in candidates if c not in self._used and c not in RESERVED)
+            name = next(c for c in candidates if c not in self._used and not is_reserved(c))
             self._used.add(name)
             self._given[key] = name
         return name

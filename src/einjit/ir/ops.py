@@ -119,10 +119,14 @@ class _OpFace:
 
 
 class Unop(_OpFace, enum.Enum):
-    """Unary scalar operations. The value tuple is (C template, NumPy function)."""
+    """Unary scalar operations. The value tuple is (C template, NumPy function).
+
+    NaN follows NumPy (and PyTorch): `relu(nan)` is NaN, as is `np.maximum(nan, 0)`; the C
+    template tests `< 0` so a NaN, failing every comparison, passes through unchanged.
+    """
 
     IDENTITY = ("{0}", lambda x: x)
-    RELU = ("({0} > 0 ? {0} : 0)", lambda x: np.where(x > 0, x, 0).astype(np.asarray(x).dtype))
+    RELU = ("({0} < 0 ? 0 : {0})", lambda x: np.maximum(x, 0).astype(np.asarray(x).dtype))
     SATUR01 = ("({0} < 0 ? 0 : ({0} > 1 ? 1 : {0}))", lambda x: np.clip(x, 0, 1))
     EXP = ("exp{f}({0})", np.exp)
     LOG = ("log{f}({0})", np.log)
@@ -142,7 +146,13 @@ class Unop(_OpFace, enum.Enum):
 
 
 class Binop(_OpFace, enum.Enum):
-    """Binary scalar operations: (C template, NumPy function, neutral element or None, %cd infix)."""
+    """Binary scalar operations: (C template, NumPy function, neutral element or None, %cd infix).
+
+    `MAX` and `MIN` are NumPy's `maximum` and `minimum`, not C's `fmax`/`fmin`: a NaN on either
+    side propagates (C's functions drop it), so a max or min reduction over data containing a
+    NaN is NaN, as in NumPy and PyTorch. `x != x` is the NaN test; einjit never compiles with
+    `-ffast-math`, which would fold it away.
+    """
 
     ADD = ("({0} + {1})", np.add, 0.0, "+")
     SUB = ("({0} - {1})", np.subtract, 0.0, "-")
@@ -151,8 +161,8 @@ class Binop(_OpFace, enum.Enum):
     TO_POW_OF = ("pow{f}({0}, {1})", np.power, 1.0, "**")
     RELU_GATE = ("({0} > 0 ? {1} : 0)", lambda a, b: np.where(a > 0, b, 0), None, "-?/")
     SATUR01_GATE = ("(({0} > 0 && {0} < 1) ? {1} : 0)", lambda a, b: np.where((a > 0) & (a < 1), b, 0), None, "-?^")
-    MAX = ("fmax{f}({0}, {1})", np.fmax, -math.inf, "^^")
-    MIN = ("fmin{f}({0}, {1})", np.fmin, math.inf, "vv")
+    MAX = ("(({0} >= {1} || {0} != {0}) ? {0} : {1})", np.maximum, -math.inf, "^^")
+    MIN = ("(({0} <= {1} || {0} != {0}) ? {0} : {1})", np.minimum, math.inf, "vv")
     MOD = ("fmod{f}({0}, {1})", np.fmod, None, "%")
     CMPLT = ("({0} < {1})", lambda a, b: np.less(a, b), None, "<")
     CMPEQ = ("({0} == {1})", lambda a, b: np.equal(a, b), None, "==")

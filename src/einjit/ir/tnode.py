@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
+from einjit import memory
 from einjit.errors import EinjitError
 from einjit.ir import naming, ops
 
@@ -151,7 +153,7 @@ class Tnode:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.dims, dtype=np.int64))
+        return math.prod(self.dims)
 
     @property
     def name(self) -> str:
@@ -212,5 +214,5 @@ class Tnode:
     def host_array(self) -> np.ndarray:
         """The host copy of a hosted node, allocated (zeroed) on first use."""
         if self.array is None:
-            self.array = np.zeros(self.dims, dtype=self.prec.dtype)
+            self.array = memory.zeros(self.debug_name(), self.dims, self.prec.dtype)
         return self.array

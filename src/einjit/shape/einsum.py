@@ -31,6 +31,9 @@ The shape notation (`Shape.of_spec`, and how shapes print) uses the same slot sy
 multi-character mode, with entries `3` (a size), `rgb=3` (a labelled size), `_` (unknown) and
 row variables for unknown further axes.
 
+Numbers (fixed indices, coefficients, offsets, sizes) are ASCII digits only, at most
+`MAX_NUMBER`; letters of pseudo-labels are ASCII too.
+
 Errors raise `ShapeError` naming the spec and the 1-based column of the offending character.
 """
 
@@ -45,6 +48,25 @@ KINDS = ("batch", "input", "output")
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SEPARATORS = ",()"
+MAX_NUMBER = 2**31 - 1
+"""The largest number a spec may write: the generated code indexes with 32-bit ints at least."""
+
+
+def _is_digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def _is_word_char(ch: str) -> bool:
+    return ch.isascii() and (ch.isalnum() or ch == "_")
+
+
+def _number(src: _Source, text: str, pos: int) -> int:
+    """`text` (ASCII digits) as an int, refused past `MAX_NUMBER` before converting it."""
+    digits = text.lstrip("0") or "0"
+    if len(digits) > len(str(MAX_NUMBER)) or int(digits) > MAX_NUMBER:
+        shown = text if len(text) <= 20 else f"{text[:8]}...({len(text)} digits)"
+        raise src.error(pos, f"number {shown} is too large: at most {MAX_NUMBER}")
+    return int(digits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +246,7 @@ def _tokens_multi(src: _Source, start: int, end: int) -> list[tuple[str, int]]:
 def _tokens_single(src: _Source, start: int, end: int) -> list[tuple[str, int]]:
     text = src.text
     visible = [i for i in range(start, end) if not (text[i].isspace() or text[i] in "()")]
-    if visible and all(text[i].isdigit() for i in visible):
+    if visible and all(_is_digits(text[i]) for i in visible):
         return [("".join(text[i] for i in visible), visible[0])]
     tokens, i = [], start
     while i < end:
@@ -241,7 +263,7 @@ def _tokens_single(src: _Source, start: int, end: int) -> list[tuple[str, int]]:
                 raise src.error(i, 'unfinished row variable: expected "..." or "..name.."')
             tokens.append((text[i:close + 2], i))
             i = close + 2
-        elif ch.isalnum() or ch == "_":
+        elif _is_word_char(ch):
             tokens.append((ch, i))
             i += 1
         else:
@@ -253,7 +275,7 @@ def _tokens_single(src: _Source, start: int, end: int) -> list[tuple[str, int]]:
 
 def _bad_char(src: _Source, tok: str, pos: int, allowed: str) -> ShapeError:
     for k, ch in enumerate(tok):
-        if not (ch.isalnum() or ch in allowed):
+        if not (_is_word_char(ch) or ch in allowed):
             return src.error(pos + k, f"unexpected character {ch!r} in axis entry {tok!r}")
     return src.error(pos, f"malformed axis entry {tok!r}")
 
@@ -261,8 +283,8 @@ def _bad_char(src: _Source, tok: str, pos: int, allowed: str) -> ShapeError:
 def _einsum_axis(src: _Source, tok: str, pos: int) -> AxisSpec:
     if tok == "_":
         return Anonymous()
-    if tok.isdigit():
-        return FixedIndex(int(tok))
+    if _is_digits(tok):
+        return FixedIndex(_number(src, tok, pos))
     if any(c in tok for c in "*+-"):
         return _conv_axis(src, tok, pos)
     if _IDENT.fullmatch(tok):
@@ -283,10 +305,10 @@ def _conv_axis(src: _Source, tok: str, pos: int) -> AxisSpec:
         if not piece:
             raise src.error(at, f"empty term in affine axis {tok!r}")
         coeff_text, star, name = piece.rpartition("*") if "*" in piece else ("", "", piece)
-        if name.isdigit() and not star:
-            offset += sign * int(name)
-        elif _IDENT.fullmatch(name) and (not star or coeff_text.isdigit()):
-            coeff = int(coeff_text) if star else 1
+        if _is_digits(name) and not star:
+            offset += sign * _number(src, name, at)
+        elif _IDENT.fullmatch(name) and (not star or _is_digits(coeff_text)):
+            coeff = _number(src, coeff_text, at) if star else 1
             if sign < 0 or coeff == 0:
                 raise src.error(at, f"affine axis {tok!r}: coefficients must be positive")
             if any(n == name for _, n in terms):
@@ -311,8 +333,9 @@ def _shape_axis(src: _Source, tok: str, pos: int) -> SizedAxis:
         if eq:
             raise src.error(pos, f"a label needs a known size: {tok!r}")
         return SizedAxis(None)
-    if not size.isdigit():
+    if not _is_digits(size):
         raise src.error(pos, f"expected a size (3), a labelled size (rgb=3) or _, got {tok!r}")
-    if int(size) < 1:
+    value = _number(src, size, pos + len(label) + len(eq))
+    if value < 1:
         raise src.error(pos + len(label) + len(eq), f"dimension must be positive, got {size}")
-    return SizedAxis(int(size), label or None)
+    return SizedAxis(value, label or None)

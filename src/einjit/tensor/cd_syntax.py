@@ -21,10 +21,15 @@ tuple level an input axis, an array level (`[| |]`) a batch axis.
 The outermost operator of the right-hand side decides the assignment's kind (binary, unary,
 ternary); any deeper sub-expression becomes a new non-differentiable tensor, as in the seed.
 Errors are `CdSyntaxError`s that quote the text and point at the 1-based column.
+
+The parser is recursive, so nesting is bounded (`MAX_NESTING`, `MAX_DEPTH`): a deeply nested
+text gets a `CdSyntaxError`, never Python's `RecursionError` here or in the later passes that
+walk the expression tree.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from dataclasses import dataclass
@@ -35,6 +40,12 @@ from einjit.ir import ops
 
 class CdSyntaxError(EinjitError, ValueError):
     pass
+
+
+MAX_NESTING = 64
+"""How deep parentheses, function calls, prefix minus, `**` chains and `~~` blocks may nest."""
+MAX_DEPTH = 256
+"""How deep an expression's operation tree may be: `a + b + c` is two levels, one per operator."""
 
 
 ACCUM_SPELLINGS: dict[str, ops.Binop] = {
@@ -134,7 +145,7 @@ _TOKEN = re.compile(r"""
   | (?P<number>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
   | (?P<name>[A-Za-z_][A-Za-z_0-9]*)
   | (?P<op>~~|~logic:|~projections:|-\?/|-\?\^|\*\*|[-+*/]\.(?!\d)|\[\||\|\]|==|<>|&&|\|\||\?/|\^\^|[-+*/%<=:;(),.\[\]])
-""", re.VERBOSE)
+""", re.VERBOSE | re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,9 +174,34 @@ class _Parser:
         self.text = text
         self.toks = _tokenize(text)
         self.i = 0
+        self.nest = 0
+        self.depths: dict[int, int] = {}
 
     def error(self, tok: _Tok, msg: str) -> CdSyntaxError:
         return CdSyntaxError(f'cd "{self.text}": column {tok.col}: {msg}')
+
+    @contextlib.contextmanager
+    def nested(self, tok: _Tok):
+        """One more level of syntactic nesting, refused past `MAX_NESTING`."""
+        self.nest += 1
+        if self.nest > MAX_NESTING:
+            raise self.error(tok, f"nested more than {MAX_NESTING} levels deep; split the expression into "
+                                  f"several assignments, declaring the parts inline (\"part\" =: ...)")
+        try:
+            yield
+        finally:
+            self.nest -= 1
+
+    def apply(self, op: ops.Unop | ops.Binop | ops.Ternop, args: tuple[Expr, ...], tok: _Tok, *,
+              intermediate: bool = False) -> Apply:
+        """An `Apply` node, refused when its tree would be deeper than `MAX_DEPTH`."""
+        depth = 1 + max(self.depths.get(id(a), 0) for a in args)
+        if depth > MAX_DEPTH:
+            raise self.error(tok, f"expression more than {MAX_DEPTH} operations deep; split it into several "
+                                  f"assignments, declaring the parts inline (\"part\" =: ...)")
+        node = Apply(op, args, tok.col, intermediate)
+        self.depths[id(node)] = depth
+        return node
 
     @property
     def tok(self) -> _Tok:
@@ -198,14 +234,14 @@ class _Parser:
 
     def item(self) -> Item:
         if self.at("~~"):
-            self.take()
-            self.expect("(")
-            if self.tok.kind != "string":
-                raise self.error(self.tok, "a block comment starts with a string: ~~(\"comment\"; ...)")
-            comment = self.take().text[1:-1]
-            self.expect(";")
-            body = self.code(")")
-            self.expect(")")
+            with self.nested(self.take()):
+                self.expect("(")
+                if self.tok.kind != "string":
+                    raise self.error(self.tok, "a block comment starts with a string: ~~(\"comment\"; ...)")
+                comment = self.take().text[1:-1]
+                self.expect(";")
+                body = self.code(")")
+                self.expect(")")
             return Block(comment, body)
         return self.stmt()
 
@@ -265,9 +301,9 @@ class _Parser:
             tok = self.take()
             right = self.expr(level + 1)
             if tok.text in _INTERMEDIATE:
-                left = Apply(_INTERMEDIATE[tok.text], (left, right), tok.col, intermediate=True)
+                left = self.apply(_INTERMEDIATE[tok.text], (left, right), tok, intermediate=True)
             else:
-                left = Apply(_INFIX_LEVELS[level][tok.text], (left, right), tok.col)
+                left = self.apply(_INFIX_LEVELS[level][tok.text], (left, right), tok)
         return left
 
     def _intermediate_at(self, level: int) -> bool:
@@ -278,16 +314,19 @@ class _Parser:
         base = self.unary()
         if self.at(_POW):
             tok = self.take()
-            return Apply(ops.Binop.TO_POW_OF, (base, self.power()), tok.col)
+            with self.nested(tok):
+                exponent = self.power()
+            return self.apply(ops.Binop.TO_POW_OF, (base, exponent), tok)
         return base
 
     def unary(self) -> Expr:
         if self.at("-"):
             tok = self.take()
-            operand = self.unary()
+            with self.nested(tok):
+                operand = self.unary()
             if isinstance(operand, Num):
                 return Num(-operand.value, operand.label, tok.col)
-            return Apply(ops.Unop.NEG, (operand,), tok.col)
+            return self.apply(ops.Unop.NEG, (operand,), tok)
         return self.atom()
 
     def atom(self) -> Expr:
@@ -297,8 +336,8 @@ class _Parser:
         if self.at("("):
             if self._tuple_ahead():
                 return self.literal()
-            self.take()
-            inner = self.expr(0)
+            with self.nested(self.take()):
+                inner = self.expr(0)
             self.expect(")")
             return inner
         if tok.kind == "number":
@@ -366,14 +405,15 @@ class _Parser:
         if tok.text not in FUNCTIONS:
             raise self.error(tok, f"unknown operation {tok.text!r}; known: {', '.join(sorted(FUNCTIONS))}")
         self.expect("(")
-        args = [self.expr(0)]
-        while self.at(","):
-            self.take()
-            args.append(self.expr(0))
+        with self.nested(tok):
+            args = [self.expr(0)]
+            while self.at(","):
+                self.take()
+                args.append(self.expr(0))
         self.expect(")")
         if len(args) != FUNCTION_ARITY[tok.text]:
             raise self.error(tok, f"{tok.text} takes {FUNCTION_ARITY[tok.text]} argument(s), got {len(args)}")
-        return Apply(FUNCTIONS[tok.text], tuple(args), tok.col)
+        return self.apply(FUNCTIONS[tok.text], tuple(args), tok)
 
     def ref(self) -> Ref:
         tok = self.take()
@@ -397,9 +437,21 @@ def _literal_shape(item: "float | Literal") -> tuple:
     return ()
 
 
-@functools.lru_cache(maxsize=1024)
 def parse(text: str) -> tuple[Item, ...]:
     """Parse `%cd` text once; the result is cached by text."""
+    if not isinstance(text, str):
+        raise CdSyntaxError(f"cd: the code must be a str in the %cd notation, got {type(text).__name__} "
+                            f"{_preview(text)}")
+    return _parse_text(text)
+
+
+def _preview(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_text(text: str) -> tuple[Item, ...]:
     p = _Parser(text)
     items = p.code(None)
     if p.tok.kind != "end":

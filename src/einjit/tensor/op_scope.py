@@ -91,9 +91,16 @@ def op(fn: F) -> F:
 
 def _call_capturing_locals(fn: Callable, args: tuple, kwargs: dict) -> tuple[object, dict[str, object]]:
     """Run `fn`, also returning its local variables as they were when it returned. A profile
-    hook sees only this call's return; graph building is not a hot path."""
+    hook sees only this call's return; graph building is not a hot path.
+
+    A Python profile function already installed keeps receiving every event. A profiler
+    written in C (cProfile) cannot be called from Python nor reinstalled by `sys.setprofile`,
+    so under one the locals are not captured (tensors keep their operations' labels) rather
+    than breaking the profiler."""
     captured: dict[str, object] = {}
     previous = sys.getprofile()
+    if previous is not None and not callable(previous):
+        return fn(*args, **kwargs), captured
 
     def hook(frame, event, arg):
         if event == "return" and frame.f_code is fn.__code__ and not captured:

@@ -12,14 +12,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from einjit import memory
 from einjit import shape as sh
 from einjit.ir import assignments as asg
 from einjit.ir import ops, provenance
-from einjit.ir.indexing import StaticSymbol
+from einjit.ir.indexing import Iterator, Projections, StaticSymbol
 from einjit.ir.tnode import MemoryType, hosted
-from einjit.tensor import op_scope
+from einjit.tensor import op_scope, validate
 from einjit.tensor.notation import Template, make_op
-from einjit.tensor.tensor import (GradSpec, Tensor, TensorError, check_numeric, default_prec, make_node, new_label,
+from einjit.tensor.tensor import (GradSpec, Tensor, TensorError, default_prec, make_node, new_label,
                                   register)
 
 Like = "Tensor | float | int | np.ndarray"
@@ -145,6 +146,7 @@ def einsum(spec: str, a: Like, b: Like | None = None, *, label=None) -> Tensor:
     Convolution axes are affine (`stride*o+dilation*k`); a negative constant is padding, zeros
     read past both ends: `"2*o+k-1, c; k, c -> f => o, f"` is a stride-2, padding-1 convolution
     with `(n + 2 - 3) // 2 + 1` outputs for a kernel of 3 (the full notation: `einjit.shape.einsum`)."""
+    validate.text(spec, "the einsum spec", "ij;jk=>ik")
     if b is None:
         fwd, bwd = _PERMUTE
         return make_op("einsum", [as_tensor(a)], logic=spec, forward=fwd, backprop=bwd, label=label)
@@ -172,10 +174,23 @@ def mean(a: Like, spec: str = "...|...->... => 0", *, label=None) -> Tensor:
 
 
 def batch_slice(a: Like, static_sym: StaticSymbol, *, label=None) -> Tensor:
-    """Remove the leftmost batch axis by indexing it with a static symbol (OCANNL's `@|`)."""
+    """Remove the leftmost batch axis by indexing it with a static symbol (OCANNL's `@|`).
+
+    A symbol without a range gets the sliced axis's size as its range once the projections
+    are derived (before any routine using them is compiled), so the routines check its value
+    in Python before they run instead of reading outside the array."""
+    _static_symbol(static_sym, "batch_slice")
     fwd, bwd = _COPY
-    return make_op("@|", [as_tensor(a)], logic=lambda shapes: sh.Transpose(sh.BatchSlice(static_sym), shapes[0]),
-                   forward=fwd, backprop=bwd, label=label)
+    t = make_op("@|", [as_tensor(a)], logic=lambda shapes: sh.Transpose(sh.BatchSlice(static_sym), shapes[0]),
+                forward=fwd, backprop=bwd, label=label)
+    t.projections.on_force(lambda proj: _range_from_sliced_axis(static_sym, proj))
+    return t
+
+
+def _range_from_sliced_axis(static_sym: StaticSymbol, proj: Projections) -> None:
+    for idx, d in zip(proj.project_rhs[0], proj.rhs_dims[0], strict=True):
+        if idx == Iterator(static_sym.symbol):
+            static_sym.infer_range(d)
 
 
 # ------------------------------------------------------------------ terminals
@@ -195,6 +210,7 @@ def _terminal(lbl: list[str], op_label: str, shape: sh.Shape, grad_spec: GradSpe
 
 def number(value: float, *, label: str | None = None, grad_spec: GradSpec = GradSpec.PROHIBIT_GRAD) -> Tensor:
     """A number: a tensor of one output axis of dimension 1, optionally dimension-labeled."""
+    value = validate.real_number(value, "a number")
     axes = [(label, 1)] if label else None
     shape = sh.Shape.make(batch_dims=[], input_dims=[], output_dims=None if axes else [1], output_axes=axes,
                           debug_name=repr(value))
@@ -218,6 +234,7 @@ def _lazy_number(value: asg.Lazy) -> Tensor:
 
 def range_(n: int, *, label=None) -> Tensor:
     """The values 0 .. n-1 along one output axis."""
+    n = validate.count(n, "range's length", minimum=1)
     shape = sh.Shape.make(batch_dims=[], input_dims=[], output_dims=[n], debug_name=f"range {n}")
     t = _terminal(new_label(label, f"range{n}"), "range", shape, GradSpec.PROHIBIT_GRAD)
     t.own_forward = asg.Fetch(t.value_tn, asg.RangeOverOffsets())
@@ -227,6 +244,7 @@ def range_(n: int, *, label=None) -> Tensor:
 
 def embed_symbol(static_sym: StaticSymbol, *, label=None) -> Tensor:
     """The current value of a static symbol as a one-cell tensor (OCANNL's `!@`)."""
+    _static_symbol(static_sym, "embed_symbol")
     shape = sh.Shape.make(batch_dims=[], input_dims=[], output_dims=[1], debug_name=f"embed {static_sym!r}")
     t = _terminal(new_label(label, f"embed_{static_sym.symbol.name}"), "!@", shape, GradSpec.PROHIBIT_GRAD)
     t.own_forward = asg.Fetch(t.value_tn, asg.EmbedSymbol(static_sym))
@@ -238,6 +256,12 @@ class Batch(list):
     """Marks a nesting level of a literal as a batch axis (tuples are input, lists output)."""
 
 
+def _static_symbol(value, what: str) -> None:
+    if not isinstance(value, StaticSymbol):
+        raise TensorError(f"einjit: {what} takes a StaticSymbol (from einjit.get_static_symbol), got "
+                          f"{type(value).__name__} {value!r:.60}")
+
+
 def _literal_axes(values) -> tuple[np.ndarray, list[str]]:
     kinds: list[str] = []
     level = values
@@ -246,7 +270,7 @@ def _literal_axes(values) -> tuple[np.ndarray, list[str]]:
         if not level:
             break
         level = level[0]
-    return np.array(values, dtype=np.float64), kinds
+    return validate.literal(values, "ndarray literal"), kinds
 
 
 def ndarray(values, *, label: str | None = None, batch_axes: int | None = None, input_axes: int | None = None,
@@ -257,11 +281,13 @@ def ndarray(values, *, label: str | None = None, batch_axes: int | None = None, 
     an output axis, a `Batch` level a batch axis. A NumPy array is split by `batch_axes`
     (leading) and `input_axes` (trailing); the rest are output axes.
     """
+    prec = validate.precision(prec)
     if isinstance(values, np.ndarray):
-        data = check_numeric(values, f"ndarray literal {label or ''}".rstrip())
+        data = validate.real_array(values, "ndarray literal")
         if prec is None and data.dtype.kind == "f":
             prec = ops.as_prec(data.dtype)
-        nb, ni = batch_axes or 0, input_axes or 0
+        nb = validate.count(batch_axes or 0, "batch_axes")
+        ni = validate.count(input_axes or 0, "input_axes")
         if nb + ni > data.ndim:
             raise TensorError(f"einjit: ndarray literal of {data.ndim} axes cannot have {nb} batch and {ni} input axes")
         kinds = ["batch"] * nb + ["output"] * (data.ndim - nb - ni) + ["input"] * ni
@@ -306,6 +332,10 @@ def param(label: str | Sequence[str], values=None, *, output_dims: list[int] | N
     generator, so runs are reproducible. Inside an `@einjit.op` function the parameter is
     declared once per definition (see `op_scope`).
     """
+    prec = validate.precision(prec)
+    validate.label(label, "a parameter's label")
+    validate.dims(output_dims, "output_dims")
+    validate.dims(input_dims, "input_dims")
     if init not in _INITS:
         raise TensorError(f"einjit: unknown init {init!r} for parameter {label}; use one of {sorted(_INITS)}")
     declared, lbl = op_scope.lookup(label) if isinstance(label, str) else (None, new_label(label, "param"))
@@ -314,7 +344,7 @@ def param(label: str | Sequence[str], values=None, *, output_dims: list[int] | N
     shape = sh.Shape.make(batch_dims=[], input_dims=input_dims, output_dims=output_dims, debug_name=".".join(lbl))
     fill = None
     if values is not None:
-        arr = np.asarray(values, dtype=np.float64)
+        arr = validate.literal(values, f"initial values of parameter {label}")
         if output_dims is None and input_dims is None:
             output_dims, input_dims = list(arr.shape) or [1], []
             shape = sh.Shape.make(batch_dims=[], input_dims=input_dims, output_dims=output_dims,
@@ -329,12 +359,18 @@ def param(label: str | Sequence[str], values=None, *, output_dims: list[int] | N
         if output_dims is not None and input_dims is not None:
             t.set_values(_fill_values(t, fill))
     else:
-        t.init = lambda rng: _INITS[init](rng, t.dims, _row_size(shape.input), _row_size(shape.output))
+        t.init = lambda rng: _INITS[init](rng, _fitting_dims(t), _row_size(shape.input), _row_size(shape.output))
     t._fwd_done = True
     register(t)
     if isinstance(label, str):
         op_scope.remember(label, t)
     return t
+
+
+def _fitting_dims(t: Tensor) -> tuple[int, ...]:
+    """The parameter's dims, once checked to fit in memory (the generator draws float64s)."""
+    memory.check_fits(f"parameter {t.label_str}", t.dims, np.float64)
+    return t.dims
 
 
 def _row_size(row) -> int:

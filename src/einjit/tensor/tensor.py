@@ -17,7 +17,8 @@ from __future__ import annotations
 import contextlib
 import enum
 import itertools
-from typing import Callable, Iterator as PyIterator, Sequence
+from typing import Callable, Sequence
+from typing import Iterator as PyIterator
 
 import numpy as np
 
@@ -133,18 +134,11 @@ def to_host(tn: Tnode) -> None:
             holders[0].to_host(tn)
 
 
-_REFUSED_KINDS = {"c": "complex", "O": "object", "U": "string", "S": "bytes", "M": "datetime",
-                  "m": "timedelta", "V": "structured"}
-
-
-def check_numeric(arr: np.ndarray, what: str) -> np.ndarray:
-    """Refuse arrays einjit cannot compute with, naming `what` they were meant for: silently
-    dropping an imaginary part or parsing strings would hide a bug in the caller's data."""
-    kind = _REFUSED_KINDS.get(arr.dtype.kind)
-    if kind is not None:
-        raise TensorError(f"einjit: {what}: {kind} arrays ({arr.dtype}) are not supported; einjit tensors hold "
-                          f"real numbers: convert the data first (e.g. `arr.real` or `arr.astype(np.float32)`)")
-    return arr
+def check_numeric(values: object, what: str) -> np.ndarray:
+    """`values` as an array of real numbers, or a `TensorError` naming `what` they were meant for
+    (`tensor.validate` holds the rules; imported here late, as it builds on this module)."""
+    from einjit.tensor import validate
+    return validate.real_array(np.asarray(values), what)
 
 
 def _describe(tensor: "Tensor", tn: Tnode) -> str:
@@ -176,7 +170,7 @@ def converted_values(tensor: "Tensor", tn: Tnode, values: object) -> np.ndarray:
     """
     if isinstance(values, Tensor):
         values = values.numpy()
-    arr = check_numeric(np.asarray(values), f"cannot set the values of {_describe(tensor, tn)}")
+    arr = check_numeric(values, f"cannot set the values of {_describe(tensor, tn)}")
     dtype = tn.prec.dtype
     if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
         raise TensorError(f"einjit: cannot set the values of {_describe(tensor, tn)} (precision {tn.prec.name}, "
@@ -280,7 +274,7 @@ class NodeView:
             self.assign(values)
             return
         host = self._writable()
-        arr = check_numeric(np.asarray(values), f"cannot set the values of {_describe(self.tensor, self.tn)}")
+        arr = check_numeric(values, f"cannot set the values of {_describe(self.tensor, self.tn)}")
         if not np.can_cast(arr.dtype, host.dtype, casting="same_kind"):
             raise TensorError(f"einjit: cannot write {arr.dtype} values into {_describe(self.tensor, self.tn)} "
                               f"of precision {self.tn.prec.name}; convert them with `.astype`")
@@ -442,7 +436,10 @@ class Tensor:
 def new_label(label: str | Sequence[str] | None, op_label: str) -> list[str]:
     if label is None:
         return [op_label]
-    return [label] if isinstance(label, str) else list(label)
+    parts = [label] if isinstance(label, str) else list(label) if isinstance(label, (list, tuple)) else None
+    if not parts or not all(isinstance(p, str) for p in parts):
+        raise TensorError(f"einjit: the label of a {op_label} must be a str or a list of str, got {label!r:.60}")
+    return parts
 
 
 def make_node(label: list[str], shape: sh.Shape, prec: ops.Prec) -> Tnode:
