@@ -14,6 +14,7 @@ inside that module and is dropped from the API name).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 _OPERATIONS_MODULE = "einjit.tensor.operation"
 _REDUCTIONS = ("amax", "amin", "log_softmax", "logsumexp", "max", "mean", "min", "softmax", "sum")
@@ -72,6 +73,10 @@ def _public() -> dict[str, tuple[str, str | None]]:
 def __getattr__(name: str):
     if name == "__all__":
         return sorted(_public())
+    if name not in _PUBLIC and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        # `from einjit import memory` inside einjit itself: the submodule, without loading the
+        # operation library (which may be what is importing it)
+        return importlib.import_module(f"{__name__}.{name}")
     try:
         module, attr = _PUBLIC[name] if name in _PUBLIC else _public()[name]
     except KeyError:

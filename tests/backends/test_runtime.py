@@ -164,11 +164,11 @@ def test_contexts_holding_forgets_dead_contexts():
     assert all(c.label != "short_lived" for c in interface.contexts_holding(n))
 
 
-def test_a_routine_named_like_a_c_keyword_is_refused_before_gcc_runs():
-    from einjit.backends.c_syntax import RenderError
+def test_a_routine_named_like_a_c_keyword_is_mangled_and_runs():
     _, y = doubled([1.0])
-    with pytest.raises(RenderError, match=r"routine name 'double' is not a C identifier or is reserved"):
-        train.to_routine(train.forward(y), name="double")
+    routine = train.to_routine(train.forward(y), name="double")
+    routine()
+    np.testing.assert_array_equal(y.numpy(), [3.0])
 
 
 def test_the_public_operations_are_the_operation_library():
@@ -177,7 +177,8 @@ def test_the_public_operations_are_the_operation_library():
     public = einjit._operations()
     assert public["range"] == "range_" and {"relu", "where", "Batch", "batch_slice"} <= set(public)
     for api, name in public.items():
-        assert getattr(ej, api) is getattr(operation, name)
+        if api not in einjit._PUBLIC:  # reductions and activations of their own modules take precedence
+            assert getattr(ej, api) is getattr(operation, name)
     assert set(operation._UNARY) <= set(public) and set(public) <= set(ej.__all__)
     assert "_defs" not in public and "make_op" not in public and "np" not in ej.__all__
 

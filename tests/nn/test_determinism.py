@@ -12,6 +12,7 @@ import numpy as np
 import einjit as ej
 from einjit import nn, train
 from einjit.backends import c_syntax
+from einjit.backends.interface import lower_assignments
 from einjit.ir import assignments as asg
 model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, label="conv1"), nn.BatchNorm(4, label="bn"), nn.ReLU(),
                       nn.MaxPool2d(2), nn.Dropout(0.2, seed=3), nn.Linear(64, 10, label="fc"))
@@ -19,8 +20,8 @@ x = ej.input("x", batch_dims=[8], output_dims=[1, 8, 8])
 y = ej.input("y", batch_dims=[8], output_dims=[10])
 loss = nn.cross_entropy(model(x), y)
 opt = nn.Adam(loss, 0.01)
-optimized = train.lower(asg.sequence(train.grad_update(loss), opt.update()), name="det")
-print(c_syntax.render_routine("det", optimized.llc).code)
+_, optimized = lower_assignments((), asg.sequence(train.grad_update(loss), opt.update()), "det")
+print(c_syntax.render_program([("det", optimized.llc)]).source)
 """
 
 

@@ -30,4 +30,4 @@ def test_digits_demo_names_the_missing_extra(monkeypatch):
 def test_digits_demo_rejects_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         main(["demo", "digits", "--epochs", "0"])
-    assert "--epochs and --batch-size must be at least 1" in capsys.readouterr().err
+    assert "--epochs must be at least 1" in capsys.readouterr().err

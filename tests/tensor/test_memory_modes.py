@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 import einjit as ej
-from einjit import train
-from einjit.backends import cc
+from einjit import backends, train
 from einjit.ir import provenance
 from einjit.ir.tnode import MemoryModeError
 
@@ -40,7 +39,7 @@ def test_reading_a_tensor_another_routine_made_virtual_names_both_routines():
 def test_materialize_keeps_the_tensor_for_later_routines():
     x, h, y = chain()
     h.materialize()
-    ctx = cc.CpuContext()
+    ctx = backends.get("cc").init("memory_modes")
     train.to_routine(train.forward(y), name="first", context=ctx)()
     assert not h.value_tn.is_virtual()
     assert h.value_tn.provenance == provenance.MATERIALIZE_CALL

@@ -17,7 +17,7 @@
    remaining accumulation nests innermost.
 
 Stages 1-4 are portable: their result is `Optimized.portable_llc`, what GPU backends render.
-`EINJIT_DUMP_DIR=dir` writes the unoptimized code and each stage's result as
+`EINJIT_DUMP_DIR=dir` writes each stage's result as
 `<routine>.<stage>.ll`. `EINJIT_DEBUG=4` logs the unoptimized code and every virtualization
 decision with its `NonVirtual` code or provenance; `EINJIT_DEBUG=2` logs the optimized code.
 """
@@ -118,8 +118,6 @@ def optimize_proc(llc: ll.LLStmt, *, name: str = "", static_indices: Iterable[Sy
         config.debug(4, f"unoptimized low-level code of {label}:\n{ll.to_doc(llc)}")
     dump_name = name or "routine"
     dumping = bool(os.environ.get("EINJIT_DUMP_DIR"))
-    if dumping:
-        config.dump(dump_name, "unoptimized", "ll", ll.to_doc(llc))
     run = _Run(settings, static, name)
     code = portable = llc
     with _recursion_limit(RECURSION_LIMIT):

@@ -160,19 +160,6 @@ def transpose(a: Like, *, label=None) -> Tensor:
     return make_op("T", [as_tensor(a)], logic="T", forward=fwd, backprop=bwd, label=label)
 
 
-def sum(a: Like, spec: str = "...|...->... => 0", *, label=None) -> Tensor:  # noqa: A001 - einsum-style reduction
-    """Sum over axes with a unary einsum spec; by default everything into one cell."""
-    return einsum(spec, a, label=label or "sum")
-
-
-def mean(a: Like, spec: str = "...|...->... => 0", *, label=None) -> Tensor:
-    """Like `sum`, divided by the number of summed cells (known once shapes are inferred)."""
-    t = as_tensor(a)
-    s = sum(t, spec)
-    count = asg.Lazy(lambda: float(np.prod(t.dims)) / float(np.prod(s.dims)))
-    return binop("/", s, _lazy_number(count), label=label or "mean")
-
-
 def batch_slice(a: Like, static_sym: StaticSymbol, *, label=None) -> Tensor:
     """Remove the leftmost batch axis by indexing it with a static symbol (OCANNL's `@|`).
 

@@ -136,9 +136,15 @@ def to_host(tn: Tnode) -> None:
 
 def check_numeric(values: object, what: str) -> np.ndarray:
     """`values` as an array of real numbers, or a `TensorError` naming `what` they were meant for
-    (`tensor.validate` holds the rules; imported here late, as it builds on this module)."""
+    (`tensor.validate` holds the rules; imported here late, as it builds on this module). Unlike a
+    literal, data written into a tensor may not be an object array: element-wise conversion of a
+    whole data set would be slow, and is almost always a bug in the caller's loading code."""
     from einjit.tensor import validate
-    return validate.real_array(np.asarray(values), what)
+    arr = np.asarray(values)
+    if arr.dtype.kind == "O":
+        raise TensorError(f"einjit: {what}: object arrays are not supported; convert the data first "
+                          f"(e.g. `arr.astype(np.float32)`)")
+    return validate.real_array(arr, what)
 
 
 def _describe(tensor: "Tensor", tn: Tnode) -> str:

@@ -75,14 +75,9 @@ def dims(value: Any, what: str) -> None:
                           f"{_preview(value)}")
 
 
-def precision(value: Any, what: str = "prec") -> ops.Prec | None:
-    """None (the default precision), a `Prec`, or a precision's name."""
-    if value is None or isinstance(value, ops.Prec):
-        return value
-    if isinstance(value, str) and value in ops.PRECISIONS:
-        return ops.PRECISIONS[value]
-    raise TensorError(f"einjit: {what} must be one of {sorted(ops.PRECISIONS)} (or einjit.ops.<name>), got "
-                      f"{_preview(value)}")
+def precision(value: Any) -> ops.Prec | None:
+    """None (the default precision), or what `ops.as_prec` accepts: a `Prec`, a name or a NumPy dtype."""
+    return None if value is None else ops.as_prec(value)
 
 
 def real_array(array: np.ndarray, what: str) -> np.ndarray:

@@ -27,7 +27,7 @@ extern "C" __global__ void layer(const float *__restrict__ data, const float *__
     }
     {
       const float t1_ = ((h[0] + h[1]) + (h[2] + merge_y[i1]));
-      y[i1] = (t1_ > 0 ? t1_ : 0);
+      y[i1] = (t1_ < 0 ? 0 : t1_);
     }
   }
   for (long long g_i2 = EINJIT_TID; g_i2 < 1LL; g_i2 += EINJIT_NTHREADS) { const int i2 = (int)(0);

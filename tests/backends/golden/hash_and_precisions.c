@@ -22,7 +22,7 @@ void mixed(double *restrict r, _Float16 *restrict q, int *restrict n) {
     }
   }
   for (int i1 = 0; i1 < 5; ++i1) {
-    q[i1] = ((_Float16)expf(((_Float16)((_Float16)r[6] * ((_Float16)0.25)))));
+    q[i1] = (_Float16)exp((r[6] * 0.25));
   }
   for (int i1 = 0; i1 < 5; ++i1) {
     {

@@ -19,7 +19,7 @@ EINJIT_SIMD float tanhf(float); EINJIT_SIMD double tanh(double);
 #endif
 #endif
 
-void moons_train_step(const float *restrict moons_flat, const float *restrict moons_classes, float *restrict b1, float *restrict b1_grad, float *restrict w1, float *restrict w1_grad, float *restrict n, float *restrict grad, float *restrict grad_2, float *restrict h1, float *restrict h1_grad, float *restrict b2, float *restrict b2_grad, float *restrict w2, float *restrict w2_grad, float *restrict n_3, float *restrict grad_3, float *restrict grad_4, float *restrict h2, float *restrict b3, float *restrict b3_grad, float *restrict w3, float *restrict w3_grad, float *restrict n_5, float *restrict grad_5, float *restrict mlp_grad, float *restrict margin_loss, float *restrict sum, float *restrict sum_grad, float *restrict scalar_loss, float *restrict scalar_loss_grad, float *restrict learning_rate, int batch0, int step0) {
+void moons_train_step(const float *restrict moons_flat, const float *restrict moons_classes, float *restrict b1, float *restrict b1_grad, float *restrict w1, float *restrict w1_grad, float *restrict n, float *restrict grad, float *restrict grad_2, float *restrict h1, float *restrict h1_grad, float *restrict b2, float *restrict b2_grad, float *restrict w2, float *restrict w2_grad, float *restrict n_3, float *restrict grad_3, float *restrict grad_4, float *restrict h2, float *restrict b3, float *restrict b3_grad, float *restrict w3, float *restrict w3_grad, float *restrict n_5, float *restrict grad_5, float *restrict mlp_grad, float *restrict margin_loss, float *restrict sum, float *restrict scalar_loss, float *restrict scalar_loss_grad, float *restrict learning_rate, int batch0, int step0) {
   /* forward scalar_loss */
   for (int i3 = 0; i3 < 10; ++i3) {
     for (int i4 = 0; i4 < 16; ++i4) {
@@ -37,7 +37,7 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
     for (int i11 = 0; i11 < 16; ++i11) {
       {
         const float t1_ = (b1[i11] + n[i10 * 16 + i11]);
-        h1[i10 * 16 + i11] = (t1_ > 0 ? t1_ : 0); /* h1 = relu(n_2) */
+        h1[i10 * 16 + i11] = (t1_ < 0 ? 0 : t1_); /* h1 = relu(n_2) */
       }
     }
   }
@@ -57,7 +57,7 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
     for (int i20 = 0; i20 < 16; ++i20) {
       {
         const float t2_ = (b2[i20] + n_3[i19 * 16 + i20]);
-        h2[i19 * 16 + i20] = (t2_ > 0 ? t2_ : 0); /* h2 = relu(n_4) */
+        h2[i19 * 16 + i20] = (t2_ < 0 ? 0 : t2_); /* h2 = relu(n_4) */
       }
     }
   }
@@ -74,7 +74,7 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
   for (int i29 = 0; i29 < 10; ++i29) {
     {
       const float t3_ = (1.0f - (moons_classes[batch0 * 10 + i29] * (b3[0] + n_5[i29])));
-      margin_loss[i29] = (t3_ > 0 ? t3_ : 0); /* margin_loss = relu(n_7) */
+      margin_loss[i29] = (t3_ < 0 ? 0 : t3_); /* margin_loss = relu(n_7) */
     }
   }
   for (int i30 = 0; i30 < 1; ++i30) {
@@ -85,178 +85,126 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
   }
   scalar_loss[0] = (sum[0] / 10.0f); /* scalar_loss = sum / n10 */
   /* zero gradients */
-  for (int i33 = 0; i33 < 16; ++i33) {
-    b1_grad[i33] = 0.0f; /* b1_grad := 0.0 */
+  memset(b1_grad, 0, sizeof(float) * 16);
+  memset(w1_grad, 0, sizeof(float) * 32);
+  memset(grad, 0, sizeof(float) * 160);
+  memset(grad_2, 0, sizeof(float) * 160);
+  memset(h1_grad, 0, sizeof(float) * 160);
+  memset(b2_grad, 0, sizeof(float) * 16);
+  memset(w2_grad, 0, sizeof(float) * 256);
+  memset(grad_3, 0, sizeof(float) * 160);
+  memset(grad_4, 0, sizeof(float) * 160);
+  memset(b3_grad, 0, sizeof(float) * 1);
+  memset(w3_grad, 0, sizeof(float) * 16);
+  memset(grad_5, 0, sizeof(float) * 10);
+  memset(mlp_grad, 0, sizeof(float) * 10);
+  memset(scalar_loss_grad, 0, sizeof(float) * 1);
+  /* backprop scalar_loss */
+  for (int i33 = 0; i33 < 1; ++i33) {
+    scalar_loss_grad[i33] = 1.0f; /* scalar_loss_grad := 1.0 */
   }
-  for (int i34 = 0; i34 < 16; ++i34) {
-    for (int i35 = 0; i35 < 2; ++i35) {
-      w1_grad[i34 * 2 + i35] = 0.0f; /* w1_grad := 0.0 */
-    }
-  }
-  for (int i36 = 0; i36 < 10; ++i36) {
-    for (int i37 = 0; i37 < 16; ++i37) {
-      grad[i36 * 16 + i37] = 0.0f; /* grad := 0.0 */
+  for (int i37 = 0; i37 < 10; ++i37) {
+    {
+      const float t4_ = margin_loss[i37];
+      const float t5_ = (scalar_loss_grad[0] / 10.0f);
+      mlp_grad[i37] = fmaf(moons_classes[batch0 * 10 + i37], (-(t4_ > 0 ? t5_ : 0)), mlp_grad[i37]); /* mlp_grad =+ moons_class * grad_6 */
     }
   }
   for (int i38 = 0; i38 < 10; ++i38) {
-    for (int i39 = 0; i39 < 16; ++i39) {
-      grad_2[i38 * 16 + i39] = 0.0f; /* grad_2 := 0.0 */
-    }
+    b3_grad[0] = (b3_grad[0] + mlp_grad[i38]); /* b3_grad =+ mlp_grad */
+  }
+  for (int i39 = 0; i39 < 10; ++i39) {
+    grad_5[i39] = (grad_5[i39] + mlp_grad[i39]); /* grad_5 =+ mlp_grad */
   }
   for (int i40 = 0; i40 < 10; ++i40) {
     for (int i41 = 0; i41 < 16; ++i41) {
-      h1_grad[i40 * 16 + i41] = 0.0f; /* h1_grad := 0.0 */
+      w3_grad[i41] = fmaf(grad_5[i40], h2[i40 * 16 + i41], w3_grad[i41]); /* w3_grad =+ grad_5 * h2 */
     }
   }
-  for (int i42 = 0; i42 < 16; ++i42) {
-    b2_grad[i42] = 0.0f; /* b2_grad := 0.0 */
-  }
-  for (int i43 = 0; i43 < 16; ++i43) {
-    for (int i44 = 0; i44 < 16; ++i44) {
-      w2_grad[i43 * 16 + i44] = 0.0f; /* w2_grad := 0.0 */
-    }
-  }
-  for (int i45 = 0; i45 < 10; ++i45) {
-    for (int i46 = 0; i46 < 16; ++i46) {
-      grad_3[i45 * 16 + i46] = 0.0f; /* grad_3 := 0.0 */
-    }
-  }
-  for (int i47 = 0; i47 < 10; ++i47) {
-    for (int i48 = 0; i48 < 16; ++i48) {
-      grad_4[i47 * 16 + i48] = 0.0f; /* grad_4 := 0.0 */
-    }
-  }
-  for (int i51 = 0; i51 < 1; ++i51) {
-    b3_grad[i51] = 0.0f; /* b3_grad := 0.0 */
-  }
-  for (int i52 = 0; i52 < 1; ++i52) {
-    for (int i53 = 0; i53 < 16; ++i53) {
-      w3_grad[i52 * 16 + i53] = 0.0f; /* w3_grad := 0.0 */
-    }
-  }
-  for (int i55 = 0; i55 < 1; ++i55) {
-    for (int i54 = 0; i54 < 10; ++i54) {
-      grad_5[i54 + i55] = 0.0f; /* grad_5 := 0.0 */
-    }
-  }
-  for (int i57 = 0; i57 < 1; ++i57) {
-    for (int i56 = 0; i56 < 10; ++i56) {
-      mlp_grad[i56 + i57] = 0.0f; /* mlp_grad := 0.0 */
-    }
-  }
-  for (int i64 = 0; i64 < 1; ++i64) {
-    sum_grad[i64] = 0.0f; /* sum_grad := 0.0 */
-  }
-  for (int i65 = 0; i65 < 1; ++i65) {
-    scalar_loss_grad[i65] = 0.0f; /* scalar_loss_grad := 0.0 */
-  }
-  /* backprop scalar_loss */
-  for (int i66 = 0; i66 < 1; ++i66) {
-    scalar_loss_grad[i66] = 1.0f; /* scalar_loss_grad := 1.0 */
-  }
-  sum_grad[0] = (sum_grad[0] + (scalar_loss_grad[0] / 10.0f)); /* sum_grad =+ scalar_loss_grad / n10 */
-  for (int i70 = 0; i70 < 10; ++i70) {
-    {
-      const float t4_ = margin_loss[i70];
-      const float t5_ = sum_grad[0];
-      mlp_grad[i70] = fmaf(moons_classes[batch0 * 10 + i70], (-(t4_ > 0 ? t5_ : 0)), mlp_grad[i70]); /* mlp_grad =+ moons_class * grad_6 */
-    }
-  }
-  for (int i71 = 0; i71 < 10; ++i71) {
-    b3_grad[0] = (b3_grad[0] + mlp_grad[i71]); /* b3_grad =+ mlp_grad */
-  }
-  for (int i72 = 0; i72 < 10; ++i72) {
-    grad_5[i72] = (grad_5[i72] + mlp_grad[i72]); /* grad_5 =+ mlp_grad */
-  }
-  for (int i73 = 0; i73 < 10; ++i73) {
-    for (int i74 = 0; i74 < 16; ++i74) {
-      w3_grad[i74] = fmaf(grad_5[i73], h2[i73 * 16 + i74], w3_grad[i74]); /* w3_grad =+ grad_5 * h2 */
-    }
-  }
-  for (int i77 = 0; i77 < 10; ++i77) {
-    for (int i78 = 0; i78 < 16; ++i78) {
+  for (int i44 = 0; i44 < 10; ++i44) {
+    for (int i45 = 0; i45 < 16; ++i45) {
       {
-        const float t6_ = h2[i77 * 16 + i78];
-        const float t7_ = fmaf(w3[i78], grad_5[i77], 0.0f);
-        grad_4[i77 * 16 + i78] = (grad_4[i77 * 16 + i78] + (t6_ > 0 ? t7_ : 0)); /* grad_4 =+ h2 -?/ h2_grad */
+        const float t6_ = h2[i44 * 16 + i45];
+        const float t7_ = fmaf(w3[i45], grad_5[i44], 0.0f);
+        grad_4[i44 * 16 + i45] = (grad_4[i44 * 16 + i45] + (t6_ > 0 ? t7_ : 0)); /* grad_4 =+ h2 -?/ h2_grad */
       }
     }
   }
-  for (int i79 = 0; i79 < 10; ++i79) {
-    for (int i80 = 0; i80 < 16; ++i80) {
-      b2_grad[i80] = (b2_grad[i80] + grad_4[i79 * 16 + i80]); /* b2_grad =+ grad_4 */
+  for (int i46 = 0; i46 < 10; ++i46) {
+    for (int i47 = 0; i47 < 16; ++i47) {
+      b2_grad[i47] = (b2_grad[i47] + grad_4[i46 * 16 + i47]); /* b2_grad =+ grad_4 */
     }
   }
-  for (int i81 = 0; i81 < 10; ++i81) {
-    for (int i82 = 0; i82 < 16; ++i82) {
-      grad_3[i81 * 16 + i82] = (grad_3[i81 * 16 + i82] + grad_4[i81 * 16 + i82]); /* grad_3 =+ grad_4 */
+  for (int i48 = 0; i48 < 10; ++i48) {
+    for (int i49 = 0; i49 < 16; ++i49) {
+      grad_3[i48 * 16 + i49] = (grad_3[i48 * 16 + i49] + grad_4[i48 * 16 + i49]); /* grad_3 =+ grad_4 */
     }
   }
-  for (int i83 = 0; i83 < 10; ++i83) {
-    for (int i84 = 0; i84 < 16; ++i84) {
-      for (int i85 = 0; i85 < 16; ++i85) {
-        w2_grad[i84 * 16 + i85] = fmaf(grad_3[i83 * 16 + i84], h1[i83 * 16 + i85], w2_grad[i84 * 16 + i85]); /* w2_grad =+ grad_3 * h1 */
+  for (int i50 = 0; i50 < 10; ++i50) {
+    for (int i51 = 0; i51 < 16; ++i51) {
+      for (int i52 = 0; i52 < 16; ++i52) {
+        w2_grad[i51 * 16 + i52] = fmaf(grad_3[i50 * 16 + i51], h1[i50 * 16 + i52], w2_grad[i51 * 16 + i52]); /* w2_grad =+ grad_3 * h1 */
       }
     }
   }
-  for (int i86 = 0; i86 < 10; ++i86) {
-    for (int i87 = 0; i87 < 16; ++i87) {
-      for (int i88 = 0; i88 < 16; ++i88) {
-        h1_grad[i86 * 16 + i88] = fmaf(w2[i87 * 16 + i88], grad_3[i86 * 16 + i87], h1_grad[i86 * 16 + i88]); /* h1_grad =+ w2 * grad_3 */
+  for (int i53 = 0; i53 < 10; ++i53) {
+    for (int i54 = 0; i54 < 16; ++i54) {
+      for (int i55 = 0; i55 < 16; ++i55) {
+        h1_grad[i53 * 16 + i55] = fmaf(w2[i54 * 16 + i55], grad_3[i53 * 16 + i54], h1_grad[i53 * 16 + i55]); /* h1_grad =+ w2 * grad_3 */
       }
     }
   }
-  for (int i89 = 0; i89 < 10; ++i89) {
-    for (int i90 = 0; i90 < 16; ++i90) {
+  for (int i56 = 0; i56 < 10; ++i56) {
+    for (int i57 = 0; i57 < 16; ++i57) {
       {
-        const float t8_ = h1[i89 * 16 + i90];
-        const float t9_ = h1_grad[i89 * 16 + i90];
-        grad_2[i89 * 16 + i90] = (grad_2[i89 * 16 + i90] + (t8_ > 0 ? t9_ : 0)); /* grad_2 =+ h1 -?/ h1_grad */
+        const float t8_ = h1[i56 * 16 + i57];
+        const float t9_ = h1_grad[i56 * 16 + i57];
+        grad_2[i56 * 16 + i57] = (grad_2[i56 * 16 + i57] + (t8_ > 0 ? t9_ : 0)); /* grad_2 =+ h1 -?/ h1_grad */
       }
     }
   }
-  for (int i91 = 0; i91 < 10; ++i91) {
-    for (int i92 = 0; i92 < 16; ++i92) {
-      b1_grad[i92] = (b1_grad[i92] + grad_2[i91 * 16 + i92]); /* b1_grad =+ grad_2 */
+  for (int i58 = 0; i58 < 10; ++i58) {
+    for (int i59 = 0; i59 < 16; ++i59) {
+      b1_grad[i59] = (b1_grad[i59] + grad_2[i58 * 16 + i59]); /* b1_grad =+ grad_2 */
     }
   }
-  for (int i93 = 0; i93 < 10; ++i93) {
-    for (int i94 = 0; i94 < 16; ++i94) {
-      grad[i93 * 16 + i94] = (grad[i93 * 16 + i94] + grad_2[i93 * 16 + i94]); /* grad =+ grad_2 */
+  for (int i60 = 0; i60 < 10; ++i60) {
+    for (int i61 = 0; i61 < 16; ++i61) {
+      grad[i60 * 16 + i61] = (grad[i60 * 16 + i61] + grad_2[i60 * 16 + i61]); /* grad =+ grad_2 */
     }
   }
-  for (int i95 = 0; i95 < 10; ++i95) {
-    for (int i96 = 0; i96 < 16; ++i96) {
-      for (int i97 = 0; i97 < 2; ++i97) {
-        w1_grad[i96 * 2 + i97] = fmaf(grad[i95 * 16 + i96], moons_flat[batch0 * 20 + i95 * 2 + i97], w1_grad[i96 * 2 + i97]); /* w1_grad =+ grad * moons_input */
+  for (int i62 = 0; i62 < 10; ++i62) {
+    for (int i63 = 0; i63 < 16; ++i63) {
+      for (int i64 = 0; i64 < 2; ++i64) {
+        w1_grad[i63 * 2 + i64] = fmaf(grad[i62 * 16 + i63], moons_flat[batch0 * 20 + i62 * 2 + i64], w1_grad[i63 * 2 + i64]); /* w1_grad =+ grad * moons_input */
       }
     }
   }
   /* sgd b1 */
   learning_rate[0] = (0.1f * ((80.0f - ((float)step0)) / 40.0f)); /* learning_rate = n0_1 * n_9 */
-  for (int i105 = 0; i105 < 16; ++i105) {
-    b1[i105] = (b1[i105] - (learning_rate[0] * fmaf(0.0001f, b1[i105], b1_grad[i105]))); /* b1 =- learning_rate * sgd_delta */
+  for (int i72 = 0; i72 < 16; ++i72) {
+    b1[i72] = (b1[i72] - (learning_rate[0] * fmaf(0.0001f, b1[i72], b1_grad[i72]))); /* b1 =- learning_rate * sgd_delta_b1 */
   }
   /* sgd w1 */
-  for (int i111 = 0; i111 < 16; ++i111) {
-    for (int i112 = 0; i112 < 2; ++i112) {
-      w1[i111 * 2 + i112] = (w1[i111 * 2 + i112] - (learning_rate[0] * fmaf(0.0001f, w1[i111 * 2 + i112], w1_grad[i111 * 2 + i112]))); /* w1 =- learning_rate * sgd_delta_2 */
+  for (int i78 = 0; i78 < 16; ++i78) {
+    for (int i79 = 0; i79 < 2; ++i79) {
+      w1[i78 * 2 + i79] = (w1[i78 * 2 + i79] - (learning_rate[0] * fmaf(0.0001f, w1[i78 * 2 + i79], w1_grad[i78 * 2 + i79]))); /* w1 =- learning_rate * sgd_delta_w1 */
     }
   }
   /* sgd b2 */
-  for (int i116 = 0; i116 < 16; ++i116) {
-    b2[i116] = (b2[i116] - (learning_rate[0] * fmaf(0.0001f, b2[i116], b2_grad[i116]))); /* b2 =- learning_rate * sgd_delta_3 */
+  for (int i83 = 0; i83 < 16; ++i83) {
+    b2[i83] = (b2[i83] - (learning_rate[0] * fmaf(0.0001f, b2[i83], b2_grad[i83]))); /* b2 =- learning_rate * sgd_delta_b2 */
   }
   /* sgd w2 */
-  for (int i122 = 0; i122 < 16; ++i122) {
-    for (int i123 = 0; i123 < 16; ++i123) {
-      w2[i122 * 16 + i123] = (w2[i122 * 16 + i123] - (learning_rate[0] * fmaf(0.0001f, w2[i122 * 16 + i123], w2_grad[i122 * 16 + i123]))); /* w2 =- learning_rate * sgd_delta_4 */
+  for (int i89 = 0; i89 < 16; ++i89) {
+    for (int i90 = 0; i90 < 16; ++i90) {
+      w2[i89 * 16 + i90] = (w2[i89 * 16 + i90] - (learning_rate[0] * fmaf(0.0001f, w2[i89 * 16 + i90], w2_grad[i89 * 16 + i90]))); /* w2 =- learning_rate * sgd_delta_w2 */
     }
   }
   /* sgd b3 */
-  b3[0] = (b3[0] - (learning_rate[0] * fmaf(0.0001f, b3[0], b3_grad[0]))); /* b3 =- learning_rate * sgd_delta_5 */
+  b3[0] = (b3[0] - (learning_rate[0] * fmaf(0.0001f, b3[0], b3_grad[0]))); /* b3 =- learning_rate * sgd_delta_b3 */
   /* sgd w3 */
-  for (int i128 = 0; i128 < 16; ++i128) {
-    w3[i128] = (w3[i128] - (learning_rate[0] * fmaf(0.0001f, w3[i128], w3_grad[i128]))); /* w3 =- learning_rate * sgd_delta_6 */
+  for (int i95 = 0; i95 < 16; ++i95) {
+    w3[i95] = (w3[i95] - (learning_rate[0] * fmaf(0.0001f, w3[i95], w3_grad[i95]))); /* w3 =- learning_rate * sgd_delta_w3 */
   }
 }

@@ -23,7 +23,7 @@ void small(const float *restrict x, const float *restrict w, float *restrict y, 
     for (int i4 = 0; i4 < 6; ++i4) {
       {
         const float t1_ = h[i3 * 6 + i4];
-        y[i3 * 6 + i4] = (((t1_ > 0 ? t1_ : 0) + (((float)s0) * 0.5f)) + merge_y[i3 * 6 + i4]); /* y =: relu h + s/2 + merge y */
+        y[i3 * 6 + i4] = (((t1_ < 0 ? 0 : t1_) + (((float)s0) * 0.5f)) + merge_y[i3 * 6 + i4]); /* y =: relu h + s/2 + merge y */
       }
     }
   }
