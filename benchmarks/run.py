@@ -79,7 +79,7 @@ def row(name: str, einjit_s: float, peers: dict[str, float | None], flops: float
 
 def matmul_rows(sizes: list[int]) -> list[dict]:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from einjit.backends import cc
+    from einjit.backends.cc_backend import CcBackend
     from einjit.ir import low_level as ll
     from einjit.ir import ops
     from einjit.ir.indexing import Iterator, get_symbol
@@ -100,11 +100,12 @@ def matmul_rows(sizes: list[int]) -> list[dict]:
                          ll.Binop(ops.Binop.ADD, ll.Get(c, (Iterator(i), Iterator(j))), prod))
             code = ll.seq(ll.ZeroOut(c), ll.ForLoop(i, 0, n - 1, ll.ForLoop(j, 0, n - 1, ll.ForLoop(k, 0, n - 1, acc))))
             opt = optimize_proc(code, name=f"mm{n}")
-            ctx = cc.CpuContext()
+            backend = CcBackend()
+            ctx = backend.init(f"mm{n}")
             rng = np.random.default_rng(0)
             x, y = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
             ctx.array(a)[...], ctx.array(b)[...] = x, y
-            routine = cc.link(ctx, cc.compile_proc(opt, name=f"mm{n}"), {})
+            routine = backend.link(ctx, backend.compile((), opt, shared=True, name=f"mm{n}"))
             yy = y.T if transposed else y
             routine()
             np.testing.assert_allclose(ctx.array(c), x @ yy, rtol=1e-3, atol=1e-3)

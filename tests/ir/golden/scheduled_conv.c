@@ -1,42 +1,42 @@
-void scheduled(const float *restrict img0, const float *restrict w1, float *restrict out2) {
-  float pack3[144] = {0};
-  float acc4[32] = {0};
-  memset(out2, 0, sizeof(float) * 256);
-  for (int y5 = 0; y5 < 8; ++y5) {
-    for (int jp6 = 0; jp6 < 1; ++jp6) {
+void scheduled(const float *restrict img, const float *restrict w, float *restrict out) {
+  float pack[144] = {0};
+  float acc[32] = {0};
+  memset(out, 0, sizeof(float) * 256);
+  for (int y0 = 0; y0 < 8; ++y0) {
+    for (int jp1 = 0; jp1 < 1; ++jp1) {
       /* register-blocked 4x8 contraction into out2 */
-      for (int c7 = 0; c7 < 2; ++c7) {
-        for (int u8 = 0; u8 < 3; ++u8) {
-          for (int v9 = 0; v9 < 3; ++v9) {
-            for (int jr10 = 0; jr10 < 8; ++jr10) {
-              pack3[c7 * 72 + u8 * 24 + v9 * 8 + jr10] = img0[c7 * 100 + (y5 + u8) * 10 + (8*jp6 + jr10 + v9)]; /* pack a panel of the unit-stride operand */
+      for (int c3 = 0; c3 < 2; ++c3) {
+        for (int u4 = 0; u4 < 3; ++u4) {
+          for (int v5 = 0; v5 < 3; ++v5) {
+            for (int jr6 = 0; jr6 < 8; ++jr6) {
+              pack[c3 * 72 + u4 * 24 + v5 * 8 + jr6] = img[c3 * 100 + (y0 + u4) * 10 + (8*jp1 + jr6 + v5)]; /* pack a panel of the unit-stride operand */
             }
           }
         }
       }
-      for (int ib11 = 0; ib11 < 1; ++ib11) {
+      for (int ib7 = 0; ib7 < 1; ++ib7) {
         #pragma GCC unroll 4
-        for (int ir12 = 0; ir12 < 4; ++ir12) {
-          for (int jr10 = 0; jr10 < 8; ++jr10) {
-            acc4[ir12 * 8 + jr10] = out2[(4*ib11 + ir12) * 64 + y5 * 8 + (8*jp6 + jr10)];
+        for (int ir8 = 0; ir8 < 4; ++ir8) {
+          for (int jr6 = 0; jr6 < 8; ++jr6) {
+            acc[ir8 * 8 + jr6] = out[(4*ib7 + ir8) * 64 + y0 * 8 + (8*jp1 + jr6)];
           }
         }
-        for (int c13 = 0; c13 < 2; ++c13) {
-          for (int u14 = 0; u14 < 3; ++u14) {
-            for (int v15 = 0; v15 < 3; ++v15) {
+        for (int c9 = 0; c9 < 2; ++c9) {
+          for (int u10 = 0; u10 < 3; ++u10) {
+            for (int v11 = 0; v11 < 3; ++v11) {
               #pragma GCC unroll 4
-              for (int ir12 = 0; ir12 < 4; ++ir12) {
-                for (int jr10 = 0; jr10 < 8; ++jr10) {
-                  acc4[ir12 * 8 + jr10] = fmaf(w1[(4*ib11 + ir12) * 18 + c13 * 9 + u14 * 3 + v15], pack3[c13 * 72 + u14 * 24 + v15 * 8 + jr10], acc4[ir12 * 8 + jr10]);
+              for (int ir8 = 0; ir8 < 4; ++ir8) {
+                for (int jr6 = 0; jr6 < 8; ++jr6) {
+                  acc[ir8 * 8 + jr6] = fmaf(w[(4*ib7 + ir8) * 18 + c9 * 9 + u10 * 3 + v11], pack[c9 * 72 + u10 * 24 + v11 * 8 + jr6], acc[ir8 * 8 + jr6]);
                 }
               }
             }
           }
         }
         #pragma GCC unroll 4
-        for (int ir12 = 0; ir12 < 4; ++ir12) {
-          for (int jr10 = 0; jr10 < 8; ++jr10) {
-            out2[(4*ib11 + ir12) * 64 + y5 * 8 + (8*jp6 + jr10)] = acc4[ir12 * 8 + jr10];
+        for (int ir8 = 0; ir8 < 4; ++ir8) {
+          for (int jr6 = 0; jr6 < 8; ++jr6) {
+            out[(4*ib7 + ir8) * 64 + y0 * 8 + (8*jp1 + jr6)] = acc[ir8 * 8 + jr6];
           }
         }
       }

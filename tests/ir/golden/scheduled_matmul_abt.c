@@ -1,33 +1,33 @@
-void scheduled(const float *restrict a0, float *restrict c1, const float *restrict b2) {
-  float pack3[1024] = {0};
-  float acc4[256] = {0};
-  memset(c1, 0, sizeof(float) * 4096);
-  for (int jp5 = 0; jp5 < 2; ++jp5) {
+void scheduled(const float *restrict a, float *restrict c, const float *restrict b) {
+  float pack[1024] = {0};
+  float acc[256] = {0};
+  memset(c, 0, sizeof(float) * 4096);
+  for (int jp0 = 0; jp0 < 2; ++jp0) {
     /* register-blocked 8x32 contraction into c1 */
-    for (int k6 = 0; k6 < 32; ++k6) {
-      for (int jr7 = 0; jr7 < 32; ++jr7) {
-        pack3[k6 * 32 + jr7] = b2[(32*jp5 + jr7) * 32 + k6]; /* pack a panel of the unit-stride operand */
+    for (int k2 = 0; k2 < 32; ++k2) {
+      for (int jr3 = 0; jr3 < 32; ++jr3) {
+        pack[k2 * 32 + jr3] = b[(32*jp0 + jr3) * 32 + k2]; /* pack a panel of the unit-stride operand */
       }
     }
-    for (int ib8 = 0; ib8 < 8; ++ib8) {
+    for (int ib4 = 0; ib4 < 8; ++ib4) {
       #pragma GCC unroll 8
-      for (int ir9 = 0; ir9 < 8; ++ir9) {
-        for (int jr7 = 0; jr7 < 32; ++jr7) {
-          acc4[ir9 * 32 + jr7] = c1[(8*ib8 + ir9) * 64 + (32*jp5 + jr7)];
+      for (int ir5 = 0; ir5 < 8; ++ir5) {
+        for (int jr3 = 0; jr3 < 32; ++jr3) {
+          acc[ir5 * 32 + jr3] = c[(8*ib4 + ir5) * 64 + (32*jp0 + jr3)];
         }
       }
-      for (int k10 = 0; k10 < 32; ++k10) {
+      for (int k6 = 0; k6 < 32; ++k6) {
         #pragma GCC unroll 8
-        for (int ir9 = 0; ir9 < 8; ++ir9) {
-          for (int jr7 = 0; jr7 < 32; ++jr7) {
-            acc4[ir9 * 32 + jr7] = fmaf(a0[(8*ib8 + ir9) * 32 + k10], pack3[k10 * 32 + jr7], acc4[ir9 * 32 + jr7]);
+        for (int ir5 = 0; ir5 < 8; ++ir5) {
+          for (int jr3 = 0; jr3 < 32; ++jr3) {
+            acc[ir5 * 32 + jr3] = fmaf(a[(8*ib4 + ir5) * 32 + k6], pack[k6 * 32 + jr3], acc[ir5 * 32 + jr3]);
           }
         }
       }
       #pragma GCC unroll 8
-      for (int ir9 = 0; ir9 < 8; ++ir9) {
-        for (int jr7 = 0; jr7 < 32; ++jr7) {
-          c1[(8*ib8 + ir9) * 64 + (32*jp5 + jr7)] = acc4[ir9 * 32 + jr7];
+      for (int ir5 = 0; ir5 < 8; ++ir5) {
+        for (int jr3 = 0; jr3 < 32; ++jr3) {
+          c[(8*ib4 + ir5) * 64 + (32*jp0 + jr3)] = acc[ir5 * 32 + jr3];
         }
       }
     }
