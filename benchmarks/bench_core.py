@@ -121,7 +121,7 @@ def link(code: ll.LLStmt, name: str, options: cc.CcOptions | None = None, bindin
 def bench_chain(n: int, with_exp: bool, rng: np.random.Generator) -> None:
     code, ins, out = pointwise_chain(n, with_exp)
     xs = [rng.standard_normal(n, dtype=np.float32) for _ in ins]
-    for t, x in zip(ins, xs):
+    for t, x in zip(ins, xs, strict=True):
         t.host_array()[...] = x
     out.host_array()
     routine = link(code, "chain")
@@ -184,8 +184,8 @@ def bench_call_overhead() -> None:
         routine = link(ll.Noop(), f"empty{len(bindings)}", bindings=bindings)
         fn = cc.compile_batch([(routine.name, ll.Noop())], bindings=bindings)[0].function
         args = [0] * len(bindings)
-        t_ctypes = best_time(lambda: fn(*args), min_time=0.5)
-        t_call, t_schedule = best_time(routine, min_time=0.5), best_time(lambda: routine.schedule()(), min_time=0.5)
+        t_ctypes = best_time(lambda fn=fn, args=args: fn(*args), min_time=0.5)
+        t_call, t_schedule = best_time(routine, min_time=0.5), best_time(lambda r=routine: r.schedule()(), min_time=0.5)
         cells.append(f"{len(bindings)} statics: ctypes {t_ctypes * 1e6:5.2f} us, routine() {t_call * 1e6:5.2f} us "
                      f"(+{(t_call - t_ctypes) * 1e6:4.2f}), schedule()() {t_schedule * 1e6:5.2f} us "
                      f"(+{(t_schedule - t_ctypes) * 1e6:4.2f})")

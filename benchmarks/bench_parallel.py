@@ -85,7 +85,7 @@ def data_parallel(devices: int, steps: int, warmup: int) -> tuple[float, list[np
 
 
 def max_relative_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    return max(float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) or 1.0)) for x, y in zip(a, b))
+    return max(float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) or 1.0)) for x, y in zip(a, b, strict=True))
 
 
 def main() -> None:

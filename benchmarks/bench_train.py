@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import pairwise
 
 import numpy as np
 
@@ -163,13 +164,13 @@ def numpy_mlp_step(dims: tuple[int, ...], batch: int):
     """The same step written by hand in NumPy (forward, backward, momentum update)."""
     x, y = _mlp_data(dims, batch)
     rng = np.random.default_rng(1)
-    ws = [(rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32) for i, o in zip(dims, dims[1:])]
+    ws = [(rng.standard_normal((o, i)) / np.sqrt(i)).astype(np.float32) for i, o in pairwise(dims)]
     bs = [np.zeros(o, np.float32) for o in dims[1:]]
     moms = [np.zeros_like(p) for p in ws + bs]
 
     def step():
         acts = [x]
-        for k, (w, b) in enumerate(zip(ws, bs)):
+        for k, (w, b) in enumerate(zip(ws, bs, strict=True)):
             z = acts[-1] @ w.T + b
             acts.append(np.maximum(z, 0) if k < len(ws) - 1 else z)
         g = np.where(1 - y * acts[-1] > 0, -y, 0).astype(np.float32) / batch
@@ -179,7 +180,7 @@ def numpy_mlp_step(dims: tuple[int, ...], batch: int):
             grads_b.append(g.sum(axis=0))
             if k:
                 g = (g @ ws[k]) * (acts[k] > 0)
-        for p, grad, m in zip(ws + bs, grads_w[::-1] + grads_b[::-1], moms):
+        for p, grad, m in zip(ws + bs, grads_w[::-1] + grads_b[::-1], moms, strict=True):
             m *= 0.9
             m += grad
             p -= 0.01 * m
@@ -196,7 +197,7 @@ def torch_mlp_step(dims: tuple[int, ...], batch: int):
 
     torch.set_num_threads(int(os.environ.get("EINJIT_NUM_THREADS", "1")))
     layers = []
-    for k, (i, o) in enumerate(zip(dims, dims[1:])):
+    for k, (i, o) in enumerate(pairwise(dims)):
         layers.append(torch.nn.Linear(i, o))
         if k < len(dims) - 2:
             layers.append(torch.nn.ReLU())

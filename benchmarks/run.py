@@ -21,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+from itertools import pairwise
 
 
 def _parse() -> argparse.Namespace:
@@ -56,7 +57,7 @@ def best_times(fns, repeats: int = 7, min_time: float = 0.2) -> list[float]:
         pers.append(max(1, int(min_time / repeats / max(time.perf_counter() - t, 1e-7))))
     best = [float("inf")] * len(fns)
     for _ in range(repeats):
-        for k, (fn, per) in enumerate(zip(fns, pers)):
+        for k, (fn, per) in enumerate(zip(fns, pers, strict=True)):
             t = time.perf_counter()
             for _ in range(per):
                 fn()
@@ -109,7 +110,7 @@ def matmul_rows(sizes: list[int]) -> list[dict]:
             yy = y.T if transposed else y
             routine()
             np.testing.assert_allclose(ctx.array(c), x @ yy, rtol=1e-3, atol=1e-3)
-            t_ej, t_np = best_times([routine, lambda: x @ yy])
+            t_ej, t_np = best_times([routine, lambda x=x, yy=yy: x @ yy])
             name = f"fp32 matmul {'w @ x (A·Bᵀ)' if transposed else 'a @ b'} n={n}"
             rows.append(row(name, t_ej, {"numpy": t_np} | _torch_mm(x, yy), 2.0 * n**3))
     return rows
@@ -151,7 +152,7 @@ def atl_rows(n: int = 1024) -> list[dict]:
     for name, (f, inputs, ref) in bench_atl.programs(n).items():
         fn = f.compiled("einjit")
         np.testing.assert_allclose(fn(*inputs), ref(*inputs), rtol=1e-9, atol=1e-9)
-        t_ej, t_np = best_times([lambda: fn(*inputs), lambda: ref(*inputs)])
+        t_ej, t_np = best_times([lambda fn=fn, inputs=inputs: fn(*inputs), lambda ref=ref, inputs=inputs: ref(*inputs)])
         rows.append(row(f"ATL {name} n={n} (float64), einjit backend", t_ej, {"numpy": t_np}))
     return rows
 
@@ -182,7 +183,7 @@ def chain_row(n: int = 400) -> dict:
         nodes[0].update_memory_mode(hosted(), 0)
         nodes[-1].update_memory_mode(hosted(), 0)
         stmts = []
-        for src, dst in zip(nodes, nodes[1:]):
+        for src, dst in pairwise(nodes):
             i = get_symbol()
             relu = ll.Unop(ops.Unop.RELU, ll.Get(src, (Iterator(i),)))
             stmts.append(ll.ForLoop(i, 0, 7, ll.Set(dst, (Iterator(i),), relu)))

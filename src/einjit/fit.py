@@ -39,7 +39,6 @@ from einjit.tensor.inputs import input as new_input
 from einjit.tensor.notation import Code
 from einjit.tensor.tensor import Tensor, TensorError, computes_in_host_array
 
-
 Update = Code | asg.Asgns
 
 

@@ -161,7 +161,7 @@ class DataParallel:
             _shard_values(self.code, self.bindings, routine.bindings, self.num_devices, d)
             routine()
         for ctx in self.contexts[1:]:
-            for p, merge in zip(self.code.params, self._merges):
+            for p, merge in zip(self.code.params, self._merges, strict=True):
                 be.device_to_device(p.grad_tn, ctx0, ctx, into_merge_buffer=True)
                 merge()
         self._update()

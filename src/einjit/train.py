@@ -178,7 +178,7 @@ def sequential_loop(bindings: Mapping[StaticSymbol, IntRef], f: Callable[[], Non
     outermost; symbols without a range are left to the caller."""
     ranged = [(s, r) for s, r in bindings.items() if s.static_range is not None]
     for values in itertools.product(*[range(s.static_range) for s, _ in ranged]):
-        for (_, r), v in zip(ranged, values):
+        for (_, r), v in zip(ranged, values, strict=True):
             r.value = v
         f()
 

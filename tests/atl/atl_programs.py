@@ -14,8 +14,26 @@ import numpy as np
 from hypothesis import strategies as st
 
 from einjit.atl import (
-    B, And, Const, Eq, Gen, Idx, Le, Let, Lt, Ne, Not, Or, Pair, Proj, R, Rel, Sum, TPair,
-    TTensor, Var,
+    And,
+    B,
+    Const,
+    Eq,
+    Gen,
+    Idx,
+    Le,
+    Let,
+    Lt,
+    Ne,
+    Not,
+    Or,
+    Pair,
+    Proj,
+    R,
+    Rel,
+    Sum,
+    TPair,
+    TTensor,
+    Var,
 )
 from einjit.atl.ir import Access, Indicate
 
@@ -120,8 +138,8 @@ class _Builder:
         if kind == "ind":
             return Indicate(self.pred(idx), self.expr(t, vals, idx, d))
         if kind in ("add", "mul"):
-            l, r = self.expr(R, vals, idx, d), self.expr(R, vals, idx, d)
-            return l + r if kind == "add" else l * r
+            left, right = self.expr(R, vals, idx, d), self.expr(R, vals, idx, d)
+            return left + right if kind == "add" else left * right
         i = self.fresh("k")
         n = draw(st.sampled_from([2, 3]))
         return Sum(i, n, self.expr(R, vals, idx + [(i, n)], d))

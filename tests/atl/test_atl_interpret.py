@@ -6,7 +6,23 @@ import pytest
 
 from atl_notebook import PROGRAMS, Rn, Rnn, args_of, func, i, j, n, x
 from einjit.atl import (
-    B, Const, Eq, Func, Gen, Idx, Let, Ne, Pair, Proj, R, Rel, Sum, TCError, TPair, TTensor, Var,
+    B,
+    Const,
+    Eq,
+    Func,
+    Gen,
+    Idx,
+    Let,
+    Ne,
+    Pair,
+    Proj,
+    R,
+    Rel,
+    Sum,
+    TCError,
+    TPair,
+    TTensor,
+    Var,
 )
 from einjit.atl.gens import gen_normalize
 from einjit.atl.interpret import interpret
@@ -36,7 +52,7 @@ def test_notebook_results_on_arrays(name):
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_every_pass_preserves_the_value(name):
     f = func(name)
-    vals = [to_python(t, v) for t, v in zip(f.arg_types, args_of(name))]
+    vals = [to_python(t, v) for t, v in zip(f.arg_types, args_of(name), strict=True)]
     tf = f.typed
     reference = interpret(tf, vals)
     for p in (eliminate_pairs, lift_lets, gen_normalize):

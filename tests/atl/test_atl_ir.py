@@ -3,10 +3,27 @@
 import pytest
 
 from einjit.atl import (
-    B, Const, Eq, Gen, Idx, Le, Let, Lt, Ne, Pair, Proj, R, Rel, Sum, Sym, TPair, TTensor, Var,
+    B,
+    Const,
+    Eq,
+    Gen,
+    Idx,
+    Le,
+    Let,
+    Lt,
+    Ne,
+    Pair,
+    Proj,
+    R,
+    Rel,
+    Sum,
+    Sym,
+    TPair,
+    TTensor,
+    Var,
 )
 from einjit.atl.display import latex, type_latex
-from einjit.atl.ir import Access, Add, IAdd, IConst, IMul, IVar, Indicate, Mul
+from einjit.atl.ir import Access, Add, IAdd, IConst, IMul, Indicate, IVar, Mul
 
 
 def test_symbols_have_identity_and_copies_keep_the_name():

@@ -4,10 +4,38 @@ the normal form's shape."""
 import pytest
 
 from atl_notebook import (
-    PROGRAMS, A, D, Rn, Rnn, Rnnn, a, b, dprod, func, i, j, k, n, qprod, x,
+    PROGRAMS,
+    A,
+    D,
+    Rn,
+    Rnn,
+    Rnnn,
+    a,
+    b,
+    dprod,
+    func,
+    i,
+    j,
+    k,
+    n,
+    qprod,
+    x,
 )
 from einjit.atl import (
-    Const, Eq, Gen, Idx, Let, Pair, PairError, Proj, R, Sum, TPair, TTensor, Var, typecheck,
+    Const,
+    Eq,
+    Gen,
+    Idx,
+    Let,
+    Pair,
+    PairError,
+    Proj,
+    R,
+    Sum,
+    TPair,
+    TTensor,
+    Var,
+    typecheck,
 )
 from einjit.atl.gens import gen_normalize
 from einjit.atl.ir import Indicate, Le, Lt

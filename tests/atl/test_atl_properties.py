@@ -20,7 +20,7 @@ TOL = dict(rtol=1e-11, atol=1e-11)
 
 
 def check_passes(f: Func, seed: int):
-    values = [to_python(t, v) for t, v in zip(f.arg_types, random_inputs(seed))]
+    values = [to_python(t, v) for t, v in zip(f.arg_types, random_inputs(seed), strict=True)]
     expected = interpret(f.typed, values)
     tf = f.typed
     for p in (eliminate_pairs, lift_lets, gen_normalize):

@@ -4,10 +4,26 @@ import pytest
 
 from atl_notebook import A, Axc, Rn, Rnn, c, diag, i, j, n, tr, x
 from einjit.atl import (
-    B, Const, Eq, Gen, Idx, Let, Pair, Proj, R, Rel, Sum, Sym, TCError, TPair, TTensor,
-    Var, typecheck,
+    B,
+    Const,
+    Eq,
+    Gen,
+    Idx,
+    Let,
+    Pair,
+    Proj,
+    R,
+    Rel,
+    Sum,
+    Sym,
+    TCError,
+    TPair,
+    TTensor,
+    Var,
+    typecheck,
 )
-from einjit.atl.ir import Access, Gen as GenNode, IVar
+from einjit.atl.ir import Access, IVar
+from einjit.atl.ir import Gen as GenNode
 
 
 def test_notebook_typed_functions_print_as_in_the_notebook():

@@ -14,13 +14,33 @@ from atl_notebook import PROGRAMS, args_of, func
 from atl_programs import SIGNATURE, programs, random_inputs
 from atl_stencils import H, W, blur_func, laplacian_func, masked_matvec_func
 from einjit.atl import (
-    B, Const, Eq, Func, Gen, Idx, Let, Lt, Ne, NormalForm, R, Rel, Stmt, Sum, Sym, TTensor, Var,
+    B,
+    Const,
+    Eq,
+    Func,
+    Gen,
+    Idx,
+    Let,
+    Lt,
+    Ne,
+    NormalForm,
+    R,
+    Rel,
+    Stmt,
+    Sum,
+    Sym,
+    TTensor,
+    Var,
     adjoint,
 )
 from einjit.atl.interpret import interpret
-from einjit.atl.ir import Access, Gen as GenNode, IConst, IVar, Indicate, Mul, Pair
+from einjit.atl.ir import Access, IConst, Indicate, IVar, Mul, Pair
+from einjit.atl.ir import Gen as GenNode
 from einjit.atl.to_assignments import (
-    EinjitFunc, UnsupportedError, compile_normal_form, to_assignments,
+    EinjitFunc,
+    UnsupportedError,
+    compile_normal_form,
+    to_assignments,
 )
 from einjit.atl.values import to_python
 from einjit.backends import cc

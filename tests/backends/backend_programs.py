@@ -15,11 +15,9 @@ from typing import Any, Callable
 import numpy as np
 
 from einjit.ir import assignments as asg
-from einjit.ir import interpret
+from einjit.ir import interpret, ops, tnode
 from einjit.ir import low_level as ll
-from einjit.ir import ops, tnode
-from einjit.ir.indexing import (Affine, FixedIdx, Iterator, Projections, StaticSymbol, get_static_symbol,
-                                get_symbol)
+from einjit.ir.indexing import Affine, FixedIdx, Iterator, Projections, StaticSymbol, get_static_symbol, get_symbol
 from einjit.ir.tnode import Tnode
 
 B, U, T = ll.Binop, ll.Unop, ll.Ternop
@@ -245,12 +243,13 @@ def mlp_step() -> Program:
 
     def pointwise(op, lhs, r1, r2):
         syms = [get_symbol() for _ in lhs.dims]
-        p = proj(dict(zip(syms, lhs.dims)), lhs.dims, [r1.dims, r2.dims], it(*syms), [it(*syms), it(*syms)])
+        space = dict(zip(syms, lhs.dims, strict=True))
+        p = proj(space, lhs.dims, [r1.dims, r2.dims], it(*syms), [it(*syms), it(*syms)])
         return asg.AccumBinop(False, ops.Binop.ARG2, op, lhs, asg.Node(r1), asg.Node(r2), p)
 
     def sgd(w, g):
         syms = [get_symbol() for _ in w.dims]
-        p = proj(dict(zip(syms, w.dims)), w.dims, [w.dims, (1,)], it(*syms), [it(*syms), [FixedIdx(0)]])
+        p = proj(dict(zip(syms, w.dims, strict=True)), w.dims, [w.dims, (1,)], it(*syms), [it(*syms), [FixedIdx(0)]])
         return asg.AccumBinop(False, ops.Binop.SUB, mul, w, asg.Node(g), asg.Node(lr), p)
 
     pu = proj({b: nb, o: nh}, (nb, nh), [(nb, nh)], it(b, o), [it(b, o)])
@@ -291,7 +290,7 @@ ALL: dict[str, Callable[[], Program]] = {**LOW_LEVEL, **ASSIGNMENTS}
 
 def run_on(backend: Any, contexts: list, prog: Program, *, shared: bool, devices: list = ()) -> list[dict]:
     """Compile `prog` once, run it once in each context, return each context's outputs."""
-    prog.reference
+    _ = prog.reference  # force the oracle now, before compiling makes intermediate nodes virtual
     prog.set_host_inputs()
     code = backend.compile(prog.statics, prog.code, shared=shared, name=prog.name)
     for ctx in contexts:

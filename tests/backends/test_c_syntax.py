@@ -9,8 +9,17 @@ from pathlib import Path
 import pytest
 
 from einjit.backends import c_syntax
-from einjit.backends.c_syntax import (CSyntax, MemClass, ParamKind, RenderError, constant_literal, flat_index,
-                                      interchange_loops, render_program, render_routine)
+from einjit.backends.c_syntax import (
+    CSyntax,
+    MemClass,
+    ParamKind,
+    RenderError,
+    constant_literal,
+    flat_index,
+    interchange_loops,
+    render_program,
+    render_routine,
+)
 from einjit.ir import low_level as ll
 from einjit.ir import ops, tnode
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_static_symbol, get_symbol

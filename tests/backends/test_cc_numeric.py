@@ -8,11 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from einjit.backends import cc
-from einjit.backends.cc_backend import CcBackend, run_once
 from einjit.backends.c_syntax import CSyntax
-from einjit.ir import interpret
+from einjit.backends.cc_backend import CcBackend, run_once
+from einjit.ir import interpret, ops, tnode
 from einjit.ir import low_level as ll
-from einjit.ir import ops, tnode
 from einjit.ir.indexing import Affine, FixedIdx, IntRef, Iterator, get_static_symbol, get_symbol
 from einjit.ir.tnode import Tnode
 
@@ -346,7 +345,7 @@ def test_interchange_preserves_results(dims, perm, n_lhs, seed):
     rhs = B(ops.Binop.MUL, ll.Get(x, tuple(Iterator(syms[a]) for a in reversed(perm))),
             ll.Get(y, (Iterator(syms[perm[-1]]), Iterator(syms[perm[0]]))))
     body = ll.Set(out, lhs, B(ops.Binop.ADD, ll.Get(out, lhs), rhs))
-    for s, d in reversed(list(zip(syms, dims))):
+    for s, d in reversed(list(zip(syms, dims, strict=True))):
         body = ll.ForLoop(s, 0, d - 1, body)
     rng = np.random.default_rng(seed)
     inputs = {x: rng.standard_normal(x.dims).astype(np.float32), y: rng.standard_normal(y.dims).astype(np.float32)}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from einjit.backends.cc_backend import run_once
 from einjit.ir import low_level as ll
 from einjit.ir import ops

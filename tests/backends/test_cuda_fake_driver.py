@@ -15,9 +15,8 @@ import backend_programs as bp
 from einjit.backends import cuda
 from einjit.backends.c_syntax import ParamKind
 from einjit.backends.interface import NodeNotInContextError, NotHostedError, RoutineFailed
-from einjit.ir import interpret
+from einjit.ir import interpret, ops, tnode
 from einjit.ir import low_level as ll
-from einjit.ir import ops, tnode
 from einjit.ir.indexing import FixedIdx, Iterator, get_static_symbol, get_symbol
 from einjit.ir.tnode import Tnode
 from test_cuda_render import reversed_threads
@@ -250,8 +249,8 @@ def test_device_to_device_between_devices_and_transfers_need_the_node(fake):
     np.testing.assert_array_equal(result(backend, c0, acc), [2, 4, 6, 8])
     np.testing.assert_array_equal(result(backend, c1, acc), [1, 2, 3, 4])
     v = Tnode("v", (2,), memory_mode=tnode.VIRTUAL)
-    with pytest.raises(NotHostedError, match=r"from_host of v#\d+ in context 'cuda:0/0' \(backend 'cuda'\): the node is "
-                                             r"not hosted \(memory mode Virtual"):
+    with pytest.raises(NotHostedError, match=r"from_host of v#\d+ in context 'cuda:0/0' \(backend 'cuda'\): "
+                                             r"the node is not hosted \(memory mode Virtual"):
         backend.from_host(c0, v)
     with pytest.raises(NotHostedError, match=r"to_host of v#\d+ .*make it hosted"):
         backend.to_host(c0, v)

@@ -10,7 +10,7 @@ import pytest
 import backend_programs as bp
 from einjit.backends import cuda
 from einjit.backends.cc_backend import CcBackend
-from einjit.backends.interface import (CudaMemClass, DeviceError, NodeNotInContextError, WrongBackendError)
+from einjit.backends.interface import CudaMemClass, DeviceError, NodeNotInContextError, WrongBackendError
 from einjit.ir import low_level as ll
 from einjit.ir import ops, tnode
 from einjit.ir.indexing import FixedIdx, Iterator, get_static_symbol, get_symbol

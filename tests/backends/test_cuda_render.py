@@ -18,10 +18,9 @@ from einjit.backends import cuda
 from einjit.backends.c_syntax import RenderError
 from einjit.backends.cc_backend import CcBackend
 from einjit.backends.cuda_syntax import PRIVATE_LIMIT_BYTES, plan_kernel, render_program
-from einjit.backends.interface import CudaMemClass, WrongBackendError, lower_assignments, low_level_of
-from einjit.ir import interpret
+from einjit.backends.interface import CudaMemClass, WrongBackendError, low_level_of, lower_assignments
+from einjit.ir import interpret, ops, tnode
 from einjit.ir import low_level as ll
-from einjit.ir import ops, tnode
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_static_symbol, get_symbol, subst_index
 from einjit.ir.tnode import Tnode
 

@@ -9,9 +9,20 @@ import pytest
 import backend_programs as bp
 from einjit.backends import cc
 from einjit.backends.cc_backend import CcBackend
-from einjit.backends.interface import (Compiled, CpuMemClass, NodeNotInContextError, NotHostedError, Postponed, Routine, StaticRangeError,
-                                       Work,
-                                       WrongBackendError, default_name, lower_assignments, routine_inputs)
+from einjit.backends.interface import (
+    Compiled,
+    CpuMemClass,
+    NodeNotInContextError,
+    NotHostedError,
+    Postponed,
+    Routine,
+    StaticRangeError,
+    Work,
+    WrongBackendError,
+    default_name,
+    lower_assignments,
+    routine_inputs,
+)
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
 from einjit.ir import ops, tnode
@@ -80,7 +91,8 @@ def test_static_values_are_shared_through_given_refs_and_checked(backend):
     r1, r2 = backend.link(ctx, compiled, {s: ref}), backend.link(ctx, compiled, {s: ref})
     assert r1.bindings[s] is ref and r2.bindings[s] is ref
     ref.value = 10
-    with pytest.raises(StaticRangeError, match=r"routine 'add_ref': static symbol .* = 10 is outside its range \[0, 10\)"):
+    with pytest.raises(StaticRangeError,
+                       match=r"routine 'add_ref': static symbol .* = 10 is outside its range \[0, 10\)"):
         r1.schedule()
 
 
@@ -159,7 +171,7 @@ def test_postponed_code_is_specialized_to_the_context_arrays():
 
 
 def test_batch_compilation_uses_one_compiler_invocation(backend):
-    codes, outs = zip(*(fill(k + 0.5) for k in range(4)))
+    codes, outs = zip(*(fill(k + 0.5) for k in range(4)), strict=True)
     names = [f"fill_batch_{k}" for k in range(4)]
     ctx = backend.init("cpu")
     before = cc.stats.compiler_invocations

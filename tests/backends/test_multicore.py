@@ -10,8 +10,14 @@ import pytest
 
 import backend_programs as bp
 from einjit.backends.cc_backend import CcBackend
-from einjit.backends.interface import (DeviceError, NodeNotInContextError, RoutineFailed, StaticRangeError, Work,
-                                       WrongBackendError)
+from einjit.backends.interface import (
+    DeviceError,
+    NodeNotInContextError,
+    RoutineFailed,
+    StaticRangeError,
+    Work,
+    WrongBackendError,
+)
 from einjit.backends.multicore import MulticoreBackend
 from einjit.ir import low_level as ll
 from einjit.ir import ops, tnode
@@ -171,8 +177,8 @@ def test_a_failing_work_is_reported_at_await_and_the_device_goes_on(backend):
     good.schedule()()
     device.enqueue(_failing("bad"))
     good.schedule()()
-    with pytest.raises(RoutineFailed, match=r"routine 'bad' failed on device multicore\(cc\):0: ValueError: bad broke") \
-            as info:
+    with pytest.raises(RoutineFailed,
+                       match=r"routine 'bad' failed on device multicore\(cc\):0: ValueError: bad broke") as info:
         backend.await_(device)
     assert info.value.routine_name == "bad" and isinstance(info.value.__cause__, ValueError)
     backend.await_(device)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_cuda_fake_driver import fake  # noqa: F401 - the fake CUDA driver fixture
 
 import einjit as ej
 from einjit import backends, train
@@ -22,6 +21,7 @@ from einjit.backends.multicore import MulticoreBackend
 from einjit.ir import low_level as ll
 from einjit.ir import ops, tnode
 from einjit.ir.indexing import FixedIdx, IntRef, get_static_symbol
+from test_cuda_fake_driver import fake  # noqa: F401 - the fake CUDA driver fixture
 
 
 def doubled(values):

@@ -9,14 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_c_syntax import check_golden
-
 from einjit.ir import optimize
 from einjit.ir.tracing import VirtualizeSettings
+from test_c_syntax import check_golden
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
-STAGES = ("cd", "ll", *(f"{s.name}.ll" for s in optimize.STAGES if s.name != "tracing" and s.enabled(VirtualizeSettings())),
+STAGES = ("cd", "ll",
+          *(f"{s.name}.ll" for s in optimize.STAGES if s.name != "tracing" and s.enabled(VirtualizeSettings())),
           "optimized.ll", "c")
 GOLDEN_STAGES = ("cd", "ll", "optimized.ll", "c")
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mlp_model import build, params_of
 
 import einjit as ej
 from einjit import checkpoint
+from mlp_model import build, params_of
 
 HERE = Path(__file__).parent
 
@@ -128,9 +128,8 @@ def test_duplicate_labels_are_refused_at_save(tmp_path):
 
 
 def test_load_writes_into_the_contexts_already_holding_the_parameters(tmp_path):
-    from mlp_model import dataset
-
     from einjit import backends, fit, train
+    from mlp_model import dataset
     xs, ys = dataset(64)
     _, inputs, loss, lr = build(32, seed=1)
     step = fit.train_step(loss, train.sgd_update(loss, lr), inputs=inputs, context=backends.get("cc").init("ck"))

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mlp_model import build, dataset, params_of, reference_step
 
 import einjit as ej
 from einjit import data, fit, train
 from einjit.backends import cc
+from mlp_model import build, dataset, params_of, reference_step
 
 
 @pytest.fixture(autouse=True)

@@ -39,7 +39,7 @@ def test_keeping_the_last_batch_short_or_weighted():
     np.testing.assert_array_equal(short[-1][1], np.arange(960, 1000))
     weighted = list(data.Loader(X, Y, batch_size=64, seed=2, drop_last=False, weights=True).epoch(0))
     assert len(weighted) == 16
-    for xb, yb, wb in weighted:
+    for xb, _yb, wb in weighted:
         assert xb.shape == (64, 3) and wb.shape == (64,)
         assert wb.sum() == pytest.approx(1.0, abs=1e-15)
     *_, (xb, yb, wb) = weighted

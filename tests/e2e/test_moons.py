@@ -36,7 +36,7 @@ def numpy_training(params: list[np.ndarray], data: np.ndarray, labels: np.ndarra
         g_w1, g_b1 = d_h1.T @ x, d_h1.sum(0)
         lr = 0.1 * (2 * total_steps - step) / total_steps
         new = []
-        for p, g in zip((w1, b1, w2, b2, w3, b3), (g_w1, g_b1, g_w2, g_b2, g_w3, g_b3)):
+        for p, g in zip((w1, b1, w2, b2, w3, b3), (g_w1, g_b1, g_w2, g_b2, g_w3, g_b3), strict=True):
             new.append(p - lr * (g + weight_decay * p))
         w1, b1, w2, b2, w3, b3 = new
     return [w1, b1, w2, b2, w3, b3]
@@ -65,7 +65,7 @@ def test_training_steps_match_numpy():
             refs[batch_n].value, refs[step_n].value = step % n_batches, step
             routine()
     want = numpy_training(start, data, ys, steps, n_batches, batch, steps, 1e-4)
-    for p, w in zip(params, want):
+    for p, w in zip(params, want, strict=True):
         np.testing.assert_allclose(p.value.numpy(), w.reshape(p.value.numpy().shape), rtol=1e-10, atol=1e-12,
                                    err_msg=p.label_str)
 

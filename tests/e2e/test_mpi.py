@@ -58,7 +58,7 @@ def test_two_mpi_processes_train_as_one_device_on_the_union_batch(tmp_path):
     ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
     for r, got in enumerate(ranks):
         params = [got[f"p{k}"] for k in range(len(want))]
-        for k, (g, w) in enumerate(zip(params, want)):
+        for k, (g, w) in enumerate(zip(params, want, strict=True)):
             np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=f"rank {r}: parameter {k}")
         assert got["losses"][-1] == pytest.approx(want_loss, rel=RTOL)
     for k in range(len(want)):

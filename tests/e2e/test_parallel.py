@@ -66,7 +66,7 @@ def single_device(replicas: int, momentum: float, steps: int = STEPS) -> tuple[l
 
 
 def assert_params_equal(got: list[np.ndarray], want: list[np.ndarray], what: str) -> None:
-    for k, (g, w) in enumerate(zip(got, want)):
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=f"{what}: parameter {k}")
 
 
@@ -114,7 +114,7 @@ def test_steps_are_scheduled_without_waiting_and_devices_stay_equal():
         device0 = [p.value.numpy() for p in s.params]
         for p in s.params:
             backend.to_host(dp.contexts[1], p.value_tn)
-    for p, v in zip(s.params, device0):
+    for p, v in zip(s.params, device0, strict=True):
         np.testing.assert_array_equal(p.value.numpy(), v)
 
 
@@ -185,7 +185,7 @@ def test_in_process_ranks_train_as_one_device_on_the_union_batch():
 
     (losses0, params0), (losses1, params1) = run_ranks(2, body)
     assert losses0 == losses1 and losses0[-1] == pytest.approx(want_loss, rel=RTOL)
-    for a, b in zip(params0, params1):
+    for a, b in zip(params0, params1, strict=True):
         np.testing.assert_array_equal(a, b)
     replicas[0].sync()
     assert_params_equal([p.value.numpy() for p in s.params], want, "2 in-process ranks")

@@ -42,7 +42,7 @@ def accum(lhs, op, args, space, lhs_idx, rhs_idcs, *, acc=B.ARG2, init=False):
 def pointwise(lhs, op, *args, acc=B.ARG2):
     syms = [get_symbol() for _ in lhs.dims]
     idx = [Iterator(s) for s in syms]
-    return accum(lhs, op, args, dict(zip(syms, lhs.dims)), idx, [idx] * len(args), acc=acc)
+    return accum(lhs, op, args, dict(zip(syms, lhs.dims, strict=True)), idx, [idx] * len(args), acc=acc)
 
 
 def fresh(inputs):
@@ -204,7 +204,8 @@ def test_reduction_inlined_with_inline_complex_computations(rng):
     (loop,) = ll.flatten(scope.body)
     assert isinstance(loop, ll.ForLoop) and (loop.from_, loop.to_) == (0, 4)
     assert loop.index not in original_symbols
-    assert loop.body == ll.SetLocal(scope.id, ll.Binop(B.ADD, ll.GetLocal(scope.id), ll.Get(a, (st.idcs[0], Iterator(loop.index)))))
+    assert loop.body == ll.SetLocal(scope.id, ll.Binop(B.ADD, ll.GetLocal(scope.id),
+                                                       ll.Get(a, (st.idcs[0], Iterator(loop.index)))))
 
 
 def test_total_sum_into_a_fixed_index_is_inlined_with_its_loops(rng):
@@ -215,7 +216,8 @@ def test_total_sum_into_a_fixed_index_is_inlined_with_its_loops(rng):
                               acc=B.ADD, init=True),
                         accum(out, U.EXP, [s], {k: 1}, [FixedIdx(0)], [[FixedIdx(0)]]))
     av = rng.standard_normal((2, 3))
-    check_program(code, {a: av}, {out: [np.exp(av.sum())]}, settings=VirtualizeSettings(inline_complex_computations=True))
+    check_program(code, {a: av}, {out: [np.exp(av.sum())]},
+                  settings=VirtualizeSettings(inline_complex_computations=True))
     assert s.is_virtual()
 
 
@@ -229,7 +231,8 @@ def test_reduction_loop_outside_the_written_index_loop(rng):
     llc = asg.to_low_level(code)
     assert [x.to_ - x.from_ + 1 for x in ll.flatten(llc) if isinstance(x, ll.ForLoop)] == [3, 4, 3]
     av = rng.standard_normal((3, 4))
-    opt = check_program(llc, {a: av}, {out: -av.sum(axis=1)}, settings=VirtualizeSettings(inline_complex_computations=True))
+    opt = check_program(llc, {a: av}, {out: -av.sum(axis=1)},
+                        settings=VirtualizeSettings(inline_complex_computations=True))
     assert s.is_virtual()
     (st,) = [x for x in ll.iter_stmts(opt.llc) if isinstance(x, ll.Set)]
     (scope,) = [x for x in ll.iter_scalars(st.llsc) if isinstance(x, ll.LocalScope)]
@@ -245,8 +248,8 @@ def test_transposed_self_read_gives_code_4(rng, monkeypatch, capsys):
     t = node("t", (3, 3))
     i, j = get_symbol(), get_symbol()
     code = asg.sequence(pointwise(t, U.IDENTITY, a),
-                        accum(t, U.IDENTITY, [t], {i: 3, j: 3}, [Iterator(i), Iterator(j)], [[Iterator(j), Iterator(i)]],
-                              acc=B.ADD),
+                        accum(t, U.IDENTITY, [t], {i: 3, j: 3}, [Iterator(i), Iterator(j)],
+                              [[Iterator(j), Iterator(i)]], acc=B.ADD),
                         pointwise(out, B.ADD, t, a))
     av = rng.standard_normal((3, 3))
     want = av.copy()
@@ -383,7 +386,8 @@ def test_write_repeated_by_another_nodes_loop_gives_code_132(rng):
         asg.to_low_level(pointwise(b, U.NEG, t)),
         ll.Set(out, zero, ll.Get(u, zero)))
     av = rng.standard_normal(3)
-    check_program(llc, {a: av}, {out: [av.sum()], b: -av}, settings=VirtualizeSettings(inline_complex_computations=True))
+    check_program(llc, {a: av}, {out: [av.sum()], b: -av},
+                  settings=VirtualizeSettings(inline_complex_computations=True))
     assert u.memory_mode == NEVER_VIRTUAL and u.provenance == 132
     assert t.memory_mode == NEVER_VIRTUAL
 

@@ -13,7 +13,13 @@ from einjit.ir.indexing import Affine, FixedIdx, Iterator, SubAxis, get_symbol
 from einjit.ir.optimize import optimize_proc
 from einjit.ir.tnode import Tnode, hosted
 from einjit.ir.tracing import RECURRENT, VirtualizeSettings, lookup, visit_llc
-from einjit.ir.virtualize import NonVirtual, VirtualState, check_and_store_virtual, check_computation, inline_computation
+from einjit.ir.virtualize import (
+    NonVirtual,
+    VirtualState,
+    check_and_store_virtual,
+    check_computation,
+    inline_computation,
+)
 
 B, U = ops.Binop, ops.Unop
 C = ll.Constant
@@ -124,7 +130,8 @@ def test_tracing_follows_the_taken_branch_of_bounds_guards():
     shifted = Affine(((1, j),), -1)
     guard = ll.Binop(B.CMPLT, C(-1.0), ll.EmbedIndex(shifted))
     llc = ll.seq(ll.ForLoop(i, 0, 3, ll.Set(t, (it(i),), C(1.0))),
-                 ll.ForLoop(j, 0, 3, ll.Set(out, (it(j),), ll.Ternop(ops.Ternop.WHERE, guard, ll.Get(t, (shifted,)), C(0.0)))))
+                 ll.ForLoop(j, 0, 3, ll.Set(out, (it(j),),
+                                            ll.Ternop(ops.Ternop.WHERE, guard, ll.Get(t, (shifted,)), C(0.0)))))
     tt = trace(llc).traced_store[t]
     assert tt.accesses == {(0,): 1, (1,): 1, (2,): 1} and not tt.read_before_write
 

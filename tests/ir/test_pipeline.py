@@ -67,7 +67,8 @@ def rng():
 
 @pytest.mark.parametrize("prec", PRECS, ids=lambda p: p.name)
 def test_pointwise_with_broadcasting(prec, rng):
-    a, b, t, c = node("a", (3, 4), prec), node("b", (1, 4), prec), node("tmp", (3, 4), prec, False), node("c", (3, 4), prec)
+    a, b = node("a", (3, 4), prec), node("b", (1, 4), prec)
+    t, c = node("tmp", (3, 4), prec, False), node("c", (3, 4), prec)
     i, j = get_symbol(), get_symbol()
     pb = proj({i: 3, j: 4}, (3, 4), [(3, 4), (1, 4)], [Iterator(i), Iterator(j)],
               [[Iterator(i), Iterator(j)], [FixedIdx(0), Iterator(j)]])

@@ -166,7 +166,7 @@ def build(program: Program):
             case OpStep(target, space, lhs, args, op, acc, init):
                 syms = tuple(get_symbol() for _ in space)
 
-                def index(recipe):
+                def index(recipe, syms=syms):
                     match recipe:
                         case ("sym", k):
                             return Iterator(syms[k])
@@ -186,7 +186,7 @@ def build(program: Program):
                     asgns.append(asg.AccumBinop(init, acc, op, lhs_tn, *bufs, proj))
     rng = np.random.default_rng(program.seed)
     inputs = {tn: rng.uniform(-1.5, 1.5, tn.dims).astype(tn.prec.dtype)
-              for tn, spec in zip(tns, program.nodes) if spec.host and _is_input(program, tns.index(tn))}
+              for tn, spec in zip(tns, program.nodes, strict=True) if spec.host and _is_input(program, tns.index(tn))}
     return asg.to_low_level(asg.sequence(*asgns)), tns, inputs
 
 
@@ -215,7 +215,7 @@ def _scale(arrays) -> float:
 def test_optimized_programs_compute_the_same(program, opt_settings):
     tns, want, got = run_both(program, opt_settings)
     atol = 1e-9 * (1.0 + _scale(want))
-    for tn, spec, w, g in zip(tns, program.nodes, want, got):
+    for tn, spec, w, g in zip(tns, program.nodes, want, got, strict=True):
         if spec.host:
             assert g is not None, f"hosted {tn.debug_name()} was virtualized"
         if g is not None and w is not None:
@@ -228,7 +228,7 @@ def test_virtualization_alone_is_exact_in_mixed_precision(program, opt_settings)
     """Without simplification nothing is reassociated or fused, and an inlined computation runs
     in its node's precision: results are bit for bit those of the unoptimized program."""
     tns, want, got = run_both(program, replace(opt_settings, simplify=False))
-    for tn, w, g in zip(tns, want, got):
+    for tn, w, g in zip(tns, want, got, strict=True):
         if g is not None and w is not None:
             assert np.array_equal(g, w, equal_nan=True), tn.debug_name()
 

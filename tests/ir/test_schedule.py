@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_random_programs import SETTINGS, _scale, build, programs
 
 from einjit.backends import cc
 from einjit.backends.cc_backend import CcBackend, run_once
@@ -22,6 +21,7 @@ from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_symbol
 from einjit.ir.optimize import STAGES, VirtualizeSettings, optimize_proc
 from einjit.ir.schedule import BLOCKING, Blocking, schedule_llc
 from einjit.ir.tnode import Tnode
+from test_random_programs import SETTINGS, _scale, build, programs
 
 GOLDEN = Path(__file__).parent / "golden"
 LANES = BLOCKING.lanes
@@ -330,7 +330,7 @@ def test_gcc_runs_scheduled_random_programs_like_the_interpreter(program, thread
     want = interpret.run(sched, {tn: v.copy() for tn, v in inputs.items()})
     ctx = run_in_c(sched, inputs, name="scheduled_random", options=cc.CcOptions(threads=threads))
     atol = 1e-9 * (1.0 + _scale([want.get(tn) for tn in tns]))
-    for tn, spec in zip(tns, program.nodes):
+    for tn, spec in zip(tns, program.nodes, strict=True):
         if spec.host and tn in want:
             np.testing.assert_allclose(ctx.array(tn), want[tn], rtol=1e-9, atol=atol, equal_nan=True,
                                        err_msg=tn.debug_name())

@@ -5,8 +5,19 @@ from __future__ import annotations
 import pytest
 
 from einjit.ir import ops
-from einjit.ir.tnode import (DEVICE_ONLY, EFFECTIVELY_CONSTANT, LOCAL, MATERIALIZED, NEVER_VIRTUAL, ON_DEVICE,
-                             VIRTUAL, MemoryModeError, MemoryType, Tnode, hosted)
+from einjit.ir.tnode import (
+    DEVICE_ONLY,
+    EFFECTIVELY_CONSTANT,
+    LOCAL,
+    MATERIALIZED,
+    NEVER_VIRTUAL,
+    ON_DEVICE,
+    VIRTUAL,
+    MemoryModeError,
+    MemoryType,
+    Tnode,
+    hosted,
+)
 
 
 def node():

@@ -22,7 +22,7 @@ def check_gradients(loss: ej.Tensor, params: list[ej.Tensor], *, h: float = 1e-6
     routine = train.to_routine(train.grad_update(loss), name="gradcheck")
     routine()
     grads = [p.grad.numpy() for p in params]
-    for p, g in zip(params, grads):
+    for p, g in zip(params, grads, strict=True):
         host = p.value_tn.array
         fd = np.zeros_like(g)
         for idx in np.ndindex(host.shape):

@@ -25,7 +25,7 @@ def index_value(idx, env):
 
 def _read(a, idcs):
     """A read past either end of an axis (padding) gives 0, as the lowering's guard does."""
-    return a[idcs] if all(0 <= i < d for i, d in zip(idcs, a.shape)) else 0.0
+    return a[idcs] if all(0 <= i < d for i, d in zip(idcs, a.shape, strict=True)) else 0.0
 
 
 def run(proj: Projections, args, statics=None, combine=math.prod):
@@ -34,8 +34,8 @@ def run(proj: Projections, args, statics=None, combine=math.prod):
     out = np.zeros(proj.lhs_dims)
     env = dict(statics or {})
     for point in itertools.product(*(range(d) for d in proj.product_space)):
-        env.update(zip(proj.product_iterators, point))
+        env.update(zip(proj.product_iterators, point, strict=True))
         lhs = tuple(index_value(i, env) for i in proj.project_lhs)
-        vals = [_read(a, tuple(index_value(i, env) for i in p)) for a, p in zip(args, proj.project_rhs)]
+        vals = [_read(a, tuple(index_value(i, env) for i in p)) for a, p in zip(args, proj.project_rhs, strict=True)]
         out[lhs] += combine(vals)
     return out

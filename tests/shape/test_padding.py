@@ -81,7 +81,7 @@ def test_conv1d_forward_and_gradient(n, ks, stride, dil, pad):
     np.testing.assert_allclose(c_out, ref_out, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(c_gx, ref_gx, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(c_gk, ref_gk, rtol=1e-12, atol=1e-12)
-    for got, want in zip((i_out, i_gx, i_gk), (c_out, c_gx, c_gk)):
+    for got, want in zip((i_out, i_gx, i_gk), (c_out, c_gx, c_gk), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
@@ -128,7 +128,7 @@ def test_conv2d_forward_and_gradient(h, w_, ks, stride, dil, pad):
     np.testing.assert_allclose(c_out, ref_out, rtol=1e-11, atol=1e-11)
     np.testing.assert_allclose(c_gx, ref_gx, rtol=1e-11, atol=1e-11)
     np.testing.assert_allclose(c_gk, ref_gk, rtol=1e-11, atol=1e-11)
-    for got, want in zip((i_out, i_gx, i_gk), (c_out, c_gx, c_gk)):
+    for got, want in zip((i_out, i_gx, i_gk), (c_out, c_gx, c_gk), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)
 
 

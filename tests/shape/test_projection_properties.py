@@ -7,9 +7,9 @@ import string
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shape_eval import run
 
 from einjit import shape as sh
+from shape_eval import run
 
 RNG = np.random.default_rng(1)
 

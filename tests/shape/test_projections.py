@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from shape_eval import run
 
 from einjit import shape as sh
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_static_symbol
 from einjit.shape import ShapeError
+from shape_eval import run
 
 RNG = np.random.default_rng(0)
 
@@ -68,21 +68,22 @@ def test_einsum_matches_numpy(case):
     sep = ", " if multi else ""     # multi-character mode: a comma anywhere
     slots = [f"...|{sep.join(i)}->{sep.join(o)}" for i, o, _, _ in operands]
     spec = f"{slots[0]};{slots[1]}=>...|{sep.join(res_in)}->{sep.join(res_out)}" + ("," if multi else "")
-    shapes = [known(f"r{k}", batch=b, inp=di, out=do) for k, ((_, _, di, do), b) in enumerate(zip(operands, batches))]
+    shapes = [known(f"r{k}", batch=b, inp=di, out=do)
+              for k, ((_, _, di, do), b) in enumerate(zip(operands, batches, strict=True))]
     lhs = sh.Shape.make(debug_name="lhs")
     proj = solve_step(lhs, sh.Broadcast(sh.Einsum(spec), *shapes))
     # NumPy: broadcast the dimension-1 labelled axes explicitly, then einsum (layout: batch, output, input).
     full = {}
     for i, o, di, do in operands:
-        for c, d in zip(i + o, di + do):
+        for c, d in zip(i + o, di + do, strict=True):
             full[c] = max(full.get(c, 1), d)
     arrays, np_specs = [], []
-    for (i, o, di, do), b in zip(operands, batches):
+    for (i, o, di, do), b in zip(operands, batches, strict=True):
         a = rand(tuple(b + do + di))
         arrays.append(a)
         np_specs.append("..." + "".join(o + i))
     expanded = [np.broadcast_to(a, a.shape[:len(b)] + tuple(full[c] for c in s[3:]))
-                for a, b, s in zip(arrays, batches, np_specs)]
+                for a, b, s in zip(arrays, batches, np_specs, strict=True)]
     expected = np.einsum(f"{np_specs[0]},{np_specs[1]}->...{''.join(res_out + res_in)}", *expanded)
     expected = np.broadcast_to(expected, tuple(full_batch) + expected.shape[expected.ndim - len(res_out + res_in):])
     assert sh.to_dims(lhs) == expected.shape
@@ -118,7 +119,7 @@ def test_compose_is_generalized_matmul(case):
     expected = np.broadcast_to(expected, tuple(full_batch) + tuple(o) + tuple(i))
     assert sh.to_dims(y) == expected.shape
     assert np.allclose(run(proj, [W, X]), expected)
-    contracted = {s for s, d in zip(proj.product_iterators, proj.product_space)} - {
+    contracted = {s for s, d in zip(proj.product_iterators, proj.product_space, strict=True)} - {
         idx.symbol for idx in proj.project_lhs if isinstance(idx, Iterator)}
     assert len(contracted) == sum(1 for d in k if d > 1)
 

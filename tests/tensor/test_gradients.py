@@ -53,7 +53,7 @@ def fd_check(build, specs, *, positive=False, seed=0, rtol=1e-5, atol=1e-6, weig
     routine()
     grads = [p.grad.numpy() for p in params]
     h = 1e-6
-    for p, g in zip(params, grads):
+    for p, g in zip(params, grads, strict=True):
         host = p.value_tn.array
         fd = np.zeros_like(g)
         for idx in np.ndindex(host.shape):

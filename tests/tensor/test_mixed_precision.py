@@ -10,8 +10,7 @@ import pytest
 import einjit as ej
 from einjit import train
 from einjit.ir import assignments as asg
-from einjit.ir import interpret
-from einjit.ir import ops
+from einjit.ir import interpret, ops
 
 
 def both(t, literals):

@@ -9,8 +9,31 @@ in a ``Func`` with a typed signature, and run by the reference interpreter
 from .autodiff import adjoint, deriv, grad
 from .func import Func
 from .ir import (
-    B, And, Const, Eq, Gen, Ge, Gt, Idx, Le, Let, Lt, Ne, Not, Or, Pair, Proj, R, Rel, Sum,
-    Sym, TBool, TNum, TPair, TTensor, Var,
+    And,
+    B,
+    Const,
+    Eq,
+    Ge,
+    Gen,
+    Gt,
+    Idx,
+    Le,
+    Let,
+    Lt,
+    Ne,
+    Not,
+    Or,
+    Pair,
+    Proj,
+    R,
+    Rel,
+    Sum,
+    Sym,
+    TBool,
+    TNum,
+    TPair,
+    TTensor,
+    Var,
 )
 from .normalize import NormalForm, Stmt
 from .pairs import PairError

@@ -23,8 +23,25 @@ from typing import Sequence
 
 from .func import Func
 from .ir import (
-    Access, Add, Const, Eq, Expr, Gen, IVar, Indicate, Let, Mul, Pair, Proj, R, Sum, Sym,
-    TNum, Type, Var, tensor_shape,
+    Access,
+    Add,
+    Const,
+    Eq,
+    Expr,
+    Gen,
+    Indicate,
+    IVar,
+    Let,
+    Mul,
+    Pair,
+    Proj,
+    R,
+    Sum,
+    Sym,
+    TNum,
+    Type,
+    Var,
+    tensor_shape,
 )
 from .lets import from_block, lift_lets, to_block
 from .pairs import eliminate_pairs

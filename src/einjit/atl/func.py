@@ -53,7 +53,7 @@ class Func:
         return str(self.typed)
 
     def __repr__(self) -> str:
-        sig = ", ".join(f"{n}:{t}" for n, t in zip(self.arg_names, self.arg_types))
+        sig = ", ".join(f"{n}:{t}" for n, t in zip(self.arg_names, self.arg_types, strict=True))
         return f"<atl.Func({sig}) : {self.ret_type}>"
 
     # ----------------------------------------------------------------- arguments
@@ -78,7 +78,7 @@ class Func:
 
     def _checked(self, args: tuple, kwargs: dict, allow_lists: bool) -> list:
         values = self._bind(args, kwargs)
-        for name, typ, val in zip(self.arg_names, self.arg_types, values):
+        for name, typ, val in zip(self.arg_names, self.arg_types, values, strict=True):
             try:
                 type_value_match(typ, val, allow_lists=allow_lists)
             except TypeError as exc:
@@ -92,7 +92,7 @@ class Func:
         values = self._checked(args, kwargs, allow_lists=True)
         as_numpy = any(isinstance(v, np.ndarray) for v in values) or not any(
             isinstance(v, list) for v in values)
-        py = [to_python(t, v) for t, v in zip(self.arg_types, values)]
+        py = [to_python(t, v) for t, v in zip(self.arg_types, values, strict=True)]
         return from_python(self.ret_type, interpret(self.typed, py), as_numpy)
 
     def jit_exec(self, *args: Any, backend: str = "halide", **kwargs: Any) -> Any:
@@ -100,7 +100,7 @@ class Func:
         array. Float64 arrays (C or Fortran order) are read in place."""
         values = self._checked(args, kwargs, allow_lists=False)
         fn = self.compiled(backend)
-        return fn(*(to_array(t, v) for t, v in zip(self.arg_types, values)))
+        return fn(*(to_array(t, v) for t, v in zip(self.arg_types, values, strict=True)))
 
     def compiled(self, backend: str = "halide", **options: Any) -> Callable:
         """The compiled form for ``backend`` (built once per set of options); it takes

@@ -17,8 +17,22 @@ from __future__ import annotations
 
 from .index import mentions, range_guards, solve_for, subst_pred
 from .ir import (
-    Access, Add, Const, Expr, Gen, IVar, Indicate, Let, Mul, Pair, Pred, Proj, Sum, Sym,
-    TTensor, Var,
+    Access,
+    Add,
+    Const,
+    Expr,
+    Gen,
+    Indicate,
+    IVar,
+    Let,
+    Mul,
+    Pair,
+    Pred,
+    Proj,
+    Sum,
+    Sym,
+    TTensor,
+    Var,
 )
 from .lets import from_block, to_block
 from .rewrite import subst_indices
@@ -69,13 +83,13 @@ def _lift(e: Expr, ranges: dict[Sym, int]) -> tuple[Gens, list[Pred], Expr]:
         case Var() | Const():
             return [], [], e
         case Add(lhs, rhs, typ):
-            _, li, l = _lift(lhs, ranges)
-            _, ri, r = _lift(rhs, ranges)
-            return [], [], Add(_wrap(li, l), _wrap(ri, r), typ)
+            _, li, left = _lift(lhs, ranges)
+            _, ri, right = _lift(rhs, ranges)
+            return [], [], Add(_wrap(li, left), _wrap(ri, right), typ)
         case Mul(lhs, rhs, typ):
-            _, li, l = _lift(lhs, ranges)
-            _, ri, r = _lift(rhs, ranges)
-            return [], li + ri, Mul(l, r, typ)
+            _, li, left = _lift(lhs, ranges)
+            _, ri, right = _lift(rhs, ranges)
+            return [], li + ri, Mul(left, right, typ)
         case Gen(i, rng, body):
             gens, inds, b = _lift(body, {**ranges, i: rng})
             return gens + [(i, rng)], inds, b

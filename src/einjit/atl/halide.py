@@ -36,8 +36,32 @@ import numpy as np
 from ..config import cache_dir, debug, debug_level
 from .index import interval
 from .ir import (
-    Access, Add, And, Const, Eq, Expr, IAdd, IConst, IMul, IVar, Index, Indicate, Le, Lt,
-    Mul, Ne, Not, Or, Pred, Rel, Sum, Sym, TNum, Type, Var, tensor_shape,
+    Access,
+    Add,
+    And,
+    Const,
+    Eq,
+    Expr,
+    IAdd,
+    IConst,
+    IMul,
+    Index,
+    Indicate,
+    IVar,
+    Le,
+    Lt,
+    Mul,
+    Ne,
+    Not,
+    Or,
+    Pred,
+    Rel,
+    Sum,
+    Sym,
+    TNum,
+    Type,
+    Var,
+    tensor_shape,
 )
 from .normalize import NormalForm, Stmt
 from .rewrite import index_vars_of
@@ -189,7 +213,7 @@ class _Lowering:
             self.params.append(self._param(sym, typ, it))
         self.stmt_funcs = [self._stmt(s) for s in nf.stmts]
         self.output = self._stmt(nf.ret)
-        for (var, n) in zip(self._vars_of(nf.ret), nf.ret.shape):
+        for (var, n) in zip(self._vars_of(nf.ret), nf.ret.shape, strict=True):
             self.output.set_estimate(var, 0, n)
 
     def _param(self, sym: Sym, typ: Type, layouts) -> Any:
@@ -265,7 +289,7 @@ class _Lowering:
     def _read(self, name: Sym, idx: list[Index]) -> Any:
         _, obj, layout = self.values[name]
         shape = self.shapes[name]
-        args = [self._clamped(ix, n) for ix, n in zip(idx, shape)]
+        args = [self._clamped(ix, n) for ix, n in zip(idx, shape, strict=True)]
         return obj[tuple(args if layout == "F" else reversed(args))]
 
     def _clamped(self, ix: Index, n: int) -> Any:
@@ -300,7 +324,7 @@ class _Lowering:
                 return self._index(l) <= self._index(r)
             case Rel(rel, args):
                 inside = None
-                for ix, n in zip(args, self.shapes[rel]):
+                for ix, n in zip(args, self.shapes[rel], strict=True):
                     box = interval(ix, self.ranges)
                     if box is not None and 0 <= box[0] and box[1] < n:
                         continue

@@ -12,7 +12,21 @@ from __future__ import annotations
 from typing import Mapping
 
 from .ir import (
-    And, Eq, IAdd, IConst, IMul, IVar, Index, Le, Lt, Name, Ne, Not, Or, Pred, Rel,
+    And,
+    Eq,
+    IAdd,
+    IConst,
+    IMul,
+    Index,
+    IVar,
+    Le,
+    Lt,
+    Name,
+    Ne,
+    Not,
+    Or,
+    Pred,
+    Rel,
 )
 
 __all__ = [
@@ -139,9 +153,9 @@ def mentions(p: Pred, name: Name) -> bool:
     return name in pred_index_vars(p)
 
 
-def _difference(l: Index, r: Index) -> Affine:
-    lt, lc = to_affine(l)
-    rt, rc = to_affine(r)
+def _difference(a: Index, b: Index) -> Affine:
+    lt, lc = to_affine(a)
+    rt, rc = to_affine(b)
     terms = dict(lt)
     for v, c in rt.items():
         terms[v] = terms.get(v, 0) - c

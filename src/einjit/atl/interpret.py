@@ -14,8 +14,31 @@ from typing import Any, Sequence
 
 from .index import eval_index
 from .ir import (
-    Access, Add, And, Const, Eq, Expr, Gen, Indicate, Le, Let, Lt, Mul, Ne, Not, Or, Pair,
-    Pred, Proj, Rel, Sum, TNum, TPair, TTensor, Type, Var,
+    Access,
+    Add,
+    And,
+    Const,
+    Eq,
+    Expr,
+    Gen,
+    Indicate,
+    Le,
+    Let,
+    Lt,
+    Mul,
+    Ne,
+    Not,
+    Or,
+    Pair,
+    Pred,
+    Proj,
+    Rel,
+    Sum,
+    TNum,
+    TPair,
+    TTensor,
+    Type,
+    Var,
 )
 from .typecheck import TypedFunc
 
@@ -37,7 +60,7 @@ def interpret(tf: TypedFunc, args: Sequence[Any]) -> Any:
     """Evaluate ``tf`` on Python values given in argument order."""
     if len(args) != len(tf.args):
         raise TypeError(f"expected {len(tf.args)} arguments, but was called with {len(args)}")
-    env = {sym: val for (sym, _), val in zip(tf.args, args)}
+    env = {sym: val for (sym, _), val in zip(tf.args, args, strict=True)}
     return _eval(tf.body, env)
 
 

@@ -14,8 +14,21 @@ top level and fall outside its tensor.
 from __future__ import annotations
 
 from .ir import (
-    Access, Add, Const, Expr, Gen, IVar, Indicate, Let, Mul, Pair, Proj, Sum, Sym,
-    TTensor, Var,
+    Access,
+    Add,
+    Const,
+    Expr,
+    Gen,
+    Indicate,
+    IVar,
+    Let,
+    Mul,
+    Pair,
+    Proj,
+    Sum,
+    Sym,
+    TTensor,
+    Var,
 )
 from .rewrite import subst_indices, subst_vars
 from .typecheck import TypedFunc
@@ -52,9 +65,9 @@ def _lift(e: Expr) -> tuple[Binds, Expr]:
         case Var() | Const():
             return [], e
         case Add(lhs, rhs, typ) | Mul(lhs, rhs, typ):
-            lb, l = _lift(lhs)
-            rb, r = _lift(rhs)
-            return lb + rb, type(e)(l, r, typ)
+            lb, left = _lift(lhs)
+            rb, right = _lift(rhs)
+            return lb + rb, type(e)(left, right, typ)
         case Gen(i, rng, body, typ) | Sum(i, rng, body, typ):
             binds, b = _lift(body)
             closed: Binds = []

@@ -17,9 +17,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .gens import gen_normalize
-from .index import pred_index_vars, index_vars
+from .index import index_vars, pred_index_vars
 from .ir import (
-    Access, Add, Const, Expr, Gen, Indicate, Let, Mul, R, Sum, Sym, TTensor, Type, Var,
+    Access,
+    Add,
+    Const,
+    Expr,
+    Gen,
+    Indicate,
+    Let,
+    Mul,
+    R,
+    Sum,
+    Sym,
+    TTensor,
+    Type,
+    Var,
 )
 from .lets import lift_lets, to_block
 from .pairs import eliminate_pairs

@@ -16,8 +16,27 @@ from einjit.errors import EinjitError
 
 from .index import subst_index, subst_pred
 from .ir import (
-    Access, Add, Const, Expr, Gen, IVar, Index, Indicate, Let, Mul, Pair, Proj, Sum, Sym,
-    TBool, TError, TNum, TPair, TTensor, Type, Var,
+    Access,
+    Add,
+    Const,
+    Expr,
+    Gen,
+    Index,
+    Indicate,
+    IVar,
+    Let,
+    Mul,
+    Pair,
+    Proj,
+    Sum,
+    Sym,
+    TBool,
+    TError,
+    TNum,
+    TPair,
+    TTensor,
+    Type,
+    Var,
 )
 from .typecheck import TypedFunc
 

@@ -11,9 +11,38 @@ from typing import Callable, Mapping
 
 from .index import index_vars, pred_index_vars, subst_index, subst_pred
 from .ir import (
-    Access, Add, And, Const, Eq, Expr, Gen, IAdd, IConst, IMul, IVar, Index, Indicate, Le,
-    Let, Lt, Mul, Ne, Not, Or, Pair, Pred, Proj, R, Rel, Sum, Sym, TNum, TPair, TTensor,
-    Type, Var,
+    Access,
+    Add,
+    And,
+    Const,
+    Eq,
+    Expr,
+    Gen,
+    IAdd,
+    IConst,
+    IMul,
+    Index,
+    Indicate,
+    IVar,
+    Le,
+    Let,
+    Lt,
+    Mul,
+    Ne,
+    Not,
+    Or,
+    Pair,
+    Pred,
+    Proj,
+    R,
+    Rel,
+    Sum,
+    Sym,
+    TNum,
+    TPair,
+    TTensor,
+    Type,
+    Var,
 )
 
 __all__ = [
@@ -108,7 +137,7 @@ def _pred_eq(a: Pred, b: Pred, ren: Mapping) -> bool:
             return _index_eq(al, bl, ren) and _index_eq(ar, br, ren)
         case Rel(ar, aa), Rel(br, ba):
             return (ren.get(ar, ar) == br and len(aa) == len(ba)
-                    and all(_index_eq(x, y, ren) for x, y in zip(aa, ba)))
+                    and all(_index_eq(x, y, ren) for x, y in zip(aa, ba, strict=True)))
         case (And(al, ar), And(bl, br)) | (Or(al, ar), Or(bl, br)):
             return _pred_eq(al, bl, ren) and _pred_eq(ar, br, ren)
         case Not(x), Not(y):

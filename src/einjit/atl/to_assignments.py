@@ -381,7 +381,7 @@ class _Translator:
             raise UnsupportedError(f"einjit ATL backend: access {e} indexes {len(idx)} of the "
                                    f"{len(shape)} dimensions of '{root}'")
         guards: list[Pred] = []
-        for ix, n in zip(idx, shape):
+        for ix, n in zip(idx, shape, strict=True):
             lo, hi = _box(ix, space)
             if hi < 0 or lo >= n:
                 return self._const(0.0)  # only ever evaluated under a false predicate
@@ -406,7 +406,7 @@ class _Translator:
                 if len(args) != len(self.shapes[rel]):
                     raise UnsupportedError(f"einjit ATL backend: {p} indexes {len(args)} of "
                                            f"the {len(self.shapes[rel])} dimensions of '{rel}'")
-                for ix, n in zip(args, self.shapes[rel]):
+                for ix, n in zip(args, self.shapes[rel], strict=True):
                     lo, hi = _box(ix, space)
                     if hi < 0 or lo >= n:
                         return self._const(0.0)  # outside the extents: not a member
@@ -421,11 +421,11 @@ class _Translator:
         raise UnsupportedError(f"einjit ATL backend: predicate {type(p).__name__} is not "
                                f"supported: {p}")
 
-    def _compare(self, p: Pred, l: Index, r: Index, space: Space) -> Operand:
-        """``l ⋈ r`` as ``P ⋈' N`` with ``P`` and ``N`` sums of nonnegative multiples of
-        index values (``l - r = P - N``), ``Le`` as ``<`` on integers."""
-        lt, lc = to_affine(l)
-        rt, rc = to_affine(r)
+    def _compare(self, p: Pred, a: Index, b: Index, space: Space) -> Operand:
+        """``a ⋈ b`` as ``P ⋈' N`` with ``P`` and ``N`` sums of nonnegative multiples of
+        index values (``a - b = P - N``), ``Le`` as ``<`` on integers."""
+        lt, lc = to_affine(a)
+        rt, rc = to_affine(b)
         terms = dict(lt)
         for v, c in rt.items():
             terms[v] = terms.get(v, 0) - c

@@ -15,9 +15,43 @@ from einjit.errors import EinjitError
 
 from .display import func_str
 from .ir import (
-    Access, Add, And, Const, Eq, Expr, Gen, IAdd, IConst, IMul, IVar, Index, Indicate, Le,
-    Let, Lt, Mul, Name, Ne, Not, Or, Pair, Pred, Proj, R, Rel, Sum, Sym, TBool, TERR,
-    TError, TNum, TPair, TTensor, Type, Var, tensor_shape,
+    TERR,
+    Access,
+    Add,
+    And,
+    Const,
+    Eq,
+    Expr,
+    Gen,
+    IAdd,
+    IConst,
+    IMul,
+    Index,
+    Indicate,
+    IVar,
+    Le,
+    Let,
+    Lt,
+    Mul,
+    Name,
+    Ne,
+    Not,
+    Or,
+    Pair,
+    Pred,
+    Proj,
+    R,
+    Rel,
+    Sum,
+    Sym,
+    TBool,
+    TError,
+    TNum,
+    TPair,
+    TTensor,
+    Type,
+    Var,
+    tensor_shape,
 )
 
 __all__ = ["TCError", "TypedFunc", "typecheck", "type_has_bools", "is_relation_type"]
@@ -182,9 +216,9 @@ class _Checker:
                     return ix, None, False
                 return ix, None, True
             case IAdd(lhs, rhs):
-                l, _, lok = self.index(env, lhs)
-                r, _, rok = self.index(env, rhs)
-                return IAdd(l, r), None, lok and rok
+                left, _, lok = self.index(env, lhs)
+                right, _, rok = self.index(env, rhs)
+                return IAdd(left, right), None, lok and rok
             case IMul(coeff, arg):
                 a, _, ok = self.index(env, arg)
                 return IMul(coeff, a), None, ok
@@ -227,13 +261,13 @@ class _Checker:
     def pred(self, env: Mapping, p: Pred) -> Pred:
         match p:
             case Eq(lhs, rhs) | Ne(lhs, rhs) | Lt(lhs, rhs) | Le(lhs, rhs):
-                l, lrng, _ = self.index(env, lhs)
-                r, rrng, _ = self.index(env, rhs)
+                left, lrng, _ = self.index(env, lhs)
+                right, rrng, _ = self.index(env, rhs)
                 if (isinstance(p, Eq) and lrng is not None and rrng is not None
                         and lrng != rrng):
                     self.err(f"index variables '{lhs}' and '{rhs}' in equality are "
                              f"drawn from different ranges: {lrng} and {rrng}")
-                return type(p)(l, r)
+                return type(p)(left, right)
             case Rel(rel, args):
                 return self.relation(env, p, rel, args)
             case And(lhs, rhs) | Or(lhs, rhs):
@@ -260,7 +294,7 @@ class _Checker:
                          f"{len(args)} indices: {p}")
                 dims = ()
         if dims:
-            typed = [self.index_into(env, a, d, p)[0] for a, d in zip(args, dims)]
+            typed = [self.index_into(env, a, d, p)[0] for a, d in zip(args, dims, strict=True)]
         else:
             typed = [self.index(env, a)[0] for a in args]
         return Rel(sym, *typed)
@@ -279,16 +313,16 @@ class _Checker:
                 return Const(val, R)
             case Add(lhs, rhs) | Mul(lhs, rhs):
                 what = "addition" if isinstance(node, Add) else "multiplication"
-                l, r = self.check(env, lhs), self.check(env, rhs)
-                for side, sub in (("left", l), ("right", r)):
+                left, right = self.check(env, lhs), self.check(env, rhs)
+                for side, sub in (("left", left), ("right", right)):
                     if sub.typ not in (R, TERR):
                         self.err(f"expected number on {side}-hand-side of {what}: {node}")
-                typ = R if l.typ == R and r.typ == R else TERR
-                return type(node)(l, r, typ)
+                typ = R if left.typ == R and right.typ == R else TERR
+                return type(node)(left, right, typ)
             case Pair(lhs, rhs):
-                l, r = self.check(env, lhs), self.check(env, rhs)
-                ok = TERR not in (l.typ, r.typ)
-                return Pair(l, r, TPair(l.typ, r.typ) if ok else TERR)
+                left, right = self.check(env, lhs), self.check(env, rhs)
+                ok = TERR not in (left.typ, right.typ)
+                return Pair(left, right, TPair(left.typ, right.typ) if ok else TERR)
             case Proj(idx, arg):
                 a = self.check(env, arg)
                 typ = TERR

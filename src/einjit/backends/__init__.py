@@ -66,8 +66,8 @@ def with_options(backend: Any, options: Any) -> Any:
     from einjit.backends.cc_backend import CcBackend
     from einjit.backends.interface import WrongBackendError
     if not isinstance(backend, CcBackend):
-        raise WrongBackendError(f"einjit: options= are C compiler options (CcOptions) and apply to the C backend, not to "
-                        f"backend {backend.name!r}; pass them to that backend's constructor instead")
+        raise WrongBackendError(f"einjit: options= are C compiler options (CcOptions) and apply to the C backend, "
+                                f"not to backend {backend.name!r}; pass them to that backend's constructor instead")
     return CcBackend(options, name=backend.name)
 
 

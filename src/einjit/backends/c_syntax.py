@@ -223,7 +223,7 @@ def flat_index(dims: tuple[int, ...], idcs: tuple[AxisIndex, ...]) -> str:
     """Row-major flattening with constant strides: `i1 * 16 + i2`, `(2*i4 + i5 - 1) * 8 + 3`."""
     parts: list[str] = []
     const = 0
-    for idx, st in zip(idcs, ll.row_major_strides(dims)):
+    for idx, st in zip(idcs, ll.row_major_strides(dims), strict=True):
         match idx:
             case FixedIdx(i):
                 const += i * st
@@ -246,7 +246,7 @@ def clamped_flat_index(dims: tuple[int, ...], idcs: tuple[AxisIndex, ...], clamp
     """Row-major flattening where the axes in `clamped` are clamped into range: a read under a
     `where` guard (padding) is then always in bounds and can be done unconditionally."""
     parts = []
-    for axis, (idx, st) in enumerate(zip(idcs, ll.row_major_strides(dims))):
+    for axis, (idx, st) in enumerate(zip(idcs, ll.row_major_strides(dims), strict=True)):
         text = axis_index_text(idx)
         if axis in clamped:
             text = f"EINJIT_CLAMP({text}, {dims[axis] - 1})"
@@ -332,7 +332,7 @@ class _Writer:
                               f"but the node has dims {dims}")
         clamped: list[int] = []
         empty_loop = any(a > b for a, b in self.loops.values())
-        for axis, (idx, d) in enumerate(zip(idcs, dims)):
+        for axis, (idx, d) in enumerate(zip(idcs, dims, strict=True)):
             for s in index_symbols(idx):
                 self._check_symbol(s, f"{what} of {tn.debug_name()}")
             rng = None if empty_loop else self._range(idx)

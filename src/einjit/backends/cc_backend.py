@@ -27,7 +27,6 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from einjit.backends import cc
-from einjit.ir.c_names import c_name
 from einjit.backends.c_syntax import CSyntax, MemClass, Param, ParamKind, render_routine
 from einjit.backends.interface import (
     BackendUsageError,
@@ -49,6 +48,7 @@ from einjit.backends.interface import (
 )
 from einjit.ir import low_level as ll
 from einjit.ir import naming
+from einjit.ir.c_names import c_name
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.tnode import Tnode
 
@@ -146,7 +146,8 @@ class CcSimpleBackend:
             return self._compile_specialized(routines, tuple(bindings), context)
         procs = cc.compile_batch([(n, low_level_of(c)) for n, c in routines], bindings=tuple(bindings),
                                  options=self.options)
-        return [CcProcedure(p.name, p, _mem_classes(p, low_level_of(c))) for p, (_, c) in zip(procs, routines)]
+        return [CcProcedure(p.name, p, _mem_classes(p, low_level_of(c)))
+                for p, (_, c) in zip(procs, routines, strict=True)]
 
     def _compile_specialized(self, routines: Sequence[tuple[str, Any]], bindings: tuple[StaticSymbol, ...],
                              context: CcContext) -> list[CcProcedure]:
@@ -172,7 +173,7 @@ class CcSimpleBackend:
         procs = cc.compile_batch(bodies, bindings=bindings, options=options)
         lib = ctypes.CDLL(str(procs[0].so_path)) if procs else None
         out = []
-        for (name, _), proc, (_, llc) in zip(routines, procs, bodies):
+        for (name, _), proc, (_, llc) in zip(routines, procs, bodies, strict=True):
             entry = lib[c_name(name)]
             entry.restype = None
             out.append(CcProcedure(name, proc, _mem_classes(proc, llc), context, entry))
@@ -267,7 +268,7 @@ def _entry_source(name: str, body_head: str, params: Sequence[Param], arrays: Se
     """`void NAME(int s) { NAME_body((float *)0x...ULL, ..., s); }` plus the body's prototype."""
     prototype = body_head.removesuffix(" {") + ";"
     args = [f"({syntax.type_name(p.tn.prec)} *){a.ctypes.data:#x}ULL"
-            for p, a in zip((p for p in params if p.kind is not ParamKind.STATIC), arrays)]
+            for p, a in zip((p for p in params if p.kind is not ParamKind.STATIC), arrays, strict=True)]
     statics = [p.c_name for p in params if p.kind is ParamKind.STATIC]
     decl = ", ".join(f"int {s}" for s in statics) or "void"
     return f"{prototype}\nvoid {name}({decl}) {{\n  {name}{_BODY_SUFFIX}({', '.join(args + statics)});\n}}\n"

@@ -124,7 +124,8 @@ def _nvcc_identity(nvcc: str) -> str | None:
 
 def _choose_compiler(options: CudaOptions) -> str:
     if options.compiler not in ("auto", "nvrtc", "nvcc"):
-        raise BackendUsageError(f"einjit: CudaOptions.compiler must be 'auto', 'nvrtc' or 'nvcc', not {options.compiler!r}")
+        raise BackendUsageError("einjit: CudaOptions.compiler must be 'auto', 'nvrtc' or 'nvcc', "
+                                f"not {options.compiler!r}")
     if options.compiler in ("auto", "nvrtc") and load_nvrtc() is not None:
         return "nvrtc"
     if options.compiler in ("auto", "nvcc") and _nvcc_identity(options.nvcc) is not None:
@@ -323,8 +324,8 @@ def _host_array(what: str, tn: Tnode, context: CudaContext) -> np.ndarray:
     check_hosted(what, tn, context)
     arr = tn.host_array()
     if arr.dtype != tn.prec.dtype or tuple(arr.shape) != tuple(tn.dims) or not arr.flags.c_contiguous:
-        raise BackendUsageError(f"einjit: host array of {tn.debug_name()} must be a C-contiguous {tn.prec.dtype} array of "
-                         f"shape {tn.dims}, got {arr.dtype} {arr.shape}")
+        raise BackendUsageError(f"einjit: host array of {tn.debug_name()} must be a C-contiguous {tn.prec.dtype} "
+                                f"array of shape {tn.dims}, got {arr.dtype} {arr.shape}")
     return arr
 
 

@@ -154,7 +154,7 @@ def _expand_zero_out(stmt: ll.LLStmt) -> ll.LLStmt:
     tn = stmt.tn
     syms = [get_symbol() for _ in tn.dims]
     body: ll.LLStmt = ll.Set(tn, tuple(Iterator(s) for s in syms), ll.Constant(0.0), f"{tn.name} := 0")
-    for s, d in reversed(list(zip(syms, tn.dims))):
+    for s, d in reversed(list(zip(syms, tn.dims, strict=True))):
         body = ll.ForLoop(s, 0, d - 1, body)
     return body
 
@@ -218,7 +218,7 @@ def _collapsed_heads(chain: tuple[ll.ForLoop, ...]) -> dict[Symbol, HeadFn]:
     strides = [math.prod(trips[k + 1:]) for k in range(len(chain))]
     g = f"g_{symbol_name(chain[0].index)}"
     heads: dict[Symbol, HeadFn] = {}
-    for k, (lp, n, st) in enumerate(zip(chain, trips, strides)):
+    for k, (lp, n, st) in enumerate(zip(chain, trips, strides, strict=True)):
         offset = f"{lp.from_} + " if lp.from_ else ""
         part = g if st == 1 else f"({g} / {st})" if k > 0 else f"{g} / {st}"
         if k > 0:

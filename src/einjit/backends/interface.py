@@ -59,10 +59,11 @@ from einjit.ir.naming import node_base, stable_names
 from einjit.ir.tnode import Tnode
 
 __all__ = [
-    "Backend", "BackendError", "BackendUsageError", "Code", "Compiled", "Context", "CpuMemClass", "CudaMemClass", "DeviceError",
-    "HostTransfers", "NoDeviceBackend", "NodeNotInContextError", "NotHostedError", "Postponed", "StaticRangeError", "Routine", "RoutineFailed", "SimpleBackend",
-    "SimpleNoDeviceBackend", "WrongBackendError", "Work", "capture_values", "check_code", "check_hosted", "check_static_values", "contexts_holding", "default_context",
-    "forget_context", "load_inputs", "register_context",
+    "Backend", "BackendError", "BackendUsageError", "Code", "Compiled", "Context", "CpuMemClass", "CudaMemClass",
+    "DeviceError", "HostTransfers", "NoDeviceBackend", "NodeNotInContextError", "NotHostedError", "Postponed",
+    "StaticRangeError", "Routine", "RoutineFailed", "SimpleBackend", "SimpleNoDeviceBackend", "WrongBackendError",
+    "Work", "capture_values", "check_code", "check_hosted", "check_static_values", "contexts_holding",
+    "default_context", "forget_context", "load_inputs", "register_context",
     "default_name", "lower_assignments", "low_level_of", "make_refs", "missing_input_error", "not_held_error",
     "prepare", "routine_inputs",
 ]
@@ -153,7 +154,7 @@ def capture_values(bindings: Mapping[StaticSymbol, IntRef]) -> tuple[int, ...]:
 
 def check_static_values(name: str, statics: Sequence[StaticSymbol], values: Sequence[int]) -> None:
     """Static symbols with a known range must stay in it: the code indexes arrays with them."""
-    for s, v in zip(statics, values):
+    for s, v in zip(statics, values, strict=True):
         if s.static_range is not None and not 0 <= v < s.static_range:
             raise StaticRangeError(
                 f"einjit: routine {name!r}: static symbol {s!r} = {v} is outside its range [0, {s.static_range}); "
@@ -485,7 +486,7 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
                 return [Postponed(self.name, lowered, bindings, n) for n, lowered in prepared]
             procs = self.simple.compile_batch(prepared, bindings)
         return [Compiled(self.name, p, bindings, n, routine_inputs(lowered))
-                for p, (n, lowered) in zip(procs, prepared)]
+                for p, (n, lowered) in zip(procs, prepared, strict=True)]
 
     def link(self, context: Ctx, code: Code,
              static_values: Mapping[StaticSymbol, IntRef] | None = None) -> Routine[Ctx]:
@@ -506,7 +507,7 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
             batch = [(codes[k].name, codes[k].lowered) for k in members]
             _check_distinct(n for n, _ in batch)
             procs = self.simple.compile_batch(batch, bindings, context=context)
-            for k, p in zip(members, procs):
+            for k, p in zip(members, procs, strict=True):
                 compiled[k] = (p, routine_inputs(codes[k].lowered))
         out = []
         for k, code in enumerate(codes):
@@ -598,4 +599,5 @@ def _describe_context(context: Any) -> str:
 def _check_distinct(names: Iterable[str]) -> None:
     dup = repeated_names(names)
     if dup:
-        raise BackendUsageError(f"einjit: routine name {dup[0]!r} repeated in one batch; give each routine its own name")
+        raise BackendUsageError(f"einjit: routine name {dup[0]!r} repeated in one batch; "
+                                "give each routine its own name")

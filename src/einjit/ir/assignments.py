@@ -14,8 +14,18 @@ from typing import Callable, Generic, TypeVar
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir import ops
-from einjit.ir.indexing import (Affine, AxisIndex, FixedIdx, Iterator, Projections, StaticSymbol, SubAxis, Symbol,
-                                get_symbol, subst_index)
+from einjit.ir.indexing import (
+    Affine,
+    AxisIndex,
+    FixedIdx,
+    Iterator,
+    Projections,
+    StaticSymbol,
+    SubAxis,
+    Symbol,
+    get_symbol,
+    subst_index,
+)
 from einjit.ir.tnode import Tnode
 
 T = TypeVar("T")
@@ -271,7 +281,8 @@ def to_doc(asgns: Asgns, indent: str = "") -> str:
                 lines.append(f"{indent}# {msg}\n{to_doc(body, indent + '  ')}")
                 continue
             case AccumBinop(init, accum, op, lhs, r1, r2, _):
-                rhs = f"{_buf(r1)} {op.infix} {_buf(r2)}" if not op.infix.isalnum() else f"{op.symbol}({_buf(r1)}, {_buf(r2)})"
+                rhs = (f"{_buf(r1)} {op.infix} {_buf(r2)}" if not op.infix.isalnum()
+                       else f"{op.symbol}({_buf(r1)}, {_buf(r2)})")
             case AccumUnop(init, accum, op, lhs, r, _):
                 rhs = _buf(r) if op is ops.Unop.IDENTITY else f"{op.symbol}({_buf(r)})"
             case AccumTernop(init, accum, op, lhs, r1, r2, r3, _):
@@ -312,7 +323,7 @@ def _check_fixed(tn: Tnode, idcs: tuple[AxisIndex, ...], what: str) -> None:
     dims = tn.dims
     if len(idcs) != len(dims):
         raise LoweringError(f"einjit: {what} {tn.debug_name()} has dims {dims} but is indexed by {len(idcs)} indices")
-    for pos, (idx, d) in enumerate(zip(idcs, dims)):
+    for pos, (idx, d) in enumerate(zip(idcs, dims, strict=True)):
         if isinstance(idx, FixedIdx) and not 0 <= idx.index < d:
             raise LoweringError(
                 f"einjit: fixed index {idx.index} out of range for axis {pos} of {what} "
@@ -338,7 +349,7 @@ def _index_range(idx: AxisIndex, ranges: Ranges) -> tuple[int, int] | None:
 def _in_bounds_guard(idcs: tuple[AxisIndex, ...], dims: tuple[int, ...], ranges: Ranges) -> ll.LLScalar | None:
     """A condition that an affine read stays inside the array, where it might not (padding)."""
     conds: list[ll.LLScalar] = []
-    for idx, d in zip(idcs, dims):
+    for idx, d in zip(idcs, dims, strict=True):
         rng = _index_range(idx, ranges)
         if rng is None:
             continue
@@ -366,11 +377,11 @@ def _get(buf: Buffer, idcs: tuple[AxisIndex, ...], ranges: Ranges) -> ll.LLScala
 
 def _fresh_env(proj: Projections) -> tuple[dict[Symbol, AxisIndex], list[Symbol]]:
     fresh = [get_symbol(s.name) for s in proj.product_iterators]
-    return {s: Iterator(f) for s, f in zip(proj.product_iterators, fresh)}, fresh
+    return {s: Iterator(f) for s, f in zip(proj.product_iterators, fresh, strict=True)}, fresh
 
 
 def _loops(syms: list[Symbol], dims: tuple[int, ...], body: ll.LLStmt) -> ll.LLStmt:
-    return _bounded_loops([(s, 0, d - 1) for s, d in zip(syms, dims)], body)
+    return _bounded_loops([(s, 0, d - 1) for s, d in zip(syms, dims, strict=True)], body)
 
 
 def _bounded_loops(bounds: list[tuple[Symbol, int, int]], body: ll.LLStmt) -> ll.LLStmt:
@@ -392,7 +403,7 @@ def _peeled_nests(lhs: Tnode, lhs_idcs: tuple[AxisIndex, ...], ranges: Ranges, d
     are enumerated: one copy of the nest per value. Returns, per copy, the substitution of the
     enumerated symbols and the narrowed ranges; None when every write stays inside."""
     unsafe = []
-    for idx, d in zip(lhs_idcs, lhs.dims):
+    for idx, d in zip(lhs_idcs, lhs.dims, strict=True):
         rng = _index_range(idx, ranges)
         if rng is not None and (rng[0] < 0 or rng[1] >= d):
             unsafe.append((idx, d))
@@ -416,7 +427,7 @@ def _peeled_nests(lhs: Tnode, lhs_idcs: tuple[AxisIndex, ...], ranges: Ranges, d
                             f"{count} copies of the loop nest (at most {MAX_PEELED}); pad the argument instead")
     nests = []
     for point in itertools.product(*values):
-        env: dict[Symbol, AxisIndex] = {s: FixedIdx(v) for s, v in zip(enumerated, point)}
+        env: dict[Symbol, AxisIndex] = {s: FixedIdx(v) for s, v in zip(enumerated, point, strict=True)}
         narrowed = {s: r for s, r in ranges.items() if s not in env}
         for idx, d in unsafe:
             narrowed = _narrow(subst_index(env, idx), d, narrowed)
@@ -455,7 +466,7 @@ def _lower_accum(init: bool, accum: ops.Binop, lhs: Tnode, proj: Projections, bu
         raise LoweringError(f"einjit: {debug}: projections expect lhs dims {proj.lhs_dims}, "
                             f"{lhs.debug_name()} has {lhs.dims}")
     env, fresh = _fresh_env(proj)
-    ranges = {s: (0, d - 1) for s, d in zip(fresh, proj.product_space)}
+    ranges = {s: (0, d - 1) for s, d in zip(fresh, proj.product_space, strict=True)}
     total = proj.is_surjective() and proj.is_injective()
     lhs_idcs = tuple(subst_index(env, i) for i in proj.project_lhs)
     nests = _peeled_nests(lhs, lhs_idcs, ranges, debug)
@@ -464,7 +475,7 @@ def _lower_accum(init: bool, accum: ops.Binop, lhs: Tnode, proj: Projections, bu
         idcs = tuple(subst_index(peel, i) for i in lhs_idcs)
         _check_fixed(lhs, idcs, "assigned-to")
         args = [_get(b, tuple(subst_index(peel, subst_index(env, i)) for i in p), narrowed)
-                for b, p in zip(bufs, proj.project_rhs)]
+                for b, p in zip(bufs, proj.project_rhs, strict=True)]
         value = _accumulate(init and total, accum, lhs, idcs, make_rhs(args), debug)
         loops = [(s, *narrowed[s]) for s in fresh if s not in peel]
         bodies.append(_bounded_loops(loops, ll.Set(lhs, idcs, value, debug)))
@@ -512,7 +523,7 @@ def _lower_fetch(tn: Tnode, fop: FetchOp) -> ll.LLStmt:
             return _fill(tn, ll.Constant(v), f"{tn.name} := {v!r}")
         case RangeOverOffsets():
             strides = ll.row_major_strides(dims)
-            offset = Affine(tuple((st, s) for st, s in zip(strides, syms)), 0) if syms else FixedIdx(0)
+            offset = Affine(tuple((st, s) for st, s in zip(strides, syms, strict=True)), 0) if syms else FixedIdx(0)
             return _loops(syms, dims, ll.Set(tn, idcs, ll.EmbedIndex(offset), f"{tn.name} := offsets"))
         case ConstantFill(values, strict):
             size = tn.size
@@ -577,7 +588,7 @@ def _lower_set_vec(op: ops.VecUnop, lhs: Tnode, rhs: Buffer, proj: Projections, 
     if not proj.project_lhs or not isinstance(proj.project_lhs[-1], SubAxis):
         raise LoweringError(f"einjit: {debug}: the last lhs axis of a vector assignment must be a sub-axis")
     env, fresh = _fresh_env(proj)
-    ranges = {s: (0, d - 1) for s, d in zip(fresh, proj.product_space)}
+    ranges = {s: (0, d - 1) for s, d in zip(fresh, proj.product_space, strict=True)}
     lhs_idcs = tuple(subst_index(env, i) for i in proj.project_lhs[:-1]) + (FixedIdx(0),)
     arg = _get(rhs, tuple(subst_index(env, i) for i in proj.project_rhs[0]), ranges)
     return _loops(fresh, proj.product_space, ll.SetFromVec(lhs, lhs_idcs, lhs.dims[-1], op, arg, debug))

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import AxisIndex, Symbol, index_symbols
 from einjit.ir.mode_provenance import record_virtual
+from einjit.ir.provenance import HOSTED_FOR_HOST_ACCESS, INLINED, KEPT
 from einjit.ir.tnode import NEVER_VIRTUAL, VIRTUAL, Tnode, hosted
 from einjit.ir.tracing import VirtualizeSettings
-from einjit.ir.provenance import HOSTED_FOR_HOST_ACCESS, INLINED, KEPT
 from einjit.ir.virtualize import NonVirtual, VirtualState, log_decision, narrow_mode, refuse, written_nodes
 
 

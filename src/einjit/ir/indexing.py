@@ -201,12 +201,12 @@ class Projections:
                     f"Projections {self.debug_info!r}: {len(p)} indices for rhs{j + 1} dims {d}")
 
     def iterator_dims(self) -> dict[Symbol, int]:
-        return dict(zip(self.product_iterators, self.product_space))
+        return dict(zip(self.product_iterators, self.product_space, strict=True))
 
     def is_surjective(self) -> bool:
         """Every cell of the lhs is written: each lhs axis is swept by its own full-range loop."""
         dims = self.iterator_dims()
-        for idx, d in zip(self.project_lhs, self.lhs_dims):
+        for idx, d in zip(self.project_lhs, self.lhs_dims, strict=True):
             match idx:
                 case Iterator(s) if dims.get(s) == d:
                     continue
@@ -220,7 +220,7 @@ class Projections:
     def is_injective(self) -> bool:
         """Each lhs cell is written at most once: no loop of trip count > 1 is a reduction."""
         lhs_syms = {s for idx in self.project_lhs for s in index_symbols(idx)}
-        for s, d in zip(self.product_iterators, self.product_space):
+        for s, d in zip(self.product_iterators, self.product_space, strict=True):
             if d > 1 and s not in lhs_syms:
                 return False
         for idx in self.project_lhs:

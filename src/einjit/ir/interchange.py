@@ -64,7 +64,7 @@ def reorderable(st: ll.Set) -> bool:
 
 def unit_stride_symbol(tn: Tnode, idcs: tuple[AxisIndex, ...], s: Symbol) -> bool:
     """Whether stepping `s` by one moves the access `tn[idcs]` by one element."""
-    for d, idx in reversed(list(zip(tn.dims, idcs))):
+    for d, idx in reversed(list(zip(tn.dims, idcs, strict=True))):
         if d == 1:
             continue
         match idx:

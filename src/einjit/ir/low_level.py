@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Iterator as PyIterator
+from typing import Callable
+from typing import Iterator as PyIterator
 
 from einjit.ir import naming, ops
 from einjit.ir.indexing import AxisIndex, Symbol

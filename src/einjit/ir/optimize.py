@@ -39,8 +39,15 @@ from einjit.ir.schedule import schedule_llc
 from einjit.ir.simplify import simplify_llc
 from einjit.ir.tnode import Tnode
 from einjit.ir.tracing import RECURRENT, Trace, TracedArray, VirtualizeSettings, visit_llc
-from einjit.ir.virtualize import (NON_VIRTUAL_REASONS, NonVirtual, VirtualState, check_and_store_virtual,
-                                  decide_from_trace, inline_computation, virtual_llc)
+from einjit.ir.virtualize import (
+    NON_VIRTUAL_REASONS,
+    NonVirtual,
+    VirtualState,
+    check_and_store_virtual,
+    decide_from_trace,
+    inline_computation,
+    virtual_llc,
+)
 
 virtualize_settings = VirtualizeSettings()
 """The settings `optimize_proc` uses when it is given none; replace it to change the default."""

@@ -46,8 +46,16 @@ from dataclasses import dataclass
 
 from einjit.ir import low_level as ll
 from einjit.ir import ops
-from einjit.ir.indexing import (AxisIndex, FixedIdx, Iterator, Symbol, get_symbol, index_symbols, make_affine,
-                                subst_index)
+from einjit.ir.indexing import (
+    AxisIndex,
+    FixedIdx,
+    Iterator,
+    Symbol,
+    get_symbol,
+    index_symbols,
+    make_affine,
+    subst_index,
+)
 from einjit.ir.interchange import best_order, perfect_nest, reorderable
 from einjit.ir.tnode import LOCAL, Tnode
 from einjit.ir.tracing import VirtualizeSettings
@@ -174,7 +182,7 @@ def _local(label: str, dims: tuple[int, ...], prec: ops.Prec) -> Tnode:
 
 
 def _unit_stride_axis_symbol(tn: Tnode, idcs: tuple[AxisIndex, ...]) -> Symbol | None:
-    for d, idx in reversed(list(zip(tn.dims, idcs))):
+    for d, idx in reversed(list(zip(tn.dims, idcs, strict=True))):
         if d == 1:
             continue
         return idx.symbol if isinstance(idx, Iterator) else None

@@ -81,7 +81,8 @@ def _stmt(stmt: ll.LLStmt, ranges: Ranges) -> ll.LLStmt:
     return ll.seq(*out)
 
 
-def simplify_scalar(sc: ll.LLScalar, prec: ops.Prec, tn: Tnode | None = None, ranges: Ranges | None = None) -> ll.LLScalar:
+def simplify_scalar(sc: ll.LLScalar, prec: ops.Prec, tn: Tnode | None = None,
+                    ranges: Ranges | None = None) -> ll.LLScalar:
     """Simplify an expression computed in `prec`; `tn` is the node a local introduced for
     power unrolling would belong to, `ranges` the bounds of the loop symbols in scope."""
     return _scalar(sc, _Ctx(prec, tn, ranges or {}))

@@ -122,7 +122,7 @@ class TracedArray:
     def is_written(self, pos: Position) -> bool:
         """Whether the code traced so far has written (or zeroed) the cell at `pos`."""
         return (self.zeroed_out or pos in self.assignments
-                or any(all(lo <= p <= hi for p, (lo, hi) in zip(pos, box)) for box in self.written_boxes))
+                or any(all(lo <= p <= hi for p, (lo, hi) in zip(pos, box, strict=True)) for box in self.written_boxes))
 
     def max_visits(self) -> Visits:
         """The largest visit count of any position (`RECURRENT` dominates), 0 if never read."""
@@ -265,7 +265,7 @@ def _record_skipped_writes(st: _State, loop: ll.ForLoop, env: dict[Symbol, int])
             ta = st.node(tn)
             new = tuple(box)
             ta.written_boxes = [b for b in ta.written_boxes
-                                if not all(lo <= l2 and h2 <= hi for (lo, hi), (l2, h2) in zip(new, b))]
+                                if not all(lo <= l2 and h2 <= hi for (lo, hi), (l2, h2) in zip(new, b, strict=True))]
             ta.written_boxes.append(new)
 
 

@@ -24,8 +24,9 @@ it is refused when a node the computation reads was written between the computat
 read, or is written by the loop nest containing the read — the recomputation would see the
 new values. The one exception is the update pattern `p[i] := p[i] - delta[i]`: when the
 statement is the only writer of `p` in its nest, writes each cell once, and the inlined
-`delta` reads `p` only at the cell being written, it reads the value before the write. Code 132: a computation block inside a loop owned by another node runs once per
-iteration of that loop, but would run once when inlined.
+`delta` reads `p` only at the cell being written, it reads the value before the write.
+Code 132: a computation block inside a loop owned by another node runs once per iteration
+of that loop, but would run once when inlined.
 """
 
 from __future__ import annotations
@@ -36,8 +37,14 @@ from einjit import config
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import AxisIndex, FixedIdx, Iterator, Symbol, get_symbol, index_symbols, subst_index
 from einjit.ir.mode_provenance import virtual_by
-from einjit.ir.provenance import (COMPLEX_COMPUTATION, NON_VIRTUAL_REASONS, READ_ONLY, RECURRENT_NODE,
-                                   TENSOR_CALLS, TOO_MANY_VISITS)
+from einjit.ir.provenance import (
+    COMPLEX_COMPUTATION,
+    NON_VIRTUAL_REASONS,
+    READ_ONLY,
+    RECURRENT_NODE,
+    TENSOR_CALLS,
+    TOO_MANY_VISITS,
+)
 from einjit.ir.tnode import MATERIALIZED, NEVER_VIRTUAL, MemoryModeError, Mode, Tnode
 from einjit.ir.tracing import RECURRENT, Trace, TracedArray, VirtualizeSettings
 
@@ -295,7 +302,8 @@ def _sole_cellwise_writer(s: ll.Set, loops: tuple[ll.ForLoop, ...]) -> bool:
     """`s` is the only write of its node in the enclosing loop nest, and writes each cell once:
     reads of the node at the cell `s` writes still see the value from before the nest."""
     nest = loops[0] if loops else s
-    writers = [x for x in ll.block_statements(nest) if isinstance(x, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and x.tn is s.tn]
+    writers = [x for x in ll.block_statements(nest)
+               if isinstance(x, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and x.tn is s.tn]
     if len(writers) != 1 or writers[0] is not s or not all(isinstance(i, (Iterator, FixedIdx)) for i in s.idcs):
         return False
     syms = [i.symbol for i in s.idcs if isinstance(i, Iterator)]
@@ -423,11 +431,11 @@ def _make_subst(tn: Tnode, comp: Computation, call_args: tuple[AxisIndex, ...],
     if len(call_args) != len(def_args):
         raise NonVirtual(13, f"written with {len(def_args)} indices, read with {len(call_args)}")
     if any(isinstance(lhs, FixedIdx) and isinstance(rhs, FixedIdx) and lhs != rhs
-           for lhs, rhs in zip(def_args, call_args)):
+           for lhs, rhs in zip(def_args, call_args, strict=True)):
         return None
     env: dict[Symbol, AxisIndex] = {}
     dims = tn.dims
-    for axis, (lhs, rhs) in enumerate(zip(def_args, call_args)):
+    for axis, (lhs, rhs) in enumerate(zip(def_args, call_args, strict=True)):
         match lhs:
             case Iterator(s) if s not in static_indices:
                 if loops.get(s) != (0, dims[axis] - 1):

@@ -3,8 +3,21 @@ einjit's notation so a model's whole training step compiles into one routine."""
 
 from einjit.nn import schedules
 from einjit.nn.init import init_code, set_init
-from einjit.nn.layers import (Activation, AvgPool2d, BatchNorm, Conv2d, Dropout, Embedding, Flatten, Layer, LayerNorm,
-                              Linear, MaxPool2d, ReLU, Sequential)
+from einjit.nn.layers import (
+                              Activation,
+                              AvgPool2d,
+                              BatchNorm,
+                              Conv2d,
+                              Dropout,
+                              Embedding,
+                              Flatten,
+                              Layer,
+                              LayerNorm,
+                              Linear,
+                              MaxPool2d,
+                              ReLU,
+                              Sequential,
+)
 from einjit.nn.losses import bce_with_logits, cross_entropy, hinge, mse, one_hot
 from einjit.nn.optim import SGD, Adam, AdamW, Optimizer
 

@@ -175,7 +175,7 @@ def parse_einsum(text: str) -> EinsumSpec:
     multi = "," in text
     bounds = [0, *(s + 1 for s in semis)]
     ends = [*semis, arrow]
-    rhs = tuple(_parse_slot(src, b, e, multi, _einsum_axis) for b, e in zip(bounds, ends))
+    rhs = tuple(_parse_slot(src, b, e, multi, _einsum_axis) for b, e in zip(bounds, ends, strict=True))
     lhs = _parse_slot(src, arrow + 2, len(text), multi, _einsum_axis)
     return EinsumSpec(text, rhs, lhs)
 
@@ -204,7 +204,7 @@ def _parse_slot(src: _Source, start: int, end: int, multi: bool, entry) -> SlotS
     in_start = bars[0] + 1 if bars else start
     inp = (in_start, arrows[0]) if arrows else empty
     out = (arrows[0] + 2 if arrows else in_start, end)
-    rows = {kind: _parse_row(src, seg, kind, multi, entry) for kind, seg in zip(KINDS, (batch, inp, out))}
+    rows = {kind: _parse_row(src, seg, kind, multi, entry) for kind, seg in zip(KINDS, (batch, inp, out), strict=True)}
     return SlotSpec(**rows)
 
 

@@ -15,7 +15,19 @@ from __future__ import annotations
 from einjit.shape.errors import ShapeError
 from einjit.shape.logic import Generated, Item, constraints_of
 from einjit.shape.row import (
-    Constraint, Dim, Env, Kind, Row, RowEq, RowVar, Var, close_dims, close_rows, solve, subst_row, unsolved_vars,
+    Constraint,
+    Dim,
+    Env,
+    Kind,
+    Row,
+    RowEq,
+    RowVar,
+    Var,
+    close_dims,
+    close_rows,
+    solve,
+    subst_row,
+    unsolved_vars,
 )
 from einjit.shape.shape import Shape, UpdateStep, logic_args
 

@@ -21,13 +21,50 @@ from einjit.ir.indexing import FixedIdx, Iterator
 from einjit.shape.einsum import Anonymous, ConvAxis, FixedIndex, Label, SlotSpec
 from einjit.shape.errors import ShapeError
 from einjit.shape.row import (
-    AxisRef, Bounds, Broadcastable, Constraint, Dim, DimEq, Env, Kind, Row, RowEq, RowId, RowIneq, RowVar,
-    TotalElems, Var, apply_constraint, describe_axis, describe_dim, describe_row_id, dim_upper, get_row_var,
-    get_var, new_dim, row_lub, row_of_var, subst_dim, subst_row,
+    AxisRef,
+    Bounds,
+    Broadcastable,
+    Constraint,
+    Dim,
+    DimEq,
+    Env,
+    Kind,
+    Row,
+    RowEq,
+    RowId,
+    RowIneq,
+    RowVar,
+    TotalElems,
+    Var,
+    apply_constraint,
+    describe_axis,
+    describe_dim,
+    describe_row_id,
+    dim_upper,
+    get_row_var,
+    get_var,
+    new_dim,
+    row_lub,
+    row_of_var,
+    subst_dim,
+    subst_row,
 )
 from einjit.shape.shape import (
-    BatchSlice, Broadcast, Compose, ConstantFill, Einsum, FileMapped, Logic, Permute, PointwiseBin,
-    PointwiseUn, Shape, Terminal, Transpose, TransposeIO, parse_spec,
+    BatchSlice,
+    Broadcast,
+    Compose,
+    ConstantFill,
+    Einsum,
+    FileMapped,
+    Logic,
+    Permute,
+    PointwiseBin,
+    PointwiseUn,
+    Shape,
+    Terminal,
+    Transpose,
+    TransposeIO,
+    parse_spec,
 )
 
 
@@ -339,10 +376,10 @@ def _einsum(gen: Generated, text: str, cur: Shape, args: tuple[Shape, ...]) -> N
     names = _SpecNames(gen, text, spec.lhs)
     roles = ("rhs",) if len(args) == 1 else ("rhs1", "rhs2")
     lhs = names.rows(spec.lhs, cur, "lhs", result=True)
-    rhs = [names.rows(slot, sh, role) for slot, sh, role in zip(spec.rhs, args, roles)]
+    rhs = [names.rows(slot, sh, role) for slot, sh, role in zip(spec.rhs, args, roles, strict=True)]
     for kind in Kind:
         gen.constraints.append(RowEq(cur.row(kind), lhs[kind]))
-        gen.constraints += [RowIneq(r[kind], sh.row(kind)) for r, sh in zip(rhs, args)]
+        gen.constraints += [RowIneq(r[kind], sh.row(kind)) for r, sh in zip(rhs, args, strict=True)]
 
 
 class _SpecNames:

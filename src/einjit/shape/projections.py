@@ -19,8 +19,20 @@ from einjit.shape.errors import ShapeError
 from einjit.shape.inference import InferenceState, finish_inference, is_active, propagate_shapes, to_dims
 from einjit.shape.logic import ConvSpec, Generated, Special, constraints_of
 from einjit.shape.row import (
-    AnyDim, Broadcastable, Constraint, Dim, DimEq, DimIneq, Env, Row, RowEq, RowIneq, Solved, Var,
-    expand_row, fresh_proj_id,
+    AnyDim,
+    Broadcastable,
+    Constraint,
+    Dim,
+    DimEq,
+    DimIneq,
+    Env,
+    Row,
+    RowEq,
+    RowIneq,
+    Solved,
+    Var,
+    expand_row,
+    fresh_proj_id,
 )
 from einjit.shape.shape import Shape, Terminal, UpdateStep, logic_args, logic_to_spec
 
@@ -123,7 +135,7 @@ class _Builder:
             case RowEq(r1, r2) | RowIneq(r1, r2):
                 a, b = expand_row(self.env, r1).dims, expand_row(self.env, r2).dims
                 k = min(len(a), len(b))
-                pairs = list(zip(a[len(a) - k:], b[len(b) - k:]))
+                pairs = list(zip(a[len(a) - k:], b[len(b) - k:], strict=True))
         for x, y in pairs:
             kx, ky = self.key(x), self.key(y)
             if self._resolve(x).d == self._resolve(y).d:

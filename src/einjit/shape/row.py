@@ -316,7 +316,7 @@ def expand_row(env: Env, r: Row) -> Row:
 def subst_row(env: Env, r: Row) -> Row:
     r = expand_row(env, r)
     dims = tuple(subst_dim(env, d) for d in r.dims)
-    if all(a is b for a, b in zip(dims, r.dims)):
+    if all(a is b for a, b in zip(dims, r.dims, strict=True)):
         return r
     return Row(dims, r.bcast, r.id, r.constr)
 
@@ -425,7 +425,7 @@ def unify_row(env: Env, r1: Row, r2: Row) -> list[Constraint]:
     n1, n2 = len(r1.dims), len(r2.dims)
     k = min(n1, n2)
     eqs: list[Constraint] = [DimEq(x, y, o) for x, y, o in
-                             zip(r1.dims[n1 - k:], r2.dims[n2 - k:], _pair_origins(r1, r2, k))]
+                             zip(r1.dims[n1 - k:], r2.dims[n2 - k:], _pair_origins(r1, r2, k), strict=True)]
     match r1.bcast, r2.bcast:
         case RowVar(), RowVar() if r1.bcast == r2.bcast:
             if n1 != n2:
@@ -583,7 +583,7 @@ def _update_row_lub(env: Env, s: RowVar, upper: Row) -> list[Constraint]:
         out = [RowIneq(lub, env.var_row(t)) for t in entry.subr] if k < len(old.dims) else []
     env.rows[s] = replace(entry, lub=lub)
     n, k = len(upper.dims), len(lub.dims)
-    out += [DimIneq(u, m) for u, m in zip(upper.dims[n - k:], lub.dims)]
+    out += [DimIneq(u, m) for u, m in zip(upper.dims[n - k:], lub.dims, strict=True)]
     if not lub.dims:
         out.append(RowEq(env.var_row(s), Row((), Broadcastable(), home)))
     return out
@@ -600,7 +600,7 @@ def solve_row_ineq(env: Env, cur: Row, subr: Row) -> list[Constraint]:
     nc, ns = len(cur.dims), len(subr.dims)
     k = min(nc, ns)
     pairs: list[Constraint] = [DimIneq(x, y, o) for x, y, o in
-                               zip(cur.dims[nc - k:], subr.dims[ns - k:], _pair_origins(cur, subr, k))]
+                               zip(cur.dims[nc - k:], subr.dims[ns - k:], _pair_origins(cur, subr, k), strict=True)]
     if isinstance(cur.bcast, RowVar) and cur.bcast == subr.bcast:
         if nc < ns:
             raise _row_conflict("infinite number of axes: a row variable would contain itself", cur, subr)

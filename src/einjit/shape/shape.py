@@ -19,7 +19,17 @@ from einjit.ir.indexing import StaticSymbol
 from einjit.shape.einsum import EinsumSpec, SlotSpec, parse_einsum, parse_shape_spec
 from einjit.shape.errors import ShapeError
 from einjit.shape.row import (
-    AxisRef, Broadcastable, Dim, Kind, Row, RowId, RowVar, Var, fresh_proj_id, get_row_var, get_var,
+    AxisRef,
+    Broadcastable,
+    Dim,
+    Kind,
+    Row,
+    RowId,
+    RowVar,
+    Var,
+    fresh_proj_id,
+    get_row_var,
+    get_var,
 )
 
 _shape_ids = itertools.count(1)

@@ -26,8 +26,18 @@ from einjit.ir import ops
 from einjit.ir.indexing import FixedIdx, Projections
 from einjit.ir.tnode import Tnode
 from einjit.tensor import cd_syntax as syn
-from einjit.tensor.tensor import (GradSpec, NodeView, Tensor, TensorError, consume_forward_code, default_prec,
-                                  is_forward_root, make_node, needs_grad, new_label, register)
+from einjit.tensor.tensor import (
+    GradSpec,
+    NodeView,
+    Tensor,
+    consume_forward_code,
+    default_prec,
+    is_forward_root,
+    make_node,
+    needs_grad,
+    new_label,
+    register,
+)
 
 SLOT_NAMES = ("t", "t1", "t2", "t3")
 NUMBER_SLOT = "number"
@@ -123,7 +133,7 @@ def infer_projections(lhs: sh.Shape, kind, shapes: list[sh.Shape], where: str) -
 def merge_ternary(p1: Projections, p2: Projections) -> Projections:
     from einjit.ir.indexing import Iterator, subst_index
     env = {}
-    for a, b in zip(p2.project_lhs, p1.project_lhs):
+    for a, b in zip(p2.project_lhs, p1.project_lhs, strict=True):
         if isinstance(a, Iterator):
             env[a.symbol] = b
     third = tuple(subst_index(env, i) for i in p2.project_rhs[1])
@@ -391,7 +401,7 @@ def _with_numbers(proj: asg.Lazy, is_number: list[bool]) -> asg.Lazy:
 
     def build() -> Projections:
         p = proj.force()
-        shaped = iter(zip(p.rhs_dims, p.project_rhs))
+        shaped = iter(zip(p.rhs_dims, p.project_rhs, strict=True))
         picked = [((1,), (FixedIdx(0),)) if num else next(shaped) for num in is_number]
         return Projections(p.product_space, p.product_iterators, p.lhs_dims, tuple(d for d, _ in picked),
                            p.project_lhs, tuple(i for _, i in picked), p.debug_info)
@@ -405,7 +415,7 @@ def pointwise_tensor(op, args: list[Operand], *, where: str) -> Tensor:
     name = op.symbol
     shape = sh.Shape.make(debug_name=name)
     is_number = [a.slot == NUMBER_SLOT for a in args]
-    shaped = [a.shape for a, num in zip(args, is_number) if not num] or [a.shape for a in args]
+    shaped = [a.shape for a, num in zip(args, is_number, strict=True) if not num] or [a.shape for a in args]
     try:
         proj = infer_projections(shape, None, shaped, where)
     except sh.ShapeError as e:

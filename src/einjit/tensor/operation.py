@@ -20,8 +20,7 @@ from einjit.ir.indexing import Iterator, Projections, StaticSymbol
 from einjit.ir.tnode import MemoryType, hosted
 from einjit.tensor import op_scope, validate
 from einjit.tensor.notation import Template, make_op
-from einjit.tensor.tensor import (GradSpec, Tensor, TensorError, default_prec, make_node, new_label,
-                                  register)
+from einjit.tensor.tensor import GradSpec, Tensor, TensorError, default_prec, make_node, new_label, register
 
 Like = "Tensor | float | int | np.ndarray"
 

@@ -19,7 +19,10 @@ def _kinds(t: Tensor) -> list[str]:
 def _array_text(arr: np.ndarray | None, kinds: list[str], what: str) -> str:
     if arr is None:
         return f"  {what}: (not computed yet)\n"
-    axes = ", ".join(f"{k} {d}" for k, d in zip(kinds, arr.shape)) if len(kinds) == arr.ndim else str(arr.shape)
+    if len(kinds) == arr.ndim:
+        axes = ", ".join(f"{k} {d}" for k, d in zip(kinds, arr.shape, strict=True))
+    else:
+        axes = str(arr.shape)
     body = np.array2string(arr, precision=5, suppress_small=True, max_line_width=100, threshold=200)
     body = "\n".join("    " + line for line in body.splitlines())
     return f"  {what} [{axes}]:\n{body}\n"
