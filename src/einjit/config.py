@@ -47,6 +47,11 @@ def cache_dir() -> Path:
     return path
 
 
+def dumping() -> bool:
+    """Whether `EINJIT_DUMP_DIR` is set: callers skip printing code that nobody will read."""
+    return bool(os.environ.get("EINJIT_DUMP_DIR"))
+
+
 def dump(routine: str, stage: str, ext: str, text: str) -> None:
     """Write one compile stage's text to `EINJIT_DUMP_DIR`, if set; a no-op otherwise."""
     base = os.environ.get("EINJIT_DUMP_DIR")

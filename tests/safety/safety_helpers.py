@@ -7,22 +7,18 @@ from typing import Mapping
 
 import numpy as np
 
-from einjit.backends import cc
+from einjit.backends.cc_backend import CcContext, run_once
 from einjit.ir import interpret
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import IntRef, StaticSymbol
+from einjit.ir.indexing import StaticSymbol
 from einjit.ir.tnode import Tnode
 
 
 def run_c(llc: ll.LLStmt, inputs: Mapping[Tnode, np.ndarray], *, bindings: tuple[StaticSymbol, ...] = (),
-          values: Mapping[StaticSymbol, int] | None = None, name: str = "safety") -> cc.CpuContext:
-    """Compile `llc` with gcc, copy `inputs` into a fresh context, run once."""
-    proc = cc.compile_proc(llc, name=name, bindings=bindings)
-    ctx = cc.CpuContext()
-    for tn, arr in inputs.items():
-        ctx.array(tn)[...] = arr
-    cc.link(ctx, proc, {s: IntRef(v) for s, v in (values or {}).items()})()
-    return ctx
+          values: Mapping[StaticSymbol, int] | None = None, name: str = "safety") -> CcContext:
+    """Compile `llc` with gcc, copy `inputs` into a fresh context, run once (the C backend's
+    `run_once`); the returned context's `array(tn)` holds the results."""
+    return run_once(llc, inputs, bindings=bindings, values=values, name=name)
 
 
 def run_interpreter(llc: ll.LLStmt, inputs: Mapping[Tnode, np.ndarray]) -> dict[Tnode, np.ndarray]:

@@ -13,10 +13,10 @@ import pytest
 import einjit as ej
 from einjit import train
 from einjit.backends import c_syntax, cuda_syntax
-from einjit.ir.c_names import c_name
 from einjit.backends.cc_backend import CcBackend
 from einjit.ir import low_level as ll
 from einjit.ir import ops
+from einjit.ir.c_names import c_name
 from einjit.ir.indexing import Iterator, get_symbol
 from einjit.ir.tnode import Tnode
 
@@ -61,7 +61,8 @@ def test_plain_names_are_kept_and_mangled_names_cannot_collide():
     i = get_symbol()
     out = Tnode("o", (2,))
     code = ll.ForLoop(i, 0, 1, ll.Set(out, (Iterator(i),), ll.Constant(1.0)))
-    with pytest.raises(c_syntax.RenderError, match=r"repeated \(after mangling"):
+    with pytest.raises(c_syntax.RenderError,
+                       match=r"routine names must be distinct in one program once mangled, repeated: \['exp_'\]"):
         c_syntax.render_program([("exp", code), ("exp_", code)])
     with pytest.raises(c_syntax.RenderError, match="not a C identifier"):
         c_syntax.render_program([("x-y", code)])

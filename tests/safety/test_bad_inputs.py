@@ -53,7 +53,8 @@ BAD = {
     "float range": (lambda: ej.range(2.5), ej.TensorError, "range's length must be an int"),
     "string number": (lambda: ej.number("3"), ej.TensorError, "must be a real number"),
     "None number": (lambda: ej.number(None), ej.TensorError, "got NoneType None"),
-    "unknown precision": (lambda: ej.ndarray([1.0], prec="float128"), ej.TensorError, "prec must be one of"),
+    "unknown precision": (lambda: ej.ndarray([1.0], prec="float128"), ej.ops.PrecisionError,
+                          "unknown or unsupported precision 'float128'; use one of byte, double"),
     "param complex values": (lambda: ej.param("pc", values=[1 + 1j]), ej.TensorError,
                              "initial values of parameter pc: element [0] is complex"),
     "param ragged values": (lambda: ej.param("pr", values=[[1.0], [2.0, 3.0]]), ej.TensorError,
@@ -79,8 +80,8 @@ BAD = {
     "label int": (lambda: ej.relu(x3(), label=3), ej.TensorError, "label of a relu must be a str or a list of str"),
     "label list of int": (lambda: ej.add(x3(), 1.0, label=[1]), ej.TensorError, "must be a str or a list of str"),
     "dict literal": (lambda: ej.ndarray({"a": 1}), ej.TensorError, "it is a dict"),
-    "unknown default precision": (lambda: ej.set_default_precision("quad"), ej.TensorError,
-                                  "unknown precision 'quad'"),
+    "unknown default precision": (lambda: ej.set_default_precision("quad"), ej.ops.PrecisionError,
+                                  "unknown or unsupported precision 'quad'"),
     "cd None": (lambda: ej.cd(None), ej.CdSyntaxError, "must be a str"),
     "cd bytes": (lambda: ej.cd(b'"t" =: a'), ej.CdSyntaxError, "got bytes"),
     "cd list (unhashable)": (lambda: ej.cd(['"t" =: a']), ej.CdSyntaxError, "got list"),
@@ -116,10 +117,12 @@ def test_bad_input_gets_a_named_error(case):
     assert fragment in str(info.value)
 
 
-def test_nesting_limits_leave_room_below_them():
+@pytest.mark.parametrize("data_prec", ["single", None], ids=["single data", "float64 data"])
+def test_nesting_limits_leave_room_below_them(data_prec):
     """Exactly at the limits the text parses and compiles, well inside Python's recursion
-    limit even from a deep stack; one more level is refused."""
-    a = x3()
+    limit even from a deep stack; one more level is refused. With float64 data (the default
+    for a NumPy float64 array) the results are single: a chain of mixed-precision operations."""
+    a = ej.ndarray(np.array([1.0, 2.0, 3.0]), prec=data_prec)
     ok = '"t" =: ' + "(" * cd_syntax.MAX_NESTING + "a" + ")" * cd_syntax.MAX_NESTING
     code = ej.cd(ok, a=a)
     chain = ej.cd('"u" =: ' + " + ".join(["a"] * (cd_syntax.MAX_DEPTH + 1)), a=a)

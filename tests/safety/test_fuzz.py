@@ -16,8 +16,10 @@ from hypothesis import strategies as st
 import einjit as ej
 from einjit import shape as sh
 from einjit import train
+from einjit.backends.interface import lower_assignments
 from einjit.shape.einsum import parse_einsum, parse_shape_spec
 from einjit.tensor import cd_syntax
+from einjit.tensor.notation import as_asgns
 
 DEFAULT = settings(max_examples=200, deadline=None, derandomize=True, database=None,
                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -130,7 +132,7 @@ def einsum_outcome(spec: str) -> None:
         a, b = operands()
         args = [a, b][:len(parsed.rhs)]
         t = ej.einsum(spec, *args)
-        train.lower(train.forward(t), name="fuzz_einsum")
+        lower_assignments((), train.forward(t), "fuzz_einsum")
     except ej.EinjitError:
         pass
     finally:
@@ -208,7 +210,7 @@ def cd_outcome(text: str) -> None:
     sh.reset_state()
     try:
         code = ej.cd(text, **cd_env())
-        train.lower(code, name="fuzz_cd")
+        lower_assignments((), as_asgns(code), "fuzz_cd")
     except ej.EinjitError:
         pass
     finally:

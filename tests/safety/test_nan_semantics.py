@@ -7,16 +7,16 @@ import itertools
 
 import numpy as np
 import pytest
-from safety_helpers import run_c, run_interpreter
 
 import einjit as ej
 from einjit import train
 from einjit.backends import cuda_syntax
 from einjit.backends.c_syntax import symbol_name
 from einjit.ir import low_level as ll
-from einjit.ir import ops
+from einjit.ir import naming, ops
 from einjit.ir.indexing import Iterator, get_symbol
 from einjit.ir.tnode import Tnode
+from safety_helpers import run_c, run_interpreter
 
 SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.5, 2.0]
 PAIRS = np.array(list(itertools.product(SPECIAL, SPECIAL))).T   # every ordered pair, 64 columns
@@ -132,11 +132,16 @@ def test_cuda_rendering_propagates_nan():
         ll.Set(o1, (Iterator(i),), ll.Binop(ops.Binop.MAX, ga, gb)),
         ll.Set(o2, (Iterator(i),), ll.Binop(ops.Binop.MIN, ga, gb)),
         ll.Set(o3, (Iterator(i),), ll.Unop(ops.Unop.RELU, ga))))
-    src = cuda_syntax.render_program([("nan_ops", code)]).source
+    with naming.stable_names():
+        # the renderer names nodes and symbols inside the program's stable names (`o_max`, `i0`);
+        # asking for the names inside the same scope gives the names it printed
+        src = cuda_syntax.render_program([("nan_ops", code)]).source
+        names = [o.name for o in (o1, o2, o3)]
+        at = f"[{symbol_name(i)}] = "
+    assert names == ["o_max", "o_min", "o_relu"]
     assert "fmax" not in src and "fmin" not in src
     assert " > 0 ?" not in src
     body = src[src.index("void nan_ops"):]
-    at = f"[{symbol_name(i)}] = "
-    assert f"{o1.name}{at}((t1_ >= t2_ || t1_ != t1_) ? t1_ : t2_);" in body
-    assert f"{o2.name}{at}((t3_ <= t4_ || t3_ != t3_) ? t3_ : t4_);" in body
-    assert f"{o3.name}{at}(t5_ < 0 ? 0 : t5_);" in body
+    assert f"{names[0]}{at}((t1_ >= t2_ || t1_ != t1_) ? t1_ : t2_);" in body
+    assert f"{names[1]}{at}((t3_ <= t4_ || t3_ != t3_) ? t3_ : t4_);" in body
+    assert f"{names[2]}{at}(t5_ < 0 ? 0 : t5_);" in body

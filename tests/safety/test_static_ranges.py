@@ -1,6 +1,7 @@
 """Memory safety of static symbols used as indices: a `batch_slice` symbol given no range gets
 the sliced axis's size, so every compiled routine refuses an out-of-range value in Python
-before any C runs. The sweep covers [-3, n+3] and 10**6 on every CPU backend."""
+before any C runs (a `StaticRangeError`, an `IndexError` and an `EinjitError`). The sweep
+covers [-3, n+3] and 10**6 on every CPU backend."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import pytest
 import einjit as ej
 from einjit import train
 from einjit.backends.cc_backend import CcBackend
-from einjit.backends.interface import routine_inputs
+from einjit.backends.interface import StaticRangeError, lower_assignments, routine_inputs
 from einjit.backends.multicore import MulticoreBackend
 
 N = 3
 VALUES = list(range(-3, N + 4)) + [10**6]
-OUT_OF_RANGE = (IndexError, ej.EinjitError)
+OUT_OF_RANGE = StaticRangeError
+assert issubclass(StaticRangeError, IndexError) and issubclass(StaticRangeError, ej.EinjitError)
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +46,7 @@ def check_sweep(call, s, y, data, label):
             call(v)
             np.testing.assert_array_equal(y.value.numpy(), data[v] * 2 + 1, err_msg=f"{label}: s = {v}")
         else:
-            with pytest.raises(OUT_OF_RANGE, match=rf"{s!r} = {v} outside its range \[0, {N}\)"):
+            with pytest.raises(OUT_OF_RANGE, match=rf"static symbol {s!r} = {v} is outside its range \[0, {N}\)"):
                 call(v)
 
 
@@ -83,7 +85,7 @@ def test_the_symbol_stays_a_usable_key_after_its_range_is_inferred():
 @pytest.mark.parametrize("kind", ["cc", "multicore"])
 def test_sweep_on_every_cpu_backend(kind, shared):
     data, s, y = sliced_model()
-    code = train.lower(train.forward(y), name="slice_backend", static_indices={s.symbol})
+    _, code = lower_assignments((s,), train.forward(y), "slice_backend")
     assert s.static_range == N
     with contextlib.ExitStack() as stack:
         if kind == "cc":
@@ -125,5 +127,7 @@ def test_backprop_through_a_slice_is_guarded_too():
             np.testing.assert_array_equal(w.grad.numpy(), data[v])
             np.testing.assert_allclose(loss.value.numpy(), [data[v] @ [0.5, -2.0]], rtol=1e-12)
         else:
-            with pytest.raises(OUT_OF_RANGE, match=rf"= {v} outside its range"):
+            with pytest.raises(OUT_OF_RANGE,
+                               match=rf"routine 'slice_backprop': static symbol {s!r} = {v} is outside its range "
+                                     rf"\[0, {N}\)"):
                 routine()

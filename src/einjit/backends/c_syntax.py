@@ -316,8 +316,8 @@ class _Writer:
         for c, s in terms:
             if s in self.loops:
                 a, b = self.loops[s]
-            elif self.static_ranges.get(s) is not None:
-                a, b = 0, self.static_ranges[s] - 1
+            elif (static_range := self.static_ranges.get(s)) is not None:
+                a, b = 0, static_range - 1
             else:
                 return None
             lo, hi = lo + min(c * a, c * b), hi + max(c * a, c * b)
@@ -337,7 +337,7 @@ class _Writer:
                 self._check_symbol(s, f"{what} of {tn.debug_name()}")
             rng = None if empty_loop else self._range(idx)
             hi = None if rng is None else rng[1] + (extra_last if axis == len(dims) - 1 else 0)
-            in_bounds = rng is not None and rng[0] >= 0 and hi < d
+            in_bounds = rng is not None and hi is not None and rng[0] >= 0 and hi < d
             if self.guarded and what == "read":
                 if not in_bounds and not isinstance(idx, FixedIdx):
                     clamped.append(axis)
@@ -480,18 +480,21 @@ class _Writer:
                 case ll.ZeroOut(tn):
                     self.zero_out(tn, indent)
                 case ll.Set(tn, idcs, llsc, debug):
-                    def render(pre, ind, tn=tn, idcs=idcs, llsc=llsc, debug=debug):
+                    def render_set(pre, ind, tn=tn, idcs=idcs, llsc=llsc, debug=debug):
                         lhs = f"{self.node_name(tn, written=True)}[{self.index(tn, idcs, 'write')}]"
                         note = " " + _comment(debug) if debug else ""
                         return f"{lhs} = {self.scalar(llsc, tn.prec, pre, ind)};{note}"
-                    self.with_scalar(indent, render)
+                    self.with_scalar(indent, render_set)
                 case ll.SetLocal(sid, value):
                     if sid not in self.locals_in_scope:
                         raise RenderError(f"einjit: local {sid!r} (of {sid.tn.debug_name()}) set outside its scope")
-                    self.with_scalar(indent, lambda pre, ind, sid=sid, value=value:
-                                     f"{local_name(sid)} = {self.scalar(value, sid.tn.prec, pre, ind)};")
+                    def render_local(pre, ind, sid=sid, value=value):
+                        return f"{local_name(sid)} = {self.scalar(value, sid.tn.prec, pre, ind)};"
+                    self.with_scalar(indent, render_local)
                 case ll.SetFromVec():
-                    self.with_scalar(indent, lambda pre, ind, s=s: self.set_from_vec(s, pre, ind))
+                    def render_vec(pre, ind, s=s):
+                        return self.set_from_vec(s, pre, ind)
+                    self.with_scalar(indent, render_vec)
                 case _:
                     raise TypeError(f"not a low-level statement: {s!r}")
 
@@ -636,7 +639,7 @@ def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence
     dup = repeated_names(n for n, _ in routines)
     if dup:
         raise RenderError(f"einjit: routine names must be distinct in one program, repeated: {dup}")
-    with naming.stable_names():
+    with naming.stable_names(), ll.deep_recursion():
         rendered = tuple(render_routine(n, llc, bindings, syntax) for n, llc in routines)
     dup = repeated_names(r.name for r in rendered)
     if dup:

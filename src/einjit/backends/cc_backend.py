@@ -30,6 +30,7 @@ from einjit.backends import cc
 from einjit.backends.c_syntax import CSyntax, MemClass, Param, ParamKind, render_routine
 from einjit.backends.interface import (
     BackendUsageError,
+    Compiled,
     CpuMemClass,
     HostTransfers,
     NodeNotInContextError,
@@ -50,7 +51,7 @@ from einjit.ir import low_level as ll
 from einjit.ir import naming
 from einjit.ir.c_names import c_name
 from einjit.ir.indexing import IntRef, StaticSymbol
-from einjit.ir.tnode import Tnode
+from einjit.ir.tnode import Tnode, host_arrays_replaced
 
 _BODY_SUFFIX = "_body"
 
@@ -121,7 +122,10 @@ class CcProcedure:
 
 def _mem_classes(proc: cc.Procedure, llc: ll.LLStmt) -> dict[Tnode, CpuMemClass]:
     classes: dict[Tnode, CpuMemClass] = {tn: MemClass.LOCAL_ONLY for tn in ll.nodes_of(llc) if tn.is_local()}
-    classes.update({p.tn: p.mem for p in proc.params if p.kind is ParamKind.ARRAY})
+    for p in proc.params:
+        if p.kind is ParamKind.ARRAY:
+            assert p.mem is not None  # the renderer classifies every array parameter
+            classes[p.node] = p.mem
     return classes
 
 
@@ -174,6 +178,7 @@ class CcSimpleBackend:
         lib = ctypes.CDLL(str(procs[0].so_path)) if procs else None
         out = []
         for (name, _), proc, (_, llc) in zip(routines, procs, bodies, strict=True):
+            assert lib is not None  # loaded since there are procedures
             entry = lib[c_name(name)]
             entry.restype = None
             out.append(CcProcedure(name, proc, _mem_classes(proc, llc), context, entry))
@@ -190,9 +195,9 @@ class CcSimpleBackend:
                 case ParamKind.ARRAY:
                     if p.tn in inputs and p.mem is not MemClass.CONSTANT_FROM_HOST and not context.holds(p.tn):
                         raise missing_input_error(routine, p.tn, context, hosted_hint=True)
-                    arrays.append(context.array(p.tn))
+                    arrays.append(context.array(p.node))
                 case ParamKind.MERGE_BUFFER:
-                    arrays.append(context.merge_buffer(p.tn))
+                    arrays.append(context.merge_buffer(p.node))
         return arrays
 
     def link_compiled(self, context: CcContext, procedure: CcProcedure, inputs: frozenset[Tnode],
@@ -205,18 +210,31 @@ class CcSimpleBackend:
         arrays = self._arrays(context, procedure.procedure.params, inputs, name)
         statics = procedure.procedure.bindings
         refs = make_refs(statics, static_values)
+        pointers: tuple[ctypes.c_void_p, ...]
         if procedure.entry is not None:
             fn, pointers = procedure.entry, ()
         else:
             fn, pointers = procedure.procedure.function, tuple(ctypes.c_void_p(a.ctypes.data) for a in arrays)
 
+        computed = [p for p in procedure.procedure.params if p.kind is not ParamKind.STATIC]
+        in_host = tuple((p.tn, a) for p, a in zip(computed, arrays, strict=True) if a is p.node.array)
+        guard = _host_array_guard(name, in_host)
+
         def schedule() -> Work:
+            guard()
             values = capture_values(refs)
             check_static_values(name, statics, values)
             return Work(name, functools.partial(fn, *pointers, *values))
 
-        return Routine(context, schedule, refs, name, procedure.mem_classes,
-                       run_now=_run_now(name, fn, pointers, refs))
+        run_now = _run_now(name, fn, pointers, refs)
+        if in_host:
+            unguarded = run_now
+
+            def run_now() -> None:
+                guard()
+                unguarded()
+
+        return Routine(context, schedule, refs, name, procedure.mem_classes, run_now=run_now)
 
     # -- moving data
 
@@ -246,6 +264,26 @@ class CcSimpleBackend:
         dst[...] = src_context.array(tn)
 
 
+def _host_array_guard(name: str, in_host: tuple[tuple[Tnode, np.ndarray], ...]) -> Callable[[], None]:
+    """A check, run before each call, that no host array the routine computes in was replaced
+    since linking: the C code holds the old array's address and would read stale values."""
+    seen = [host_arrays_replaced()]
+
+    def guard() -> None:
+        now = host_arrays_replaced()
+        if now == seen[0]:
+            return
+        for tn, arr in in_host:
+            if tn.array is not arr:
+                raise BackendUsageError(
+                    f"einjit: the host array of {tn.debug_name()} was replaced after routine {name!r} was linked to "
+                    f"it; the routine would still use the old array. Write new values in place instead "
+                    f"(t.set_values(...) or t.value[...] = ...), or compile the routine again")
+        seen[0] = now
+
+    return guard
+
+
 def _run_now(name: str, fn: Callable, pointers: tuple, refs: Mapping[StaticSymbol, IntRef]) -> Callable[[], None]:
     """A synchronous call without a `Work`: a bare partial when there are no static symbols;
     otherwise the range checks inline, as cheap as the C call allows."""
@@ -267,7 +305,7 @@ def _entry_source(name: str, body_head: str, params: Sequence[Param], arrays: Se
                   syntax: CSyntax) -> str:
     """`void NAME(int s) { NAME_body((float *)0x...ULL, ..., s); }` plus the body's prototype."""
     prototype = body_head.removesuffix(" {") + ";"
-    args = [f"({syntax.type_name(p.tn.prec)} *){a.ctypes.data:#x}ULL"
+    args = [f"({syntax.type_name(p.node.prec)} *){a.ctypes.data:#x}ULL"
             for p, a in zip((p for p in params if p.kind is not ParamKind.STATIC), arrays, strict=True)]
     statics = [p.c_name for p in params if p.kind is ParamKind.STATIC]
     decl = ", ".join(f"int {s}" for s in statics) or "void"
@@ -301,6 +339,7 @@ def run_once(code: Any, arrays: Mapping[Tnode, Any] | None = None, *, bindings: 
         context.array(tn)[...] = value
     refs = {s: IntRef((values or {}).get(s, 0)) for s in bindings}
     compiled = backend.compile(tuple(bindings), code, shared=True, name=name)
+    assert isinstance(compiled, Compiled)  # compiled now, being shared
     load_inputs(context, compiled.inputs)
     for tn in compiled.inputs:
         context.array(tn)

@@ -170,7 +170,8 @@ def _private_nodes(stmts: Sequence[ll.LLStmt]) -> set[Tnode]:
 
 
 def _touched(stmt: ll.LLStmt, private: set[Tnode]) -> tuple[set[Tnode], set[Tnode]]:
-    reads, writes = set(), set()
+    reads: set[Tnode] = set()
+    writes: set[Tnode] = set()
     for a in accesses(stmt):
         if a.tn not in private:
             (writes if a.write else reads).add(a.tn)
@@ -231,11 +232,15 @@ def _collapsed_heads(chain: tuple[ll.ForLoop, ...]) -> dict[Symbol, HeadFn]:
 
         if k == 0:
             total = math.prod(trips)
-            heads[lp.index] = (lambda itype, value=value, total=total:
-                               f"for (long long {g} = EINJIT_TID; {g} < {total}LL; {g} += EINJIT_NTHREADS) "
-                               f"{{ {value(itype)}")
+
+            def outer_head(itype: str, value: HeadFn = value, total: int = total) -> str:
+                return (f"for (long long {g} = EINJIT_TID; {g} < {total}LL; {g} += EINJIT_NTHREADS) "
+                        f"{{ {value(itype)}")
+            heads[lp.index] = outer_head
         else:
-            heads[lp.index] = lambda itype, value=value: f"{{ {value(itype)}"
+            def inner_head(itype: str, value: HeadFn = value) -> str:
+                return f"{{ {value(itype)}"
+            heads[lp.index] = inner_head
     return heads
 
 
@@ -290,7 +295,7 @@ def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence
     if dup:
         raise RenderError(f"einjit: routine names must be distinct in one program, repeated: {dup}")
     kernels = []
-    with naming.stable_names():
+    with naming.stable_names(), ll.deep_recursion():
         for name, llc in routines:
             plan = plan_kernel(name, llc)
             rendered = render_kernel(plan, tuple(bindings))

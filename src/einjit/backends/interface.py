@@ -219,14 +219,18 @@ def lower_assignments(bindings: Sequence[StaticSymbol], asgns: asg.Asgns, name: 
 
     finish_inference()
     name = name or default_name(asgns)
-    with stable_names():
-        doc = asg.to_doc(asgns)
-        config.debug(2, f"assignments of {name}:\n{doc}")
-        config.dump(name, "", "cd", doc)
+    dumping = config.dumping()
+    with stable_names(), ll.deep_recursion():
+        if dumping or config.debug_level() >= 2:
+            doc = asg.to_doc(asgns)
+            config.debug(2, f"assignments of {name}:\n{doc}")
+            config.dump(name, "", "cd", doc)
         llc = asg.to_low_level(asgns)
-        config.dump(name, "", "ll", ll.to_doc(llc))
+        if dumping:
+            config.dump(name, "", "ll", ll.to_doc(llc))
         optimized = optimize_proc(llc, name=name, static_indices=frozenset(bindings), settings=settings)
-        config.dump(name, "optimized", "ll", ll.to_doc(optimized.llc))
+        if dumping:
+            config.dump(name, "optimized", "ll", ll.to_doc(optimized.llc))
     return name, optimized
 
 
@@ -500,18 +504,24 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
             check_code(self.name, code, context)
         compiled: dict[int, tuple[Proc, frozenset[Tnode]]] = {}
         groups: dict[tuple[StaticSymbol, ...], list[int]] = {}
+        postponed: dict[int, Postponed] = {}
         for k, code in enumerate(codes):
             if isinstance(code, Postponed):
                 groups.setdefault(code.bindings, []).append(k)
+                postponed[k] = code
         for bindings, members in groups.items():
-            batch = [(codes[k].name, codes[k].lowered) for k in members]
+            batch = [(postponed[k].name, postponed[k].lowered) for k in members]
             _check_distinct(n for n, _ in batch)
             procs = self.simple.compile_batch(batch, bindings, context=context)
             for k, p in zip(members, procs, strict=True):
-                compiled[k] = (p, routine_inputs(codes[k].lowered))
+                compiled[k] = (p, routine_inputs(postponed[k].lowered))
         out = []
         for k, code in enumerate(codes):
-            proc, inputs = compiled[k] if k in compiled else (code.procedure, code.inputs)
+            if k in compiled:
+                proc, inputs = compiled[k]
+            else:
+                assert isinstance(code, Compiled)  # every Postponed code was compiled above
+                proc, inputs = code.procedure, code.inputs
             out.append(self.simple.link_compiled(context, proc, inputs, static_values))
         return out
 

@@ -11,7 +11,9 @@ lowering produces anyway; renderers cast array reads whose precision differs.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 from typing import Iterator as PyIterator
@@ -19,6 +21,22 @@ from typing import Iterator as PyIterator
 from einjit.ir import naming, ops
 from einjit.ir.indexing import AxisIndex, Symbol
 from einjit.ir.tnode import Tnode
+
+RECURSION_LIMIT = 20_000
+"""The passes, printers and renderers recurse over expressions, and a chain of inlined
+pointwise nodes is one deep expression: a few hundred inlined nodes need more than Python's
+default of 1000 frames."""
+
+
+@contextlib.contextmanager
+def deep_recursion() -> PyIterator[None]:
+    """Run a walk over low-level code with room for `RECURSION_LIMIT` frames."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, RECURSION_LIMIT))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
 
 _scope_ids = itertools.count(1)
 

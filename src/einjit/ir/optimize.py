@@ -24,9 +24,6 @@ decision with its `NonVirtual` code or provenance; `EINJIT_DEBUG=2` logs the opt
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
@@ -85,10 +82,12 @@ def _tracing(run: _Run, code: ll.LLStmt) -> ll.LLStmt:
 
 
 def _virtualize(run: _Run, code: ll.LLStmt) -> ll.LLStmt:
+    assert run.state is not None  # set by the tracing pass, which runs first
     return virtual_llc(code, run.state)
 
 
 def _cleanup(run: _Run, code: ll.LLStmt) -> ll.LLStmt:
+    assert run.state is not None  # set by the tracing pass, which runs first
     return cleanup_virtual_llc(code, run.state, run.settings)
 
 
@@ -124,10 +123,10 @@ def optimize_proc(llc: ll.LLStmt, *, name: str = "", static_indices: Iterable[Sy
     if config.debug_level() >= 4:
         config.debug(4, f"unoptimized low-level code of {label}:\n{ll.to_doc(llc)}")
     dump_name = name or "routine"
-    dumping = bool(os.environ.get("EINJIT_DUMP_DIR"))
+    dumping = config.dumping()
     run = _Run(settings, static, name)
     code = portable = llc
-    with _recursion_limit(RECURSION_LIMIT):
+    with ll.deep_recursion():
         for stage in STAGES:
             if not stage.enabled(settings):
                 continue
@@ -140,21 +139,6 @@ def optimize_proc(llc: ll.LLStmt, *, name: str = "", static_indices: Iterable[Sy
         config.debug(2, f"optimized low-level code of {label}:\n{ll.to_doc(code)}")
     assert run.trace is not None
     return Optimized(run.trace.traced_store, code, run.trace.merge_node, name, portable)
-
-
-RECURSION_LIMIT = 20_000
-"""The passes recurse over expressions, and a chain of inlined pointwise nodes is one deep
-expression: a few hundred inlined nodes need more than Python's default of 1000 frames."""
-
-
-@contextlib.contextmanager
-def _recursion_limit(limit: int):
-    old = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old, limit))
-    try:
-        yield
-    finally:
-        sys.setrecursionlimit(old)
 
 
 __all__ = [

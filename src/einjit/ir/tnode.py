@@ -92,6 +92,7 @@ class Mode:
             case MemoryMode.MATERIALIZED:
                 return frozenset({_Leaf.ON_DEVICE}) | _ALL_HOSTED
             case MemoryMode.HOSTED:
+                assert self.memory_type is not None  # set exactly when the mode is HOSTED
                 return _HOSTED_LEAVES[self.memory_type]
         raise AssertionError(self.mode)
 
@@ -125,6 +126,16 @@ class MemoryModeError(EinjitError, ValueError):
 _tnode_ids = itertools.count(1)
 
 
+_replaced = [0]
+
+
+def host_arrays_replaced() -> int:
+    """How many times a node's host array was replaced by another. Routines that compute in host
+    arrays hold their addresses; one integer compare per call tells them when to look whether
+    one of theirs was swapped (reading the old array would silently give stale values)."""
+    return _replaced[0]
+
+
 class Tnode:
     """A tensor node. Identity matters (two nodes with equal dims are different arrays), so it
     is an ordinary object hashed by identity, not a dataclass.
@@ -133,7 +144,7 @@ class Tnode:
     when the program is compiled, and the node must exist before that.
     """
 
-    __slots__ = ("id", "label", "prec", "_dims", "memory_mode", "provenance", "array", "__weakref__")
+    __slots__ = ("id", "label", "prec", "_dims", "memory_mode", "provenance", "_array", "__weakref__")
 
     def __init__(self, label: str | list[str], dims: tuple[int, ...] | Callable[[], tuple[int, ...]],
                  prec: ops.Prec = ops.single, *, memory_mode: Mode | None = None, provenance: int = 0):
@@ -143,7 +154,18 @@ class Tnode:
         self._dims = dims
         self.memory_mode: Mode | None = memory_mode
         self.provenance: int = provenance
-        self.array: np.ndarray | None = None
+        self._array: np.ndarray | None = None
+
+    @property
+    def array(self) -> np.ndarray | None:
+        """The host array, if the node has one."""
+        return self._array
+
+    @array.setter
+    def array(self, value: np.ndarray | None) -> None:
+        if self._array is not None and value is not self._array:
+            _replaced[0] += 1
+        self._array = value
 
     @property
     def dims(self) -> tuple[int, ...]:
