@@ -15,6 +15,91 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    # What `__getattr__` serves, spelled out for type checkers (keep in step with `_PUBLIC` and
+    # the public functions and classes of `einjit.tensor.operation`).
+    from einjit import data as data
+    from einjit import fit as fit
+    from einjit import nn as nn
+    from einjit.backends.interface import BackendError as BackendError
+    from einjit.backends.interface import NodeNotInContextError as NodeNotInContextError
+    from einjit.backends.interface import NotHostedError as NotHostedError
+    from einjit.backends.interface import StaticRangeError as StaticRangeError
+    from einjit.checkpoint import CheckpointError as CheckpointError
+    from einjit.checkpoint import load as load
+    from einjit.checkpoint import save as save
+    from einjit.errors import EinjitError as EinjitError
+    from einjit.ir import ops as ops
+    from einjit.ir.indexing import IntRef as IntRef
+    from einjit.ir.indexing import StaticSymbol as StaticSymbol
+    from einjit.ir.indexing import get_static_symbol as get_static_symbol
+    from einjit.ir.ops import as_prec as as_prec
+    from einjit.memory import AllocationError as AllocationError
+    from einjit.shape import ShapeError as ShapeError
+    from einjit.tensor.activations import abs as abs
+    from einjit.tensor.activations import clip as clip
+    from einjit.tensor.activations import gelu as gelu
+    from einjit.tensor.activations import leaky_relu as leaky_relu
+    from einjit.tensor.activations import rsqrt as rsqrt
+    from einjit.tensor.activations import softplus as softplus
+    from einjit.tensor.cd_syntax import CdSyntaxError as CdSyntaxError
+    from einjit.tensor.inputs import input as input
+    from einjit.tensor.inputs import scalar as scalar
+    from einjit.tensor.notation import CdError as CdError
+    from einjit.tensor.notation import Code as Code
+    from einjit.tensor.notation import Template as Template
+    from einjit.tensor.notation import cd as cd
+    from einjit.tensor.op_scope import op as op
+    from einjit.tensor.operation import Batch as Batch
+    from einjit.tensor.operation import add as add
+    from einjit.tensor.operation import as_tensor as as_tensor
+    from einjit.tensor.operation import batch_slice as batch_slice
+    from einjit.tensor.operation import binop as binop
+    from einjit.tensor.operation import cos as cos
+    from einjit.tensor.operation import div as div
+    from einjit.tensor.operation import einsum as einsum
+    from einjit.tensor.operation import embed_symbol as embed_symbol
+    from einjit.tensor.operation import exp as exp
+    from einjit.tensor.operation import log as log
+    from einjit.tensor.operation import matmul as matmul
+    from einjit.tensor.operation import maximum as maximum
+    from einjit.tensor.operation import minimum as minimum
+    from einjit.tensor.operation import mul as mul
+    from einjit.tensor.operation import ndarray as ndarray
+    from einjit.tensor.operation import neg as neg
+    from einjit.tensor.operation import number as number
+    from einjit.tensor.operation import param as param
+    from einjit.tensor.operation import pow as pow
+    from einjit.tensor.operation import range_ as range  # noqa: F401 - the API name of `range_`
+    from einjit.tensor.operation import recip as recip
+    from einjit.tensor.operation import relu as relu
+    from einjit.tensor.operation import sigmoid as sigmoid
+    from einjit.tensor.operation import sin as sin
+    from einjit.tensor.operation import sqrt as sqrt
+    from einjit.tensor.operation import sub as sub
+    from einjit.tensor.operation import tanh as tanh
+    from einjit.tensor.operation import transpose as transpose
+    from einjit.tensor.operation import unop as unop
+    from einjit.tensor.operation import where as where
+    from einjit.tensor.random import normal as normal
+    from einjit.tensor.random import uniform as uniform
+    from einjit.tensor.reductions import amax as amax
+    from einjit.tensor.reductions import amin as amin
+    from einjit.tensor.reductions import log_softmax as log_softmax
+    from einjit.tensor.reductions import logsumexp as logsumexp
+    from einjit.tensor.reductions import max as max
+    from einjit.tensor.reductions import mean as mean
+    from einjit.tensor.reductions import min as min
+    from einjit.tensor.reductions import softmax as softmax
+    from einjit.tensor.reductions import sum as sum
+    from einjit.tensor.tensor import GradSpec as GradSpec
+    from einjit.tensor.tensor import Tensor as Tensor
+    from einjit.tensor.tensor import TensorError as TensorError
+    from einjit.tensor.tensor import default_precision as default_precision
+    from einjit.tensor.tensor import set_default_precision as set_default_precision
+    from einjit.tensor.tensor import unchanged_roots as unchanged_roots
 
 _OPERATIONS_MODULE = "einjit.tensor.operation"
 _REDUCTIONS = ("amax", "amin", "log_softmax", "logsumexp", "max", "mean", "min", "softmax", "sum")

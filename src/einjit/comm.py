@@ -95,7 +95,9 @@ class InProcessGroup:
     def _check_alike(self, what: str, root: int) -> np.ndarray:
         """The root's slot, once every rank's array is known to match it."""
         source = self._slots[root]
+        assert source is not None  # every rank filled its slot before meeting
         for r, a in enumerate(self._slots):
+            assert a is not None
             if a.shape != source.shape or a.dtype != source.dtype:
                 raise ValueError(f"einjit: {what}: rank {r} passed {a.dtype}{list(a.shape)} but rank {root} passed "
                                  f"{source.dtype}{list(source.shape)}")

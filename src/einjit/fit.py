@@ -147,7 +147,7 @@ class ForwardStep(Step):
         self._pulls = tuple(_transfer(routine, t.value_tn, "to_host") for t in self.outputs)
         self._out_hosts = tuple(t.value_tn.host_array() for t in self.outputs)
 
-    def __call__(self, *arrays: np.ndarray):  # type: ignore[override]
+    def __call__(self, *arrays: np.ndarray):
         super().__call__(*arrays)
         for pull in self._pulls:
             pull()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from einjit.errors import EinjitError
 
@@ -39,7 +40,7 @@ def human(nbytes: int) -> str:
     raise AssertionError("unreachable")
 
 
-def check_fits(what: str, dims: tuple[int, ...], dtype: np.dtype) -> int:
+def check_fits(what: str, dims: tuple[int, ...], dtype: DTypeLike) -> int:
     """The bytes of an array of `what` (a tensor's name), or an `AllocationError` saying how
     much it needs and how much memory is available."""
     nbytes = int(np.dtype(dtype).itemsize)

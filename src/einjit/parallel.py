@@ -228,7 +228,11 @@ class CommDataParallel:
         self._grad = backend.link(self.context, code.grad, {s: IntRef(0) for s in code.bindings})
         load_inputs(self.context, code.update.inputs)
         self._update = backend.link(self.context, code.update, self.bindings)
-        self._packs = _packs([p.grad_tn for p in code.params] + [code.loss.value_tn], self.array)
+        grads: list[Tnode] = []
+        for p in code.params:
+            assert p.grad_tn is not None  # the trained parameters are differentiable
+            grads.append(p.grad_tn)
+        self._packs = _packs(grads + [code.loss.value_tn], self.array)
 
     def __repr__(self) -> str:
         return f"<CommDataParallel {self.code.name} rank {self.comm.rank} of {self.comm.size}>"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -112,6 +112,7 @@ def init_params(t: "Tensor | Iterable[Tensor]", *, seed: int = 0) -> None:
     sh.finish_inference()
     rng = np.random.default_rng(seed)
     for p in _params_of(t) if isinstance(t, Tensor) else dict.fromkeys(q for x in t for q in _params_of(x)):
+        assert p.init is not None  # `param` gives every parameter its initializer
         values = np.asarray(p.init(rng), dtype=p.value_tn.prec.dtype)
         host = p.value_tn.host_array()
         host[...] = values.reshape(host.shape)
@@ -132,6 +133,7 @@ def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *,
     """
     if isinstance(code, (list, tuple)):
         code = asg.sequence(*[as_asgns(c) for c in code])
+    one_code = cast("Code | Asgns", code)  # a list or tuple was sequenced just above
     refs = dict(bindings) if isinstance(bindings, Mapping) else {s: IntRef(0) for s in bindings}
     if backend is None and context is not None:
         backend = context.backend
@@ -139,7 +141,7 @@ def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *,
     compiler = base if options is None else backends.with_options(base, options)
     start = time.perf_counter()
     with stable_names():
-        _, lowered = lower_assignments(tuple(refs), as_asgns(code), name, settings=settings)
+        _, lowered = lower_assignments(tuple(refs), as_asgns(one_code), name, settings=settings)
         compiled = compiler.compile(tuple(refs), lowered, shared=True, name=name)
     context = context if context is not None else default_context(base)
     load_inputs(context, compiled.inputs)
@@ -177,7 +179,8 @@ def sequential_loop(bindings: Mapping[StaticSymbol, IntRef], f: Callable[[], Non
     """Call `f` for every combination of the ranged static symbols' values, the first symbol
     outermost; symbols without a range are left to the caller."""
     ranged = [(s, r) for s, r in bindings.items() if s.static_range is not None]
-    for values in itertools.product(*[range(s.static_range) for s, _ in ranged]):
+    limits = [s.static_range for s, _ in ranged if s.static_range is not None]  # all of them
+    for values in itertools.product(*[range(n) for n in limits]):
         for (_, r), v in zip(ranged, values, strict=True):
             r.value = v
         f()

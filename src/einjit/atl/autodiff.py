@@ -41,7 +41,10 @@ from .ir import (
     TNum,
     Type,
     Var,
+    as_sym,
     tensor_shape,
+    tensor_typ,
+    typ_of,
 )
 from .lets import from_block, lift_lets, to_block
 from .pairs import eliminate_pairs
@@ -119,7 +122,7 @@ def deriv(f: Func, wrt: Sequence[str] | None = None) -> Func:
 def _forward(e: Expr, tan: dict[Sym, Expr]) -> Expr:
     match e:
         case Var(name, typ):
-            return tan.get(name) or zero(typ)
+            return tan.get(as_sym(name)) or zero(typ_of(e))
         case Const():
             return Const(0.0, R)
         case Add(lhs, rhs):
@@ -132,16 +135,16 @@ def _forward(e: Expr, tan: dict[Sym, Expr]) -> Expr:
             return Proj(idx, _forward(arg, tan), typ)
         case Gen(i, rng, body, typ) | Sum(i, rng, body, typ):
             d = _forward(body, tan)
-            return zero(typ) if is_zero(d) else type(e)(i, rng, d, typ)
+            return zero(typ_of(e)) if is_zero(d) else type(e)(i, rng, d, typ)
         case Access(base, idx, typ):
             d = _forward(base, tan)
-            return zero(typ) if is_zero(d) else Access(d, idx, typ)
+            return zero(typ_of(e)) if is_zero(d) else Access(d, idx, typ)
         case Indicate(pred, body, typ):
             d = _forward(body, tan)
-            return zero(typ) if is_zero(d) else Indicate(pred, d, typ)
+            return zero(typ_of(e)) if is_zero(d) else Indicate(pred, d, typ)
         case Let(name, rhs, body):
-            dsym = Sym("d" + name.name)
-            inner = _forward(body, {**tan, name: Var(dsym, rhs.typ)})
+            dsym = Sym("d" + as_sym(name).name)
+            inner = _forward(body, {**tan, as_sym(name): Var(dsym, rhs.typ)})
             return Let(name, rhs, Let(dsym, _forward(rhs, tan), inner))
     raise TypeError(f"not an ATL expression: {e!r}")
 
@@ -178,7 +181,7 @@ def _reverse(f: Func, k: int, seed: Expr) -> Expr:
         if not parts:
             continue
         bar = Sym(name.name + "_bar")
-        adjoints.append((bar, back.total(parts, rhs.typ)))
+        adjoints.append((bar, back.total(parts, typ_of(rhs))))
         back.visit(rhs, Var(bar, rhs.typ), ())
     sym, typ = tf.args[k]
     parts = back.contributions.get(sym, [])
@@ -227,11 +230,11 @@ class _Backprop:
         if is_zero(g):
             return
         match e:
-            case Var(name, typ):
-                gens, body = self.indexed(g, typ)
+            case Var(name):
+                gens, body = self.indexed(g, typ_of(e))
                 for i, n in reversed(ctx):
                     body = Sum(i, n, body)
-                self.contributions.setdefault(name, []).append(_wrap_gens(gens, body))
+                self.contributions.setdefault(as_sym(name), []).append(_wrap_gens(gens, body))
             case Const():
                 pass
             case Add(lhs, rhs):
@@ -246,7 +249,7 @@ class _Backprop:
                 self.visit(body, Access(g, IVar(i)), ctx + ((i, rng),))
             case Access(base, idx):
                 j = self.fresh()
-                spread = Gen(j, base.typ.range, Indicate(Eq(IVar(j), idx), g))
+                spread = Gen(j, tensor_typ(base).range, Indicate(Eq(IVar(j), idx), g))
                 self.visit(base, spread, ctx)
             case Indicate(pred, body):
                 self.visit(body, Indicate(pred, g), ctx)

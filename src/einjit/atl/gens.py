@@ -33,6 +33,8 @@ from .ir import (
     Sym,
     TTensor,
     Var,
+    as_sym,
+    typ_of,
 )
 from .lets import from_block, to_block
 from .rewrite import subst_indices
@@ -60,9 +62,9 @@ def normalize_statement(e: Expr) -> Expr:
         body = Access(body, IVar(k), body.typ.typ)
     body = _wrap(inds, body)
     for i, rng in reversed(eta):
-        body = Gen(i, rng, body, TTensor(rng, body.typ))
+        body = Gen(i, rng, body, TTensor(rng, typ_of(body)))
     for i, rng in gens:
-        body = Gen(i, rng, body, TTensor(rng, body.typ))
+        body = Gen(i, rng, body, TTensor(rng, typ_of(body)))
     return body
 
 
@@ -91,10 +93,10 @@ def _lift(e: Expr, ranges: dict[Sym, int]) -> tuple[Gens, list[Pred], Expr]:
             _, ri, right = _lift(rhs, ranges)
             return [], li + ri, Mul(left, right, typ)
         case Gen(i, rng, body):
-            gens, inds, b = _lift(body, {**ranges, i: rng})
-            return gens + [(i, rng)], inds, b
+            gens, inds, b = _lift(body, {**ranges, as_sym(i): rng})
+            return gens + [(as_sym(i), rng)], inds, b
         case Sum(i, rng, body, typ):
-            _, inds, b = _lift(body, {**ranges, i: rng})
+            _, inds, b = _lift(body, {**ranges, as_sym(i): rng})
             for n, p in enumerate(inds):
                 target = solve_for(p, i)
                 if target is not None:

@@ -61,6 +61,7 @@ from .ir import (
     TNum,
     Type,
     Var,
+    as_sym,
     tensor_shape,
 )
 from .normalize import NormalForm, Stmt
@@ -259,7 +260,7 @@ class _Lowering:
         hl = self.hl
         match e:
             case Var(name):
-                kind, obj, _ = self.values[name]
+                kind, obj, _ = self.values[as_sym(name)]
                 return obj[()] if kind == "func" else obj
             case Const(val):
                 return hl.f64(val)
@@ -268,14 +269,14 @@ class _Lowering:
             case Mul(lhs, rhs):
                 return self._expr(lhs) * self._expr(rhs)
             case Sum(i, rng, body):
-                r = hl.RDom([(0, rng)], _hname(i))
-                self.indices[i] = r.x
-                self.ranges[i] = rng
+                r = hl.RDom([(0, rng)], _hname(as_sym(i)))
+                self.indices[as_sym(i)] = r.x
+                self.ranges[as_sym(i)] = rng
                 term = self._expr(body)
                 if i not in index_vars_of(body):
                     # a reduction whose body never names its domain runs once
                     term = hl.select(r.x >= 0, term, hl.f64(0.0))
-                return hl.sum(r, term, _hname(i) + "_sum")
+                return hl.sum(r, term, _hname(as_sym(i)) + "_sum")
             case Indicate(pred, body):
                 return hl.select(self._pred(pred), self._expr(body), hl.f64(0.0))
             case Access():
@@ -283,7 +284,8 @@ class _Lowering:
                 while isinstance(e, Access):
                     idx.insert(0, e.idx)
                     e = e.base
-                return self._read(e.name, idx)
+                assert isinstance(e, Var)  # normal form: an access chain reads a variable
+                return self._read(as_sym(e.name), idx)
         raise TypeError(f"not a normal-form body: {e!r}")
 
     def _read(self, name: Sym, idx: list[Index]) -> Any:
@@ -303,7 +305,7 @@ class _Lowering:
         hl = self.hl
         match ix:
             case IVar(name):
-                return self.indices[name]
+                return self.indices[as_sym(name)]
             case IConst(val):
                 return hl.Expr(val)
             case IAdd(lhs, rhs):
@@ -324,14 +326,14 @@ class _Lowering:
                 return self._index(l) <= self._index(r)
             case Rel(rel, args):
                 inside = None
-                for ix, n in zip(args, self.shapes[rel], strict=True):
+                for ix, n in zip(args, self.shapes[as_sym(rel)], strict=True):
                     box = interval(ix, self.ranges)
                     if box is not None and 0 <= box[0] and box[1] < n:
                         continue
                     e = self._index(ix)
                     test = (e >= 0) & (e < n)
                     inside = test if inside is None else inside & test
-                member = self._read(rel, list(args))
+                member = self._read(as_sym(rel), list(args))
                 return member if inside is None else inside & member
             case And(l, r):
                 return self._pred(l) & self._pred(r)

@@ -9,7 +9,7 @@ need.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping, TypeVar
 
 from .ir import (
     And,
@@ -34,7 +34,12 @@ __all__ = [
     "pred_index_vars", "subst_pred", "solve_for", "range_guards", "mentions",
 ]
 
+_V = TypeVar("_V")
+
 Affine = tuple[dict[Name, int], int]
+#: A mapping keyed by names. `Any` keys: the typed passes pass `Sym`-keyed dicts, and a
+#: `Mapping[Name, ...]` would not accept those (a mapping's key type is invariant).
+NameMap = Mapping[Any, _V]
 
 
 def to_affine(ix: Index) -> Affine:
@@ -84,7 +89,7 @@ def index_vars(ix: Index) -> set:
     raise TypeError(f"not an index expression: {ix!r}")
 
 
-def subst_index(ix: Index, sub: Mapping[Name, Index]) -> Index:
+def subst_index(ix: Index, sub: NameMap[Index]) -> Index:
     """Replace variables; untouched expressions keep their written form."""
     if isinstance(ix, IVar):
         return sub.get(ix.name, ix)
@@ -108,7 +113,7 @@ def subst_index(ix: Index, sub: Mapping[Name, Index]) -> Index:
     return result
 
 
-def interval(ix: Index, ranges: Mapping[Name, int]) -> tuple[int, int] | None:
+def interval(ix: Index, ranges: NameMap[int]) -> tuple[int, int] | None:
     """Inclusive bounds of ``ix`` when each variable ``v`` runs over ``[0, ranges[v])``;
     ``None`` when a variable's range is unknown."""
     terms, const = to_affine(ix)
@@ -173,7 +178,7 @@ def _decide(p: Pred) -> bool | None:
     return None
 
 
-def subst_pred(p: Pred, sub: Mapping[Name, Index]) -> Pred | None:
+def subst_pred(p: Pred, sub: NameMap[Index]) -> Pred | None:
     """Substitute into a predicate; ``None`` means it became trivially true (so the
     indicator can be dropped, as the notebook drops ``[j=j]``)."""
     if not (pred_index_vars(p) & sub.keys()):
@@ -210,7 +215,7 @@ def solve_for(p: Pred, name: Name) -> Index | None:
     return from_affine({v: -c * k for v, k in terms.items()}, -c * d)
 
 
-def range_guards(ix: Index, n: int, ranges: Mapping[Name, int]) -> list[Pred]:
+def range_guards(ix: Index, n: int, ranges: NameMap[int]) -> list[Pred]:
     """Predicates that keep ``ix`` inside ``[0, n)``, leaving out those the variables'
     ranges already imply."""
     box = interval(ix, ranges)

@@ -39,6 +39,8 @@ from .ir import (
     TTensor,
     Type,
     Var,
+    tensor_typ,
+    typ_of,
 )
 from .typecheck import TypedFunc
 
@@ -87,7 +89,7 @@ def _eval(e: Expr, env: dict) -> Any:
             return acc
         case Access(base, idx):
             k = eval_index(idx, env)
-            rng = base.typ.range
+            rng = tensor_typ(base).range
             if not 0 <= k < rng:
                 raise IndexError(f"index {idx} = {k} is outside [0, {rng}) in {e}; "
                                  f"guard the read with an indicator")
@@ -95,7 +97,7 @@ def _eval(e: Expr, env: dict) -> Any:
                 return _bound(base.idx, k, base.body, env)
             return _eval(base, env)[k]
         case Indicate(pred, body):
-            return _eval(body, env) if _holds(pred, env) else zero_value(e.typ)
+            return _eval(body, env) if _holds(pred, env) else zero_value(typ_of(e))
         case Let(name, rhs, body):
             env[name] = _eval(rhs, env)
             return _eval(body, env)

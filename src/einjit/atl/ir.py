@@ -18,10 +18,19 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Union
+from typing import TYPE_CHECKING, Union, cast
+
+from einjit.errors import EinjitError
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class _Typed(Protocol):
+        @property
+        def typ(self) -> Type | None: ...
 
 __all__ = [
-    "Sym", "Name",
+    "Sym", "Name", "UntypedError", "as_sym", "typ_of", "tensor_typ",
     "TNum", "TBool", "TError", "TTensor", "TPair", "Type", "R", "B", "TERR",
     "IVar", "IConst", "IAdd", "IMul", "Index", "Idx", "as_index",
     "Eq", "Ne", "Lt", "Le", "Gt", "Ge", "Rel", "And", "Or", "Not", "Pred",
@@ -55,6 +64,17 @@ class Sym:
 
 
 Name = Union[str, Sym]
+
+
+class UntypedError(EinjitError, TypeError):
+    """A pass that works on the typed form met a node the typechecker did not produce."""
+
+
+def as_sym(name: Name) -> Sym:
+    """A name of the typed form, where every name is a ``Sym``."""
+    if not isinstance(name, Sym):
+        raise UntypedError(f"einjit: ATL name {name!r} is not resolved: typecheck the program first")
+    return name
 
 
 # --------------------------------------------------------------------------- types
@@ -106,6 +126,23 @@ class TPair:
 
 
 Type = Union[TNum, TBool, TError, TTensor, TPair]
+
+
+def typ_of(e: _Typed) -> Type:
+    """The type of a node of the typed form, where every node has one."""
+    if e.typ is None:
+        raise UntypedError(f"einjit: ATL expression {e} has no type: typecheck the program first")
+    return e.typ
+
+
+def tensor_typ(e: _Typed) -> TTensor:
+    """The type of a tensor-valued node of the typed form."""
+    t = typ_of(e)
+    if not isinstance(t, TTensor):
+        raise UntypedError(f"einjit: ATL expression {e} is not a tensor but a {t}")
+    return t
+
+
 R = TNum()
 B = TBool()
 TERR = TError()
@@ -163,7 +200,7 @@ class _IndexOps:
 
     def __str__(self) -> str:
         from .display import index_str
-        return index_str(self)
+        return index_str(cast("Index", self))  # every subclass is an Index
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +280,7 @@ class _PredOps:
 
     def __str__(self) -> str:
         from .display import pred_str
-        return pred_str(self)
+        return pred_str(cast("Pred", self))  # every subclass is a Pred
 
 
 def _coerce_sides(obj) -> None:
@@ -371,11 +408,11 @@ class _ExprOps:
 
     def __str__(self) -> str:
         from .display import expr_str
-        return expr_str(self)
+        return expr_str(cast("Expr", self))  # every subclass is an Expr
 
     def _repr_latex_(self) -> str:
         from .display import latex
-        return f"${latex(self)}$"
+        return f"${latex(cast('Expr', self))}$"
 
 
 @dataclass(frozen=True, slots=True)

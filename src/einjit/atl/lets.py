@@ -29,6 +29,8 @@ from .ir import (
     Sym,
     TTensor,
     Var,
+    as_sym,
+    typ_of,
 )
 from .rewrite import subst_indices, subst_vars
 from .typecheck import TypedFunc
@@ -49,7 +51,7 @@ def to_block(e: Expr) -> tuple[Binds, Expr]:
     """Split a let chain into its bindings and its final expression."""
     binds: Binds = []
     while isinstance(e, Let):
-        binds.append((e.name, e.rhs))
+        binds.append((as_sym(e.name), e.rhs))
         e = e.body
     return binds, e
 
@@ -75,10 +77,10 @@ def _lift(e: Expr) -> tuple[Binds, Expr]:
             for name, rhs in binds:
                 # earlier bindings already became tensors over i
                 rhs = subst_vars(rhs, env)
-                fresh = i.copy()
-                tensor = TTensor(rng, rhs.typ)
+                fresh = as_sym(i).copy()
+                tensor = TTensor(rng, typ_of(rhs))
                 closed.append((name, Gen(fresh, rng,
-                                         subst_indices(rhs, {i: IVar(fresh)}), tensor)))
+                                         subst_indices(rhs, {as_sym(i): IVar(fresh)}), tensor)))
                 env[name] = Access(Var(name, tensor), IVar(i), rhs.typ)
             return closed, type(e)(i, rng, subst_vars(b, env), typ)
         case Access(base, idx, typ):
@@ -86,7 +88,7 @@ def _lift(e: Expr) -> tuple[Binds, Expr]:
             return binds, Access(b, idx, typ)
         case Indicate(pred, body, typ):
             binds, b = _lift(body)
-            guarded = [(name, Indicate(pred, rhs, rhs.typ)) for name, rhs in binds]
+            guarded: Binds = [(name, Indicate(pred, rhs, rhs.typ)) for name, rhs in binds]
             return guarded, Indicate(pred, b, typ)
         case Let(name, rhs, body):
             rb, r = _lift(rhs)

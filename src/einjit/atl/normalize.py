@@ -33,6 +33,8 @@ from .ir import (
     TTensor,
     Type,
     Var,
+    as_sym,
+    typ_of,
 )
 from .lets import lift_lets, to_block
 from .pairs import eliminate_pairs
@@ -82,7 +84,7 @@ class Stmt:
     def to_expr(self) -> Expr:
         e = self.body
         for i, n in reversed(self.gens):
-            e = Gen(i, n, e, TTensor(n, e.typ))
+            e = Gen(i, n, e, TTensor(n, typ_of(e)))
         return e
 
 
@@ -121,9 +123,9 @@ def normalize(tf: TypedFunc) -> TypedFunc:
 
 
 def _split_gens(e: Expr) -> tuple[tuple[tuple[Sym, int], ...], Expr]:
-    gens = []
+    gens: list[tuple[Sym, int]] = []
     while isinstance(e, Gen):
-        gens.append((e.idx, e.range))
+        gens.append((as_sym(e.idx), e.range))
         e = e.body
     return tuple(gens), e
 
@@ -158,7 +160,7 @@ def check_body(e: Expr, indices: set, names: set) -> None:
             assert pred_index_vars(pred) <= indices, f"free index in [{pred}]"
             check_body(body, indices, names)
         case Access():
-            a = e
+            a: Expr = e
             while isinstance(a, Access):
                 assert index_vars(a.idx) <= indices, f"free index in {e}"
                 a = a.base

@@ -37,6 +37,9 @@ from .ir import (
     TTensor,
     Type,
     Var,
+    as_sym,
+    tensor_typ,
+    typ_of,
 )
 from .typecheck import TypedFunc
 
@@ -96,7 +99,7 @@ class _Eliminator:
     def push(self, e: Expr, projs: tuple[int, ...]) -> Expr:
         match e:
             case Var(name):
-                sub = self.values.get(name)
+                sub = self.values.get(as_sym(name))
                 if sub is None:
                     assert not projs, f"projection of a pair-free variable {name!r}"
                     return e
@@ -113,24 +116,24 @@ class _Eliminator:
             case Gen(i, rng, body) | Sum(i, rng, body):
                 # the same binder may be pushed through more than once (one copy per
                 # let leaf), and each copy must own its symbol
-                fresh = i.copy()
-                self.indices[i] = IVar(fresh)
+                fresh = as_sym(i).copy()
+                self.indices[as_sym(i)] = IVar(fresh)
                 b = self.push(body, projs)
-                typ = TTensor(rng, b.typ) if isinstance(e, Gen) else b.typ
+                typ = TTensor(rng, typ_of(b)) if isinstance(e, Gen) else b.typ
                 return type(e)(fresh, rng, b, typ)
             case Access(base, ix):
                 b = self.push(base, projs)
-                return Access(b, self.idx(ix), b.typ.typ)
+                return Access(b, self.idx(ix), tensor_typ(b).typ)
             case Indicate(p, body):
                 b = self.push(body, projs)
                 q = subst_pred(p, self.indices)
                 return b if q is None else Indicate(q, b, b.typ)
             case Let(name, rhs, body):
-                return self.let(name, rhs, body, projs)
+                return self.let(as_sym(name), rhs, body, projs)
         raise TypeError(f"not an ATL expression: {e!r}")
 
     def let(self, name: Sym, rhs: Expr, body: Expr, projs: tuple[int, ...]) -> Expr:
-        soa = typ_soa_transform(rhs.typ)
+        soa = typ_soa_transform(typ_of(rhs))
         binds: list[tuple[Sym, Expr]] = []
 
         def unpack(label: str, t: Type, path: tuple[int, ...]) -> Expr:

@@ -76,7 +76,7 @@ def subst_vars(e: Expr, sub: Mapping[Sym, Expr]) -> Expr:
     if not sub:
         return e
     if isinstance(e, Var):
-        return sub.get(e.name, e)
+        return sub.get(e.name, e) if isinstance(e.name, Sym) else e  # a string is no key
     return map_children(e, lambda c: subst_vars(c, sub))
 
 

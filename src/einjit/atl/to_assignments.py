@@ -88,6 +88,7 @@ from .ir import (
     TNum,
     Type,
     Var,
+    as_sym,
     tensor_shape,
 )
 from .normalize import NormalForm, Stmt
@@ -164,11 +165,17 @@ def _free_vars(e: Expr) -> set[Sym]:
         case Access():
             out: set[Sym] = set()
             while isinstance(e, Access):
-                out |= set(to_affine(e.idx)[0])
+                out |= set(_affine(e.idx)[0])
                 e = e.base
             return out
     raise UnsupportedError(f"einjit ATL backend: {type(e).__name__} is not a normal-form "
                            f"statement body construct: {e}")
+
+
+def _affine(ix: Index) -> tuple[dict[Sym, int], int]:
+    """``to_affine`` in the typed form, where every index variable is a ``Sym``."""
+    terms, const = to_affine(ix)
+    return {as_sym(v): c for v, c in terms.items()}, const
 
 
 def _box(ix: Index, space: Space) -> tuple[int, int]:
@@ -190,9 +197,9 @@ def _terms(e: Expr) -> list[Expr]:
 def _pred_vars(p: Pred) -> set[Sym]:
     match p:
         case Eq(l, r) | Ne(l, r) | Lt(l, r) | Le(l, r):
-            return set(to_affine(l)[0]) | set(to_affine(r)[0])
+            return set(_affine(l)[0]) | set(_affine(r)[0])
         case Rel(_, args):
-            return set().union(*(set(to_affine(a)[0]) for a in args))
+            return set().union(*(set(_affine(a)[0]) for a in args))
         case And(l, r) | Or(l, r):
             return _pred_vars(l) | _pred_vars(r)
         case Not(arg):
@@ -300,11 +307,11 @@ class _Translator:
         lazy, accum, bufs = asg.Lazy.of(proj), ops.Binop.ADD, [asg.Node(o.tn) for o in operands]
         match op:
             case ops.Unop():
-                self.body.append(asg.AccumUnop(init, accum, op, target.tn, *bufs, lazy))
+                self.body.append(asg.AccumUnop(init, accum, op, target.tn, bufs[0], lazy))
             case ops.Binop():
-                self.body.append(asg.AccumBinop(init, accum, op, target.tn, *bufs, lazy))
+                self.body.append(asg.AccumBinop(init, accum, op, target.tn, bufs[0], bufs[1], lazy))
             case ops.Ternop():
-                self.body.append(asg.AccumTernop(init, accum, op, target.tn, *bufs, lazy))
+                self.body.append(asg.AccumTernop(init, accum, op, target.tn, bufs[0], bufs[1], bufs[2], lazy))
 
     def _into(self, target: _Target, e: Expr, space: Space, reduced: tuple[Sym, ...]) -> None:
         """Accumulate ``e`` into ``target``. Reductions widen the product space; in a sum
@@ -319,11 +326,11 @@ class _Translator:
                     for t in pointwise[1:]:
                         total = Add(total, t, R)
                     self._pointwise(target, total, space, reduced)
-                for t in terms:
-                    if isinstance(t, Sum):
-                        self._into(target, t, space, reduced)
+                for term in terms:
+                    if isinstance(term, Sum):
+                        self._into(target, term, space, reduced)
             case Sum(i, rng, body):
-                self._into(target, body, {**space, i: rng}, reduced + (i,))
+                self._into(target, body, {**space, as_sym(i): rng}, reduced + (as_sym(i),))
             case _:
                 self._pointwise(target, e, space, reduced)
 
@@ -355,10 +362,10 @@ class _Translator:
         indicator's ``WHERE``, which already makes an out-of-range plain index safe."""
         match e:
             case Var(name):
-                if self.shapes.get(name) != ():
+                if self.shapes.get(as_sym(name)) != ():
                     raise UnsupportedError(f"einjit ATL backend: variable '{e}' is not a "
                                            "scalar argument or scalar statement")
-                return Operand(self.nodes[name], ())
+                return Operand(self.nodes[as_sym(name)], ())
             case Const(val):
                 return self._const(val)
             case Access():
@@ -385,7 +392,7 @@ class _Translator:
             lo, hi = _box(ix, space)
             if hi < 0 or lo >= n:
                 return self._const(0.0)  # only ever evaluated under a false predicate
-            terms, const = to_affine(ix)
+            terms, const = _affine(ix)
             plain = const == 0 and len(terms) == 1 and next(iter(terms.values())) == 1
             if plain and hi >= n and not raw:
                 guards.append(Lt(ix, IConst(n)))
@@ -394,7 +401,7 @@ class _Translator:
             for g in guards[1:]:
                 pred = And(pred, g)
             return self._operand(Indicate(pred, e, e.typ), space)
-        return Operand(self.nodes[root.name], tuple(to_affine(ix) for ix in idx))
+        return Operand(self.nodes[as_sym(root.name)], tuple(_affine(ix) for ix in idx))
 
     # ------------------------------------------------------------------ masks
     def _mask(self, p: Pred, space: Space) -> Operand:
@@ -410,7 +417,7 @@ class _Translator:
                     lo, hi = _box(ix, space)
                     if hi < 0 or lo >= n:
                         return self._const(0.0)  # outside the extents: not a member
-                return Operand(self.nodes[rel], tuple(to_affine(ix) for ix in args))
+                return Operand(self.nodes[rel], tuple(_affine(ix) for ix in args))
             case Eq(l, r) | Ne(l, r) | Lt(l, r) | Le(l, r):
                 return self._compare(p, l, r, space)
             case And(l, r) | Or(l, r):
@@ -424,16 +431,17 @@ class _Translator:
     def _compare(self, p: Pred, a: Index, b: Index, space: Space) -> Operand:
         """``a ⋈ b`` as ``P ⋈' N`` with ``P`` and ``N`` sums of nonnegative multiples of
         index values (``a - b = P - N``), ``Le`` as ``<`` on integers."""
-        lt, lc = to_affine(a)
-        rt, rc = to_affine(b)
+        lt, lc = _affine(a)
+        rt, rc = _affine(b)
         terms = dict(lt)
         for v, c in rt.items():
             terms[v] = terms.get(v, 0) - c
         const = lc - rc
         if isinstance(p, Le):
             const -= 1  # d <= 0  <=>  d - 1 < 0
-        op = {Eq: ops.Binop.CMPEQ, Ne: ops.Binop.CMPNE, Lt: ops.Binop.CMPLT,
-              Le: ops.Binop.CMPLT}[type(p)]
+        op_of: dict[type, ops.Binop] = {Eq: ops.Binop.CMPEQ, Ne: ops.Binop.CMPNE, Lt: ops.Binop.CMPLT,
+              Le: ops.Binop.CMPLT}
+        op = op_of[type(p)]
         pos = {v: c for v, c in terms.items() if c > 0}
         neg = {v: -c for v, c in terms.items() if c < 0}
         if not pos and not neg:

@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 from einjit.errors import EinjitError
 
 from .display import func_str
+from .index import NameMap
 from .ir import (
     TERR,
     Access,
@@ -52,6 +53,7 @@ from .ir import (
     Type,
     Var,
     tensor_shape,
+    typ_of,
 )
 
 __all__ = ["TCError", "TypedFunc", "typecheck", "type_has_bools", "is_relation_type"]
@@ -77,7 +79,7 @@ class TypedFunc:
 
     @property
     def ret_type(self) -> Type:
-        return self.body.typ
+        return typ_of(self.body)
 
     def __str__(self) -> str:
         return func_str(self.args, self.body)
@@ -133,7 +135,7 @@ def _fresh(name: Name) -> Sym:
     return name.copy() if isinstance(name, Sym) else Sym(name)
 
 
-def _index_span(ix: Index, ranges: Mapping[Sym, int]) -> tuple[int, int] | None:
+def _index_span(ix: Index, ranges: NameMap[int]) -> tuple[int, int] | None:
     """The least and greatest values an affine index takes over its binders' ranges."""
     match ix:
         case IVar(sym):
@@ -322,7 +324,7 @@ class _Checker:
             case Pair(lhs, rhs):
                 left, right = self.check(env, lhs), self.check(env, rhs)
                 ok = TERR not in (left.typ, right.typ)
-                return Pair(left, right, TPair(left.typ, right.typ) if ok else TERR)
+                return Pair(left, right, TPair(typ_of(left), typ_of(right)) if ok else TERR)
             case Proj(idx, arg):
                 a = self.check(env, arg)
                 typ = TERR
@@ -358,7 +360,7 @@ class _Checker:
             case Let(name, rhs, body):
                 r = self.check(env, rhs)
                 sym = _fresh(name)
-                b = self.check({**env, name: _ValueBinding(sym, r.typ)}, body)
+                b = self.check({**env, name: _ValueBinding(sym, typ_of(r))}, body)
                 return Let(sym, r, b, b.typ)
         self.err(f"unexpected expression {node!r}")
         return Const(0.0, TERR)
@@ -378,7 +380,7 @@ class _Checker:
                 self.err(f"Was expecting a number as body: {node}")
                 typ = TERR
             return Sum(sym, rng, b, typ if good_range else TERR)
-        typ = TTensor(rng, b.typ) if b.typ != TERR and good_range else TERR
+        typ = TTensor(rng, typ_of(b)) if b.typ != TERR and good_range else TERR
         return Gen(sym, rng, b, typ)
 
 

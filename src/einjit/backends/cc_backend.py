@@ -217,7 +217,7 @@ class CcSimpleBackend:
             fn, pointers = procedure.procedure.function, tuple(ctypes.c_void_p(a.ctypes.data) for a in arrays)
 
         computed = [p for p in procedure.procedure.params if p.kind is not ParamKind.STATIC]
-        in_host = tuple((p.tn, a) for p, a in zip(computed, arrays, strict=True) if a is p.node.array)
+        in_host = tuple((p.node, a) for p, a in zip(computed, arrays, strict=True) if a is p.node.array)
         guard = _host_array_guard(name, in_host)
 
         def schedule() -> Work:

@@ -143,11 +143,14 @@ def compile_source(source: str, *, name: str, arch: str, kind: str, options: Cud
     if kind not in ("ptx", "cubin"):
         raise BackendUsageError(f"einjit: CUDA images are 'ptx' or 'cubin', not {kind!r}")
     compiler = _choose_compiler(options)
+    identity: str | None
     if compiler == "nvrtc":
         nvrtc = load_nvrtc()
+        assert nvrtc is not None  # _choose_compiler picks NVRTC only when it loads
         identity, flags = f"nvrtc {nvrtc.path} {nvrtc.version}", options.nvrtc_flags
     else:
         identity, flags = _nvcc_identity(options.nvcc), options.nvcc_flags
+        assert identity is not None  # _choose_compiler picks nvcc only when it is found
     start = time.perf_counter()
 
     def build(out: Path, _src: Path, kept: Path) -> None:
@@ -169,8 +172,10 @@ def _run_nvrtc(source: str, name: str, arch: str, kind: str, flags: tuple[str, .
     # adds by itself and NVRTC does not.
     dirs = [] if home is None else [home / "include", home / "include" / "cccl"]
     includes = tuple(f"-I{d}" for d in dirs if d.exists())
+    nvrtc = load_nvrtc()
+    assert nvrtc is not None  # _choose_compiler picks NVRTC only when it loads
     try:
-        image, _ = load_nvrtc().compile(source, name, arch, kind, includes + tuple(flags))
+        image, _ = nvrtc.compile(source, name, arch, kind, includes + tuple(flags))
     except CudaError as e:
         raise CudaError(f"{str(e)[:_MAX_DIAGNOSTICS]}\nthe generated source is kept at {cu_path}") from None
     return image
@@ -255,6 +260,20 @@ class CudaDevice:
         self._launched: list[str] = []
         self._lock = threading.Lock()
 
+    @property
+    def started_ctx(self) -> int:
+        """The context, once `start` made it."""
+        if self.ctx is None:
+            raise BackendUsageError(f"einjit: CUDA device {self.label} is used before it was started")
+        return self.ctx
+
+    @property
+    def started_stream(self) -> int:
+        """The stream, once `start` made it."""
+        if self.stream is None:
+            raise BackendUsageError(f"einjit: CUDA device {self.label} is used before it was started")
+        return self.stream
+
     def __repr__(self) -> str:
         return f"<CudaDevice {self.label} {self.name} sm_{self.capability[0]}{self.capability[1]}>"
 
@@ -275,7 +294,7 @@ class CudaDevice:
 
     def activate(self) -> None:
         """Make this device's context current in the calling thread."""
-        self.driver.set_current(self.ctx)
+        self.driver.set_current(self.started_ctx)
 
     def module(self, image: CudaImage) -> int:
         with self._lock:
@@ -286,7 +305,7 @@ class CudaDevice:
 
     def launch(self, fn: int, blocks: int, threads: int, params: ctypes.Array, cooperative: bool, name: str) -> None:
         self.activate()
-        self.driver.launch(fn, blocks, threads, self.stream, params, cooperative, name)
+        self.driver.launch(fn, blocks, threads, self.started_stream, params, cooperative, name)
         with self._lock:
             self._launched.append(name)
             if len(self._launched) > 2 * _NAMES_KEPT:
@@ -295,7 +314,7 @@ class CudaDevice:
     def synchronize(self) -> tuple[int, list[str]]:
         """Wait for the stream: (CUresult, names of the kernels launched since the last call)."""
         self.activate()
-        code = self.driver.stream_synchronize(self.stream)
+        code = self.driver.stream_synchronize(self.started_stream)
         with self._lock:
             launched, self._launched = self._launched, []
         return code, launched
@@ -405,7 +424,7 @@ class CudaCore:
         table = context.merge_buffers if merge else context.buffers
         if tn not in table:
             context.device.activate()
-            table[tn] = self.driver.alloc(_nbytes(tn), context.device.stream)
+            table[tn] = self.driver.alloc(_nbytes(tn), context.device.started_stream)
         return table[tn]
 
     def link_compiled(self, context: CudaContext, procedure: CudaProcedure, inputs: frozenset[Tnode],
@@ -421,9 +440,9 @@ class CudaCore:
                 case ParamKind.ARRAY:
                     if p.tn in inputs and not context.holds(p.tn):
                         raise missing_input_error(name, p.tn, context, hosted_hint=True)
-                    args.append(c_uint64(self._buffer(context, p.tn)))
+                    args.append(c_uint64(self._buffer(context, p.node)))
                 case ParamKind.MERGE_BUFFER:
-                    args.append(c_uint64(self._buffer(context, p.tn, merge=True)))
+                    args.append(c_uint64(self._buffer(context, p.node, merge=True)))
         fn = self.driver.function(device.module(procedure.image), name)
         blocks, threads, cooperative = self._launch_config(device, fn, procedure)
         statics = procedure.bindings
@@ -470,7 +489,7 @@ class CudaCore:
         host = _host_array("from_host", tn, context)
         ptr = self._buffer(context, tn)
         context.device.activate()
-        self.driver.copy_to_device(ptr, host.ctypes.data, host.nbytes, context.device.stream)
+        self.driver.copy_to_device(ptr, host.ctypes.data, host.nbytes, context.device.started_stream)
 
     def to_host(self, context: CudaContext, tn: Tnode) -> None:
         host = _host_array("to_host", tn, context)
@@ -479,7 +498,7 @@ class CudaCore:
         if not host.flags.writeable:
             raise BackendUsageError(f"einjit: to_host: the host array of {tn.debug_name()} is read-only")
         context.device.activate()
-        self.driver.copy_to_host(host.ctypes.data, context.buffers[tn], host.nbytes, context.device.stream)
+        self.driver.copy_to_host(host.ctypes.data, context.buffers[tn], host.nbytes, context.device.started_stream)
         self.await_(context.device)
 
     def allocate_zeroed(self, context: CudaContext, tn: Tnode) -> None:
@@ -494,16 +513,16 @@ class CudaCore:
         dst, src, drv = dst_context.device, src_context.device, self.driver
         if dst is src:
             dst.activate()
-            drv.copy_on_device(dst_ptr, src_ptr, nbytes, dst.stream)
+            drv.copy_on_device(dst_ptr, src_ptr, nbytes, dst.started_stream)
             return
         src.activate()
-        ready = drv.event_after(src.stream)
+        ready = drv.event_after(src.started_stream)
         dst.activate()
-        drv.stream_wait(dst.stream, ready)
-        drv.copy_peer(dst_ptr, dst.ctx, src_ptr, src.ctx, nbytes, dst.stream)
-        copied = drv.event_after(dst.stream)
+        drv.stream_wait(dst.started_stream, ready)
+        drv.copy_peer(dst_ptr, dst.started_ctx, src_ptr, src.started_ctx, nbytes, dst.started_stream)
+        copied = drv.event_after(dst.started_stream)
         src.activate()
-        drv.stream_wait(src.stream, copied)
+        drv.stream_wait(src.started_stream, copied)
 
     def release(self, context: CudaContext) -> None:
         """Free the context's device memory, after the work already on its device."""
@@ -520,7 +539,9 @@ class CudaBackend(SimpleNoDeviceBackend[CudaContext, CudaProcedure]):
 
     def __init__(self, options: CudaOptions | None = None, name: str = "cuda"):
         self.core = CudaCore(options or CudaOptions(), name)
-        super().__init__(self.core)
+        # CudaCore is a SimpleBackend except that its contexts live on devices (`init(device)`):
+        # this class overrides every method that would call `init(label)` on it.
+        super().__init__(self.core)  # type: ignore[arg-type]
 
     def num_devices(self) -> int:
         return self.core.num_devices()
@@ -528,7 +549,7 @@ class CudaBackend(SimpleNoDeviceBackend[CudaContext, CudaProcedure]):
     def get_device(self, ordinal: int) -> CudaDevice:
         return self.core.get_device(ordinal)
 
-    def init(self, device: CudaDevice) -> CudaContext:
+    def init(self, device: CudaDevice) -> CudaContext:  # type: ignore[override]  # contexts live on devices
         return register_context(self.core.init(device), self)
 
     def await_(self, device: CudaDevice) -> None:

@@ -131,6 +131,12 @@ def _try_load(candidates: list[str]) -> ctypes.CDLL | None:
 # ---------------------------------------------------------------- the driver
 
 
+def _handle(p: c_void_p) -> int:
+    """The handle a successful driver call wrote (never NULL: the call's status was checked)."""
+    assert p.value is not None
+    return p.value
+
+
 class Driver:
     """The driver API. Calls raise `CudaError` naming the call and the CUDA error."""
 
@@ -172,7 +178,7 @@ class Driver:
     def primary_context(self, dev: int) -> int:
         ctx = c_void_p()
         self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-        return ctx.value
+        return _handle(ctx)
 
     def set_current(self, ctx: int) -> None:
         self.check(self.lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
@@ -180,7 +186,7 @@ class Driver:
     def stream_create(self) -> int:
         s = c_void_p()
         self.check(self.lib.cuStreamCreate(ctypes.byref(s), _STREAM_NON_BLOCKING), "cuStreamCreate")
-        return s.value
+        return _handle(s)
 
     def stream_synchronize(self, stream: int) -> int:
         """The CUresult of waiting for the stream (not raised: the caller names the culprits)."""
@@ -191,7 +197,7 @@ class Driver:
         ev = c_void_p()
         self.check(self.lib.cuEventCreate(ctypes.byref(ev), _EVENT_DISABLE_TIMING), "cuEventCreate")
         self.check(self.lib.cuEventRecord(ev, stream), "cuEventRecord")
-        return ev.value
+        return _handle(ev)
 
     def stream_wait(self, stream: int, event: int) -> None:
         """Make `stream` wait for `event`, then release the event (the wait keeps it alive)."""
@@ -226,13 +232,13 @@ class Driver:
         buf = ctypes.create_string_buffer(data, len(data))
         mod = c_void_p()
         self.check(self.lib.cuModuleLoadData(ctypes.byref(mod), buf), f"cuModuleLoadData ({kind})")
-        return mod.value
+        return _handle(mod)
 
     def function(self, module: int, name: str) -> int:
         fn = c_void_p()
         self.check(self.lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()),
                    f"cuModuleGetFunction({name!r})")
-        return fn.value
+        return _handle(fn)
 
     def max_active_blocks(self, fn: int, block: int) -> int:
         n = c_int()

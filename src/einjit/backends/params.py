@@ -53,6 +53,12 @@ class Param:
     mem: MemClass | None = None
     static: StaticSymbol | None = None
 
+    @property
+    def node(self) -> Tnode:
+        """The node of an array or merge-buffer parameter (every such parameter has one)."""
+        assert self.tn is not None, self
+        return self.tn
+
     def __repr__(self) -> str:
         what = self.tn.debug_name() if self.tn is not None else repr(self.static)
         mem = f" {self.mem.value}" if self.mem is not None else ""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Generic, TypeVar
+from typing import Callable, Generic, TypeVar, cast
 
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
@@ -37,7 +37,9 @@ class Lazy(Generic[T]):
     __slots__ = ("_thunk", "_value", "_forced")
 
     def __init__(self, thunk: Callable[[], T]):
-        self._thunk, self._value, self._forced = thunk, None, False
+        self._thunk: Callable[[], T] | None = thunk
+        self._value: T | None = None
+        self._forced = False
 
     @classmethod
     def of(cls, value: T) -> "Lazy[T]":
@@ -47,16 +49,18 @@ class Lazy(Generic[T]):
 
     def force(self) -> T:
         if not self._forced:
+            assert self._thunk is not None  # dropped only once forced
             self._value, self._forced = self._thunk(), True
             self._thunk = None
-        return self._value
+        return cast(T, self._value)  # set once forced (T itself may include None)
 
     def on_force(self, effect: Callable[[T], None]) -> None:
         """Run `effect` on the value when it is computed (now, if it already was)."""
         if self._forced:
-            effect(self._value)
+            effect(cast(T, self._value))
             return
         thunk = self._thunk
+        assert thunk is not None  # dropped only once forced
 
         def then() -> T:
             value = thunk()
@@ -402,10 +406,11 @@ def _peeled_nests(lhs: Tnode, lhs_idcs: tuple[AxisIndex, ...], ranges: Ranges, d
     narrowed to the cells inside the array, and the other symbols of that index (the kernel's)
     are enumerated: one copy of the nest per value. Returns, per copy, the substitution of the
     enumerated symbols and the narrowed ranges; None when every write stays inside."""
-    unsafe = []
+    unsafe: list[tuple[Affine, int]] = []
     for idx, d in zip(lhs_idcs, lhs.dims, strict=True):
         rng = _index_range(idx, ranges)
         if rng is not None and (rng[0] < 0 or rng[1] >= d):
+            assert isinstance(idx, Affine)  # only an affine index has a range
             unsafe.append((idx, d))
     if not unsafe:
         return None
@@ -428,11 +433,11 @@ def _peeled_nests(lhs: Tnode, lhs_idcs: tuple[AxisIndex, ...], ranges: Ranges, d
     nests = []
     for point in itertools.product(*values):
         env: dict[Symbol, AxisIndex] = {s: FixedIdx(v) for s, v in zip(enumerated, point, strict=True)}
-        narrowed = {s: r for s, r in ranges.items() if s not in env}
+        narrowed: Ranges | None = {s: r for s, r in ranges.items() if s not in env}
         for idx, d in unsafe:
-            narrowed = _narrow(subst_index(env, idx), d, narrowed)
             if narrowed is None:
                 break
+            narrowed = _narrow(subst_index(env, idx), d, narrowed)
         if narrowed is not None:
             nests.append((env, narrowed))
     return nests
@@ -458,6 +463,18 @@ def _narrow(idx: AxisIndex, d: int, ranges: Ranges) -> Ranges | None:
 def _fill(tn: Tnode, value: ll.LLScalar, debug: str) -> ll.LLStmt:
     syms = [get_symbol() for _ in tn.dims]
     return _loops(syms, tn.dims, ll.Set(tn, tuple(Iterator(s) for s in syms), value, debug))
+
+
+def _unop_rhs(op: ops.Unop) -> Callable[[list[ll.LLScalar]], ll.LLScalar]:
+    return lambda xs: xs[0] if op is ops.Unop.IDENTITY else ll.Unop(op, xs[0])
+
+
+def _binop_rhs(op: ops.Binop) -> Callable[[list[ll.LLScalar]], ll.LLScalar]:
+    return lambda xs: ll.Binop(op, xs[0], xs[1])
+
+
+def _ternop_rhs(op: ops.Ternop) -> Callable[[list[ll.LLScalar]], ll.LLScalar]:
+    return lambda xs: ll.Ternop(op, xs[0], xs[1], xs[2])
 
 
 def _lower_accum(init: bool, accum: ops.Binop, lhs: Tnode, proj: Projections, bufs: list[Buffer],
@@ -566,14 +583,13 @@ def to_low_level(asgns: Asgns) -> ll.LLStmt:
                 out.append(to_low_level(body))
             case AccumBinop(init, accum, op, lhs, r1, r2, proj):
                 out.append(_lower_accum(init, accum, lhs, proj.force(), [r1, r2],
-                                        lambda xs, op=op: ll.Binop(op, xs[0], xs[1]), _describe(a)))
+                                        _binop_rhs(op), _describe(a)))
             case AccumUnop(init, accum, op, lhs, r, proj):
                 out.append(_lower_accum(init, accum, lhs, proj.force(), [r],
-                                        lambda xs, op=op: xs[0] if op is ops.Unop.IDENTITY else ll.Unop(op, xs[0]),
-                                        _describe(a)))
+                                        _unop_rhs(op), _describe(a)))
             case AccumTernop(init, accum, op, lhs, r1, r2, r3, proj):
                 out.append(_lower_accum(init, accum, lhs, proj.force(), [r1, r2, r3],
-                                        lambda xs, op=op: ll.Ternop(op, xs[0], xs[1], xs[2]), _describe(a)))
+                                        _ternop_rhs(op), _describe(a)))
             case SetVecUnop(op, lhs, r, proj):
                 out.append(_lower_set_vec(op, lhs, r, proj.force(), _describe(a)))
             case Fetch(tn, fop):

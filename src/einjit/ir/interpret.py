@@ -89,8 +89,8 @@ class _Machine:
                     match vec_unop:
                         case ops.VecUnop.UNIFORM_HASH:
                             values = ops.uniform_hash(counter, length)
-                    for k, v in enumerate(values):
-                        arr[pos[:-1] + (pos[-1] + k,)] = v
+                    for k, cell in enumerate(values):
+                        arr[pos[:-1] + (pos[-1] + k,)] = cell
                 case ll.SetLocal(sid, value):
                     self.locals[sid] = self.eval(value, sid.tn.prec)
                 case ll.ZeroOut(tn):

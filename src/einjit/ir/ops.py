@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -95,6 +95,10 @@ def _np_erf(x):
 
 class _OpFace:
     """What every operation enum shares: its value starts with (C template, NumPy function)."""
+
+    # Provided by `enum.Enum`, which every subclass also derives from.
+    name: str
+    value: tuple[Any, ...]
 
     @property
     def c_template(self) -> str:
@@ -180,10 +184,6 @@ class Binop(_OpFace, enum.Enum):
     @property
     def infix(self) -> str:
         return self.value[3]
-
-    @property
-    def is_commutative(self) -> bool:
-        return self in (Binop.ADD, Binop.MUL, Binop.MAX, Binop.MIN, Binop.CMPEQ, Binop.CMPNE, Binop.AND, Binop.OR)
 
 
 class Ternop(_OpFace, enum.Enum):

@@ -27,6 +27,8 @@ VIRTUAL_CALL = 63
 ON_DEVICE_CALL = 64
 HOSTED_BY_WRITE = 70
 INPUT = 80
+STATE = 81
+SCHEDULED_LOCAL = 90
 
 NON_VIRTUAL_REASONS: dict[int, str] = {
     4: "its computation accesses it with inconsistent index patterns",
@@ -67,6 +69,8 @@ PROVENANCES: dict[int, str] = {
     ON_DEVICE_CALL: "on device: tensor.on_device()",
     HOSTED_BY_WRITE: "hosted: its values were written from the host (set_values) before it was compiled",
     INPUT: "hosted volatile: an input (ej.input / ej.scalar), written from the host between runs",
+    STATE: "hosted: a state tensor (random-number counter, running statistics) that routines update in place",
+    SCHEDULED_LOCAL: "local: a register block or packed panel the loop scheduler made for one routine",
 }
 """Every provenance code: the one table error messages and the optimizer's log read."""
 

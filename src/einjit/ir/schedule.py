@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass
 
 from einjit.ir import low_level as ll
-from einjit.ir import ops
+from einjit.ir import ops, provenance
 from einjit.ir.indexing import (
     AxisIndex,
     FixedIdx,
@@ -91,9 +91,6 @@ class Blocking:
 
 BLOCKING = Blocking()
 
-PROVENANCE = 70
-"""The memory-mode provenance of the routine-local nodes this stage creates."""
-
 
 def schedule_llc(stmt: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocking = BLOCKING) -> ll.LLStmt:
     """Every eligible nest of `stmt` rescheduled; other code unchanged."""
@@ -123,6 +120,7 @@ def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blockin
 def _accumulation(st: ll.Set) -> tuple[str, tuple[ll.LLScalar, ...]] | None:
     """("fma", (x, y)) for `fma(x, y, self)`, ("add", (e,)) for `self + e` / `e + self`."""
     own = ll.Get(st.tn, st.idcs)
+    terms: tuple[ll.LLScalar, ...]
     match st.llsc:
         case ll.Ternop(ops.Ternop.FMA, x, y, acc) if acc == own:
             terms, kind = (x, y), "fma"
@@ -178,7 +176,7 @@ def _nest(loops: list[tuple[Symbol, int]], body: ll.LLStmt, unrolled: frozenset[
 
 
 def _local(label: str, dims: tuple[int, ...], prec: ops.Prec) -> Tnode:
-    return Tnode(label, dims, prec, memory_mode=LOCAL, provenance=PROVENANCE)
+    return Tnode(label, dims, prec, memory_mode=LOCAL, provenance=provenance.SCHEDULED_LOCAL)
 
 
 def _unit_stride_axis_symbol(tn: Tnode, idcs: tuple[AxisIndex, ...]) -> Symbol | None:
@@ -242,7 +240,7 @@ def _contraction(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> ll.
     a_read = _subst(a_op, {i: row})
     p_read = ll.Get(pack, tuple(Iterator(k) for k in summed) + (Iterator(b),))
     args = (p_read, a_read) if b_first else (a_read, p_read)
-    update = ll.Set(accum, block, ll.Ternop(ops.Ternop.FMA, *args, ll.Get(accum, block)), st.debug)
+    update = ll.Set(accum, block, ll.Ternop(ops.Ternop.FMA, args[0], args[1], ll.Get(accum, block)), st.debug)
     ab = [(a, mb), (b, nb)] if mb > 1 else [(b, nb)]
     unrolled = frozenset({a})
     kernel = ll.seq(
@@ -299,8 +297,8 @@ def _split_reduction(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSe
     env: dict[Symbol, AxisIndex] = {k: make_affine(((n_lanes, k0), (1, lane))) if n_lanes < n else Iterator(lane)}
     own = (ll.Get(lanes, (Iterator(lane),)),)
     split = tuple(_subst(t, env) for t in terms)
-    value = (ll.Ternop(ops.Ternop.FMA, *split, *own) if kind == "fma"
-             else ll.Binop(ops.Binop.ADD, *own, *split))
+    value = (ll.Ternop(ops.Ternop.FMA, split[0], split[1], own[0]) if kind == "fma"
+             else ll.Binop(ops.Binop.ADD, own[0], split[0]))
     step = ll.ForLoop(lane, 0, n_lanes - 1, ll.Set(lanes, own[0].idcs, value, st.debug))
     if n_lanes < n:
         step = ll.ForLoop(k0, 0, n // n_lanes - 1, step)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TypeGuard
 
 import numpy as np
 
@@ -111,7 +112,7 @@ def _scalar(sc: ll.LLScalar, cx: _Ctx) -> ll.LLScalar:
 # ---------------------------------------------------------------- constants
 
 
-def _is_const(sc: ll.LLScalar, value: float) -> bool:
+def _is_const(sc: ll.LLScalar, value: float) -> TypeGuard[ll.Constant]:
     return isinstance(sc, ll.Constant) and sc.value == value
 
 
@@ -213,14 +214,14 @@ def _ternop(op: ops.Ternop, a: ll.LLScalar, b: ll.LLScalar, c: ll.LLScalar, cx: 
             return b if a.value != 0 else c
         if b == c:
             return b
-    elif all(isinstance(x, ll.Constant) for x in (a, b, c)):
+    elif isinstance(a, ll.Constant) and isinstance(b, ll.Constant) and isinstance(c, ll.Constant):
         folded = _fold(_fma(cx.prec), cx.prec, a.value, b.value, c.value)
         if folded is not None:
             return folded
     return ll.Ternop(op, a, b, c)
 
 
-def _is_mul(sc: ll.LLScalar) -> bool:
+def _is_mul(sc: ll.LLScalar) -> TypeGuard[ll.Binop]:
     return isinstance(sc, ll.Binop) and sc.op is ops.Binop.MUL
 
 
@@ -321,7 +322,7 @@ def _substitute(sc: ll.LLScalar, sid: ll.ScopeId, value: ll.LLScalar) -> ll.LLSc
 
 
 def _substitute_stmt(stmt: ll.LLStmt, sid: ll.ScopeId, value: ll.LLScalar) -> ll.LLStmt:
-    out = []
+    out: list[ll.LLStmt] = []
     for s in ll.flatten(stmt):
         match s:
             case ll.ForLoop(body=body):

@@ -128,7 +128,7 @@ class TracedArray:
         """The largest visit count of any position (`RECURRENT` dominates), 0 if never read."""
         if any(v is RECURRENT for v in self.accesses.values()):
             return RECURRENT
-        return max(self.accesses.values(), default=0)
+        return max((v for v in self.accesses.values() if not isinstance(v, Recurrent)), default=0)
 
 
 @dataclass(frozen=True, slots=True)

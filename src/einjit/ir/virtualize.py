@@ -345,11 +345,11 @@ def _walk(state: VirtualState, stmt: ll.LLStmt, process_for: frozenset[Tnode], w
                 inner = process_for if tn.is_materialized_known() else process_for | {tn}
                 written_cell = (tn, idcs) if isinstance(s, ll.Set) and _sole_cellwise_writer(s, loops) else None
                 value = scalar(llsc, inner, writing | {tn}, written_cell)
-                result = replace(s, llsc=value) if isinstance(s, ll.Set) else replace(s, arg=value)
+                written = replace(s, llsc=value) if isinstance(s, ll.Set) else replace(s, arg=value)
                 if tn not in process_for and not tn.is_materialized_known():
-                    _store(state, tn, result, repeated)
+                    _store(state, tn, written, repeated)
                 _overwrite(state, tn)
-                return result
+                return written
             case ll.SetLocal(sid, value):
                 return ll.SetLocal(sid, scalar(value, process_for, writing, None))
         return s

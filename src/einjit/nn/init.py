@@ -86,7 +86,11 @@ def init_code(params: Tensor | Iterable[Tensor], *, seed: int = 0) -> asg.Asgns:
                               f"give it one with einjit.nn.init.set_init")
         name, fans = _chosen[p.id]
         kind, scale_of = _IN_GRAPH[name]
-        scale = _lazy_number(asg.Lazy(lambda p=p, fans=fans, scale_of=scale_of: scale_of(*fans(p))))
+
+        def scale_value(p=p, fans=fans, scale_of=scale_of):
+            return scale_of(*fans(p))
+
+        scale = _lazy_number(asg.Lazy(scale_value))
         match kind:
             case "uniform":
                 code = cd("p =: s * (u + u - 1)", p=p.value, s=scale, u=rnd.uniform(p, seed=seed))

@@ -24,7 +24,7 @@ import numpy as np
 
 from einjit.ir import assignments as asg
 from einjit.nn import init as nn_init
-from einjit.shape import Dim, RowVar, ShapeError
+from einjit.shape import Dim, RowVar, ShapeError, Var
 from einjit.tensor import activations, reductions
 from einjit.tensor import random as rnd
 from einjit.tensor.notation import Template, cd, make_op
@@ -40,6 +40,11 @@ def _auto_label(kind: str) -> str:
     return f"{kind}{next(_counts.setdefault(kind, itertools.count(1)))}"
 
 
+def _size(d: Var | Dim) -> int:
+    assert isinstance(d, Dim)  # read once shapes are inferred: every dimension is known
+    return d.d
+
+
 def _cells(row) -> int:
     return int(np.prod([d.d for d in row.dims]))
 
@@ -51,7 +56,7 @@ def _fans_linear(p: Tensor) -> tuple[int, int]:
 
 def _fans_conv(p: Tensor) -> tuple[int, int]:
     """Input row `[in_channels, kh, kw]`: fan_in = its cells, fan_out = out_channels * kh * kw."""
-    kernel = int(np.prod([d.d for d in p.shape.input.dims[1:]]))
+    kernel = int(np.prod([_size(d) for d in p.shape.input.dims[1:]]))
     return _cells(p.shape.input), _cells(p.shape.output) * kernel
 
 
@@ -158,7 +163,7 @@ class Linear(Layer):
     def _check_features(self, w: Tensor, x: Tensor) -> None:
         """Once shapes are inferred, the weight's input row is the input's feature axes."""
         if _cells(w.shape.input) != self.in_features:
-            raise self._error(f"the size of the feature axes {[d.d for d in w.shape.input.dims]}",
+            raise self._error(f"the size of the feature axes {[_size(d) for d in w.shape.input.dims]}",
                               _cells(w.shape.input), f"in_features={self.in_features}", x)
 
 

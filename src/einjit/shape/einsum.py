@@ -114,10 +114,6 @@ class RowSpec:
     row_var: str | None
     axes: tuple
 
-    @property
-    def is_open(self) -> bool:
-        return self.row_var is not None
-
 
 @dataclass(frozen=True, slots=True)
 class SlotSpec:

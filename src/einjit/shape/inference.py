@@ -114,8 +114,8 @@ class InferenceState:
                 forced = ([c for it in self.items for c in it.force_dims(self.env)]
                           or [c for it in self.items for c in it.force_dims_late(self.env)])
                 waiting = set().union(*(it.waiting(self.env) for it in self.items))
-                owned = set().union(*(it.owned_dims(self.env) for it in self.items))
-                closing = close_dims(self.env, dim_vars, forced, waiting, owned)
+                owned_dims: set[Var] = set().union(*(it.owned_dims(self.env) for it in self.items))
+                closing = close_dims(self.env, dim_vars, forced, waiting, owned_dims)
             else:
                 return
             solve(self.env, closing)
@@ -189,5 +189,5 @@ def to_dims(shape: Shape) -> tuple[int, ...]:
             name = f'"{shape.debug_name}" ' if shape.debug_name else ""
             raise ShapeError(f"shape {name}#{shape.id} is not fully inferred: {row.id.kind.value} row "
                              f"[{row!r}] (shape {shape}); call finish_inference() first")
-        dims += [d.d for d in row.dims]
+        dims += [d.d for d in row.dims if isinstance(d, Dim)]  # all of them, checked above
     return tuple(dims)

@@ -68,6 +68,12 @@ from einjit.shape.shape import (
 )
 
 
+def _var_of(r: Row) -> RowVar:
+    """The row variable of an open row (one whose broadcast part is still a variable)."""
+    assert isinstance(r.bcast, RowVar)
+    return r.bcast
+
+
 @dataclass(frozen=True, slots=True)
 class ConvSpec:
     """A convolution axis is indexed by `sum(coeff * index of var) + offset`."""
@@ -137,7 +143,7 @@ class TotalItem(Item):
         return ([], False) if derived is None else (derived, not derived)
 
     def owned_rows(self, env: Env) -> set[RowVar]:
-        return {r.bcast for r in self._combined(env)[1]}
+        return {_var_of(r) for r in self._combined(env)[1]}
 
     def force_rows(self, env: Env) -> list[Constraint]:
         """Unknown rows take their LUBs if these fit the element count; otherwise the output
@@ -146,22 +152,26 @@ class TotalItem(Item):
         row, open_rows = self._combined(env)
         if not open_rows:
             return []
-        lubs = {r.bcast: row_lub(env, r.bcast) for r in open_rows}
-        planned = [d for r in open_rows for d in (lubs[r.bcast].dims if lubs[r.bcast] else ())] + list(row.dims)
+        lubs = {_var_of(r): row_lub(env, _var_of(r)) for r in open_rows}
+        planned: list[Var | Dim] = []
+        for r in open_rows:
+            lub = lubs[_var_of(r)]
+            planned += lub.dims if lub else ()
+        planned += row.dims
         uppers = [dim_upper(env, d) for d in planned]
         product = math.prod(u for u in uppers if u is not None)
         n_unknown = uppers.count(None)
         if any(lubs.values()) and (product == self.n if n_unknown == 0 else n_unknown == 1 and self.n % product == 0):
-            return [RowEq(row_of_var(r.bcast, r.id), lubs[r.bcast] or Row((), Broadcastable(), r.id))
+            return [RowEq(row_of_var(_var_of(r), r.id), lubs[_var_of(r)] or Row((), Broadcastable(), r.id))
                     for r in open_rows]
         by_kind = {r.id.kind: r for r in open_rows}
         chosen = next(by_kind[k] for k in (Kind.OUTPUT, Kind.INPUT, Kind.BATCH) if k in by_kind)
-        out: list[Constraint] = [RowEq(row_of_var(r.bcast, r.id), Row((), Broadcastable(), r.id))
+        out: list[Constraint] = [RowEq(row_of_var(_var_of(r), r.id), Row((), Broadcastable(), r.id))
                                  for r in open_rows if r.bcast != chosen.bcast]
         rest = self.n // math.prod(d.d for d in row.dims if isinstance(d, Dim))
         has_vars = any(isinstance(d, Var) for d in row.dims)
         extra = (new_dim(rest, AxisRef(row.id, 0)),) if rest > 1 and not has_vars else ()
-        out.append(RowEq(row_of_var(chosen.bcast, chosen.id), Row(extra, Broadcastable(), chosen.id)))
+        out.append(RowEq(row_of_var(_var_of(chosen), chosen.id), Row(extra, Broadcastable(), chosen.id)))
         return out
 
 

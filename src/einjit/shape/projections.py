@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 
-from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, Projections, get_symbol, make_affine
+from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, Projections, Symbol, get_symbol, make_affine
 from einjit.shape.errors import ShapeError
 from einjit.shape.inference import InferenceState, finish_inference, is_active, propagate_shapes, to_dims
 from einjit.shape.logic import ConvSpec, Generated, Special, constraints_of
@@ -65,8 +65,12 @@ def _name(sh: Shape) -> str:
 
 
 def _fresh_copy(sh: Shape) -> Shape:
+    def fresh(d: AnyDim) -> Dim:
+        assert isinstance(d, Dim)  # copied once inferred: every dimension is known
+        return Dim(d.d, d.label, fresh_proj_id())
+
     def row(r: Row) -> Row:
-        return Row(tuple(Dim(d.d, d.label, fresh_proj_id()) for d in r.dims), Broadcastable(), r.id)
+        return Row(tuple(fresh(d) for d in r.dims), Broadcastable(), r.id)
     return Shape(row(sh.batch), row(sh.input), row(sh.output), sh.id, sh.debug_name)
 
 
@@ -99,7 +103,7 @@ class _Builder:
         self.uf = _UnionFind()
         self.dim_of: dict[Key, int] = {}
         self.index_of: dict[Key, AxisIndex] = {}
-        self.product: list[tuple[int, object]] = []
+        self.product: list[tuple[int, Symbol]] = []
         self.class_dim: dict[Key, int] = {}
         self.class_special: dict[Key, Special] = {}
 
@@ -121,6 +125,7 @@ class _Builder:
         entry = self.env.dims.get(v)
         if not isinstance(entry, Solved):
             raise ShapeError(f"projections of {self.debug}: unsolved dimension {v!r}")
+        assert not isinstance(entry.value, Row)  # a dimension variable is solved to a dimension
         return entry.value
 
     def _resolve(self, d: AnyDim) -> Dim:
@@ -173,6 +178,7 @@ class _Builder:
         root = self.uf.find(key)
         if root in self.index_of:
             return self.index_of[root]
+        idx: AxisIndex
         match self.class_special.get(root):
             case FixedIdx() | Iterator() as idx:
                 pass
@@ -188,7 +194,7 @@ class _Builder:
         return idx
 
     def _affine(self, terms: tuple[tuple[int, Var], ...], offset: int) -> AxisIndex:
-        flat: list[tuple[int, object]] = []
+        flat: list[tuple[int, Symbol]] = []
         for coeff, v in terms:
             match self.index(self.key(v)):
                 case Iterator(s):

@@ -29,6 +29,7 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import AbstractSet, Any, Generic, Mapping, TypeVar, Union, overload
 
 from einjit.shape.errors import ShapeError
 
@@ -124,23 +125,33 @@ class Row:
         return ",".join(parts)
 
 
-@dataclass(frozen=True, slots=True)
-class Solved:
-    value: AnyDim | Row
+_Value = TypeVar("_Value")
+_Lub = TypeVar("_Lub")
 
 
 @dataclass(frozen=True, slots=True)
-class Bounds:
+class Solved(Generic[_Value]):
+    """A solved variable: a dimension variable's value is a dimension, a row variable's a row."""
+
+    value: _Value
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds(Generic[_Lub]):
     """`cur >= v >= subr` for every listed variable, and `lub >= v`. The lists hold direct
-    bounds; their transitive closure is followed when needed (cycles, LUB propagation)."""
+    bounds; their transitive closure is followed when needed (cycles, LUB propagation).
+    A dimension variable's LUB is a `Dim`, a row variable's a `Row`."""
 
     cur: frozenset = frozenset()
     subr: frozenset = frozenset()
-    lub: Dim | Row | None = None
+    lub: _Lub | None = None
 
 
 Entry = Solved | Bounds
-_NO_BOUNDS = Bounds()
+#: The entry of a dimension variable and of a row variable.
+DimEntry = Union[Solved[AnyDim], Bounds[Dim]]
+RowEntry = Union[Solved[Row], Bounds[Row]]
+_NO_BOUNDS: Bounds[Any] = Bounds()
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,8 +231,8 @@ class Env:
     __slots__ = ("dims", "rows", "labels", "hints", "row_homes", "pending", "newly_solved", "touched")
 
     def __init__(self) -> None:
-        self.dims: dict[Var, Entry] = {}
-        self.rows: dict[RowVar, Entry] = {}
+        self.dims: dict[Var, DimEntry] = {}
+        self.rows: dict[RowVar, RowEntry] = {}
         self.labels: dict[int, str] = {}
         #: Labels of dimension-1 axes broadcast into a variable: the label it takes if it
         #: closes to 1 (seed 004: `'q' 2.0` labels the axis it meets).
@@ -287,6 +298,14 @@ def _pair_origins(r1: Row, r2: Row, k: int) -> list[Origin]:
 
 # ------------------------------------------------------------------ substitution
 
+@overload
+def subst_dim(env: Env, d: Dim) -> Dim: ...
+
+
+@overload
+def subst_dim(env: Env, d: AnyDim) -> AnyDim: ...
+
+
 def subst_dim(env: Env, d: AnyDim) -> AnyDim:
     """Follow solutions of a dimension variable; fill in a label inferred for the axis."""
     while isinstance(d, Var):
@@ -303,7 +322,8 @@ def subst_dim(env: Env, d: AnyDim) -> AnyDim:
 
 def expand_row(env: Env, r: Row) -> Row:
     """Substitute solved row variables (prepending their axes), leaving the dims as they are."""
-    bcast, prefix = r.bcast, ()
+    bcast = r.bcast
+    prefix: tuple[AnyDim, ...] = ()
     while isinstance(bcast, RowVar):
         entry = env.rows.get(bcast)
         if not isinstance(entry, Solved):
@@ -325,14 +345,14 @@ def _internal(message: str) -> ShapeError:
     return ShapeError(f"internal error of shape inference (please report): {message}")
 
 
-def _entry(env_map: dict, v) -> Bounds:
+def _entry(env_map: Mapping[Any, Solved[Any] | Bounds[_Lub]], v: object) -> Bounds[_Lub]:
     entry = env_map.get(v, _NO_BOUNDS)
     if not isinstance(entry, Bounds):
         raise _internal(f"{v!r} is solved but still referenced")
     return entry
 
 
-def s_dim_one_in_entry(v: Var, value: AnyDim, key: Var, entry: Entry) -> tuple[list[Constraint], Entry]:
+def s_dim_one_in_entry(v: Var, value: AnyDim, key: Var, entry: DimEntry) -> tuple[list[Constraint], DimEntry]:
     """Substitute `v := value` in the entry of `key`; an inequality with `v` becomes one with
     `value`. Solved entries are substituted lazily by `subst_dim`."""
     if isinstance(entry, Solved):
@@ -348,7 +368,7 @@ def s_dim_one_in_entry(v: Var, value: AnyDim, key: Var, entry: Entry) -> tuple[l
     return out, Bounds(cur, subr, entry.lub)
 
 
-def s_row_one_in_entry(v: RowVar, value: Row, key: Row, entry: Entry) -> tuple[list[Constraint], Entry]:
+def s_row_one_in_entry(v: RowVar, value: Row, key: Row, entry: RowEntry) -> tuple[list[Constraint], RowEntry]:
     """Substitute `v := value` in the entry of the row variable of `key`."""
     if isinstance(entry, Solved):
         return [], entry
@@ -397,6 +417,7 @@ def unify_dim(env: Env, d1: AnyDim, d2: AnyDim, origin: Origin | None = None) ->
             return [] if a == b else _set_dim(env, a, b)
         case _, Var():
             return _set_dim(env, b, a)
+    assert isinstance(a, Dim) and isinstance(b, Dim)  # the cases with a variable returned above
     if a.d != b.d:
         raise _conflict("dimension mismatch", a, b, origin)
     _merge_labels(env, a, b, origin)
@@ -564,7 +585,7 @@ def solve_dim_ineq(env: Env, cur: AnyDim, subr: AnyDim, origin: Origin | None = 
         return []
     if not _add_bound(env.dims, c, s):
         return [DimEq(c, s, origin)]
-    lub = env.dims[c].lub
+    lub = _entry(env.dims, c).lub
     return [] if lub is None else [DimIneq(lub, s)]
 
 
@@ -621,7 +642,7 @@ def solve_row_ineq(env: Env, cur: Row, subr: Row) -> list[Constraint]:
         case Row(dims=(), bcast=RowVar() as c):
             if not _add_bound(env.rows, c, subr.bcast):
                 return pairs + [RowEq(row_of_var(c, cur.id), row_of_var(subr.bcast, subr.id))]
-            lub = env.rows[c].lub
+            lub = _entry(env.rows, c).lub
             return pairs + ([] if lub is None else [RowIneq(lub, row_of_var(subr.bcast, subr.id))])
         case Row(bcast=Broadcastable()):
             return pairs + _update_row_lub(env, subr.bcast, rest)
@@ -678,9 +699,9 @@ def close_rows(env: Env, row_vars: list[RowVar], forced: list[Constraint], reser
     a row constraint; else no further axes for those neither waiting on a pending inequality (at
     or below its lower side, whose upper side may still bring a LUB) nor `reserved` or `owned`;
     else the `forced` closings of the row constraints; else no further axes for the rest."""
-    with_lub = [v for v in row_vars if v not in owned and _entry(env.rows, v).lub is not None]
+    with_lub = [(v, lub) for v in row_vars if v not in owned and (lub := _entry(env.rows, v).lub) is not None]
     if with_lub:
-        return [RowEq(env.var_row(v), _entry(env.rows, v).lub) for v in with_lub]
+        return [RowEq(env.var_row(v), lub) for v, lub in with_lub]
     waiting = below(env.rows, {p.subr.bcast for p in env.pending})
     kept = reserved | owned
     free = [v for v in row_vars if v not in waiting and v not in kept]
@@ -710,14 +731,14 @@ def dim_upper(env: Env, d: AnyDim) -> int | None:
 
 
 def close_dims(env: Env, dim_vars: list[Var], forced: list[Constraint], waiting: set[Var],
-               owned: set[Var] = frozenset()) -> list[Constraint]:
+               owned: AbstractSet[Var] = frozenset()) -> list[Constraint]:
     """One closing round for dimension variables: LUBs first (except for variables `owned` by
     a shape-level constraint), then the `forced` closings of shape-level constraints, then
     dimension 1 — sparing `waiting` variables while others remain, and otherwise closing them
     one at a time so that `forced` gets its chance in between."""
-    with_lub = [v for v in dim_vars if v not in owned and _entry(env.dims, v).lub is not None]
+    with_lub = [(v, lub) for v in dim_vars if v not in owned and (lub := _entry(env.dims, v).lub) is not None]
     if with_lub:
-        return [DimEq(v, _entry(env.dims, v).lub) for v in with_lub]
+        return [DimEq(v, lub) for v, lub in with_lub]
     if forced:
         return forced
     free = [v for v in dim_vars if v not in waiting] or dim_vars[:1]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 from einjit.ir.indexing import StaticSymbol
 from einjit.shape.einsum import EinsumSpec, SlotSpec, parse_einsum, parse_shape_spec
@@ -61,11 +62,11 @@ class Shape:
         self.id, self.debug_name = id, debug_name
 
     @classmethod
-    def make(cls, *, batch_dims: list[int | None] | None = None, input_dims: list[int | None] | None = None,
-             output_dims: list[int | None] | None = None,
-             batch_axes: list[tuple[str | None, int]] | None = None,
-             input_axes: list[tuple[str | None, int]] | None = None,
-             output_axes: list[tuple[str | None, int]] | None = None,
+    def make(cls, *, batch_dims: Sequence[int | None] | None = None, input_dims: Sequence[int | None] | None = None,
+             output_dims: Sequence[int | None] | None = None,
+             batch_axes: Sequence[tuple[str | None, int]] | None = None,
+             input_axes: Sequence[tuple[str | None, int]] | None = None,
+             output_axes: Sequence[tuple[str | None, int]] | None = None,
              deduced: Deduced = NotConstrained(), debug_name: str = "", id: int | None = None) -> Shape:
         """A shape whose rows are given as sizes (`*_dims`; a None entry is an unknown size) or
         as `(label, size)` pairs (`*_axes`); an omitted row is unknown: any number of axes."""
@@ -91,9 +92,6 @@ class Shape:
 
     def row(self, kind: Kind) -> Row:
         return getattr(self, kind.value)
-
-    def set_row(self, kind: Kind, row: Row) -> None:
-        setattr(self, kind.value, row)
 
     def rows(self) -> tuple[Row, Row, Row]:
         """The rows in memory layout order: batch, output, input."""
@@ -134,12 +132,17 @@ class Shape:
         return "\n".join(lines)
 
 
-def _make_row(rid: RowId, dims: list[int | None] | None, axes: list[tuple[str | None, int]] | None) -> Row:
+def _make_row(rid: RowId, dims: Sequence[int | None] | None,
+              axes: Sequence[tuple[str | None, int]] | None) -> Row:
     if dims is not None and axes is not None:
         raise ShapeError(f"Shape.make: give {rid.kind.value}_dims or {rid.kind.value}_axes, not both")
-    if dims is None and axes is None:
+    entries: list[tuple[str | None, int | None]]
+    if dims is not None:
+        entries = [(None, d) for d in dims]
+    elif axes is not None:
+        entries = list(axes)
+    else:
         return Row((), get_row_var(rid.kind.value), rid)
-    entries = [(None, d) for d in dims] if dims is not None else list(axes)
     return Row(tuple(_make_dim(rid, i, label, d) for i, (label, d) in enumerate(entries)), Broadcastable(), rid)
 
 

@@ -162,6 +162,7 @@ def _tokenize(text: str) -> list[_Tok]:
         m = _TOKEN.match(text, pos)
         if m is None:
             raise CdSyntaxError(f'cd "{text}": column {pos + 1}: unexpected character {text[pos]!r}')
+        assert m.lastgroup is not None  # every alternative of _TOKEN is a named group
         if m.lastgroup != "ws":
             out.append(_Tok(m.lastgroup, m.group(), pos + 1))
         pos = m.end()

@@ -17,7 +17,7 @@ arguments broadcasts to the result's shape).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping, Union
 
 from einjit import shape as sh
 from einjit.errors import EinjitError
@@ -86,6 +86,9 @@ def as_asgns(code: "Code | asg.Asgns") -> asg.Asgns:
 
 # ------------------------------------------------------------------ shape logic
 
+#: A `~logic` string, a function building the shape logic from the argument shapes, or None for pointwise.
+LogicSpec = Union[str, Callable[[list[sh.Shape]], sh.Logic], None]
+
 
 def logic_of(kind: str | None, arity: int, shapes: list[sh.Shape], where: str) -> sh.Logic:
     """Shape logic for a `~logic` string (or the pointwise default when `kind` is None)."""
@@ -110,7 +113,7 @@ def logic_of(kind: str | None, arity: int, shapes: list[sh.Shape], where: str) -
             return sh.Broadcast(sh.Einsum(spec), shapes[0], shapes[1])
 
 
-def infer_projections(lhs: sh.Shape, kind, shapes: list[sh.Shape], where: str) -> asg.Lazy:
+def infer_projections(lhs: sh.Shape, kind: LogicSpec, shapes: list[sh.Shape], where: str) -> asg.Lazy:
     """Add the shape constraints of one operation and return its (lazy) projections.
 
     Ternary operations are pointwise only: two binary steps share the lhs, and the third
@@ -241,9 +244,10 @@ class _Scope:
                 return self.literal(e)
             case syn.Apply(op, args, col):
                 operands = [self.operand(a) for a in args]
-                if any(o is None for o in operands):
+                present = [o for o in operands if o is not None]
+                if len(present) != len(operands):
                     raise self.error(col, "a sub-expression uses a gradient that does not exist")
-                return self.nested(op, operands, col)
+                return self.nested(op, present, col)
         raise TypeError(e)
 
     def nested(self, op, args: list[Operand], col: int) -> Operand:
@@ -258,6 +262,7 @@ class _Scope:
 
     def stmt(self, st: syn.Stmt) -> asg.Asgns:
         where = f'cd "{self.text}": column {st.col}'
+        lhs: Operand | None
         if isinstance(st.lhs, syn.Decl):
             lhs = self.declare(st.lhs)
         else:
@@ -269,10 +274,11 @@ class _Scope:
         if isinstance(st.rhs, syn.Num) and st.accum is ops.Binop.ARG2 and st.logic is None:
             return asg.Fetch(lhs.tn, asg.FetchConstant(st.rhs.value))
         if isinstance(st.rhs, syn.Apply) and not st.rhs.intermediate:
-            op, args = st.rhs.op, [self.operand(a) for a in st.rhs.args]
+            op, maybe_args = st.rhs.op, [self.operand(a) for a in st.rhs.args]
         else:
-            op, args = ops.Unop.IDENTITY, [self.operand(st.rhs)]
-        if any(a is None for a in args):
+            op, maybe_args = ops.Unop.IDENTITY, [self.operand(st.rhs)]
+        args = [a for a in maybe_args if a is not None]
+        if len(args) != len(maybe_args):
             return asg.Noop()
         if isinstance(st.lhs, syn.Decl):
             self.label_from_rhs(self.decls[st.lhs.name], st.rhs)
@@ -298,7 +304,8 @@ class _Scope:
             if missing:
                 raise CdError(f"{where}: {missing[0].tn.debug_name()} has no slot in the operation's "
                               f"projections; give ~logic")
-            return retarget(self.projections, lhs.slot, [a.slot for a in args], where)
+            lhs_slot, *rhs_slots = [a.slot for a in [lhs] + args if a.slot is not None]  # none is missing
+            return retarget(self.projections, lhs_slot, rhs_slots, where)
         try:
             return infer_projections(lhs.shape, st.logic, [a.shape for a in args], where)
         except sh.ShapeError as e:
@@ -431,12 +438,12 @@ def pointwise_tensor(op, args: list[Operand], *, where: str) -> Tensor:
         case ops.Binop():
             t.own_forward = asg.AccumBinop(False, ops.Binop.ARG2, op, t.value_tn, bufs[0], bufs[1], proj)
         case ops.Ternop():
-            t.own_forward = asg.AccumTernop(False, ops.Binop.ARG2, op, t.value_tn, *bufs, proj)
+            t.own_forward = asg.AccumTernop(False, ops.Binop.ARG2, op, t.value_tn, bufs[0], bufs[1], bufs[2], proj)
     register(t)
     return t
 
 
-def make_op(op_label: str, children: list[Tensor], *, logic: str | None, forward: Template,
+def make_op(op_label: str, children: list[Tensor], *, logic: LogicSpec, forward: Template,
             backprop: Template | None, grad_spec: GradSpec = GradSpec.IF_NEEDED, label=None,
             batch_dims=None, input_dims=None, output_dims=None, prec: ops.Prec | None = None) -> Tensor:
     """The `%op` building block: shape logic, nodes, forward and backprop code of one tensor.

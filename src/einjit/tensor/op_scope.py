@@ -23,11 +23,19 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
-from typing import Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Protocol, cast
 
 from einjit.tensor.tensor import Tensor, TensorError
 
-F = TypeVar("F", bound=Callable[..., Tensor])
+
+class OpFunction(Protocol):
+    """What `op` makes of a function: it also takes `label=`, and lists the parameters it declared."""
+
+    __name__: str
+    #: `params(label=None)`: the parameters declared by the calls with that label.
+    params: Callable[..., list[Tensor]]
+
+    def __call__(self, *args: Any, label: str | None = None, **kwargs: Any) -> Tensor: ...
 
 
 class _Scope:
@@ -65,7 +73,7 @@ def _entered(scope: _Scope) -> Iterator[None]:
         _active.pop()
 
 
-def op(fn: F) -> F:
+def op(fn: Callable[..., Tensor]) -> OpFunction:
     """Decorate a tensor-building function so the parameters it declares are created once
     per definition — or once per `label=` keyword given at the call."""
     scopes: dict[tuple[_Scope | None, str | None], _Scope] = {}
@@ -84,9 +92,10 @@ def op(fn: F) -> F:
             raise TensorError(f"einjit: @op function {fn.__name__} must return a tensor, got {type(result).__name__}")
         return result
 
-    wrapper.params = lambda label=None: [p for (_, lbl), sc in scopes.items() if lbl == label
-                                         for p in sc.params.values()]
-    return wrapper  # type: ignore[return-value]
+    op_fn = cast(OpFunction, wrapper)
+    op_fn.params = lambda label=None: [p for (_, lbl), sc in scopes.items() if lbl == label
+                                       for p in sc.params.values()]
+    return op_fn
 
 
 def _call_capturing_locals(fn: Callable, args: tuple, kwargs: dict) -> tuple[object, dict[str, object]]:

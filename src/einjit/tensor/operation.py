@@ -20,9 +20,16 @@ from einjit.ir.indexing import Iterator, Projections, StaticSymbol
 from einjit.ir.tnode import MemoryType, hosted
 from einjit.tensor import op_scope, validate
 from einjit.tensor.notation import Template, make_op
-from einjit.tensor.tensor import GradSpec, Tensor, TensorError, default_prec, make_node, new_label, register
-
-Like = "Tensor | float | int | np.ndarray"
+from einjit.tensor.tensor import (
+    GradSpec,
+    Like,
+    Tensor,
+    TensorError,
+    default_prec,
+    make_node,
+    new_label,
+    register,
+)
 
 
 def _defs(fwd: str, bwd: str | None) -> tuple[Template, Template | None]:
@@ -169,6 +176,7 @@ def batch_slice(a: Like, static_sym: StaticSymbol, *, label=None) -> Tensor:
     fwd, bwd = _COPY
     t = make_op("@|", [as_tensor(a)], logic=lambda shapes: sh.Transpose(sh.BatchSlice(static_sym), shapes[0]),
                 forward=fwd, backprop=bwd, label=label)
+    assert t.projections is not None  # make_op gives every operation its projections
     t.projections.on_force(lambda proj: _range_from_sliced_axis(static_sym, proj))
     return t
 
@@ -183,7 +191,7 @@ def _range_from_sliced_axis(static_sym: StaticSymbol, proj: Projections) -> None
 
 
 def _terminal(lbl: list[str], op_label: str, shape: sh.Shape, grad_spec: GradSpec,
-              init: sh.TerminalInit | None = None, prec: ops.Prec | None = None) -> Tensor:
+              init: sh.Init | None = None, prec: ops.Prec | None = None) -> Tensor:
     p = default_prec() if prec is None else ops.as_prec(prec)
     if init is not None:
         sh.propagate_shapes(sh.UpdateStep(shape, sh.Terminal(init)))
@@ -339,6 +347,7 @@ def param(label: str | Sequence[str], values=None, *, output_dims: list[int] | N
     t = _terminal(lbl, "param", shape, GradSpec.REQUIRE_GRAD,
                   init=sh.ConstantFill(fill.size) if fill is not None else None, prec=prec)
     t.value_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.PARAM_VALUE)
+    assert t.grad_tn is not None  # a parameter requires its gradient
     t.grad_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.PARAM_GRAD)
     if fill is not None:
         t.init = lambda rng: _fill_values(t, fill)
@@ -367,29 +376,6 @@ def _fill_values(t: Tensor, fill: np.ndarray) -> np.ndarray:
     if fill.size != int(np.prod(t.dims)):
         raise TensorError(f"einjit: parameter {t.label_str} has dims {t.dims} but {fill.size} initial values")
     return fill.reshape(t.dims)
-
-
-# ------------------------------------------------------------------ operators
-
-
-def _attach_operators() -> None:
-    def bin_(name: str, reverse: bool = False):
-        if reverse:
-            return lambda self, other: binop(name, other, self)
-        return lambda self, other: binop(name, self, other)
-
-    Tensor.__add__, Tensor.__radd__ = bin_("+"), bin_("+", True)
-    Tensor.__sub__, Tensor.__rsub__ = bin_("-"), bin_("-", True)
-    Tensor.__mul__, Tensor.__rmul__ = bin_("*"), bin_("*", True)
-    Tensor.__truediv__, Tensor.__rtruediv__ = bin_("/"), bin_("/", True)
-    Tensor.__pow__, Tensor.__rpow__ = bin_("**"), bin_("**", True)
-    Tensor.__matmul__ = lambda self, other: matmul(self, other)
-    Tensor.__rmatmul__ = lambda self, other: matmul(other, self)
-    Tensor.__neg__ = lambda self: neg(self)
-    Tensor.T = property(lambda self: transpose(self))
-
-
-_attach_operators()
 
 
 def add(a: Like, b: Like, *, label=None) -> Tensor:

@@ -7,11 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from einjit import shape as sh
-from einjit.ir import ops
+from einjit.ir import ops, provenance
 from einjit.ir.tnode import MemoryType, hosted
 from einjit.tensor.tensor import Tensor, default_prec, make_node
-
-_PROVENANCE = 70
 
 
 def state(label: list[str], values, *, prec: ops.Prec | None = None) -> Tensor:
@@ -21,12 +19,7 @@ def state(label: list[str], values, *, prec: ops.Prec | None = None) -> Tensor:
     shape = sh.Shape.make(batch_dims=[], input_dims=[], output_dims=list(arr.shape), debug_name=".".join(label))
     t = Tensor(label=label, op_label="state", shape=shape, update_step=None, children=(),
                value_tn=make_node(label, shape, p), grad_tn=None, projections=None)
-    t.value_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), _PROVENANCE)
+    t.value_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.STATE)
     t.value_tn.array = np.ascontiguousarray(arr, dtype=p.dtype)
     t._fwd_done = True
     return t
-
-
-def set_state(t: Tensor, values) -> None:
-    """Overwrite a state tensor's host values in place, so compiled routines see them."""
-    t.value_tn.array[...] = np.asarray(values, dtype=t.value_tn.prec.dtype).reshape(t.value_tn.array.shape)

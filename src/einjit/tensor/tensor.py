@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import itertools
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeAlias, Union
 from typing import Iterator as PyIterator
 
 import numpy as np
@@ -436,7 +436,69 @@ class Tensor:
         from einjit.tensor.printing import render_tensor
         return render_tensor(self)
 
-    # operators are attached by einjit.tensor.operation
+    # -------------------------------------------------------------- operators
+    # Implemented by einjit.tensor.operation (imported on use: it imports this module).
+
+    def __add__(self, other: Like) -> Tensor:
+        from einjit.tensor import operation
+        return operation.binop("+", self, other)
+
+    def __radd__(self, other: Like) -> Tensor:
+        from einjit.tensor import operation
+        return operation.binop("+", other, self)
+
+    def __sub__(self, other: Like) -> Tensor:
+        from einjit.tensor import operation
+        return operation.binop("-", self, other)
+
+    def __rsub__(self, other: Like) -> Tensor:
+        from einjit.tensor import operation
+        return operation.binop("-", other, self)
+
+    def __mul__(self, other: Like) -> Tensor:
+        from einjit.tensor import operation
+        return operation.binop("*", self, other)
+
+    def __rmul__(self, other: Like) -> Tensor:
+        from einjit.tensor import operation
+        return operation.binop("*", other, self)
+
+    def __truediv__(self, other: Like) -> Tensor:
+        from einjit.tensor import operation
+        return operation.binop("/", self, other)
+
+    def __rtruediv__(self, other: Like) -> Tensor:
+        from einjit.tensor import operation
+        return operation.binop("/", other, self)
+
+    def __pow__(self, other: Like) -> Tensor:
+        from einjit.tensor import operation
+        return operation.binop("**", self, other)
+
+    def __rpow__(self, other: Like) -> Tensor:
+        from einjit.tensor import operation
+        return operation.binop("**", other, self)
+
+    def __matmul__(self, other: Like) -> Tensor:
+        from einjit.tensor import operation
+        return operation.matmul(self, other)
+
+    def __rmatmul__(self, other: Like) -> Tensor:
+        from einjit.tensor import operation
+        return operation.matmul(other, self)
+
+    def __neg__(self) -> Tensor:
+        from einjit.tensor import operation
+        return operation.neg(self)
+
+    @property
+    def T(self) -> Tensor:  # NumPy's name for the transpose
+        from einjit.tensor import operation
+        return operation.transpose(self)
+
+
+#: What the operations accept as an argument: a tensor, or a constant that `as_tensor` converts.
+Like: TypeAlias = Union[Tensor, float, int, np.ndarray]
 
 
 def new_label(label: str | Sequence[str] | None, op_label: str) -> list[str]:
