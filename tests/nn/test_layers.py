@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gradcheck import check_gradients, weighted_loss
 
 import einjit as ej
 from einjit import nn, train
 from einjit import shape as sh
-from nn_gradcheck import check_gradients, weighted_loss
 
 
 def _conv_ref(x, w, b, stride=(1, 1), dilation=(1, 1), padding=(0, 0)):

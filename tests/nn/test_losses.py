@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gradcheck import check_gradients
 
 import einjit as ej
 from einjit import nn, train
-from nn_gradcheck import check_gradients
 
 
 def _lse(z):

@@ -7,12 +7,12 @@ import math
 
 import numpy as np
 import pytest
+from gradcheck import check_gradients, weighted_loss
 
 import einjit as ej
 from einjit import train
 from einjit.tensor import activations as act
 from einjit.tensor import reductions as red
-from nn_gradcheck import check_gradients, weighted_loss
 
 _erf = np.vectorize(math.erf)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gradcheck import check_gradients
 
 import einjit as ej
 from einjit import train
@@ -49,24 +50,7 @@ def fd_check(build, specs, *, positive=False, seed=0, rtol=1e-5, atol=1e-6, weig
     r = ej.ndarray(rng.standard_normal(weight_dims), label="r") if weight_dims is not None else 1.0
     loss = ej.sum(result * r, "...|...->... => 0", label="loss")
     train.init_params(loss, seed=seed)
-    routine = train.to_routine(train.grad_update(loss), name="gradcheck")
-    routine()
-    grads = [p.grad.numpy() for p in params]
-    h = 1e-6
-    for p, g in zip(params, grads, strict=True):
-        host = p.value_tn.array
-        fd = np.zeros_like(g)
-        for idx in np.ndindex(host.shape):
-            orig = host[idx]
-            host[idx] = orig + h
-            routine()
-            up = loss.value.numpy().ravel()[0]
-            host[idx] = orig - h
-            routine()
-            down = loss.value.numpy().ravel()[0]
-            host[idx] = orig
-            fd[idx] = (up - down) / (2 * h)
-        np.testing.assert_allclose(g, fd, rtol=rtol, atol=atol, err_msg=f"gradient of {p.label_str}")
+    check_gradients(loss, params, rtol=rtol, atol=atol)
     return result
 
 
