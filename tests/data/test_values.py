@@ -182,3 +182,17 @@ def test_numpy_interop():
     routine()
     np.testing.assert_allclose(left.numpy(), 2 * data, rtol=0, atol=0)
     np.testing.assert_allclose(right.numpy(), 2 * data, rtol=0, atol=0)
+
+
+def test_shape_compares_and_indexes_like_a_numpy_shape():
+    x = ej.input("x", batch_dims=[5], output_dims=[3])
+    assert x.shape == (5, 3) and x.shape != (3, 5) and tuple(x.shape) == (5, 3)
+    assert len(x.shape) == 2 and x.shape[-1] == 3 and str(x.shape) == "5|3"
+    w = ej.param("w", output_dims=[4])
+    y = w @ x
+    assert y.shape != (5, 4)                      # not inferred yet: never equal to a guess
+    with pytest.raises(ej.ShapeError, match="not fully inferred"):
+        len(y.shape)
+    train.to_routine(train.forward(y))
+    assert y.shape == (5, 4) and w.shape == (4, 3) and list(y.shape) == list(y.dims)
+    assert {y.shape: 1}[y.shape] == 1            # still hashable by identity

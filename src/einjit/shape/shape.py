@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from einjit.ir.indexing import StaticSymbol
 from einjit.shape.einsum import EinsumSpec, SlotSpec, parse_einsum, parse_shape_spec
@@ -100,6 +100,29 @@ class Shape:
     def is_solved(self) -> bool:
         return all(isinstance(r.bcast, Broadcastable) and all(isinstance(d, Dim) for d in r.dims)
                    for r in self.rows())
+
+    # NumPy's face, for users who write `t.shape == (64, 2)` or `len(t.shape)`: the dims in
+    # memory layout order (batch, output, input), available once inference has solved them.
+
+    def numpy_dims(self) -> tuple[int, ...]:
+        from einjit.shape.inference import to_dims
+        return to_dims(self)
+
+    def __len__(self) -> int:
+        return len(self.numpy_dims())
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.numpy_dims())
+
+    def __getitem__(self, index: int) -> int:
+        return self.numpy_dims()[index]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, tuple):
+            return self.is_solved() and self.numpy_dims() == other
+        return self is other
+
+    __hash__ = object.__hash__
 
     def __str__(self) -> str:
         text = {kind: repr(self.row(kind)) for kind in Kind}
