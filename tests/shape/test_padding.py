@@ -12,6 +12,7 @@ import einjit as ej
 from einjit import train
 from einjit.ir import assignments as asg
 from einjit.ir import interpret
+from einjit.ir import low_level as ll
 
 
 @pytest.fixture(autouse=True)
@@ -63,8 +64,24 @@ CASES_1D = [  # n, kernel, stride, dilation, padding
 ]
 
 
-@pytest.mark.parametrize("n, ks, stride, dil, pad", CASES_1D)
-def test_conv1d_forward_and_gradient(n, ks, stride, dil, pad):
+def with_strategies(cases: list[tuple[int, ...]], large: list[tuple[int, ...]]) -> list[tuple[object, ...]]:
+    """Both ways of writing a gradient through padding for small kernels: one narrowed copy
+    per kernel position ("peeled"), or the written cell as the loop with a validity condition
+    ("substituted", what kernels beyond `MAX_PEELED` positions always get)."""
+    return [(*c, st) for c in cases for st in ("peeled", "substituted")] + [(*c, "default") for c in large]
+
+
+@pytest.fixture
+def strategy(request, monkeypatch):
+    if request.param == "substituted":
+        monkeypatch.setattr(asg, "MAX_PEELED", 0)
+    return request.param
+
+
+@pytest.mark.parametrize("n, ks, stride, dil, pad, strategy",
+                         with_strategies(CASES_1D, [(120, 100, 1, 1, 49), (130, 100, 2, 1, 50)]),
+                         indirect=["strategy"])
+def test_conv1d_forward_and_gradient(n, ks, stride, dil, pad, strategy):
     rng = np.random.default_rng(n * 100 + ks * 10 + pad)
     xv, kv = rng.standard_normal(n), rng.standard_normal(ks)
     n_out = out_size(n, ks, stride, dil, pad)
@@ -104,12 +121,15 @@ def conv2d_ref(x, k, w, stride, dil, pad):
     return out, gxp[pad:pad + x.shape[0], pad:pad + x.shape[1]], gk
 
 
-@pytest.mark.parametrize("h, w_, ks, stride, dil, pad", [
+@pytest.mark.parametrize("h, w_, ks, stride, dil, pad, strategy", with_strategies([
     (5, 5, 3, 1, 1, 1),   # "same"
     (6, 7, 3, 2, 1, 1),   # strided, as PyTorch's Conv2d(3, stride=2, padding=1)
     (7, 6, 2, 1, 2, 1),   # dilated
-])
-def test_conv2d_forward_and_gradient(h, w_, ks, stride, dil, pad):
+], [
+    (9, 8, 9, 1, 1, 4),  # 81 kernel positions, "same"
+    (10, 9, 9, 2, 1, 3),  # 81 kernel positions, strided
+]), indirect=["strategy"])
+def test_conv2d_forward_and_gradient(h, w_, ks, stride, dil, pad, strategy):
     rng = np.random.default_rng(h * 10 + w_)
     c, f = 2, 3
     xv, kv = rng.standard_normal((h, w_, c)), rng.standard_normal((f, ks, ks, c))
@@ -147,3 +167,15 @@ def test_padding_too_small_for_the_result_is_an_error():
     conv = ej.einsum("o+k-1, ; k, => o,", x, ej.ndarray(np.ones(3), label="k"))
     with pytest.raises(ej.ShapeError, match=r"indexed up to 5, but has size 4 .*with padding 1"):
         train.forward_once(conv + ej.ndarray(np.zeros(5), label="z"))
+
+
+def test_large_kernels_write_on_one_loop_nest_not_one_copy_per_position():
+    """A 9x9 kernel's gradient is one nest over the written cells (not 81 peeled copies); a
+    3-tap kernel keeps its three narrowed copies."""
+    def input_grad_nests(ks: int, pad: int) -> int:
+        x = ej.param("x", values=np.zeros(12 * 12), output_dims=[12, 12])
+        k = ej.param("k", values=np.zeros(ks * ks), output_dims=[ks, ks])
+        conv = ej.einsum(f"oh+kh-{pad}, ow+kw-{pad}; kh, kw => oh, ow", x, k)
+        lowered = asg.to_low_level(train.grad_update(ej.sum(conv, "...|... => 0")))
+        return sum(isinstance(st, ll.Set) and st.tn is x.grad_tn for st in ll.iter_stmts(lowered))
+    assert input_grad_nests(9, 4) < input_grad_nests(3, 1) == 9

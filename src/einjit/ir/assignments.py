@@ -24,6 +24,8 @@ from einjit.ir.indexing import (
     SubAxis,
     Symbol,
     get_symbol,
+    index_symbols,
+    make_affine,
     subst_index,
 )
 from einjit.ir.tnode import Tnode
@@ -394,26 +396,56 @@ def _bounded_loops(bounds: list[tuple[Symbol, int, int]], body: ll.LLStmt) -> ll
     return body
 
 
-#: The most copies of a loop nest that writing through padding may peel off (an 8x8 kernel).
+#: Up to this many copies of a loop nest, writing through padding peels one copy per kernel
+#: position (an 8x8 kernel): narrowed loops without conditions. Beyond it, the written axis
+#: becomes the loop (`_substituted_nest`).
 MAX_PEELED = 64
 
 
-def _peeled_nests(lhs: Tnode, lhs_idcs: tuple[AxisIndex, ...], ranges: Ranges, debug: str
-                  ) -> list[tuple[dict[Symbol, AxisIndex], Ranges]] | None:
-    """Writes through an affine index that can leave the array (the gradient of a padded
-    convolution) cannot be guarded by a conditional value: the address itself is out of
-    bounds. Instead, per padded axis, the loop with the widest range stays a loop with bounds
-    narrowed to the cells inside the array, and the other symbols of that index (the kernel's)
-    are enumerated: one copy of the nest per value. Returns, per copy, the substitution of the
-    enumerated symbols and the narrowed ranges; None when every write stays inside."""
+@dataclass(frozen=True)
+class _PaddedNest:
+    """One loop nest of a write through padding: symbols replaced (by constants or by affine
+    indices of new loops), the loops' ranges, and a condition a cell's update needs (None if
+    every iteration updates)."""
+
+    subst: dict[Symbol, AxisIndex]
+    ranges: Ranges
+    loops: tuple[Symbol, ...]
+    valid: ll.LLScalar | None = None
+
+
+def _unsafe_axes(lhs: Tnode, lhs_idcs: tuple[AxisIndex, ...], ranges: Ranges) -> list[tuple[Affine, int]]:
     unsafe: list[tuple[Affine, int]] = []
     for idx, d in zip(lhs_idcs, lhs.dims, strict=True):
         rng = _index_range(idx, ranges)
         if rng is not None and (rng[0] < 0 or rng[1] >= d):
             assert isinstance(idx, Affine)  # only an affine index has a range
             unsafe.append((idx, d))
+    return unsafe
+
+
+def _padded_nests(lhs: Tnode, lhs_idcs: tuple[AxisIndex, ...], ranges: Ranges, fresh: list[Symbol]
+                  ) -> list[_PaddedNest]:
+    """Writes through an affine index that can leave the array (the gradient of a padded
+    convolution) cannot be guarded by a conditional value: the address itself is out of
+    bounds. Small kernels peel; larger ones loop over the written cells instead."""
+    unsafe = _unsafe_axes(lhs, lhs_idcs, ranges)
     if not unsafe:
-        return None
+        return [_PaddedNest({}, ranges, tuple(fresh))]
+    peeled = _peeled_nests(unsafe, ranges)
+    if len(peeled) <= MAX_PEELED:
+        return [_PaddedNest(env, narrowed, tuple(s for s in fresh if s not in env)) for env, narrowed in peeled]
+    substituted = _substituted_nest(unsafe, lhs_idcs, ranges, fresh)
+    if substituted is not None:
+        return [substituted]
+    return [_PaddedNest(env, narrowed, tuple(s for s in fresh if s not in env)) for env, narrowed in peeled]
+
+
+def _peeled_nests(unsafe: list[tuple[Affine, int]], ranges: Ranges) -> list[tuple[dict[Symbol, AxisIndex], Ranges]]:
+    """Per padded axis, the loop with the widest range stays a loop with bounds narrowed to the
+    cells inside the array, and the other symbols of that index (the kernel's) are enumerated:
+    one copy of the nest per value. Returns, per copy, the substitution of the enumerated
+    symbols and the narrowed ranges."""
     kept: set[Symbol] = set()
     enumerated: list[Symbol] = []
     for idx, _ in unsafe:
@@ -424,12 +456,6 @@ def _peeled_nests(lhs: Tnode, lhs_idcs: tuple[AxisIndex, ...], ranges: Ranges, d
             kept.add(widest)
         enumerated += [s for s in syms if s != widest and s not in enumerated and s not in kept]
     values = [range(ranges[s][0], ranges[s][1] + 1) for s in enumerated]
-    count = 1
-    for v in values:
-        count *= len(v)
-    if count > MAX_PEELED:
-        raise LoweringError(f"einjit: {debug}: writing through padding into {lhs.debug_name()} would need "
-                            f"{count} copies of the loop nest (at most {MAX_PEELED}); pad the argument instead")
     nests = []
     for point in itertools.product(*values):
         env: dict[Symbol, AxisIndex] = {s: FixedIdx(v) for s, v in zip(enumerated, point, strict=True)}
@@ -441,6 +467,40 @@ def _peeled_nests(lhs: Tnode, lhs_idcs: tuple[AxisIndex, ...], ranges: Ranges, d
         if narrowed is not None:
             nests.append((env, narrowed))
     return nests
+
+
+def _substituted_nest(unsafe: list[tuple[Affine, int]], lhs_idcs: tuple[AxisIndex, ...], ranges: Ranges,
+                      fresh: list[Symbol]) -> _PaddedNest | None:
+    """A change of variables: on each padded axis `c*o + rest = j` (`c` = ±1), the written
+    cell `j` becomes a loop over the array, and `o = c*(j - rest)` an affine index. Each
+    `(o, rest)` inside the array is one `(j, rest)`, so every update happens once; the ones
+    whose `o` leaves its own range are skipped by a condition, and reads follow the new
+    indices with their usual bounds guards. None when an axis has no unit-coefficient symbol
+    of its own (stride and dilation both above 1)."""
+    subst: dict[Symbol, AxisIndex] = {}
+    new_ranges = dict(ranges)
+    conds: list[ll.LLScalar] = []
+    loops = list(fresh)
+    for idx, d in unsafe:
+        others = [i for i in lhs_idcs if i is not idx]
+        candidates = [(c, s) for c, s in idx.symbols if abs(c) == 1 and s not in subst
+                      and not any(s in index_symbols(i) for i in others)]
+        if not candidates:
+            return None
+        c, s = max(candidates, key=lambda cs: ranges[cs[1]][1] - ranges[cs[1]][0])
+        j = get_symbol(s.name)
+        rest = [(-c * ci, si) for ci, si in idx.symbols if si != s]
+        expr = make_affine([(c, j), *rest], -c * idx.offset)
+        subst[s] = expr
+        lo, hi = new_ranges.pop(s)
+        new_ranges[j] = (0, d - 1)
+        loops[loops.index(s)] = j
+        conds += [ll.Binop(ops.Binop.CMPLT, ll.Constant(float(lo - 1)), ll.EmbedIndex(expr)),
+                  ll.Binop(ops.Binop.CMPLT, ll.EmbedIndex(expr), ll.Constant(float(hi + 1)))]
+    valid = conds[0]
+    for cond in conds[1:]:
+        valid = ll.Binop(ops.Binop.AND, valid, cond)
+    return _PaddedNest(subst, new_ranges, tuple(loops), valid)
 
 
 def _narrow(idx: AxisIndex, d: int, ranges: Ranges) -> Ranges | None:
@@ -486,15 +546,16 @@ def _lower_accum(init: bool, accum: ops.Binop, lhs: Tnode, proj: Projections, bu
     ranges = {s: (0, d - 1) for s, d in zip(fresh, proj.product_space, strict=True)}
     total = proj.is_surjective() and proj.is_injective()
     lhs_idcs = tuple(subst_index(env, i) for i in proj.project_lhs)
-    nests = _peeled_nests(lhs, lhs_idcs, ranges, debug)
     bodies = []
-    for peel, narrowed in nests if nests is not None else [({}, ranges)]:
-        idcs = tuple(subst_index(peel, i) for i in lhs_idcs)
+    for nest in _padded_nests(lhs, lhs_idcs, ranges, fresh):
+        idcs = tuple(subst_index(nest.subst, i) for i in lhs_idcs)
         _check_fixed(lhs, idcs, "assigned-to")
-        args = [_get(b, tuple(subst_index(peel, subst_index(env, i)) for i in p), narrowed)
+        args = [_get(b, tuple(subst_index(nest.subst, subst_index(env, i)) for i in p), nest.ranges)
                 for b, p in zip(bufs, proj.project_rhs, strict=True)]
         value = _accumulate(init and total, accum, lhs, idcs, make_rhs(args), debug)
-        loops = [(s, *narrowed[s]) for s in fresh if s not in peel]
+        if nest.valid is not None:
+            value = ll.Ternop(ops.Ternop.WHERE, nest.valid, value, ll.Get(lhs, idcs))
+        loops = [(s, *nest.ranges[s]) for s in nest.loops]
         bodies.append(_bounded_loops(loops, ll.Set(lhs, idcs, value, debug)))
     body = ll.seq(*bodies)
     if init and not total:
