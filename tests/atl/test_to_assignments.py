@@ -320,3 +320,24 @@ def test_random_programs_agree_with_the_interpreter(program, seed):
     args = random_inputs(seed)
     expected = f.interpret(*args)
     np.testing.assert_allclose(run(f, *args), expected, rtol=1e-11, atol=1e-11)
+
+
+def test_fitting_arguments_are_read_in_place_others_copied():
+    """A C-contiguous float64 argument of the right shape is handed to the C function as is:
+    the input node's host array keeps its old values. Other arguments (strided, another dtype,
+    Fortran order) are copied into it first. Every call gives the right product."""
+    n = 6
+    f = matmul_func(n)
+    compiled = f.compiled("einjit")
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    host_a = compiled._inputs[0]
+    before = host_a.copy()
+    np.testing.assert_allclose(compiled(a, b), a @ b, **TOL)
+    np.testing.assert_array_equal(host_a, before)  # read in place, not copied
+    for other in (np.asfortranarray(a), a.astype(np.float32), np.repeat(a, 2, axis=1)[:, ::2]):
+        np.testing.assert_allclose(compiled(other, b), other.astype(np.float64) @ b, rtol=1e-6)
+        np.testing.assert_array_equal(host_a, other)  # copied into the input node
+    last = host_a.copy()
+    np.testing.assert_allclose(compiled(2 * a, b), 2 * a @ b, **TOL)
+    np.testing.assert_array_equal(host_a, last)  # in place again: untouched

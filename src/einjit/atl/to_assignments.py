@@ -45,15 +45,19 @@ the input nodes' host arrays, runs the linked routine, and copies the result out
 
 from __future__ import annotations
 
+import ctypes
 import math
 import re
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from einjit import backends, config
 from einjit.backends.interface import default_context, load_inputs
+from einjit.backends.params import ParamKind
 from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
@@ -511,11 +515,14 @@ class EinjitFunc:
     """One normal form compiled by an einjit backend, callable on NumPy arguments.
 
     The routine is linked once, by default into the C backend's context that computes in
-    the host arrays; a call copies the arguments into the input nodes' host arrays (any
-    strides; a relation's booleans become 0/1), moves them to the context (a no-op there),
-    runs the routine, and copies the result out. Calls from several threads share those
-    arrays, so a lock makes each call whole (the C routine runs without the GIL: another
-    thread would otherwise overwrite the inputs).
+    the host arrays. There a call hands the C function the caller's own arrays when their
+    dtype, shape and layout are the routine's (C-contiguous, aligned): the routine only reads
+    its inputs, and a copy of a large matrix would cost more than a matrix-vector product.
+    Other arguments (any strides or dtype; a relation's booleans become 0/1), and every call
+    on other backends, are copied into the input nodes' host arrays and moved to the context.
+    The result is copied out. Calls from several threads share those arrays, so a lock makes
+    each call whole (the C routine runs without the GIL: another thread would otherwise
+    overwrite the inputs).
     """
 
     def __init__(self, nf: NormalForm, *, settings: VirtualizeSettings | None = None,
@@ -538,20 +545,57 @@ class EinjitFunc:
         load_inputs(self.context, compiled.inputs)
         self.routine = compiler.link(self.context, compiled)
         self._output = self.translation.output.host_array()
+        self._direct = _direct_call(compiled.procedure, self.context, self._input_nodes, self.translation.output)
         self._lock = threading.Lock()
-        config.debug(1, f"ATL einjit compile {name}: {time.perf_counter() - t0:.3f}s")
+        config.debug(1, f"ATL einjit compile {name}: {time.perf_counter() - t0:.3f}s"
+                        + ("" if self._direct is None else " (arguments passed without copying when they fit)"))
 
     def __call__(self, *args: Any) -> Any:
         if len(args) != len(self._inputs):
             raise TypeError(f"expected {len(self._inputs)} arguments, got {len(args)}")
         with self._lock:
-            for tn, host, val in zip(self._input_nodes, self._inputs, args, strict=True):
-                host[...] = val
-                self.context.from_host(tn)
-            self.routine()
-            self.context.to_host(self.translation.output)
+            if self._direct is not None:
+                self._direct(self._inputs, args)
+            else:
+                for tn, host, val in zip(self._input_nodes, self._inputs, args, strict=True):
+                    host[...] = val
+                    self.context.from_host(tn)
+                self.routine()
+                self.context.to_host(self.translation.output)
             out = self._output
             return float(out[()]) if out.ndim == 0 else out.copy()
+
+
+def _direct_call(procedure: Any, context: Any, inputs: Sequence[Tnode], output: Tnode
+                 ) -> Callable[[list[np.ndarray], tuple[Any, ...]], None] | None:
+    """A call of the C function with per-call input pointers, when the routine is relocatable
+    C (array parameters only) and the context computes in the host arrays; None otherwise."""
+    cproc = getattr(getattr(procedure, "procedure", None), "function", None)
+    params = getattr(getattr(procedure, "procedure", None), "params", None)
+    if cproc is None or params is None or getattr(procedure, "entry", None) is not None:
+        return None
+    if not all(p.kind is ParamKind.ARRAY for p in params):
+        return None
+    if any(context.array(tn) is not tn.host_array() for tn in [*inputs, output]):
+        return None
+    position = {tn: k for k, tn in enumerate(inputs)}
+    slots = [position.get(p.tn, -1) for p in params]
+    fixed = [ctypes.c_void_p(context.array(p.node).ctypes.data) for p in params]
+
+    def call(hosts: list[np.ndarray], args: tuple[Any, ...]) -> None:
+        pointers = list(fixed)
+        for k, host in enumerate(hosts):
+            val = args[k]
+            if not (isinstance(val, np.ndarray) and val.dtype == host.dtype and val.shape == host.shape
+                    and val.flags.c_contiguous and val.flags.aligned):
+                host[...] = val
+                val = host
+            for i, slot in enumerate(slots):
+                if slot == k:
+                    pointers[i] = ctypes.c_void_p(val.ctypes.data)
+        cproc(*pointers)
+
+    return call
 
 
 def compile_normal_form(nf: NormalForm, **options: Any) -> EinjitFunc:
