@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 
 from einjit.errors import EinjitError
 
+from . import bounds
 from .display import func_str
 from .index import NameMap
 from .ir import (
@@ -163,27 +164,15 @@ def _index_vars(ix: Index) -> set:
     return set()
 
 
-def _guarded_vars(p: Pred) -> set:
-    """The index variables a predicate bounds: those of its comparisons and relation tests."""
-    match p:
-        case Eq(lhs, rhs) | Ne(lhs, rhs) | Lt(lhs, rhs) | Le(lhs, rhs):
-            return _index_vars(lhs) | _index_vars(rhs)
-        case Rel(_, args):
-            return set().union(*(_index_vars(a) for a in args))
-        case And(lhs, rhs) | Or(lhs, rhs):
-            return _guarded_vars(lhs) | _guarded_vars(rhs)
-        case Not(arg):
-            return _guarded_vars(arg)
-    return set()
-
-
 class _Checker:
     def __init__(self) -> None:
         self.errors: list[str] = []
         #: The range of every index variable bound so far (symbols are unique).
         self.ranges: dict[Sym, int] = {}
-        #: The index variables bounded by the predicates of the enclosing indicators.
-        self.guarded: list[set] = []
+        #: What the predicates of the enclosing indicators imply about the index variables.
+        self.guarded: list[bounds.Alternatives] = []
+        #: The dims of every relation tested so far.
+        self.relations: dict[Sym, tuple[int, ...]] = {}
 
     def err(self, msg: str) -> None:
         self.errors.append(msg)
@@ -245,18 +234,25 @@ class _Checker:
         return tix, True
 
     def stays_inside(self, tix: Index, extent: int, where) -> bool:
-        """An affine index that can leave its tensor must sit under a guard on one of its
-        variables: bounds are static in ATL, so an unguarded one is refused here rather than
-        read past the end (the interpreter, Halide and einjit would disagree on it)."""
+        """An affine index that can leave its tensor must sit under guards that keep it
+        inside (`bounds` proves it from their inequalities): bounds are static in ATL, so
+        any other is refused here rather than read past the end (the interpreter, Halide and
+        einjit would disagree on it)."""
         if isinstance(tix, (IVar, IConst)):
             return True
         span = _index_span(tix, self.ranges)
         if span is None or (span[0] >= 0 and span[1] < extent):
             return True
-        if _index_vars(tix) & set().union(*self.guarded):
+        if bounds.stays_inside(tix, extent, self.guarded, self.ranges):
             return True
-        self.err(f"index {tix} ranges over [{span[0]}, {span[1]}], outside the extent {extent} of the "
-                 f"tensor it reads, with no guard: {where}; guard it, e.g. ({tix} < {extent}) * ...")
+        hint = f"guard it, e.g. ({tix} < {extent}) * ..." if span[1] >= extent else f"guard it, e.g. (0 <= {tix}) * ..."
+        if not _index_vars(tix) & set().union(*(bounds.variables(g) for g in self.guarded)):
+            self.err(f"index {tix} ranges over [{span[0]}, {span[1]}], outside the extent {extent} of the "
+                     f"tensor it reads, with no guard: {where}; {hint}")
+        else:
+            self.err(f"index {tix} ranges over [{span[0]}, {span[1]}], outside the extent {extent} of the "
+                     f"tensor it reads, and the enclosing guards do not keep it inside [0, {extent - 1}]: "
+                     f"{where}; {hint}")
         return False
 
     # --------------------------------------------------------------- predicates
@@ -295,6 +291,8 @@ class _Checker:
                 self.err(f"relation '{rel}' has rank {len(dims)} but was given "
                          f"{len(args)} indices: {p}")
                 dims = ()
+            else:
+                self.relations[sym] = dims
         if dims:
             typed = [self.index_into(env, a, d, p)[0] for a, d in zip(args, dims, strict=True)]
         else:
@@ -353,7 +351,7 @@ class _Checker:
                 return Access(b, tix, typ)
             case Indicate(pred, body):
                 p = self.pred(env, pred)
-                self.guarded.append(_guarded_vars(p))
+                self.guarded.append(bounds.implied(p, self.relations))
                 b = self.check(env, body)
                 self.guarded.pop()
                 return Indicate(p, b, b.typ)
