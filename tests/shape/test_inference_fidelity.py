@@ -105,3 +105,54 @@ def test_a_parameter_on_both_sides_of_a_matrix_product():
     b = w.T @ ej.ndarray(np.ones(4), label="x")
     train.forward_once(ej.sum(a, "i, => ") + ej.sum(b, "i, => "))
     assert str(w.shape) == "3->4"
+
+
+# How rows that nothing else constrains close, as OCANNL's `Row.close_row_terminal` and the
+# stages of its `shape_inference.md` close them: a leaf's row takes its least upper bound (stage
+# 3), else what its `Total_elems` constraint needs (stage 5: no axes when that satisfies it,
+# else one axis with the remaining elements), else no further axes (`Bounds_row {lub = None;
+# constr = Unconstrained}` → `no_further_axes`). A literal is made with one output axis of
+# dimension 1 (OCANNL's `number` passes `~output_dims:[1]`), so it is the literal that brings
+# the dimension-1 axis to whatever it meets.
+
+
+def test_a_parameter_meeting_a_literal_takes_its_dimension_one_axis():
+    h = ej.param("h")
+    z = h + ej.number(1.0)
+    train.init_params(z)
+    got = train.forward_once(z)
+    assert (str(h.shape), str(z.shape)) == ("1", "1")
+    np.testing.assert_allclose(got, h.value.numpy().ravel() + 1.0)
+
+
+def test_parameters_that_nothing_constrains_close_to_no_axes_as_in_ocannl():
+    """Both leaves of `p * q` have no LUB and no element count: OCANNL closes their rows to no
+    further axes, and so does einjit — one element each (a rank-0 scalar)."""
+    p, q = ej.param("p"), ej.param("q")
+    r = p * q
+    train.init_params(r)
+    got = train.forward_once(r)
+    assert p.dims == q.dims == r.dims == ()
+    np.testing.assert_allclose(got, p.value.numpy() * q.value.numpy())
+
+
+def test_an_element_count_gives_the_open_output_row_its_remaining_axis():
+    """Stage 5 of OCANNL: six values with a 2-wide input row leave one output axis of 3, even
+    though the product's result row (above the parameter's) could otherwise close first."""
+    w = ej.param("w", values=np.arange(6.0), input_dims=[2])
+    y = w @ ej.ndarray(np.array([1.0, 10.0]), label="x")
+    got = train.forward_once(y)
+    assert (str(w.shape), str(y.shape)) == ("2->3", "3")
+    np.testing.assert_allclose(got, np.arange(6.0).reshape(3, 2) @ np.array([1.0, 10.0]))
+
+
+def test_an_element_count_that_no_axes_satisfy_adds_none():
+    """One value with a 1-wide input row: no further axes satisfy the count, so the output row
+    takes only what it meets (here the literal's dimension-1 axis, its LUB)."""
+    v = ej.param("v", values=[5.0], input_dims=[1])
+    alone = ej.param("u", values=[5.0], input_dims=[1])
+    y = v * 2.0
+    np.testing.assert_allclose(train.forward_once(y), [[10.0]])
+    assert str(v.shape) == "1->1"
+    train.forward_once(alone * alone)
+    assert str(alone.shape) == "1->"

@@ -548,9 +548,18 @@ def _above(env_map: dict, v, target) -> bool:
 
 def below(env_map: dict, roots) -> set:
     """The variables at or below `roots` through chains of `subr` edges."""
+    return _reachable(env_map, roots, "subr")
+
+
+def above(env_map: dict, roots) -> set:
+    """The variables at or above `roots` through chains of `cur` edges."""
+    return _reachable(env_map, roots, "cur")
+
+
+def _reachable(env_map: dict, roots, edge: str) -> set:
     found, stack = set(roots), list(roots)
     while stack:
-        for w in _entry(env_map, stack.pop()).subr:
+        for w in getattr(_entry(env_map, stack.pop()), edge):
             if w not in found:
                 found.add(w)
                 stack.append(w)
@@ -704,7 +713,11 @@ def close_rows(env: Env, row_vars: list[RowVar], forced: list[Constraint], reser
         return [RowEq(env.var_row(v), lub) for v, lub in with_lub]
     waiting = below(env.rows, {p.subr.bcast for p in env.pending})
     kept = reserved | owned
-    free = [v for v in row_vars if v not in waiting and v not in kept]
+    # A row above one a row constraint owns (the result of a product with a parameter whose
+    # values fix its element count) closes after it, as OCANNL closes composite shapes after
+    # the terminal ones, which force them from below.
+    held = above(env.rows, owned)
+    free = [v for v in row_vars if v not in waiting and v not in kept and v not in held]
     if not free and forced:
         return forced
     # The leading rest of a waiting inequality closes first: the axes it releases become a LUB
