@@ -77,6 +77,24 @@ def test_negative_offset_is_padding():
     assert parse_einsum("o-2, => o,").rhs[0].output.axes == (ConvAxis(((1, "o"),), -2),)
 
 
+def test_padding_after_the_end_is_written_after_a_colon():
+    axis = parse_einsum("2*o+k-1:2, ; k, => o,").rhs[0].output.axes[0]
+    assert axis == ConvAxis(((2, "o"), (1, "k")), -1, 2) and axis.padding == (1, 2)
+    assert parse_einsum("o+k-0:1, ; k, => o,").rhs[0].output.axes[0].padding == (0, 1)
+    assert parse_einsum("o+k-1:1, ; k, => o,").rhs[0].output.axes[0] == ConvAxis(((1, "o"), (1, "k")), -1)
+    assert parse_einsum("o-0:0, => o,").rhs[0].output.axes == (Label("o"),)
+
+
+@pytest.mark.parametrize("spec, column, message", [
+    ("o+k-1:x, ; k, => o,", 7, "expected the padding after the end"),
+    ("o+k:1, ; k, => o,", 4, "':' must follow the padding before the start"),
+    ("o+k+1:1, ; k, => o,", 6, "':' must follow the padding before the start"),
+])
+def test_malformed_right_padding_names_the_column(spec, column, message):
+    with pytest.raises(ShapeError, match=rf"column {column}\b.*{message}"):
+        parse_einsum(spec)
+
+
 def test_shape_spec_sizes_labels_and_unknowns():
     slot = parse_shape_spec("2|3->rgb=3,4")
     assert slot.batch.axes == (SizedAxis(2),)

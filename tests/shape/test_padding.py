@@ -21,24 +21,32 @@ def float64():
         yield
 
 
-def conv_axis(stride: int, out: str, dil: int, ker: str, pad: int) -> str:
-    return f"{stride}*{out}+{dil}*{ker}" + (f"-{pad}" if pad else "")
+def ends(pad: int | tuple[int, int]) -> tuple[int, int]:
+    """Padding before and after: one number pads both ends alike."""
+    return (pad, pad) if isinstance(pad, int) else pad
 
 
-def out_size(n: int, k: int, stride: int, dil: int, pad: int) -> int:
-    return (n + 2 * pad - dil * (k - 1) - 1) // stride + 1
+def conv_axis(stride: int, out: str, dil: int, ker: str, pad: int | tuple[int, int]) -> str:
+    left, right = ends(pad)
+    before = f"-{left}" if left or right else ""
+    return f"{stride}*{out}+{dil}*{ker}{before}" + (f":{right}" if right != left else "")
+
+
+def out_size(n: int, k: int, stride: int, dil: int, pad: int | tuple[int, int]) -> int:
+    return (n + sum(ends(pad)) - dil * (k - 1) - 1) // stride + 1
 
 
 def conv1d_ref(x, k, w, stride, dil, pad):
     """Forward and the gradients of `sum(conv * w)` by explicit padding."""
-    xp = np.pad(x, pad)
+    left, _ = ends(pad)
+    xp = np.pad(x, ends(pad))
     n_out = out_size(len(x), len(k), stride, dil, pad)
     taps = np.array([[stride * o + dil * j for j in range(len(k))] for o in range(n_out)])
     out = (xp[taps] * k).sum(axis=1)
     gxp = np.zeros_like(xp)
     np.add.at(gxp, taps, w[:, None] * k[None, :])
     gk = (xp[taps] * w[:, None]).sum(axis=0)
-    return out, gxp[pad:pad + len(x)], gk
+    return out, gxp[left:left + len(x)], gk
 
 
 def run_both(loss, params, watched):
@@ -61,6 +69,11 @@ CASES_1D = [  # n, kernel, stride, dilation, padding
     (6, 2, 3, 1, 1),
     (5, 3, 1, 1, 0),
     (10, 4, 2, 1, 3),
+    (6, 2, 1, 1, (0, 1)),   # "same" for an even kernel, as PyTorch pads it
+    (6, 4, 1, 1, (1, 2)),   # "same" for a 4-tap kernel
+    (9, 3, 2, 1, (0, 2)),   # strided, padded after only
+    (9, 3, 2, 2, (3, 1)),   # strided and dilated, more before
+    (7, 3, 1, 2, (2, 0)),   # dilated, padded before only
 ]
 
 
@@ -82,7 +95,7 @@ def strategy(request, monkeypatch):
                          with_strategies(CASES_1D, [(120, 100, 1, 1, 49), (130, 100, 2, 1, 50)]),
                          indirect=["strategy"])
 def test_conv1d_forward_and_gradient(n, ks, stride, dil, pad, strategy):
-    rng = np.random.default_rng(n * 100 + ks * 10 + pad)
+    rng = np.random.default_rng(n * 100 + ks * 10 + sum(ends(pad)))
     xv, kv = rng.standard_normal(n), rng.standard_normal(ks)
     n_out = out_size(n, ks, stride, dil, pad)
     wv = rng.standard_normal(n_out)
@@ -102,12 +115,18 @@ def test_conv1d_forward_and_gradient(n, ks, stride, dil, pad, strategy):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+def plane_pads(pad) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Padding of the two axes of a plane: one number for all four sides, else (rows, columns)."""
+    return (ends(pad), ends(pad)) if isinstance(pad, int) else (ends(pad[0]), ends(pad[1]))
+
+
 def conv2d_ref(x, k, w, stride, dil, pad):
     """x: (H, W, C); k: (F, KH, KW, C) (output row f, input row kh, kw, c); w: (OH, OW, F)."""
-    xp = np.pad(x, ((pad, pad), (pad, pad), (0, 0)))
+    (top, bottom), (left, right) = plane_pads(pad)
+    xp = np.pad(x, ((top, bottom), (left, right), (0, 0)))
     f, kh, kw, _ = k.shape
-    oh = out_size(x.shape[0], kh, stride, dil, pad)
-    ow = out_size(x.shape[1], kw, stride, dil, pad)
+    oh = out_size(x.shape[0], kh, stride, dil, (top, bottom))
+    ow = out_size(x.shape[1], kw, stride, dil, (left, right))
     out = np.zeros((oh, ow, f))
     gxp, gk = np.zeros_like(xp), np.zeros_like(k)
     for i in range(oh):
@@ -118,26 +137,30 @@ def conv2d_ref(x, k, w, stride, dil, pad):
             out[i, j] = np.einsum("hwc,fhwc->f", patch, k)
             gxp[np.ix_(rows, cols)] += np.einsum("f,fhwc->hwc", w[i, j], k)
             gk += np.einsum("f,hwc->fhwc", w[i, j], patch)
-    return out, gxp[pad:pad + x.shape[0], pad:pad + x.shape[1]], gk
+    return out, gxp[top:top + x.shape[0], left:left + x.shape[1]], gk
 
 
 @pytest.mark.parametrize("h, w_, ks, stride, dil, pad, strategy", with_strategies([
     (5, 5, 3, 1, 1, 1),   # "same"
     (6, 7, 3, 2, 1, 1),   # strided, as PyTorch's Conv2d(3, stride=2, padding=1)
     (7, 6, 2, 1, 2, 1),   # dilated
+    (6, 6, 2, 1, 1, ((0, 1), (0, 1))),  # "same" for a 2x2 kernel (PyTorch pads after)
+    (7, 8, 3, 2, 1, ((1, 0), (0, 2))),  # strided, each axis padded differently
+    (8, 7, 3, 2, 2, ((2, 1), (1, 3))),  # strided and dilated
 ], [
     (9, 8, 9, 1, 1, 4),  # 81 kernel positions, "same"
     (10, 9, 9, 2, 1, 3),  # 81 kernel positions, strided
 ]), indirect=["strategy"])
 def test_conv2d_forward_and_gradient(h, w_, ks, stride, dil, pad, strategy):
-    rng = np.random.default_rng(h * 10 + w_)
+    rng = np.random.default_rng(h * 10 + w_ + stride)
     c, f = 2, 3
     xv, kv = rng.standard_normal((h, w_, c)), rng.standard_normal((f, ks, ks, c))
-    oh, ow = out_size(h, ks, stride, dil, pad), out_size(w_, ks, stride, dil, pad)
+    pad_h, pad_w = plane_pads(pad)
+    oh, ow = out_size(h, ks, stride, dil, pad_h), out_size(w_, ks, stride, dil, pad_w)
     wv = rng.standard_normal((oh, ow, f))
     x = ej.param("x", values=xv.ravel(), output_dims=[h, w_, c])
     k = ej.param("k", values=kv.ravel(), output_dims=[f], input_dims=[ks, ks, c])
-    spec = (f"{conv_axis(stride, 'oh', dil, 'kh', pad)}, {conv_axis(stride, 'ow', dil, 'kw', pad)}, c; "
+    spec = (f"{conv_axis(stride, 'oh', dil, 'kh', pad_h)}, {conv_axis(stride, 'ow', dil, 'kw', pad_w)}, c; "
             "kh, kw, c -> f => oh, ow, f")
     conv = ej.einsum(spec, x, k).hosted()
     w = ej.ndarray(wv, label="w")
@@ -179,3 +202,10 @@ def test_large_kernels_write_on_one_loop_nest_not_one_copy_per_position():
         lowered = asg.to_low_level(train.grad_update(ej.sum(conv, "...|... => 0")))
         return sum(isinstance(st, ll.Set) and st.tn is x.grad_tn for st in ll.iter_stmts(lowered))
     assert input_grad_nests(9, 4) < input_grad_nests(3, 1) == 9
+
+
+def test_too_short_with_asymmetric_padding_names_both_ends():
+    x = ej.ndarray(np.ones(4), label="x")
+    conv = ej.einsum("o+k-0:1, ; k, => o,", x, ej.ndarray(np.ones(2), label="k"))
+    with pytest.raises(ej.ShapeError, match=r"indexed up to 6, but has size 4 .*with padding 0:1"):
+        train.forward_once(conv + ej.ndarray(np.zeros(6), label="z"))

@@ -69,16 +69,17 @@ def conv_cases(draw):
     k = draw(st.integers(1, 4))
     dil = draw(st.integers(1, 3))
     stride = draw(st.integers(1, 3))
-    pad = draw(st.integers(0, dil * (k - 1)))
-    n = draw(st.integers(max(1, dil * (k - 1) + 1 - 2 * pad), 12))
-    return n, k, stride, dil, pad, draw(st.booleans())
+    left = draw(st.integers(0, dil * (k - 1)))
+    right = draw(st.one_of(st.just(left), st.integers(0, dil * (k - 1))))  # symmetric or not
+    n = draw(st.integers(max(1, dil * (k - 1) + 1 - left - right), 12))
+    return n, k, stride, dil, (left, right), draw(st.booleans())
 
 
 @settings(max_examples=80, deadline=None)
 @given(conv_cases())
 def test_padded_convolutions_match_numpy(case):
-    n, k, stride, dil, pad, with_channels = case
-    axis = f"{stride}*o+{dil}*k" + (f"-{pad}" if pad else "")
+    n, k, stride, dil, (left, right), with_channels = case
+    axis = f"{stride}*o+{dil}*k" + (f"-{left}" if left or right else "") + (f":{right}" if right != left else "")
     spec = f"{axis}, c; k, c -> f => o, f" if with_channels else f"{axis}, ; k, => o,"
     c, f = (2, 3) if with_channels else (1, 1)
     x = known("x", out=[n, c] if with_channels else [n])
@@ -86,10 +87,10 @@ def test_padded_convolutions_match_numpy(case):
             else known("k", out=[k]))
     y = sh.Shape.make(debug_name="y")
     proj = solve_step(y, sh.Broadcast(sh.Einsum(spec), x, kern))
-    n_out = (n + 2 * pad - dil * (k - 1) - 1) // stride + 1
+    n_out = (n + left + right - dil * (k - 1) - 1) // stride + 1
     X = RNG.standard_normal((n, c))
     K = RNG.standard_normal((f, k, c))
-    Xp = np.pad(X, ((pad, pad), (0, 0)))
+    Xp = np.pad(X, ((left, right), (0, 0)))
     taps = stride * np.arange(n_out)[:, None] + dil * np.arange(k)[None, :]
     expected = np.einsum("okc,fkc->of", Xp[taps], K)
     if with_channels:

@@ -22,7 +22,11 @@ Entries of an einsum row:
   guards them) and the gradient never writes there. With padding `p`, stride `s`, dilation
   `d`, a kernel of `K` and an argument axis of `N`, the result axis has
   `(N + 2p - d*(K-1) - 1) // s + 1` cells, as in PyTorch's `Conv2d(padding=p)`: e.g.
-  `"2*oh+kh-1, 2*ow+kw-1, c; kh, kw, c -> f => oh, ow, f"` is a 3x3 stride-2 "same" convolution;
+  `"2*oh+kh-1, 2*ow+kw-1, c; kh, kw, c -> f => oh, ow, f"` is a 3x3 stride-2 "same" convolution.
+  Padding that differs at the two ends (PyTorch's `F.pad(x, (left, right))`, or "same" for an
+  even kernel) is written `-left:right`: `o+k-0:1` pads nothing before and one cell after (a
+  2-tap "same" convolution), `2*o+k-1:2` one before and two after; the result axis then has
+  `(N + left + right - d*(K-1) - 1) // s + 1` cells;
 - `...` or `..name..`, only as the leftmost entry of a row: a row variable standing for any
   number of further (leading) axes. `...` means `..batch..`, `..input..` or `..output..`
   depending on the row it is in, so all `...` of one kind in a spec line up.
@@ -85,10 +89,19 @@ class FixedIndex:
 
 @dataclass(frozen=True, slots=True)
 class ConvAxis:
-    """The axis is indexed by `sum(coeff * label) + offset` (e.g. `stride*o + dilation*k`)."""
+    """The axis is indexed by `sum(coeff * label) + offset` (e.g. `stride*o + dilation*k`).
+    `right_padding`: the cells the index may run past the end (None: as many as before the
+    start, `-offset`)."""
 
     terms: tuple[tuple[int, str], ...]
     offset: int = 0
+    right_padding: int | None = None
+
+    @property
+    def padding(self) -> tuple[int, int]:
+        """(before, after): the cells the index may run outside the axis at each end."""
+        left = max(0, -self.offset)
+        return left, left if self.right_padding is None else self.right_padding
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +302,20 @@ def _einsum_axis(src: _Source, tok: str, pos: int) -> AxisSpec:
 
 
 def _conv_axis(src: _Source, tok: str, pos: int) -> AxisSpec:
-    """`c1*i + c2*j + k`: positive coefficients, a non-negative constant offset."""
+    """`c1*i + c2*j + k`: positive coefficients, a constant offset (negative: padding), and
+    optionally `:right` after a negative constant, the padding after the end."""
+    right: int | None = None
+    if ":" in tok:
+        colon = tok.index(":")
+        after = tok[colon + 1:]
+        if not _is_digits(after):
+            raise src.error(pos + colon + 1, f"affine axis {tok!r}: expected the padding after the end "
+                                             f"(digits) after ':', got {after!r}")
+        if not re.search(r"-[0-9]+$", tok[:colon]):
+            raise src.error(pos + colon, f"affine axis {tok!r}: ':' must follow the padding before the "
+                                         f"start, written as a negative constant (e.g. o+k-0:1)")
+        right = _number(src, after, pos + colon + 1)
+        tok = tok[:colon]
     pieces = re.split(r"([+-])", tok)
     terms: list[tuple[int, str]] = []
     offset, sign, at = 0, 1, pos
@@ -316,9 +342,9 @@ def _conv_axis(src: _Source, tok: str, pos: int) -> AxisSpec:
         at += len(piece)
     if not terms:
         raise src.error(pos, f"affine axis {tok!r} has no pseudo-label")
-    if len(terms) == 1 and terms[0][0] == 1 and offset == 0:
+    if len(terms) == 1 and terms[0][0] == 1 and offset == 0 and not right:
         return Label(terms[0][1])
-    return ConvAxis(tuple(terms), offset)
+    return ConvAxis(tuple(terms), offset, None if right is None or right == max(0, -offset) else right)
 
 
 def _shape_axis(src: _Source, tok: str, pos: int) -> SizedAxis:

@@ -236,8 +236,9 @@ class FixedItem(Item):
 @dataclass(frozen=True, slots=True, eq=False)
 class ConvItem(Item):
     """A convolution axis `var` indexed by `sum(c * term) + offset` must be long enough for the
-    largest index. A negative offset is padding `p = -offset` on both ends: the index may run
-    `p` cells past either end (those reads are guarded). Closing derives the one unknown term
+    largest index. A negative offset is padding `p = -offset` before the start, and unless
+    `right_padding` says otherwise as many cells after the end: the index may run that far
+    past either end (those reads are guarded). Closing derives the one unknown term
     (e.g. the output size) from a known extent as the largest that fits, as PyTorch sizes a
     convolution; only when nothing else can be derived does the extent follow from the terms
     (the smallest that fits), since a strided read such as `2*p` of a known `p` does not tell
@@ -251,10 +252,13 @@ class ConvItem(Item):
     results: frozenset[Var] = frozenset()
     #: The argument's row and the axis position from its end that the convolution reads.
     arg_axis: tuple[Row, int] | None = None
+    #: The padding after the end, when it differs from the padding before the start.
+    right_padding: int | None = None
 
     @property
     def padding(self) -> int:
-        return max(0, -self.offset)
+        """The cells the index may run past the end (what sizing the axis needs)."""
+        return max(0, -self.offset) if self.right_padding is None else self.right_padding
 
     def _solved(self, env: Env) -> tuple[Dim | Var, list[tuple[int, Var]], int]:
         extent = subst_dim(env, self.var)
@@ -264,7 +268,9 @@ class ConvItem(Item):
         return extent, unknown, top
 
     def _too_short(self, extent: Dim, top: int) -> ShapeError:
-        pad = f" with padding {self.padding}" if self.padding else ""
+        left = max(0, -self.offset)
+        pad = (f" with padding {left}:{self.padding}" if self.padding != left
+               else f" with padding {self.padding}" if self.padding else "")
         return ShapeError(f"convolution axis {describe_axis(self.where)} is indexed up to {top}, but has "
                           f"size {describe_dim(extent)}{pad}")
 
@@ -435,12 +441,12 @@ class _SpecNames:
                 self.gen.specials[v] = FixedIdx(i)
                 self.gen.items.append(FixedItem(v, i, where, result))
                 return v
-            case ConvAxis(terms, offset):
+            case ConvAxis(terms, offset, right):
                 v = get_var("conv")
                 term_vars = tuple((c, self.dim(name)) for c, name in terms)
                 self.gen.specials[v] = ConvSpec(term_vars, offset)
                 results = frozenset(self.dim(name) for _, name in terms if name in self.result_labels)
-                self.gen.items.append(ConvItem(v, term_vars, offset, where, results, arg_axis))
+                self.gen.items.append(ConvItem(v, term_vars, offset, where, results, arg_axis, right))
                 return v
             case Anonymous():
                 return get_var("_")
