@@ -183,14 +183,47 @@ def test_missing_autoschedulers_fall_back_to_the_plain_schedule(monkeypatch):
 
 
 def test_autoscheduled_pipeline_is_correct():
+    """A matrix product plus a term is not a bare contraction: it goes to an autoscheduler."""
     n = 64
     A, Bm = Var("A"), Var("B")
     k = Idx("k")
     mm = Func([("A", TTensor(n, TTensor(n, R))), ("B", TTensor(n, TTensor(n, R)))],
-              Gen(i, n, Gen(j, n, Sum(k, n, A[i, k] * Bm[k, j]))))
+              Gen(i, n, Gen(j, n, Sum(k, n, A[i, k] * Bm[k, j]) + A[i, j])))
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
     compiled = mm.compiled("halide", autoschedule=True)
     got = compiled(a, b)
-    np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got, a @ b + a, rtol=1e-12, atol=1e-12)
     assert compiled.scheduler in ("Adams2019", "Mullapudi2016", "root")
+
+
+@pytest.mark.parametrize("m, kk, n, transposed", [
+    (64, 32, 48, False),   # whole tiles
+    (50, 7, 70, False),    # edge tiles shift inwards
+    (9, 3, 25, True),      # A @ B.T: the vectorized axis is B's strided one
+])
+def test_contractions_get_the_register_blocked_schedule(m, kk, n, transposed):
+    A, Bm = Var("A"), Var("B")
+    k = Idx("k")
+    b_type = TTensor(n, TTensor(kk, R)) if transposed else TTensor(kk, TTensor(n, R))
+    read = Bm[j, k] if transposed else Bm[k, j]
+    f = Func([("A", TTensor(m, TTensor(kk, R))), ("B", b_type)], Gen(i, m, Gen(j, n, Sum(k, kk, A[i, k] * read))))
+    rng = np.random.default_rng(m + n)
+    a = rng.standard_normal((m, kk))
+    b = rng.standard_normal((n, kk) if transposed else (kk, n))
+    want = a @ (b.T if transposed else b)
+    compiled = f.compiled("halide", autoschedule=True)
+    np.testing.assert_allclose(compiled(a, b), want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(compiled(np.asfortranarray(a), b[:, :]), want, rtol=1e-12, atol=1e-12)
+    assert compiled.scheduler == "contraction"
+
+
+def test_a_result_narrower_than_a_tile_is_not_blocked():
+    A, Bm = Var("A"), Var("B")
+    k = Idx("k")
+    f = Func([("A", TTensor(4, TTensor(3, R))), ("B", TTensor(3, TTensor(5, R)))],
+             Gen(i, 4, Gen(j, 5, Sum(k, 3, A[i, k] * Bm[k, j]))))
+    a, b = np.arange(12.0).reshape(4, 3), np.arange(15.0).reshape(3, 5)
+    compiled = f.compiled("halide", autoschedule=True)
+    np.testing.assert_allclose(compiled(a, b), a @ b)
+    assert compiled.scheduler != "contraction"

@@ -574,7 +574,7 @@ def _direct_call(procedure: Any, context: Any, inputs: Sequence[Tnode], output: 
     params = getattr(getattr(procedure, "procedure", None), "params", None)
     if cproc is None or params is None or getattr(procedure, "entry", None) is not None:
         return None
-    if not all(p.kind is ParamKind.ARRAY for p in params):
+    if not all(p.kind is ParamKind.ARRAY for p in params) or not getattr(context, "share_host_arrays", False):
         return None
     if any(context.array(tn) is not tn.host_array() for tn in [*inputs, output]):
         return None
