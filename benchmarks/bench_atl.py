@@ -1,11 +1,14 @@
-"""ATL matmul and matvec compiled through Halide (autoscheduled) against NumPy.
+"""ATL matmul and matvec compiled through Halide and through einjit, against NumPy.
 
     python benchmarks/bench_atl.py [--n 1024] [--threads N] [--repeat 5]
 
 Both sides get the same number of threads (BLAS through its environment variables,
-Halide through HL_NUM_THREADS and the autoscheduler's parallelism). Times are the best
-of ``--repeat`` runs after one warm-up run, in one process; ratios are ATL time over
-NumPy time (lower is better). The einjit column is the same ATL program through
+Halide through HL_NUM_THREADS and the autoscheduler's parallelism). Times are medians of
+``--repeat`` runs after one warm-up run, NumPy's and the ATL function's runs interleaved in
+one process (a busy moment on a shared machine slows both alike); ratios are ATL time over
+NumPy time (lower is better). A large matmul gets Halide's register-blocked contraction
+schedule ("contraction" in the schedule column), other programs an autoscheduler.
+The einjit column is the same ATL program through
 ``einjit.atl.to_assignments``: einjit's assignments, optimizer and C backend (gcc, one
 thread), with its time, its ratio to NumPy and its compile time; it is skipped with a
 note if that backend cannot be imported.
@@ -37,14 +40,17 @@ import numpy as np  # noqa: E402  (after the thread settings)
 from einjit.atl import Func, Gen, R, Sum, TTensor, Var  # noqa: E402
 
 
-def best_time(fn, args, repeat: int) -> float:
-    fn(*args)
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
+def median_times(fns, args, repeat: int) -> list[float]:
+    """Median time of each function on `args`, their runs interleaved round by round."""
+    times: list[list[float]] = [[] for _ in fns]
+    for fn in fns:
         fn(*args)
-        best = min(best, time.perf_counter() - t0)
-    return best
+    for _ in range(repeat):
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn(*args)
+            times[k].append(time.perf_counter() - t0)
+    return [float(np.median(t)) for t in times]
 
 
 def programs(n: int) -> dict:
@@ -62,7 +68,7 @@ def programs(n: int) -> dict:
     }
 
 
-def einjit_column(f: Func, args, expected, t_np: float, repeat: int) -> str:
+def einjit_column(f: Func, args, expected, ref, repeat: int) -> str:
     """Time, ratio to NumPy and compile time of the einjit backend."""
     t0 = time.perf_counter()
     try:
@@ -72,12 +78,12 @@ def einjit_column(f: Func, args, expected, t_np: float, repeat: int) -> str:
     compile_s = time.perf_counter() - t0
     got = fn(*args)
     np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9)
-    t = best_time(fn, args, repeat)
+    t, t_np = median_times([fn, ref], args, repeat)
     return f"{t * 1e3:7.2f} ms {t / t_np:7.2f} {compile_s:7.2f}s"
 
 
 def main(args: argparse.Namespace) -> None:
-    print(f"n = {args.n}, threads = {args.threads}, best of {args.repeat}")
+    print(f"n = {args.n}, threads = {args.threads}, median of {args.repeat}")
     print(f"{'op':8} {'numpy':>10} {'halide':>10} {'ratio':>7}  {'schedule':12} "
           f"{'compile':>8}  {'einjit':>10} {'ratio':>7} {'compile':>8}")
     for name, (f, inputs, ref) in programs(args.n).items():
@@ -87,11 +93,10 @@ def main(args: argparse.Namespace) -> None:
         got = fn(*inputs)
         compile_s = time.perf_counter() - t0
         np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9)
-        t_np = best_time(ref, inputs, args.repeat)
-        t_hl = best_time(fn, inputs, args.repeat)
+        t_hl, t_np = median_times([fn, ref], inputs, args.repeat)
         print(f"{name:8} {t_np * 1e3:7.2f} ms {t_hl * 1e3:7.2f} ms {t_hl / t_np:7.2f}  "
               f"{fn.scheduler:12} {compile_s:7.2f}s  "
-              f"{einjit_column(f, inputs, expected, t_np, args.repeat)}")
+              f"{einjit_column(f, inputs, expected, ref, args.repeat)}")
 
 
 if __name__ == "__main__":

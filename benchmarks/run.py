@@ -144,8 +144,9 @@ def mlp_step_rows() -> list[dict]:
 
 
 def atl_rows(n: int = 1024) -> list[dict]:
-    """ATL programs (float64) through einjit's backend; the time includes the ATL wrapper's
-    copies of the arguments into the routine's context and of the result out."""
+    """ATL programs (float64) through einjit's backend, and the matmul through Halide when it
+    is installed (its register-blocked contraction schedule); each time includes the ATL
+    wrapper's work: arguments that fit are read in place, the result is copied out."""
     import bench_atl
 
     rows = []
@@ -154,6 +155,15 @@ def atl_rows(n: int = 1024) -> list[dict]:
         np.testing.assert_allclose(fn(*inputs), ref(*inputs), rtol=1e-9, atol=1e-9)
         t_ej, t_np = best_times([lambda fn=fn, inputs=inputs: fn(*inputs), lambda ref=ref, inputs=inputs: ref(*inputs)])
         rows.append(row(f"ATL {name} n={n} (float64), einjit backend", t_ej, {"numpy": t_np}))
+    try:
+        import halide  # noqa: F401  (optional: the row is left out without it)
+    except ImportError:
+        return rows
+    f, inputs, ref = bench_atl.programs(n)["matmul"]
+    hfn = f.compiled("halide")
+    np.testing.assert_allclose(hfn(*inputs), ref(*inputs), rtol=1e-9, atol=1e-9)
+    t_hl, t_np = best_times([lambda: hfn(*inputs), lambda: ref(*inputs)])
+    rows.append(row(f"ATL matmul n={n} (float64), Halide ({hfn.scheduler})", t_hl, {"numpy": t_np}))
     return rows
 
 
