@@ -92,7 +92,11 @@ def strategy(request, monkeypatch):
 
 
 @pytest.mark.parametrize("n, ks, stride, dil, pad, strategy",
-                         with_strategies(CASES_1D, [(120, 100, 1, 1, 49), (130, 100, 2, 1, 50)]),
+                         with_strategies(CASES_1D, [
+                             (120, 100, 1, 1, 49),
+                             (130, 100, 2, 1, 50),
+                             (210, 100, 2, 2, 99),  # no unit coefficient: 100 peeled copies
+                         ]),
                          indirect=["strategy"])
 def test_conv1d_forward_and_gradient(n, ks, stride, dil, pad, strategy):
     rng = np.random.default_rng(n * 100 + ks * 10 + sum(ends(pad)))
