@@ -39,6 +39,7 @@ from einjit.ir.indexing import (
     index_symbols,
 )
 from einjit.ir.interchange import interchange_loops
+from einjit.ir.local_storage import is_routine_local
 from einjit.ir.precision import combine_prec
 from einjit.ir.tnode import Tnode
 
@@ -102,6 +103,7 @@ class CSyntax:
     includes: tuple[str, ...] = ("math.h", "stdlib.h", "string.h")
     prelude: str = ""
     stack_limit_bytes: int = 16 * 1024
+    stack_total_bytes: int = 256 * 1024
     local_stack_decl: str = "{t} {name}[{size}] = {{0}};"
     local_heap_decl: str | None = "{t} *{restrict} {name} = ({t} *)calloc({size}, sizeof({t}));\nif (!{name}) abort();"
     local_heap_free: str = "free({name});"
@@ -499,11 +501,14 @@ class _Writer:
                     raise TypeError(f"not a low-level statement: {s!r}")
 
     def parallel_head(self, loop: ll.ForLoop, indent: str) -> None:
-        """An OpenMP pragma for a `parallel` loop, unless a routine-local node it writes lives on
+        """An OpenMP pragma for a `parallel` loop, unless a scheduler local it writes lives on
         the heap (a private copy of a pointer would point nowhere): then the loop stays serial.
-        Local arrays written inside are private to each thread."""
+        The scheduler's locals written inside (register blocks, packed panels) are private to
+        each thread; routine-local nodes (`ir.local_storage`) are shared like context arrays,
+        since each iteration writes its own cells of them and later code reads them all."""
         written = {s.tn.id: s.tn for s in ll.iter_stmts(loop.body)
-                   if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_local()}
+                   if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_local()
+                   and not is_routine_local(s.tn)}
         if any(tn.size * tn.prec.itemsize > self.syn.stack_limit_bytes for tn in written.values()):
             return
         names = ", ".join(self.node_name(tn, written=True) for _, tn in sorted(written.items()))
@@ -584,13 +589,15 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     frees: list[str] = []
     local_nodes: list[Tnode] = []
     r = syntax.restrict
-    for tn in sorted(w.nodes.values(), key=lambda n: n.id):
-        mem = (syntax.classify or mem_class)(tn, tn.id in w.written)
+    classes = {tn: (syntax.classify or mem_class)(tn, tn.id in w.written)
+               for tn in sorted(w.nodes.values(), key=lambda n: n.id)}
+    on_stack = stack_locals([tn for tn, mem in classes.items() if mem is MemClass.LOCAL_ONLY], syntax)
+    for tn, mem in classes.items():
         t = syntax.type_name(tn.prec)
         if mem is MemClass.LOCAL_ONLY:
             local_nodes.append(tn)
-            local_decls.append(_local_decl(tn, syntax))
-            if tn.size * tn.prec.itemsize > syntax.stack_limit_bytes:
+            local_decls.append(_local_decl(tn, syntax, tn in on_stack))
+            if tn not in on_stack:
                 frees.append("  " + syntax.local_heap_free.format(name=tn.name))
             continue
         const = "" if tn.id in w.written else "const "
@@ -619,9 +626,27 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     return RenderedRoutine(name, code, tuple(params), tuple(local_nodes), frozenset(w.helpers))
 
 
-def _local_decl(tn: Tnode, syn: CSyntax) -> str:
+def stack_locals(local_nodes: Sequence[Tnode], syntax: CSyntax = C_SYNTAX) -> set[Tnode]:
+    """The local nodes declared on the stack: each at most `stack_limit_bytes`, together at
+    most `stack_total_bytes` (taken in the order given, the rest go to the heap). A thread's
+    stack is a few MiB at best, and a routine may hold dozens of locals; when the dialect has
+    no heap (`local_heap_decl=None`) every local that fits one array's limit stays on it."""
+    out: set[Tnode] = set()
+    total = 0
+    for tn in local_nodes:
+        nbytes = tn.size * tn.prec.itemsize
+        if nbytes > syntax.stack_limit_bytes:
+            continue
+        if syntax.local_heap_decl is not None and total + nbytes > syntax.stack_total_bytes:
+            continue
+        out.add(tn)
+        total += nbytes
+    return out
+
+
+def _local_decl(tn: Tnode, syn: CSyntax, on_stack: bool) -> str:
     fields = dict(t=syn.type_name(tn.prec), name=tn.name, size=tn.size, restrict=syn.restrict)
-    if tn.size * tn.prec.itemsize <= syn.stack_limit_bytes:
+    if on_stack:
         template = syn.local_stack_decl
     elif syn.local_heap_decl is not None:
         # A failed calloc aborts the process: refuse, naming the node, what cannot fit now.

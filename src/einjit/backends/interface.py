@@ -55,6 +55,7 @@ from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol
+from einjit.ir.local_storage import localize
 from einjit.ir.naming import node_base, stable_names
 from einjit.ir.tnode import Tnode
 
@@ -65,7 +66,7 @@ __all__ = [
     "Work", "capture_values", "check_code", "check_hosted", "check_static_values", "contexts_holding",
     "default_context", "forget_context", "load_inputs", "register_context",
     "default_name", "lower_assignments", "low_level_of", "make_refs", "missing_input_error", "not_held_error",
-    "prepare", "routine_inputs",
+    "prepare", "read_first", "routine_inputs",
 ]
 
 Ctx = TypeVar("Ctx")
@@ -264,10 +265,14 @@ def routine_inputs(lowered: Any) -> frozenset[Tnode]:
     that reads its own cells first (`w -= lr * g`) is. Merge buffers are not counted: they
     are refilled by `device_to_device` before each use.
     """
+    return frozenset(tn for tn in read_first(lowered) if not tn.is_local() and not tn.is_virtual())
+
+
+def read_first(lowered: Any) -> frozenset[Tnode]:
+    """Every node the code reads before writing it (`routine_inputs` without the filter)."""
     store = getattr(lowered, "traced_store", None)
     if store is not None:
-        return frozenset(tn for tn, ta in store.items() if (ta.read_only and ta.accesses or ta.read_before_write)
-                         and not tn.is_local() and not tn.is_virtual())
+        return frozenset(tn for tn, ta in store.items() if ta.read_only and ta.accesses or ta.read_before_write)
     llc = low_level_of(lowered)
     written: set[Tnode] = set()
     inputs: dict[Tnode, None] = {}
@@ -294,7 +299,7 @@ def routine_inputs(lowered: Any) -> frozenset[Tnode]:
                     written.add(tn)
 
     stmts(llc)
-    return frozenset(tn for tn in inputs if not tn.is_local() and not tn.is_virtual())
+    return frozenset(inputs)
 
 
 # ---------------------------------------------------------------- contexts of the process
@@ -486,6 +491,7 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
         with stable_names():
             prepared = [prepare(bindings, c, None if names is None else names[k]) for k, c in enumerate(codes)]
             _check_distinct(n for n, _ in prepared)
+            localize([(n, lowered, read_first(lowered)) for n, lowered in prepared])
             if not shared:
                 return [Postponed(self.name, lowered, bindings, n) for n, lowered in prepared]
             procs = self.simple.compile_batch(prepared, bindings)
