@@ -51,6 +51,7 @@ from einjit.ir import low_level as ll
 from einjit.ir import naming
 from einjit.ir.c_names import c_name
 from einjit.ir.indexing import IntRef, StaticSymbol
+from einjit.ir.local_storage import is_routine_local, local_to
 from einjit.ir.tnode import Tnode, host_arrays_replaced
 
 _BODY_SUFFIX = "_body"
@@ -82,6 +83,11 @@ class CcContext(HostTransfers):
         a copy of it for a hosted node, zeros otherwise)."""
         arr = self.arrays.get(tn)
         if arr is None:
+            if is_routine_local(tn):
+                raise NodeNotInContextError(
+                    f"einjit: context {self.label!r} has no array for {tn.debug_name()}: routine {local_to(tn)!r} "
+                    f"made it routine-local, its values live only during a call of that routine; call "
+                    f".materialize() or .hosted() on the tensor before compiling the routine to keep them")
             if tn.is_hosted() and (self.share_host_arrays or tn.is_constant()):
                 arr = _checked(tn, tn.host_array())
             elif tn.is_hosted():

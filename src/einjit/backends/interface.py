@@ -48,7 +48,7 @@ from typing import (
     runtime_checkable,
 )
 
-from einjit import config
+from einjit import config, memory
 from einjit.backends.params import CudaMemClass, repeated_names
 from einjit.backends.params import MemClass as CpuMemClass
 from einjit.errors import EinjitError
@@ -58,6 +58,7 @@ from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.local_storage import localize
 from einjit.ir.naming import node_base, stable_names
 from einjit.ir.tnode import Tnode
+from einjit.memory import MemoryReport
 
 __all__ = [
     "Backend", "BackendError", "BackendUsageError", "Code", "Compiled", "Context", "CpuMemClass", "CudaMemClass",
@@ -138,6 +139,22 @@ class Routine(Generic[Ctx]):
     mem_classes: Mapping[Tnode, enum.Enum] = field(default_factory=dict, repr=False)
     await_: Callable[[], None] | None = field(default=None, repr=False)
     run_now: Callable[[], None] | None = field(default=None, repr=False)
+
+    @property
+    def memory(self) -> MemoryReport:
+        """What the routine holds: bytes kept between calls, routine-local bytes (`memory.report`)."""
+        return memory.report(self)
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of the context arrays the routine uses, kept between its calls."""
+        return self.memory.kept_bytes
+
+    @property
+    def local_bytes(self) -> int:
+        """Bytes of the routine's local arrays (stack and per-call heap), which live only during a call."""
+        report = self.memory
+        return report.local_bytes + report.scratch_bytes
 
     def __call__(self) -> None:
         if self.run_now is not None:
