@@ -83,7 +83,8 @@ class MemoryReport:
     optimizer state, results), device memory on CUDA. This is what a model costs while it is
     loaded. `local_bytes`: routine-local arrays on the stack (or a GPU thread's local
     memory), which exist only during a call. `scratch_bytes`: routine-local arrays too large
-    for the stack, allocated on the heap at each call and freed at its end. `host_bytes`:
+    for the stack, in a scratch buffer allocated once per linked routine (its values are not
+    needed between calls, but the arrays stay allocated; see `CSyntax`). `host_bytes`:
     constant hosted arrays a routine reads in place from the host, which no context copies.
     `arrays` lists `(node, memory class, bytes)` for each array, largest first.
     """
@@ -106,7 +107,8 @@ def report(obj: Any) -> MemoryReport:
     a multicore or CUDA context) holds. Also `routine.memory`, `routine.kept_bytes`.
 
     For a routine, kept bytes are its context arrays, whether or not another routine of the
-    context shares them; for a context, every array it holds, merge buffers included."""
+    context shares them; for a context, every array it holds, merge buffers included, and
+    `scratch_bytes` the scratch buffers of the routines linked into it."""
     classes = getattr(obj, "mem_classes", None)
     if classes is not None:
         return _routine_report(classes)
@@ -119,25 +121,29 @@ def report(obj: Any) -> MemoryReport:
         arrays += [(tn.debug_name(), what, _nbytes(tn)) for tn in (table or {})]
     if not arrays and not any(hasattr(obj, a) for a in ("arrays", "buffers")):
         raise TypeError(f"einjit: memory.report expects a compiled routine or a context, got {type(obj).__name__}")
-    return MemoryReport(sum(n for *_, n in arrays), arrays=_largest_first(arrays))
+    scratch = [int(b.nbytes) for b in getattr(obj, "scratch_buffers", ())]
+    arrays += [(f"<scratch {k}>", "Scratch", n) for k, n in enumerate(scratch)]
+    return MemoryReport(sum(n for _, cls, n in arrays if cls != "Scratch"), scratch_bytes=sum(scratch),
+                        arrays=_largest_first(arrays))
 
 
 def _routine_report(classes: Any) -> MemoryReport:
-    from einjit.backends.c_syntax import stack_locals  # the renderer's rule (it imports this module)
+    from einjit.backends.c_syntax import local_placement  # the renderer's rule (it imports this module)
 
     by_class: dict[str, int] = {}
     arrays: list[tuple[str, str, int]] = []
     locals_ = [tn for tn, cls in classes.items() if cls.value == "Local_only"]
     cpu = not any(type(cls).__name__ == "CudaMemClass" for cls in classes.values())
-    on_stack = stack_locals(sorted(locals_, key=lambda tn: tn.id)) if cpu else set(locals_)
+    on_stack = local_placement(locals_).on_stack if cpu else set(locals_)
     for tn, cls in classes.items():
         name = cls.value
         if name == "Local_only" and tn not in on_stack:
-            name = "Local_only (heap)"
+            name = "Local_only (scratch)"
         arrays.append((tn.debug_name(), name, _nbytes(tn)))
         by_class[name] = by_class.get(name, 0) + _nbytes(tn)
     return MemoryReport(kept_bytes=by_class.get("From_context", 0) + by_class.get("Global", 0),
-                        local_bytes=by_class.get("Local_only", 0), scratch_bytes=by_class.get("Local_only (heap)", 0),
+                        local_bytes=by_class.get("Local_only", 0),
+                        scratch_bytes=by_class.get("Local_only (scratch)", 0),
                         host_bytes=by_class.get("Constant_from_host", 0), arrays=_largest_first(arrays))
 
 

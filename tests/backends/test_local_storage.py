@@ -24,7 +24,7 @@ from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
 from einjit.ir.local_storage import LocalNodeError, is_routine_local, local_to, localize
 from einjit.ir.optimize import optimize_proc
 from einjit.ir.provenance import ROUTINE_LOCAL
-from einjit.ir.tnode import NEVER_VIRTUAL, MemoryModeError, Tnode, hosted
+from einjit.ir.tnode import LOCAL, NEVER_VIRTUAL, MemoryModeError, Tnode, hosted
 from einjit.ir.tracing import VirtualizeSettings
 
 OFF = VirtualizeSettings(local_storage=False)
@@ -135,27 +135,33 @@ def test_the_generated_c_declares_the_locals_inside_the_function():
         ctx.array(t)
 
 
-def test_large_locals_go_to_the_heap_and_the_stack_has_a_total_budget():
-    small = [Tnode(f"s{k}", (1024,), ops.single) for k in range(70)]    # 4 KiB each
-    big = Tnode("big", (8192,), ops.single)                              # 32 KiB: over one array's limit
-    on_stack = c_syntax.stack_locals([big, *small])
-    assert big not in on_stack
-    assert len(on_stack) == 64 and on_stack == set(small[:64])           # 256 KiB in all
-    no_heap = cuda_syntax.CUDA_SYNTAX
-    assert c_syntax.stack_locals(small, no_heap) == set(small)
+def test_large_locals_go_to_the_scratch_and_the_stack_has_a_total_budget():
+    small = [Tnode(f"s{k}", (1024,), ops.single, memory_mode=LOCAL) for k in range(70)]    # 4 KiB each
+    big = Tnode("big", (8192,), ops.single, memory_mode=LOCAL)                              # 32 KiB
+    placed = c_syntax.local_placement([big, *small])
+    assert big not in placed.on_stack
+    assert placed.on_stack == set(small[:64])                            # 256 KiB in all
+    no_scratch = cuda_syntax.CUDA_SYNTAX
+    assert c_syntax.local_placement(small, no_scratch).on_stack == set(small)
 
 
-def test_a_large_intermediate_is_allocated_per_call_and_reported_as_scratch():
+def test_a_large_intermediate_lives_in_a_scratch_buffer_allocated_once():
     n = 5000                                                             # 40 KB of doubles
     x = ej.ndarray(np.linspace(0, 1, n), label="big_x")
     t = ej.exp(ej.mul(x, 2.0), label="big_t")
     total = ej.sum(ej.mul(t, t), "...|...->... => 0", label="big_total")
-    step = train.to_routine(train.forward(total), name="big_sum",
+    context = CcBackend().init("big", share_host_arrays=True)
+    step = train.to_routine(train.forward(total), name="big_sum", context=context,
                             settings=VirtualizeSettings(max_visits=0))
+    scratch = list(context.scratch_buffers)
     step()
     step()
+    assert [id(a) for a in context.scratch_buffers] == [id(a) for a in scratch]   # none allocated per call
     assert is_routine_local(t.value_tn)
-    assert step.memory.scratch_bytes >= 8 * n
+    assert step.memory.scratch_bytes == sum(a.nbytes for a in scratch) == 3 * 8 * n   # 2x, t and t*t
+    src = next(p for p in step.context.scratch_buffers if p.shape == (n,))
+    assert src.dtype == np.float64
+    assert memory.report(step.context).scratch_bytes == sum(b.nbytes for b in step.context.scratch_buffers)
     np.testing.assert_allclose(total.numpy().ravel()[0], np.exp(4 * np.linspace(0, 1, n)).sum(), rtol=1e-12)
 
 

@@ -59,7 +59,7 @@ CUDA_SYNTAX = CSyntax(
     helper_qualifier="__device__ inline",
     includes=(),
     stack_limit_bytes=PRIVATE_LIMIT_BYTES,
-    local_heap_decl=None,
+    local_scratch_decl=None,
     zero_out_memset=False,
     interchange_loops=False,
 )
