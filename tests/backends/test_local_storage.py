@@ -13,9 +13,9 @@ import pytest
 
 import einjit as ej
 from einjit import fit, memory, train
-from einjit.backends import c_syntax, cuda_syntax
+from einjit.backends import c_syntax, cc, cuda_syntax
 from einjit.backends.cc_backend import CcBackend
-from einjit.backends.interface import NodeNotInContextError, read_first
+from einjit.backends.interface import NodeNotInContextError, lower_assignments, read_first
 from einjit.backends.multicore import MulticoreBackend
 from einjit.backends.params import CudaMemClass, MemClass
 from einjit.ir import interpret, ops
@@ -281,3 +281,24 @@ def test_cuda_code_generation_keeps_routine_local_nodes_in_global_memory():
     assert kernel.plan.mem_classes[t] is CudaMemClass.GLOBAL
     assert any(p.tn is t for p in kernel.rendered.params)
     assert "grid_sync" in program.source   # t crosses segments: threads meet before reading it
+
+
+def test_openmp_threads_share_routine_local_nodes_and_keep_scheduler_locals_private():
+    rng = np.random.default_rng(7)
+    xs, ws = rng.normal(size=(64, 512)), rng.normal(size=(256, 512)) / 20
+    x = ej.ndarray(xs, batch_axes=1, label="omp_x")
+    w = ej.ndarray(ws, input_axes=1, label="omp_w")
+    pre = ej.matmul(w, x, label="omp_pre")                       # 8.4M multiply-adds: a parallel loop
+    total = ej.sum(ej.relu(pre), "...|...->... => 0", label="omp_total")
+    _, lowered = lower_assignments((), train.forward(total), "omp_dense")
+    backend = CcBackend(cc.CcOptions(threads=2))
+    code = backend.compile((), lowered, shared=True, name="omp_dense")
+    assert is_routine_local(pre.value_tn)
+    source = code.procedure.procedure.source
+    pragmas = [line for line in source.splitlines() if "#pragma omp parallel for" in line]
+    assert pragmas
+    for line in pragmas:
+        private = line.partition("private(")[2].rstrip(")").split(", ") if "private(" in line else []
+        assert all(name.startswith(("acc", "pack", "lanes")) for name in private), line
+    backend.link(backend.init("omp", share_host_arrays=True), code)()
+    np.testing.assert_allclose(total.numpy().ravel()[0], np.maximum(xs @ ws.T, 0).sum(), rtol=1e-10)
