@@ -49,24 +49,29 @@ def median_times(fns, rounds: int = 15, min_time: float = 0.4) -> list[float]:
     return [statistics.median(s) for s in samples]
 
 
-def steps(local_storage: bool):
-    """The three steps built with local storage on or off: `{name: routine}`."""
+MOONS = "moons MLP 2→16→16→1 step, B=10"
+MLP = "MLP 784→256→256→10 step, B=256"
+CONVNET = "MNIST-size convnet step, B=64"
+
+
+def steps(local_storage: bool, names: tuple[str, ...]):
+    """The named steps built with local storage on or off: `{name: routine}`."""
     from bench_train import convnet_step, mlp_step
     from einjit.ir import optimize
     from einjit.ir.tracing import VirtualizeSettings
 
+    builders = {MOONS: lambda: mlp_step((2, 16, 16, 1), 10), MLP: lambda: mlp_step((784, 256, 256, 10), 256),
+                CONVNET: lambda: convnet_step()[0]}
     saved = optimize.virtualize_settings
     optimize.virtualize_settings = VirtualizeSettings(local_storage=local_storage)
     try:
-        return {"moons MLP 2→16→16→1 step, B=10": mlp_step((2, 16, 16, 1), 10),
-                "MLP 784→256→256→10 step, B=256": mlp_step((784, 256, 256, 10), 256),
-                "MNIST-size convnet step, B=64": convnet_step()[0]}
+        return {name: builders[name]() for name in names}
     finally:
         optimize.virtualize_settings = saved
 
 
-def memory_rows(rounds: int = 15) -> list[dict]:
-    before, after = steps(False), steps(True)
+def memory_rows(rounds: int = 15, names: tuple[str, ...] = (MOONS, MLP, CONVNET)) -> list[dict]:
+    before, after = steps(False, names), steps(True, names)
     rows = []
     for name, off in before.items():
         on = after[name]
@@ -75,6 +80,15 @@ def memory_rows(rounds: int = 15) -> list[dict]:
                      "stack_bytes_after": on.memory.local_bytes, "scratch_bytes_after": on.memory.scratch_bytes,
                      "step_s_before": t_off, "step_s_after": t_on, "speedup": t_off / t_on})
     return rows
+
+
+def run_row() -> dict:
+    """The row of `run.py`: the MLP 784→256→256→10 step with local storage, against itself
+    without (`vs_local_off` > 1: local storage is faster), with both kept byte counts."""
+    [r] = memory_rows(names=(MLP,))
+    return {"workload": f"{r['workload']}, routine-local storage (kept {r['kept_bytes_after']} bytes, "
+                        f"{r['kept_bytes_before']} without)",
+            "einjit_s": r["step_s_after"], "local_off_s": r["step_s_before"], "vs_local_off": r["speedup"]}
 
 
 def main() -> None:
