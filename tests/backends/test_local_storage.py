@@ -302,3 +302,22 @@ def test_openmp_threads_share_routine_local_nodes_and_keep_scheduler_locals_priv
         assert all(name.startswith(("acc", "pack", "lanes")) for name in private), line
     backend.link(backend.init("omp", share_host_arrays=True), code)()
     np.testing.assert_allclose(total.numpy().ravel()[0], np.maximum(xs @ ws.T, 0).sum(), rtol=1e-10)
+
+
+def test_memory_report_of_a_cuda_routine_and_context_counts_global_and_per_thread_arrays():
+    g = Tnode("rg", (100,), ops.single)
+    p = Tnode("rp", (10,), ops.single, memory_mode=LOCAL)
+
+    class CudaRoutine:
+        mem_classes = {g: CudaMemClass.GLOBAL, p: CudaMemClass.LOCAL_ONLY}
+
+    class CudaContext:
+        buffers = {g: 0x1000}
+        merge_buffers = {p: 0x2000}
+
+    r = memory.report(CudaRoutine())
+    assert (r.kept_bytes, r.local_bytes, r.scratch_bytes, r.host_bytes) == (400, 40, 0, 0)
+    c = memory.report(CudaContext())
+    assert c.kept_bytes == 440 and [a[1] for a in c.arrays] == ["Global", "Merge_buffer"]
+    with pytest.raises(TypeError, match="routine or a context"):
+        memory.report(object())

@@ -23,6 +23,12 @@ array: `CpuMemClass` (`LOCAL_ONLY`, `FROM_CONTEXT`, `CONSTANT_FROM_HOST`) for CP
 and `CudaMemClass` (`LOCAL_ONLY`, `GLOBAL`) for the CUDA backend. A routine records the class
 of every node it touches in `Routine.mem_classes` (the classes live in `params.py`).
 
+`compile_batch` decides routine-local storage for the routines it compiles together
+(`ir.local_storage.localize`): nodes a routine writes and consumes within one call are
+declared in the generated code instead of kept in a context. `Routine.memory` (also
+`kept_bytes`, `local_bytes`) reports the bytes a linked routine keeps between calls and the
+bytes that live only during a call (`einjit.memory.report`).
+
 Every context registers itself with its backend (`register_context`), so `contexts_holding(tn)`
 finds the contexts to refresh after a host write. Host transfers move hosted nodes only:
 anything else is a `NotHostedError` naming the node, its memory mode and the mode's provenance.
