@@ -7,7 +7,7 @@ MNIST-size convnet step (B=64) of `bench_train.py`, each built twice in one proc
 `VirtualizeSettings(local_storage=False)` (every stored intermediate and gradient is a context
 array, as before local storage) and with the default — it prints the step's kept bytes
 (`routine.kept_bytes`), its routine-local bytes on the stack and in scratch arrays (allocated
-once per linked routine; their values are not needed between calls), and the time per step of
+once per context; their values are not needed between calls), and the time per step of
 both, measured side by side (calls interleaved round by round; medians of the rounds). One
 thread (`EINJIT_NUM_THREADS`, default 1).
 """

@@ -83,8 +83,8 @@ class MemoryReport:
     optimizer state, results), device memory on CUDA. This is what a model costs while it is
     loaded. `local_bytes`: routine-local arrays on the stack (or a GPU thread's local
     memory), which exist only during a call. `scratch_bytes`: routine-local arrays too large
-    for the stack, in a scratch buffer allocated once per linked routine (its values are not
-    needed between calls, but the arrays stay allocated; see `CSyntax`). `host_bytes`:
+    for the stack, in scratch arrays allocated once per context and node (their values are
+    not needed between calls, but the arrays stay allocated; see `CSyntax`). `host_bytes`:
     constant hosted arrays a routine reads in place from the host, which no context copies.
     `arrays` lists `(node, memory class, bytes)` for each array, largest first.
     """
@@ -108,7 +108,7 @@ def report(obj: Any) -> MemoryReport:
 
     For a routine, kept bytes are its context arrays, whether or not another routine of the
     context shares them; for a context, every array it holds, merge buffers included, and
-    `scratch_bytes` the scratch buffers of the routines linked into it."""
+    `scratch_bytes` the scratch arrays of the routine-local nodes of routines linked into it."""
     classes = getattr(obj, "mem_classes", None)
     if classes is not None:
         return _routine_report(classes)
@@ -121,10 +121,9 @@ def report(obj: Any) -> MemoryReport:
         arrays += [(tn.debug_name(), what, _nbytes(tn)) for tn in (table or {})]
     if not arrays and not any(hasattr(obj, a) for a in ("arrays", "buffers")):
         raise TypeError(f"einjit: memory.report expects a compiled routine or a context, got {type(obj).__name__}")
-    scratch = [int(b.nbytes) for b in getattr(obj, "scratch_buffers", ())]
-    arrays += [(f"<scratch {k}>", "Scratch", n) for k, n in enumerate(scratch)]
-    return MemoryReport(sum(n for _, cls, n in arrays if cls != "Scratch"), scratch_bytes=sum(scratch),
-                        arrays=_largest_first(arrays))
+    arrays += [(tn.debug_name(), "Scratch", _nbytes(tn)) for tn in getattr(obj, "scratch", None) or {}]
+    return MemoryReport(sum(n for _, cls, n in arrays if cls != "Scratch"),
+                        scratch_bytes=sum(n for _, cls, n in arrays if cls == "Scratch"), arrays=_largest_first(arrays))
 
 
 def _routine_report(classes: Any) -> MemoryReport:

@@ -145,7 +145,7 @@ def test_large_locals_go_to_the_scratch_and_the_stack_has_a_total_budget():
     assert c_syntax.local_placement(small, no_scratch).on_stack == set(small)
 
 
-def test_a_large_intermediate_lives_in_a_scratch_buffer_allocated_once():
+def test_a_large_intermediate_lives_in_a_scratch_array_allocated_once():
     n = 5000                                                             # 40 KB of doubles
     x = ej.ndarray(np.linspace(0, 1, n), label="big_x")
     t = ej.exp(ej.mul(x, 2.0), label="big_t")
@@ -153,15 +153,16 @@ def test_a_large_intermediate_lives_in_a_scratch_buffer_allocated_once():
     context = CcBackend().init("big", share_host_arrays=True)
     step = train.to_routine(train.forward(total), name="big_sum", context=context,
                             settings=VirtualizeSettings(max_visits=0))
-    scratch = list(context.scratch_buffers)
+    scratch = {tn: id(a) for tn, a in context.scratch.items()}
     step()
     step()
-    assert [id(a) for a in context.scratch_buffers] == [id(a) for a in scratch]   # none allocated per call
-    assert is_routine_local(t.value_tn)
-    assert step.memory.scratch_bytes == sum(a.nbytes for a in scratch) == 3 * 8 * n   # 2x, t and t*t
-    src = next(p for p in step.context.scratch_buffers if p.shape == (n,))
-    assert src.dtype == np.float64
-    assert memory.report(step.context).scratch_bytes == sum(b.nbytes for b in step.context.scratch_buffers)
+    assert {tn: id(a) for tn, a in context.scratch.items()} == scratch    # none allocated per call
+    assert len(scratch) == 3 and context.scratch[t.value_tn].dtype == np.float64   # 2x, t and t*t
+    assert step.memory.scratch_bytes == memory.report(context).scratch_bytes == 3 * 8 * n
+    again = train.to_routine(fit.forward_code(total), name="big_sum", context=context,
+                             settings=VirtualizeSettings(max_visits=0))
+    again()
+    assert {tn: id(a) for tn, a in context.scratch.items()} == scratch   # another routine reuses them
     np.testing.assert_allclose(total.numpy().ravel()[0], np.exp(4 * np.linspace(0, 1, n)).sum(), rtol=1e-12)
 
 

@@ -90,9 +90,9 @@ class CSyntax:
 
     Routine-local arrays (memory class `LOCAL_ONLY`) up to `stack_limit_bytes` each and
     `stack_total_bytes` together are declared on the stack (`local_stack_decl`); larger ones
-    are scratch parameters (`local_scratch_decl`), arrays the backend allocates once per linked
-    routine: no allocation per call, and, each its own `restrict` pointer, code as fast as
-    for a context array (slices of one buffer would be assumed to alias each other).
+    are scratch parameters (`local_scratch_decl`), arrays the backend allocates once (per
+    context and node): no allocation per call, and, each its own `restrict` pointer, code as
+    fast as for a context array (slices of one buffer would be assumed to alias each other).
     `local_scratch_decl=None` makes an oversized local an error (dialects without scratch).
 
     Hooks for dialects that map loops and storage differently (CUDA): `loop_head(loop,

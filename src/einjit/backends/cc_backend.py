@@ -74,7 +74,7 @@ class CcContext(HostTransfers):
     share_host_arrays: bool = False
     arrays: dict[Tnode, np.ndarray] = field(default_factory=dict, repr=False)
     merge_buffers: dict[Tnode, np.ndarray] = field(default_factory=dict, repr=False)
-    scratch_buffers: list[np.ndarray] = field(default_factory=list, repr=False)
+    scratch: dict[Tnode, np.ndarray] = field(default_factory=dict, repr=False)
     backend: Any = field(default=None, repr=False)
 
     def holds(self, tn: Tnode) -> bool:
@@ -99,13 +99,16 @@ class CcContext(HostTransfers):
             self.arrays[tn] = arr
         return arr
 
-    def new_scratch(self, routine: str, tn: Tnode) -> np.ndarray:
-        """A scratch array for a routine-local node too large for the stack, for one linked
-        routine, kept with the context (the routine's code holds its address). Allocated once:
-        the routine reuses it at every call, so a call finds the previous call's values there,
-        as in a context array; routine-local nodes are written before they are read."""
-        buf = memory.zeros(f"scratch array of {tn.debug_name()} (routine {routine!r})", tn.dims, tn.prec.dtype)
-        self.scratch_buffers.append(buf)
+    def scratch_array(self, routine: str, tn: Tnode) -> np.ndarray:
+        """The scratch array of a routine-local node too large for the stack, allocated once
+        per context and node (linked routines hold its address). Every routine using it
+        writes it before reading it within a call, and routines of a context run one after
+        the other, so they can share it; a relinked routine reuses it instead of growing the
+        context. Values of one call are still there at the next, as in a context array."""
+        buf = self.scratch.get(tn)
+        if buf is None:
+            buf = memory.zeros(f"scratch array of {tn.debug_name()} (routine {routine!r})", tn.dims, tn.prec.dtype)
+            self.scratch[tn] = buf
         return buf
 
     def merge_buffer(self, tn: Tnode) -> np.ndarray:
@@ -223,7 +226,7 @@ class CcSimpleBackend:
                 case ParamKind.MERGE_BUFFER:
                     arrays.append(context.merge_buffer(p.node))
                 case ParamKind.SCRATCH:
-                    arrays.append(next(given) if scratch is not None else context.new_scratch(routine, p.node))
+                    arrays.append(next(given) if scratch is not None else context.scratch_array(routine, p.node))
         return arrays
 
     def link_compiled(self, context: CcContext, procedure: CcProcedure, inputs: frozenset[Tnode],
