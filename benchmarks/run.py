@@ -215,9 +215,10 @@ def compile_row() -> dict:
 
 def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench_memory import run_row as memory_row
     sizes = [256, 512] if ARGS.quick else [256, 512, 1024]
     rows = (matmul_rows(sizes) + mlp_step_rows() + convnet_rows() + atl_rows(512 if ARGS.quick else 1024)
-            + [chain_row(), compile_row()])
+            + [chain_row(), compile_row(), memory_row()])
     if ARGS.json:
         print(json.dumps(rows, indent=1))
         return

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from einjit.ir.indexing import get_static_symbol as get_static_symbol
     from einjit.ir.ops import as_prec as as_prec
     from einjit.memory import AllocationError as AllocationError
+    from einjit.memory import MemoryReport as MemoryReport
     from einjit.shape import ShapeError as ShapeError
     from einjit.tensor.activations import abs as abs
     from einjit.tensor.activations import clip as clip
@@ -128,6 +129,7 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     "NodeNotInContextError": ("einjit.backends.interface", "NodeNotInContextError"),
     "StaticRangeError": ("einjit.backends.interface", "StaticRangeError"),
     "AllocationError": ("einjit.memory", "AllocationError"),
+    "MemoryReport": ("einjit.memory", "MemoryReport"),
     "IntRef": ("einjit.ir.indexing", "IntRef"),
     "StaticSymbol": ("einjit.ir.indexing", "StaticSymbol"),
     "get_static_symbol": ("einjit.ir.indexing", "get_static_symbol"),

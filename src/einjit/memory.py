@@ -1,10 +1,19 @@
-"""Host allocations that fail with a named error: a tensor larger than the memory available
-gets an `AllocationError` naming it and its size, before NumPy tries (and raises a bare
-`MemoryError`, or on Linux succeeds lazily and lets the kernel kill the process later)."""
+"""Memory: host allocations that fail with a named error, and reports of what compiled code holds.
+
+A tensor larger than the memory available gets an `AllocationError` naming it and its size,
+before NumPy tries (and raises a bare `MemoryError`, or on Linux succeeds lazily and lets the
+kernel kill the process later).
+
+`report(routine_or_context)` (also `routine.memory` and `routine.kept_bytes`) says how many
+bytes a compiled routine or a context keeps between calls, and how many live only during a
+call (routine-local arrays, see `ir/local_storage.py`).
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -61,3 +70,85 @@ def zeros(what: str, dims: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     except (MemoryError, ValueError) as e:
         raise AllocationError(f"einjit: {what} with dims {tuple(dims)} needs {human(nbytes)} of host memory and "
                               f"could not get it ({e})") from None
+
+
+# ---------------------------------------------------------------- what routines and contexts hold
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """The bytes a compiled routine or a context holds, by how long they live.
+
+    `kept_bytes`: arrays kept between calls — a context's array per node (parameters,
+    optimizer state, results), device memory on CUDA. This is what a model costs while it is
+    loaded. `local_bytes`: routine-local arrays on the stack (or a GPU thread's local
+    memory), which exist only during a call. `scratch_bytes`: routine-local arrays too large
+    for the stack, in scratch arrays allocated once per context and node (their values are
+    not needed between calls, but the arrays stay allocated; see `CSyntax`). `host_bytes`:
+    constant hosted arrays a routine reads in place from the host, which no context copies.
+    `arrays` lists `(node, memory class, bytes)` for each array, largest first.
+    """
+
+    kept_bytes: int
+    local_bytes: int = 0
+    scratch_bytes: int = 0
+    host_bytes: int = 0
+    arrays: tuple[tuple[str, str, int], ...] = field(default=(), repr=False)
+
+    def __str__(self) -> str:
+        lines = [f"kept between calls {human(self.kept_bytes)}, local {human(self.local_bytes)}, "
+                 f"scratch {human(self.scratch_bytes)}, read from the host {human(self.host_bytes)}"]
+        lines += [f"  {name:<32} {cls:<20} {human(n)}" for name, cls, n in self.arrays]
+        return "\n".join(lines)
+
+
+def report(obj: Any) -> MemoryReport:
+    """What a routine (anything with `mem_classes`, as `Routine`) or a context (`CcContext`,
+    a multicore or CUDA context) holds. Also `routine.memory`, `routine.kept_bytes`.
+
+    For a routine, kept bytes are its context arrays, whether or not another routine of the
+    context shares them; for a context, every array it holds, merge buffers included, and
+    `scratch_bytes` the scratch arrays of the routine-local nodes of routines linked into it."""
+    classes = getattr(obj, "mem_classes", None)
+    if classes is not None:
+        return _routine_report(classes)
+    inner = getattr(obj, "inner", None)
+    if inner is not None and hasattr(inner, "holds"):
+        return report(inner)
+    arrays: list[tuple[str, str, int]] = []
+    for table, what in ((getattr(obj, "arrays", None), "From_context"), (getattr(obj, "buffers", None), "Global"),
+                        (getattr(obj, "merge_buffers", None), "Merge_buffer")):
+        arrays += [(tn.debug_name(), what, _nbytes(tn)) for tn in (table or {})]
+    if not arrays and not any(hasattr(obj, a) for a in ("arrays", "buffers")):
+        raise TypeError(f"einjit: memory.report expects a compiled routine or a context, got {type(obj).__name__}")
+    arrays += [(tn.debug_name(), "Scratch", _nbytes(tn)) for tn in getattr(obj, "scratch", None) or {}]
+    return MemoryReport(sum(n for _, cls, n in arrays if cls != "Scratch"),
+                        scratch_bytes=sum(n for _, cls, n in arrays if cls == "Scratch"), arrays=_largest_first(arrays))
+
+
+def _routine_report(classes: Any) -> MemoryReport:
+    from einjit.backends.c_syntax import local_placement  # the renderer's rule (it imports this module)
+
+    by_class: dict[str, int] = {}
+    arrays: list[tuple[str, str, int]] = []
+    locals_ = [tn for tn, cls in classes.items() if cls.value == "Local_only"]
+    cpu = not any(type(cls).__name__ == "CudaMemClass" for cls in classes.values())
+    on_stack = local_placement(locals_).on_stack if cpu else set(locals_)
+    for tn, cls in classes.items():
+        name = cls.value
+        if name == "Local_only" and tn not in on_stack:
+            name = "Local_only (scratch)"
+        arrays.append((tn.debug_name(), name, _nbytes(tn)))
+        by_class[name] = by_class.get(name, 0) + _nbytes(tn)
+    return MemoryReport(kept_bytes=by_class.get("From_context", 0) + by_class.get("Global", 0),
+                        local_bytes=by_class.get("Local_only", 0),
+                        scratch_bytes=by_class.get("Local_only (scratch)", 0),
+                        host_bytes=by_class.get("Constant_from_host", 0), arrays=_largest_first(arrays))
+
+
+def _nbytes(tn: Any) -> int:
+    return int(tn.size) * int(tn.prec.itemsize)
+
+
+def _largest_first(arrays: list[tuple[str, str, int]]) -> tuple[tuple[str, str, int], ...]:
+    return tuple(sorted(arrays, key=lambda a: (-a[2], a[0])))

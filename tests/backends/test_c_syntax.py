@@ -106,17 +106,19 @@ def test_memory_classes_and_parameter_order():
     assert h.name not in head
 
 
-def test_large_local_is_heap_allocated_and_freed():
+def test_large_local_is_a_scratch_parameter():
     big = Tnode("big", (64, 128), memory_mode=tnode.LOCAL)
     out = Tnode("out", (1,))
     i = get_symbol()
     code = ll.seq(ll.ForLoop(i, 0, 127, ll.Set(big, (FixedIdx(3), Iterator(i)), ll.Constant(1.0))),
                   ll.Set(out, (FixedIdx(0),), ll.Get(big, (FixedIdx(3), FixedIdx(5)))))
     r = render_routine("f", code)
-    assert f"float *restrict {big.name} = (float *)calloc(8192, sizeof(float));" in r.code
-    assert r.code.rstrip().endswith(f"free({big.name});\n}}".rstrip())
+    assert r.code.splitlines()[0] == f"void f(float *restrict {out.name}, float *restrict {big.name}) {{"
+    assert [(p.kind, p.tn, p.mem) for p in r.params][-1] == (ParamKind.SCRATCH, big, MemClass.LOCAL_ONLY)
+    assert r.scratch_bytes == 64 * 128 * 4 and r.local_nodes == (big,)
+    assert "calloc" not in r.code and "free(" not in r.code
     with pytest.raises(RenderError, match="limit for locals"):
-        render_routine("f", code, syntax=CSyntax(local_heap_decl=None))
+        render_routine("f", code, syntax=CSyntax(local_scratch_decl=None))
 
 
 def test_constant_node_written_by_its_routine_is_not_const():

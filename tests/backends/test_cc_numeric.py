@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from einjit.backends import cc
-from einjit.backends.c_syntax import CSyntax
+from einjit.backends.c_syntax import CSyntax, ParamKind
 from einjit.backends.cc_backend import CcBackend, run_once
 from einjit.ir import interpret, ops, tnode
 from einjit.ir import low_level as ll
@@ -295,8 +295,9 @@ def test_local_only_node(run_c, size):
         ll.Set(out, (FixedIdx(0),), ll.LocalScope(v, ll.ForLoop(k, 0, size - 1, ll.SetLocal(v, B(
             ops.Binop.ADD, ll.GetLocal(v), ll.Get(h, it(k))))), ())))
     proc = cc.compile_proc(code, name="local")
-    assert all(p.tn is not h for p in proc.params)
-    assert ("calloc" in proc.source) == (size * 4 > 16 * 1024)
+    assert proc.mem_class(h) is None   # not a context array
+    scratch = [p.tn for p in proc.params if p.kind is ParamKind.SCRATCH]
+    assert scratch == ([h] if size * 4 > 16 * 1024 else [])   # over the stack limit: allocated once per link
     av = np.ones(size, dtype=np.float32)
     assert run_c(code, {a: av}).array(out)[0] == 2 * size
 

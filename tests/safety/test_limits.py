@@ -9,8 +9,9 @@ import pytest
 
 import einjit as ej
 from einjit import memory, train
-from einjit.backends import c_syntax
+from einjit.backends import c_syntax, cc
 from einjit.backends.c_syntax import symbol_name
+from einjit.backends.cc_backend import CcBackend
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Iterator, get_static_symbol, get_symbol
@@ -102,14 +103,19 @@ def test_human_sizes():
 
 
 def test_a_local_array_larger_than_memory_is_refused_before_compiling(monkeypatch):
-    """A heap-allocated local whose calloc would fail (and abort the process) is refused."""
+    """A local too large for the stack is a scratch array allocated when the routine is linked;
+    one that does not fit in memory is refused then, naming it, before gcc runs."""
     from einjit.ir import tnode
     big = Tnode("scratch", (64, 128), memory_mode=tnode.LOCAL)
     out = Tnode("out", (1,))
     i = get_symbol()
     code = ll.seq(ll.ForLoop(i, 0, 127, ll.Set(big, (ll_fixed0(), Iterator(i)), ll.Constant(1.0))),
                   ll.Set(out, (ll_fixed0(),), ll.Get(big, (ll_fixed0(), ll_fixed0()))))
-    assert "calloc(8192" in c_syntax.render_routine("fits", code).code
+    assert f"float *restrict {big.name}" in c_syntax.render_routine("fits", code).code.splitlines()[0]
     monkeypatch.setattr(memory, "available_bytes", lambda: 16 * 1024)
-    with pytest.raises(memory.AllocationError, match=r"local tensor scratch.*\(64, 128\) needs 32\.0 KiB"):
-        c_syntax.render_routine("too_big_local", code)
+    backend = CcBackend()
+    postponed = backend.compile((), code, name="too_big_local")
+    runs = cc.stats.compiler_invocations
+    with pytest.raises(memory.AllocationError, match=r"scratch array of scratch.*\(64, 128\) needs 32\.0 KiB"):
+        backend.link(backend.init("limits"), postponed)
+    assert cc.stats.compiler_invocations == runs

@@ -22,7 +22,6 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from einjit import memory
 from einjit.backends.params import MemClass, Param, ParamKind, repeated_names
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
@@ -39,6 +38,7 @@ from einjit.ir.indexing import (
     index_symbols,
 )
 from einjit.ir.interchange import interchange_loops
+from einjit.ir.local_storage import is_routine_local
 from einjit.ir.precision import combine_prec
 from einjit.ir.tnode import Tnode
 
@@ -86,8 +86,14 @@ def c_type_name(prec: ops.Prec) -> str:
 @dataclass(frozen=True)
 class CSyntax:
     """The C-family dialect to render. Templates use `{t}` (element type), `{name}`, `{size}`
-    and `{restrict}`; `local_heap_decl=None` makes oversized local arrays an error (for
-    dialects without a heap). `prelude` is emitted verbatim after the includes.
+    and `{restrict}`. `prelude` is emitted verbatim after the includes.
+
+    Routine-local arrays (memory class `LOCAL_ONLY`) up to `stack_limit_bytes` each and
+    `stack_total_bytes` together are declared on the stack (`local_stack_decl`); larger ones
+    are scratch parameters (`local_scratch_decl`), arrays the backend allocates once (per
+    context and node): no allocation per call, and, each its own `restrict` pointer, code as
+    fast as for a context array (slices of one buffer would be assumed to alias each other).
+    `local_scratch_decl=None` makes an oversized local an error (dialects without scratch).
 
     Hooks for dialects that map loops and storage differently (CUDA): `loop_head(loop,
     symbol_name, index_type)` returns a loop's header text (ending in `{`) or None for the
@@ -102,9 +108,9 @@ class CSyntax:
     includes: tuple[str, ...] = ("math.h", "stdlib.h", "string.h")
     prelude: str = ""
     stack_limit_bytes: int = 16 * 1024
+    stack_total_bytes: int = 256 * 1024
     local_stack_decl: str = "{t} {name}[{size}] = {{0}};"
-    local_heap_decl: str | None = "{t} *{restrict} {name} = ({t} *)calloc({size}, sizeof({t}));\nif (!{name}) abort();"
-    local_heap_free: str = "free({name});"
+    local_scratch_decl: str | None = "{t} *{restrict} {name}"
     zero_out_memset: bool = True
     interchange_loops: bool = False
     unroll_pragma: str = "#pragma GCC unroll {n}"
@@ -124,6 +130,7 @@ class RenderedRoutine:
     params: tuple[Param, ...]
     local_nodes: tuple[Tnode, ...]
     helpers: frozenset[str]
+    scratch_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -279,6 +286,7 @@ class _Writer:
         self.static_ranges: dict[Symbol, int | None] = {b.symbol: b.static_range for b in statics}
         self.loops: dict[Symbol, tuple[int, int]] = {}
         self.locals_in_scope: set[ll.ScopeId] = set()
+        self.on_stack: set[Tnode] = set()
         self.nodes: dict[int, Tnode] = {}
         self.written: set[int] = set()
         self.merges: dict[int, Tnode] = {}
@@ -499,12 +507,15 @@ class _Writer:
                     raise TypeError(f"not a low-level statement: {s!r}")
 
     def parallel_head(self, loop: ll.ForLoop, indent: str) -> None:
-        """An OpenMP pragma for a `parallel` loop, unless a routine-local node it writes lives on
+        """An OpenMP pragma for a `parallel` loop, unless a scheduler local it writes lives on
         the heap (a private copy of a pointer would point nowhere): then the loop stays serial.
-        Local arrays written inside are private to each thread."""
+        The scheduler's locals written inside (register blocks, packed panels) are private to
+        each thread; routine-local nodes (`ir.local_storage`) are shared like context arrays,
+        since each iteration writes its own cells of them and later code reads them all."""
         written = {s.tn.id: s.tn for s in ll.iter_stmts(loop.body)
-                   if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_local()}
-        if any(tn.size * tn.prec.itemsize > self.syn.stack_limit_bytes for tn in written.values()):
+                   if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_local()
+                   and not is_routine_local(s.tn)}
+        if any(tn not in self.on_stack for tn in written.values()):
             return
         names = ", ".join(self.node_name(tn, written=True) for _, tn in sorted(written.items()))
         private = f" private({names})" if names else ""
@@ -576,12 +587,13 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
         llc = interchange_loops(llc)
     itype = index_type(name, llc)
     w = _Writer(syntax, tuple(bindings), itype)
+    placement = local_placement([tn for tn in ll.nodes_of(llc) if tn.is_local()], syntax)
+    w.on_stack = placement.on_stack
     w.stmt(llc, "  ")
 
     params: list[Param] = []
     decls: list[str] = []
     local_decls: list[str] = []
-    frees: list[str] = []
     local_nodes: list[Tnode] = []
     r = syntax.restrict
     for tn in sorted(w.nodes.values(), key=lambda n: n.id):
@@ -589,9 +601,8 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
         t = syntax.type_name(tn.prec)
         if mem is MemClass.LOCAL_ONLY:
             local_nodes.append(tn)
-            local_decls.append(_local_decl(tn, syntax))
-            if tn.size * tn.prec.itemsize > syntax.stack_limit_bytes:
-                frees.append("  " + syntax.local_heap_free.format(name=tn.name))
+            if tn in placement.on_stack:
+                local_decls.append("  " + syntax.local_stack_decl.format(t=t, name=tn.name, size=tn.size))
             continue
         const = "" if tn.id in w.written else "const "
         params.append(Param(ParamKind.ARRAY, tn.name, tn=tn, mem=mem))
@@ -601,6 +612,11 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
             raise RenderError(f"einjit: merge buffer of {tn.debug_name()} read, but the node is Local")
         params.append(Param(ParamKind.MERGE_BUFFER, f"merge_{tn.name}", tn=tn))
         decls.append(f"const {syntax.type_name(tn.prec)} *{r} merge_{tn.name}")
+    scratch = [tn for tn in local_nodes if tn not in placement.on_stack]
+    for tn in scratch:
+        params.append(Param(ParamKind.SCRATCH, tn.name, tn=tn, mem=MemClass.LOCAL_ONLY))
+        decls.append(_scratch_decl(tn, syntax))
+    scratch_bytes = sum(tn.size * tn.prec.itemsize for tn in scratch)
     widened: list[str] = []
     for b in bindings:
         sym = symbol_name(b.symbol)
@@ -614,23 +630,42 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
 
     qual = f"{syntax.function_qualifier} " if syntax.function_qualifier else ""
     head = f"{qual}void {name}({', '.join(decls) or 'void'}) {{"
-    body = widened + [line for d in local_decls for line in d.split("\n")] + w.lines + frees
+    body = widened + [line for d in local_decls for line in d.split("\n")] + w.lines
     code = "\n".join([head, *body, "}"]) + "\n"
-    return RenderedRoutine(name, code, tuple(params), tuple(local_nodes), frozenset(w.helpers))
+    return RenderedRoutine(name, code, tuple(params), tuple(local_nodes), frozenset(w.helpers), scratch_bytes)
 
 
-def _local_decl(tn: Tnode, syn: CSyntax) -> str:
-    fields = dict(t=syn.type_name(tn.prec), name=tn.name, size=tn.size, restrict=syn.restrict)
-    if tn.size * tn.prec.itemsize <= syn.stack_limit_bytes:
-        template = syn.local_stack_decl
-    elif syn.local_heap_decl is not None:
-        # A failed calloc aborts the process: refuse, naming the node, what cannot fit now.
-        memory.check_fits(f"local tensor {tn.debug_name()}", tn.dims, tn.prec.dtype)
-        template = syn.local_heap_decl
-    else:
+@dataclass(frozen=True, slots=True, eq=False)
+class LocalPlacement:
+    """Where a routine's local arrays live: `on_stack`, or (the others) as scratch parameters."""
+
+    on_stack: set[Tnode]
+
+
+def local_placement(local_nodes: Iterable[Tnode], syntax: CSyntax = C_SYNTAX) -> LocalPlacement:
+    """Place local arrays: the scheduler's locals first (register blocks and panels are
+    private per OpenMP thread, which needs them on the stack), then the others, each by id.
+    A local goes on the stack when it is at most `stack_limit_bytes` and the stack total
+    stays within `stack_total_bytes` — a thread's stack is a few MiB at best and a routine
+    may hold dozens of locals; without scratch (`local_scratch_decl=None`) every local that
+    fits one array's limit stays on the stack."""
+    order = sorted(set(local_nodes), key=lambda tn: (is_routine_local(tn), tn.id))
+    on_stack: set[Tnode] = set()
+    total = 0
+    for tn in order:
+        nbytes = tn.size * tn.prec.itemsize
+        if nbytes <= syntax.stack_limit_bytes and (syntax.local_scratch_decl is None
+                                                   or total + nbytes <= syntax.stack_total_bytes):
+            on_stack.add(tn)
+            total += nbytes
+    return LocalPlacement(on_stack)
+
+
+def _scratch_decl(tn: Tnode, syn: CSyntax) -> str:
+    if syn.local_scratch_decl is None:
         raise RenderError(f"einjit: local tensor {tn.debug_name()} needs {tn.size * tn.prec.itemsize} bytes, "
                           f"over the {syn.stack_limit_bytes}-byte limit for locals of this backend")
-    return "\n".join("  " + line for line in template.format(**fields).split("\n"))
+    return syn.local_scratch_decl.format(t=syn.type_name(tn.prec), name=tn.name, restrict=syn.restrict)
 
 
 def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence[StaticSymbol] = (),

@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from einjit import memory
 from einjit.backends import cc
 from einjit.backends.c_syntax import CSyntax, MemClass, Param, ParamKind, render_routine
 from einjit.backends.interface import (
@@ -51,6 +52,7 @@ from einjit.ir import low_level as ll
 from einjit.ir import naming
 from einjit.ir.c_names import c_name
 from einjit.ir.indexing import IntRef, StaticSymbol
+from einjit.ir.local_storage import is_routine_local, local_to
 from einjit.ir.tnode import Tnode, host_arrays_replaced
 
 _BODY_SUFFIX = "_body"
@@ -72,6 +74,7 @@ class CcContext(HostTransfers):
     share_host_arrays: bool = False
     arrays: dict[Tnode, np.ndarray] = field(default_factory=dict, repr=False)
     merge_buffers: dict[Tnode, np.ndarray] = field(default_factory=dict, repr=False)
+    scratch: dict[Tnode, np.ndarray] = field(default_factory=dict, repr=False)
     backend: Any = field(default=None, repr=False)
 
     def holds(self, tn: Tnode) -> bool:
@@ -82,6 +85,11 @@ class CcContext(HostTransfers):
         a copy of it for a hosted node, zeros otherwise)."""
         arr = self.arrays.get(tn)
         if arr is None:
+            if is_routine_local(tn):
+                raise NodeNotInContextError(
+                    f"einjit: context {self.label!r} has no array for {tn.debug_name()}: routine {local_to(tn)!r} "
+                    f"made it routine-local, its values live only during a call of that routine; call "
+                    f".materialize() or .hosted() on the tensor before compiling the routine to keep them")
             if tn.is_hosted() and (self.share_host_arrays or tn.is_constant()):
                 arr = _checked(tn, tn.host_array())
             elif tn.is_hosted():
@@ -90,6 +98,18 @@ class CcContext(HostTransfers):
                 arr = np.zeros(tn.dims, dtype=tn.prec.dtype)
             self.arrays[tn] = arr
         return arr
+
+    def scratch_array(self, routine: str, tn: Tnode) -> np.ndarray:
+        """The scratch array of a routine-local node too large for the stack, allocated once
+        per context and node (linked routines hold its address). Every routine using it
+        writes it before reading it within a call, and routines of a context run one after
+        the other, so they can share it; a relinked routine reuses it instead of growing the
+        context. Values of one call are still there at the next, as in a context array."""
+        buf = self.scratch.get(tn)
+        if buf is None:
+            buf = memory.zeros(f"scratch array of {tn.debug_name()} (routine {routine!r})", tn.dims, tn.prec.dtype)
+            self.scratch[tn] = buf
+        return buf
 
     def merge_buffer(self, tn: Tnode) -> np.ndarray:
         """The buffer that receives another context's copy of `tn` (zeroed until filled)."""
@@ -118,6 +138,7 @@ class CcProcedure:
     mem_classes: Mapping[Tnode, CpuMemClass] = field(repr=False)
     context: CcContext | None = None
     entry: Callable | None = field(default=None, repr=False)
+    scratch: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
 
 
 def _mem_classes(proc: cc.Procedure, llc: ll.LLStmt) -> dict[Tnode, CpuMemClass]:
@@ -165,31 +186,37 @@ class CcSimpleBackend:
         syntax = self.options.syntax
         glue: list[str] = []
         bodies: list[tuple[str, ll.LLStmt]] = []
+        scratches: list[tuple[np.ndarray, ...]] = []
         for name, code in routines:
             llc = low_level_of(code)
             body = c_name(name) + _BODY_SUFFIX
             rendered = render_routine(body, llc, bindings, syntax)
             arrays = self._arrays(context, rendered.params, routine_inputs(code), name)
+            scratch = tuple(a for p, a in zip(_computed(rendered.params), arrays, strict=True)
+                            if p.kind is ParamKind.SCRATCH)
             glue.append(_entry_source(c_name(name), rendered.code.split("\n", 1)[0], rendered.params, arrays, syntax))
             bodies.append((body, llc))
+            scratches.append(scratch)
         prelude = syntax.prelude + "\n".join(["/* Entry points specialized to one context's arrays. */", *glue])
         options = dataclasses.replace(self.options, syntax=dataclasses.replace(syntax, prelude=prelude))
         procs = cc.compile_batch(bodies, bindings=bindings, options=options)
         lib = ctypes.CDLL(str(procs[0].so_path)) if procs else None
         out = []
-        for (name, _), proc, (_, llc) in zip(routines, procs, bodies, strict=True):
+        for (name, _), proc, (_, llc), scratch in zip(routines, procs, bodies, scratches, strict=True):
             assert lib is not None  # loaded since there are procedures
             entry = lib[c_name(name)]
             entry.restype = None
-            out.append(CcProcedure(name, proc, _mem_classes(proc, llc), context, entry))
+            out.append(CcProcedure(name, proc, _mem_classes(proc, llc), context, entry, scratch))
         return out
 
     # -- linking
 
     def _arrays(self, context: CcContext, params: Sequence[Param], inputs: frozenset[Tnode],
-                routine: str) -> list[np.ndarray]:
-        """The arrays for the array and merge-buffer parameters; inputs must be held already."""
+                routine: str, scratch: tuple[np.ndarray, ...] | None = None) -> list[np.ndarray]:
+        """The arrays for the array, merge-buffer and scratch parameters (the given scratch
+        arrays in order, or new ones); inputs must be held already."""
         arrays = []
+        given = iter(scratch or ())
         for p in params:
             match p.kind:
                 case ParamKind.ARRAY:
@@ -198,6 +225,8 @@ class CcSimpleBackend:
                     arrays.append(context.array(p.node))
                 case ParamKind.MERGE_BUFFER:
                     arrays.append(context.merge_buffer(p.node))
+                case ParamKind.SCRATCH:
+                    arrays.append(next(given) if scratch is not None else context.scratch_array(routine, p.node))
         return arrays
 
     def link_compiled(self, context: CcContext, procedure: CcProcedure, inputs: frozenset[Tnode],
@@ -207,7 +236,7 @@ class CcSimpleBackend:
             raise NodeNotInContextError(
                 f"einjit: routine {name!r} was compiled for context {procedure.context.label!r} (not shared) and "
                 f"uses its arrays; it cannot run in context {context.label!r} — compile with shared=True")
-        arrays = self._arrays(context, procedure.procedure.params, inputs, name)
+        arrays = self._arrays(context, procedure.procedure.params, inputs, name, procedure.scratch)
         statics = procedure.procedure.bindings
         refs = make_refs(statics, static_values)
         pointers: tuple[ctypes.c_void_p, ...]
@@ -216,8 +245,8 @@ class CcSimpleBackend:
         else:
             fn, pointers = procedure.procedure.function, tuple(ctypes.c_void_p(a.ctypes.data) for a in arrays)
 
-        computed = [p for p in procedure.procedure.params if p.kind is not ParamKind.STATIC]
-        in_host = tuple((p.node, a) for p, a in zip(computed, arrays, strict=True) if a is p.node.array)
+        in_host = tuple((p.node, a) for p, a in zip(_computed(procedure.procedure.params), arrays, strict=True)
+                        if a is p.node.array)
         guard = _host_array_guard(name, in_host)
 
         def schedule() -> Work:
@@ -264,6 +293,11 @@ class CcSimpleBackend:
         dst[...] = src_context.array(tn)
 
 
+def _computed(params: Sequence[Param]) -> list[Param]:
+    """The parameters that are arrays (context, merge-buffer and scratch), in order."""
+    return [p for p in params if p.kind is not ParamKind.STATIC]
+
+
 def _host_array_guard(name: str, in_host: tuple[tuple[Tnode, np.ndarray], ...]) -> Callable[[], None]:
     """A check, run before each call, that no host array the routine computes in was replaced
     since linking: the C code holds the old array's address and would read stale values."""
@@ -306,7 +340,7 @@ def _entry_source(name: str, body_head: str, params: Sequence[Param], arrays: Se
     """`void NAME(int s) { NAME_body((float *)0x...ULL, ..., s); }` plus the body's prototype."""
     prototype = body_head.removesuffix(" {") + ";"
     args = [f"({syntax.type_name(p.node.prec)} *){a.ctypes.data:#x}ULL"
-            for p, a in zip((p for p in params if p.kind is not ParamKind.STATIC), arrays, strict=True)]
+            for p, a in zip(_computed(params), arrays, strict=True)]
     statics = [p.c_name for p in params if p.kind is ParamKind.STATIC]
     decl = ", ".join(f"int {s}" for s in statics) or "void"
     return f"{prototype}\nvoid {name}({decl}) {{\n  {name}{_BODY_SUFFIX}({', '.join(args + statics)});\n}}\n"

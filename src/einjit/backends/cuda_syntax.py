@@ -42,6 +42,7 @@ from einjit.backends.params import CudaMemClass, repeated_names
 from einjit.ir import low_level as ll
 from einjit.ir import naming, ops
 from einjit.ir.indexing import Iterator, StaticSymbol, Symbol, get_symbol
+from einjit.ir.local_storage import is_routine_local
 from einjit.ir.parallel_loops import accesses, opaque, parallel_chain
 from einjit.ir.tnode import Tnode
 
@@ -58,7 +59,7 @@ CUDA_SYNTAX = CSyntax(
     helper_qualifier="__device__ inline",
     includes=(),
     stack_limit_bytes=PRIVATE_LIMIT_BYTES,
-    local_heap_decl=None,
+    local_scratch_decl=None,
     zero_out_memset=False,
     interchange_loops=False,
 )
@@ -160,13 +161,16 @@ def _expand_zero_out(stmt: ll.LLStmt) -> ll.LLStmt:
 
 
 def _private_nodes(stmts: Sequence[ll.LLStmt]) -> set[Tnode]:
-    """`Local` nodes that one segment alone uses and that fit a thread's local memory."""
+    """`Local` nodes that one segment alone uses and that fit a thread's local memory.
+    Routine-local nodes (`ir.local_storage`) stay global: a segment may read cells of them
+    that another thread's iterations wrote."""
     users: dict[Tnode, set[int]] = {}
     for k, s in enumerate(stmts):
         for a in accesses(s):
             users.setdefault(a.tn, set()).add(k)
     return {tn for tn, ks in users.items()
-            if tn.is_local() and len(ks) == 1 and tn.size * tn.prec.itemsize <= PRIVATE_LIMIT_BYTES}
+            if tn.is_local() and not is_routine_local(tn) and len(ks) == 1
+            and tn.size * tn.prec.itemsize <= PRIVATE_LIMIT_BYTES}
 
 
 def _touched(stmt: ll.LLStmt, private: set[Tnode]) -> tuple[set[Tnode], set[Tnode]]:

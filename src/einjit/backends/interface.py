@@ -23,6 +23,12 @@ array: `CpuMemClass` (`LOCAL_ONLY`, `FROM_CONTEXT`, `CONSTANT_FROM_HOST`) for CP
 and `CudaMemClass` (`LOCAL_ONLY`, `GLOBAL`) for the CUDA backend. A routine records the class
 of every node it touches in `Routine.mem_classes` (the classes live in `params.py`).
 
+`compile_batch` decides routine-local storage for the routines it compiles together
+(`ir.local_storage.localize`): nodes a routine writes and consumes within one call are
+declared in the generated code instead of kept in a context. `Routine.memory` (also
+`kept_bytes`, `local_bytes`) reports the bytes a linked routine keeps between calls and the
+bytes that live only during a call (`einjit.memory.report`).
+
 Every context registers itself with its backend (`register_context`), so `contexts_holding(tn)`
 finds the contexts to refresh after a host write. Host transfers move hosted nodes only:
 anything else is a `NotHostedError` naming the node, its memory mode and the mode's provenance.
@@ -48,15 +54,17 @@ from typing import (
     runtime_checkable,
 )
 
-from einjit import config
+from einjit import config, memory
 from einjit.backends.params import CudaMemClass, repeated_names
 from einjit.backends.params import MemClass as CpuMemClass
 from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol
+from einjit.ir.local_storage import localize
 from einjit.ir.naming import node_base, stable_names
 from einjit.ir.tnode import Tnode
+from einjit.memory import MemoryReport
 
 __all__ = [
     "Backend", "BackendError", "BackendUsageError", "Code", "Compiled", "Context", "CpuMemClass", "CudaMemClass",
@@ -65,7 +73,7 @@ __all__ = [
     "Work", "capture_values", "check_code", "check_hosted", "check_static_values", "contexts_holding",
     "default_context", "forget_context", "load_inputs", "register_context",
     "default_name", "lower_assignments", "low_level_of", "make_refs", "missing_input_error", "not_held_error",
-    "prepare", "routine_inputs",
+    "prepare", "read_first", "routine_inputs",
 ]
 
 Ctx = TypeVar("Ctx")
@@ -137,6 +145,22 @@ class Routine(Generic[Ctx]):
     mem_classes: Mapping[Tnode, enum.Enum] = field(default_factory=dict, repr=False)
     await_: Callable[[], None] | None = field(default=None, repr=False)
     run_now: Callable[[], None] | None = field(default=None, repr=False)
+
+    @property
+    def memory(self) -> MemoryReport:
+        """What the routine holds: bytes kept between calls, routine-local bytes (`memory.report`)."""
+        return memory.report(self)
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of the context arrays the routine uses, kept between its calls."""
+        return self.memory.kept_bytes
+
+    @property
+    def local_bytes(self) -> int:
+        """Bytes of the routine's local arrays (stack and per-call heap), which live only during a call."""
+        report = self.memory
+        return report.local_bytes + report.scratch_bytes
 
     def __call__(self) -> None:
         if self.run_now is not None:
@@ -264,10 +288,14 @@ def routine_inputs(lowered: Any) -> frozenset[Tnode]:
     that reads its own cells first (`w -= lr * g`) is. Merge buffers are not counted: they
     are refilled by `device_to_device` before each use.
     """
+    return frozenset(tn for tn in read_first(lowered) if not tn.is_local() and not tn.is_virtual())
+
+
+def read_first(lowered: Any) -> frozenset[Tnode]:
+    """Every node the code reads before writing it (`routine_inputs` without the filter)."""
     store = getattr(lowered, "traced_store", None)
     if store is not None:
-        return frozenset(tn for tn, ta in store.items() if (ta.read_only and ta.accesses or ta.read_before_write)
-                         and not tn.is_local() and not tn.is_virtual())
+        return frozenset(tn for tn, ta in store.items() if ta.read_only and ta.accesses or ta.read_before_write)
     llc = low_level_of(lowered)
     written: set[Tnode] = set()
     inputs: dict[Tnode, None] = {}
@@ -294,7 +322,7 @@ def routine_inputs(lowered: Any) -> frozenset[Tnode]:
                     written.add(tn)
 
     stmts(llc)
-    return frozenset(tn for tn in inputs if not tn.is_local() and not tn.is_virtual())
+    return frozenset(inputs)
 
 
 # ---------------------------------------------------------------- contexts of the process
@@ -486,6 +514,7 @@ class SimpleNoDeviceBackend(Generic[Ctx, Proc]):
         with stable_names():
             prepared = [prepare(bindings, c, None if names is None else names[k]) for k, c in enumerate(codes)]
             _check_distinct(n for n, _ in prepared)
+            localize([(n, lowered, read_first(lowered)) for n, lowered in prepared])
             if not shared:
                 return [Postponed(self.name, lowered, bindings, n) for n, lowered in prepared]
             procs = self.simple.compile_batch(prepared, bindings)

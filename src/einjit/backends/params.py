@@ -40,6 +40,9 @@ class CudaMemClass(enum.Enum):
 class ParamKind(enum.Enum):
     ARRAY = "array"
     MERGE_BUFFER = "merge_buffer"
+    SCRATCH = "scratch"
+    """A routine-local array too large for the stack, which the backend allocates once (per
+    context and node; memory class `LOCAL_ONLY`: its values are not needed between calls)."""
     STATIC = "static"
 
 

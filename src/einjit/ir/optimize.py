@@ -61,6 +61,7 @@ class Optimized:
     merge_node: Tnode | None
     name: str = ""
     portable_llc: ll.LLStmt | None = None
+    settings: VirtualizeSettings | None = None
 
 
 @dataclass(eq=False)
@@ -138,7 +139,7 @@ def optimize_proc(llc: ll.LLStmt, *, name: str = "", static_indices: Iterable[Sy
     if config.debug_level() >= 2:
         config.debug(2, f"optimized low-level code of {label}:\n{ll.to_doc(code)}")
     assert run.trace is not None
-    return Optimized(run.trace.traced_store, code, run.trace.merge_node, name, portable)
+    return Optimized(run.trace.traced_store, code, run.trace.merge_node, name, portable, settings)
 
 
 __all__ = [

@@ -29,6 +29,7 @@ HOSTED_BY_WRITE = 70
 INPUT = 80
 STATE = 81
 SCHEDULED_LOCAL = 90
+ROUTINE_LOCAL = 91
 
 NON_VIRTUAL_REASONS: dict[int, str] = {
     4: "its computation accesses it with inconsistent index patterns",
@@ -71,6 +72,8 @@ PROVENANCES: dict[int, str] = {
     INPUT: "hosted volatile: an input (ej.input / ej.scalar), written from the host between runs",
     STATE: "hosted: a state tensor (random-number counter, running statistics) that routines update in place",
     SCHEDULED_LOCAL: "local: a register block or packed panel the loop scheduler made for one routine",
+    ROUTINE_LOCAL: "local: one routine writes it before reading it and no other routine compiled so far uses it, so "
+                   "its values live only during a call (VirtualizeSettings.local_storage)",
 }
 """Every provenance code: the one table error messages and the optimizer's log read."""
 

@@ -200,10 +200,12 @@ class Tnode:
             return
         common = self.memory_mode.leaves & mode.leaves
         if not common:
+            from einjit.ir.local_storage import local_mode_conflict  # it builds on this module
+            advice = local_mode_conflict(self)
             raise MemoryModeError(
                 f"einjit: inconsistent memory mode for tensor {self.debug_name()}: it is "
                 f"{self.memory_mode} (provenance {self.provenance}) and cannot become {mode} "
-                f"(provenance {provenance})")
+                f"(provenance {provenance})" + (f"; {advice}" if advice else ""))
         if common == self.memory_mode.leaves:
             return
         narrowed = mode if common == mode.leaves else _mode_of_leaves(common)

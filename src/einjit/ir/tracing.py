@@ -63,6 +63,9 @@ class VirtualizeSettings:
     sums (vector lanes, blocked summation), which changes rounding — usually for the better —
     but makes results differ from sequential summation in the last bits. Only that stage ever
     reassociates; turn it off for results bit-identical to the unscheduled program.
+    `local_storage`: a stored node that one routine writes before reading, and that no other
+    routine compiled so far uses, becomes routine-local (`ir/local_storage.py`): declared in
+    the generated function instead of kept in the context between calls.
     """
 
     max_visits: int = 1
@@ -77,6 +80,7 @@ class VirtualizeSettings:
     schedule: bool = True
     interchange: bool = True
     reassociate: bool = True
+    local_storage: bool = True
 
     def __post_init__(self) -> None:
         if self.max_visits < 0:

@@ -19,7 +19,22 @@ EINJIT_SIMD float tanhf(float); EINJIT_SIMD double tanh(double);
 #endif
 #endif
 
-void moons_train_step(const float *restrict moons_flat, const float *restrict moons_classes, float *restrict b1, float *restrict b1_grad, float *restrict w1, float *restrict w1_grad, float *restrict n, float *restrict grad, float *restrict grad_2, float *restrict h1, float *restrict h1_grad, float *restrict b2, float *restrict b2_grad, float *restrict w2, float *restrict w2_grad, float *restrict n_3, float *restrict grad_3, float *restrict grad_4, float *restrict h2, float *restrict b3, float *restrict b3_grad, float *restrict w3, float *restrict w3_grad, float *restrict n_5, float *restrict grad_5, float *restrict mlp_grad, float *restrict margin_loss, float *restrict sum, float *restrict scalar_loss, float *restrict scalar_loss_grad, float *restrict learning_rate, int batch0, int step0) {
+void moons_train_step(const float *restrict moons_flat, const float *restrict moons_classes, float *restrict b1, float *restrict b1_grad, float *restrict w1, float *restrict w1_grad, float *restrict b2, float *restrict b2_grad, float *restrict w2, float *restrict w2_grad, float *restrict b3, float *restrict b3_grad, float *restrict w3, float *restrict w3_grad, float *restrict scalar_loss, float *restrict scalar_loss_grad, int batch0, int step0) {
+  float n[160] = {0};
+  float grad[160] = {0};
+  float grad_2[160] = {0};
+  float h1[160] = {0};
+  float h1_grad[160] = {0};
+  float n_3[160] = {0};
+  float grad_3[160] = {0};
+  float grad_4[160] = {0};
+  float h2[160] = {0};
+  float n_5[10] = {0};
+  float grad_5[10] = {0};
+  float mlp_grad[10] = {0};
+  float margin_loss[10] = {0};
+  float sum[1] = {0};
+  float learning_rate[1] = {0};
   /* forward scalar_loss */
   for (int i3 = 0; i3 < 10; ++i3) {
     for (int i4 = 0; i4 < 16; ++i4) {
