@@ -55,6 +55,11 @@ class VirtualizeSettings:
     and scalar constant expressions however often they are read.
     `inline_complex_computations`: inline computations that loop over a reduction; off by
     default because without common-subexpression elimination each read replays the loop.
+    `inline_single_use_reductions`: inline a reduction anyway when no cell of it is read more
+    than once — a row sum read by one pointwise consumer — since the loop then runs once per
+    cell, as it would stored; only when it is no contraction (which the scheduling stage
+    blocks as its own nest) and its innermost loop reads memory contiguously (see
+    `TracedArray.is_local_reduction`).
     `virtualize` / `simplify`: switch the two transformations off, to compare with the
     unoptimized program.
     `schedule` / `interchange`: the CPU loop stages (`ir/schedule.py`, `ir/interchange.py`);
@@ -72,6 +77,7 @@ class VirtualizeSettings:
     inline_scalar_constexprs: bool = True
     inline_simple_computations: bool = True
     inline_complex_computations: bool = False
+    inline_single_use_reductions: bool = True
     virtualize: bool = True
     simplify: bool = True
     schedule: bool = True
@@ -103,7 +109,10 @@ class TracedArray:
     a single read, or a function of constants and index embeddings only — recomputing it costs
     no more than reading it. `is_complex`: an assignment sits in a loop (of more than one
     iteration) that does not index the node, i.e. a reduction: inlining it replays that loop at
-    every read.
+    every read. `is_local_reduction`: in every reduction computing the node, a single node varies
+    along the reduction loops (no contraction `a[i,k] * b[k,j]`), and the innermost reduction
+    loop walks the last axis of size above one of what it reads (unit stride): inlined into its
+    one consumer, the loop stays as cheap as stored.
     """
 
     tn: Tnode
@@ -118,6 +127,7 @@ class TracedArray:
     is_accessing: bool = False
     is_complex: bool = False
     is_simple: bool = True
+    is_local_reduction: bool = True
 
     def is_written(self, pos: Position) -> bool:
         """Whether the code traced so far has written (or zeroed) the cell at `pos`."""
@@ -274,6 +284,7 @@ def _stmt(st: _State, stmt: ll.LLStmt, env: Env, loops: tuple[tuple[Symbol, int]
                     ta.is_accessing = ta.is_accessing or _is_accessing(st, llsc)
                     ta.is_simple = ta.is_simple and _is_simple(st, llsc)
                     ta.is_complex = ta.is_complex or _is_reduction(loops, idcs)
+                    ta.is_local_reduction = ta.is_local_reduction and _is_local_reduction(tn, loops, idcs, llsc)
                 ta.assignments.add(pos)
                 _own_symbols(st, s, tn, idcs, loops)
             case ll.SetFromVec(tn, idcs, length, _, arg, _):
@@ -373,6 +384,30 @@ def _own_symbols(st: _State, stmt: ll.LLStmt, tn: Tnode, idcs: tuple[AxisIndex, 
             st.reverse_node_map.setdefault(s, tn)
     for s, _ in loops:
         st.reverse_node_map.setdefault(s, tn)
+
+
+def _is_local_reduction(tn: Tnode, loops: tuple[tuple[Symbol, int], ...], idcs: tuple[AxisIndex, ...],
+                        llsc: ll.LLScalar) -> bool:
+    """See `TracedArray.is_local_reduction`; true of an assignment that is no reduction."""
+    indexed = {s for idx in idcs for s in index_symbols(idx)}
+    reduced = {s for s, n in loops if n > 1 and s not in indexed}
+    if not reduced:
+        return True
+    innermost = next(s for s, n in reversed(loops) if s in reduced)
+    varying: set[Tnode] = set()
+    for x in ll.iter_scalars(llsc):
+        match x:
+            case ll.LocalScope() | ll.GetMergeBuffer():
+                return False
+            case ll.Get(t, ridx) if t is not tn:
+                if not reduced & {s for idx in ridx for s in index_symbols(idx)}:
+                    continue
+                varying.add(t)
+                axes = [a for a, idx in enumerate(ridx) if innermost in index_symbols(idx)]
+                if (len(axes) != 1 or ridx[axes[0]] != Iterator(innermost)
+                        or any(d != 1 for d in t.dims[axes[0] + 1:])):
+                    return False
+    return len(varying) <= 1
 
 
 def _is_reduction(loops: tuple[tuple[Symbol, int], ...], idcs: tuple[AxisIndex, ...]) -> bool:

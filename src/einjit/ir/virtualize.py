@@ -8,7 +8,8 @@ the read's indices (`inline_computation`); its writes then disappear from the co
 1. `decide_from_trace` applies the cheap rules to the traced facts, for nodes whose memory
    mode still allows both outcomes (a mode the user set is only ever narrowed, never
    replaced): nodes only read here, or read before written, stay materialized; a reduction
-   stays materialized unless `inline_complex_computations`; a node read more than
+   stays materialized unless `inline_complex_computations`, or unless no cell of it is read
+   twice and it is a local reduction (`inline_single_use_reductions`); a node read more than
    `max_visits` times at one position stays materialized unless recomputing it is free (a
    scalar constant expression, or a simple computation).
 2. `virtual_llc` walks the code in order. Each code block that computes a node — the loop nest
@@ -124,7 +125,8 @@ def decide_from_trace(trace: Trace, settings: VirtualizeSettings, name: str = ""
             continue
         free_to_recompute = ((settings.inline_scalar_constexprs and ta.is_scalar_constexpr)
                              or (settings.inline_simple_computations and ta.is_simple))
-        if ta.is_complex and not settings.inline_complex_computations and not free_to_recompute:
+        used_once = settings.inline_single_use_reductions and ta.is_local_reduction and ta.max_visits() == 1
+        if ta.is_complex and not settings.inline_complex_computations and not free_to_recompute and not used_once:
             tn.update_memory_mode(NEVER_VIRTUAL, COMPLEX_COMPUTATION)
             log_decision(name, tn, "is not virtual: its computation loops over a reduction and "
                                    "inline_complex_computations is off (provenance 2)")

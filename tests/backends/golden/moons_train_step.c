@@ -19,7 +19,7 @@ EINJIT_SIMD float tanhf(float); EINJIT_SIMD double tanh(double);
 #endif
 #endif
 
-void moons_train_step(const float *restrict moons_flat, const float *restrict moons_classes, float *restrict b1, float *restrict b1_grad, float *restrict w1, float *restrict w1_grad, float *restrict n, float *restrict grad, float *restrict grad_2, float *restrict h1, float *restrict h1_grad, float *restrict b2, float *restrict b2_grad, float *restrict w2, float *restrict w2_grad, float *restrict n_3, float *restrict grad_3, float *restrict grad_4, float *restrict h2, float *restrict b3, float *restrict b3_grad, float *restrict w3, float *restrict w3_grad, float *restrict n_5, float *restrict grad_5, float *restrict mlp_grad, float *restrict margin_loss, float *restrict sum, float *restrict scalar_loss, float *restrict scalar_loss_grad, float *restrict learning_rate, int batch0, int step0) {
+void moons_train_step(const float *restrict moons_flat, const float *restrict moons_classes, float *restrict b1, float *restrict b1_grad, float *restrict w1, float *restrict w1_grad, float *restrict n, float *restrict grad, float *restrict grad_2, float *restrict h1, float *restrict h1_grad, float *restrict b2, float *restrict b2_grad, float *restrict w2, float *restrict w2_grad, float *restrict n_3, float *restrict grad_3, float *restrict grad_4, float *restrict h2, float *restrict b3, float *restrict b3_grad, float *restrict w3, float *restrict w3_grad, float *restrict n_5, float *restrict grad_5, float *restrict mlp_grad, float *restrict margin_loss, float *restrict scalar_loss, float *restrict scalar_loss_grad, float *restrict learning_rate, int batch0, int step0) {
   /* forward scalar_loss */
   for (int i3 = 0; i3 < 10; ++i3) {
     for (int i4 = 0; i4 < 16; ++i4) {
@@ -77,13 +77,13 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
       margin_loss[i29] = (t3_ < 0 ? 0 : t3_); /* margin_loss = relu(n_7) */
     }
   }
-  for (int i30 = 0; i30 < 1; ++i30) {
-    sum[i30] = 0.0f; /* sum := neutral of add */
+  {
+    float v8_ = 0;
+    for (int i96 = 0; i96 < 10; ++i96) {
+      v8_ = (v8_ + margin_loss[i96]);
+    }
+    scalar_loss[0] = (v8_ / 10.0f); /* scalar_loss = sum / n10 */
   }
-  for (int i31 = 0; i31 < 10; ++i31) {
-    sum[0] = (sum[0] + margin_loss[i31]); /* sum =:+ margin_loss */
-  }
-  scalar_loss[0] = (sum[0] / 10.0f); /* scalar_loss = sum / n10 */
   /* zero gradients */
   memset(b1_grad, 0, sizeof(float) * 16);
   memset(w1_grad, 0, sizeof(float) * 32);
