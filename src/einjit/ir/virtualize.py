@@ -238,7 +238,7 @@ def _block_reads(state: VirtualState, stmt: ll.LLStmt) -> set[Tnode]:
     out = read_nodes(stmt)
     for x in ll.deep_parts(stmt):
         if isinstance(x, ll.LocalScope) and x.id in state.deferred:
-            out |= state.deferred[x.id].reads()
+            out |= state.deferred[x.id].reads
     return out
 
 
@@ -282,14 +282,13 @@ class Deferred:
 
     tn: Tnode
     parts: tuple[Computation, ...]
+    reads: frozenset[Tnode]
     outer: tuple[tuple[Tnode, ll.ScopeId], ...] = ()
 
-    def reads(self) -> frozenset[Tnode]:
-        """The nodes the inlined code reads (the scope's own node counts, as in `read_nodes`)."""
-        out = {self.tn}
-        for comp in self.parts:
-            out |= comp.reads
-        return frozenset(out)
+    @staticmethod
+    def of(tn: Tnode, parts: tuple[Computation, ...]) -> Deferred:
+        """`reads`: the nodes the inlined code reads (its own node counts, as in `read_nodes`)."""
+        return Deferred(tn, parts, frozenset({tn}.union(*(comp.reads for comp in parts))))
 
 
 PENDING = ll.Comment("inlined: copied by cleanup")
@@ -299,7 +298,11 @@ PENDING = ll.Comment("inlined: copied by cleanup")
 @dataclass(slots=True)
 class VirtualState:
     """What `virtual_llc` accumulates: the stored computations per node (in code order), the
-    local scopes it created by inlining, and the bookkeeping behind code 131."""
+    local scopes it created by inlining, and the bookkeeping behind code 131. `writes_ahead`:
+    per node, the statements writing it that the walk has not reached; `written_later`: the
+    nodes with some left. A computation becomes a reader of a node (made stale when the node
+    is overwritten) only if the node is written later, so the computations of a chain, whose
+    nodes are each written once before they are read, become readers of nothing."""
 
     trace: Trace
     static_indices: frozenset[Symbol]
@@ -311,6 +314,8 @@ class VirtualState:
     readers: dict[Tnode, set[Tnode]] = field(default_factory=dict)
     stale: set[Tnode] = field(default_factory=set)
     deferred: dict[ll.ScopeId, Deferred] = field(default_factory=dict)
+    writes_ahead: dict[Tnode, int] | None = None
+    written_later: set[Tnode] = field(default_factory=set)
 
 
 def check_and_store_virtual(state: VirtualState, tn: Tnode, top_llc: ll.LLStmt) -> bool:
@@ -330,13 +335,18 @@ def check_and_store_virtual(state: VirtualState, tn: Tnode, top_llc: ll.LLStmt) 
     loops = {s.index: (s.from_, s.to_) for s in ll.block_statements(top_llc) if isinstance(s, ll.ForLoop)}
     state.computations.setdefault(tn, []).append(Computation(at_idcs, top_llc, loops, frozenset(block_reads)))
     state.reads.setdefault(tn, set()).update(reads)
-    for r in reads:
+    for r in reads if state.writes_ahead is None else reads & state.written_later:
         state.readers.setdefault(r, set()).add(tn)
     return True
 
 
 def virtual_llc(llc: ll.LLStmt, state: VirtualState) -> ll.LLStmt:
     """Identify computations, store the inlinable ones and inline reads of candidate nodes."""
+    state.writes_ahead = {}
+    for s in ll.block_statements(llc):
+        if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)):
+            state.writes_ahead[s.tn] = state.writes_ahead.get(s.tn, 0) + 1
+    state.written_later = set(state.writes_ahead)
     return _walk(state, llc, frozenset(), frozenset(), ())
 
 
@@ -348,6 +358,10 @@ def _store(state: VirtualState, tn: Tnode, block: ll.LLStmt, repeated: bool) -> 
 
 
 def _overwrite(state: VirtualState, tn: Tnode) -> None:
+    if state.writes_ahead is not None:
+        state.writes_ahead[tn] -= 1
+        if not state.writes_ahead[tn]:
+            state.written_later.discard(tn)
     for reader in state.readers.get(tn, ()):
         if reader is not tn:
             state.stale.add(reader)
@@ -421,7 +435,7 @@ def _walk(state: VirtualState, stmt: ll.LLStmt, process_for: frozenset[Tnode], w
                     if tn in state.stale:
                         raise NonVirtual(131, f"read at {_show(idcs)}")
                     sid = ll.fresh_scope_id(tn)
-                    deferred = Deferred(tn, applicable_computations(state, tn, idcs))
+                    deferred = Deferred.of(tn, applicable_computations(state, tn, idcs))
                     conflict = state.reads.get(tn, set()) & writing
                     if conflict and not (written_cell is not None and conflict == {written_cell[0]}
                                          and _reads_only_at(_copy(state, sid, deferred, idcs, True), *written_cell)):
@@ -460,7 +474,7 @@ def inline_computation(sid: ll.ScopeId, state: VirtualState, tn: Tnode,
     replaced by the call's indices), the other loops — reductions — stay with fresh symbols,
     and local scopes inside get fresh ids, so every copy is independent. Computations inlined
     into the stored ones are copied too. Raises `NonVirtual`."""
-    return _copy(state, sid, Deferred(tn, applicable_computations(state, tn, call_args)), call_args, True)
+    return _copy(state, sid, Deferred.of(tn, applicable_computations(state, tn, call_args)), call_args, True)
 
 
 def applicable_computations(state: VirtualState, tn: Tnode,
@@ -604,7 +618,10 @@ def _inline_scalar(cx: _Inline, sc: ll.LLScalar, env: dict[Symbol, AxisIndex],
                 cx.state.inlined_scopes.add(new)
             pending = cx.state.deferred.get(sid)
             if pending is not None:
-                nested = Deferred(pending.tn, pending.parts, cx.outer)
+                # only the enclosing nodes it reads: a chain nests n deep, and each level
+                # carrying all its enclosing nodes would cost n^2
+                outer = tuple((t, local) for t, local in cx.outer if t in pending.reads)
+                nested = Deferred(pending.tn, pending.parts, pending.reads, outer)
                 args = _subst(env, orig)
                 if cx.deep:
                     return ll.LocalScope(new, _copy(cx.state, new, nested, args, True), args)
