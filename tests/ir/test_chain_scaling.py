@@ -12,7 +12,7 @@ import pytest
 from einjit.ir import interpret, ops, simplify, virtualize
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Iterator, get_symbol
-from einjit.ir.optimize import optimize_proc
+from einjit.ir.optimize import VirtualizeSettings, optimize_proc
 from einjit.ir.tnode import Tnode, hosted
 
 B, U = ops.Binop, ops.Unop
@@ -119,3 +119,30 @@ def test_a_chain_node_read_twice_is_stored_and_both_halves_inline():
     assert not mid.is_virtual()
     assert all(t.is_virtual() for t in nodes[1:-1] if t is not mid)
     assert sum(isinstance(x, ll.ForLoop) for x in ll.deep_parts(opt.llc)) == 3
+
+
+def test_a_node_written_twice_inlines_both_computations_with_their_pending_scopes():
+    """`t := a; u := 2 t; t := t + u; out := t`: `u` inlines the first computation of `t`, the
+    second inlines `u`, and `out` inlines both computations of `t` — pending scopes copied
+    inside pending scopes."""
+    a, out = Tnode("a", (4,), ops.double), Tnode("out", (4,), ops.double)
+    t, u = Tnode("t", (4,), ops.double), Tnode("u", (4,), ops.double)
+    for end in (a, out):
+        end.update_memory_mode(hosted(), 0)
+
+    def loop(tn, value):
+        i = get_symbol()
+        return ll.ForLoop(i, 0, 3, ll.Set(tn, (Iterator(i),), value(Iterator(i))))
+
+    code = ll.seq(loop(t, lambda i: ll.Get(a, (i,))),
+                  loop(u, lambda i: ll.Binop(B.MUL, ll.Get(t, (i,)), ll.Constant(2.0))),
+                  loop(t, lambda i: ll.Binop(B.ADD, ll.Get(t, (i,)), ll.Get(u, (i,)))),
+                  loop(out, lambda i: ll.Get(t, (i,))))
+    av = np.array([1.0, -2.0, 0.5, 3.0])
+    ref = interpret.run(code, {a: av.copy()})
+    opt = optimize_proc(code, name="nested", settings=VirtualizeSettings(max_visits=2))
+    got = interpret.run(opt.llc, {a: av.copy()})
+    np.testing.assert_array_equal(ref[out], 3 * av)
+    np.testing.assert_array_equal(got[out], 3 * av)
+    assert t.is_virtual() and u.is_virtual()
+    assert {x.tn for x in ll.deep_parts(opt.llc) if isinstance(x, (ll.Get, ll.Set))} == {a, out}
