@@ -10,6 +10,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from einjit.backends import cc
 from einjit.backends.cc_backend import CcBackend, run_once
@@ -173,3 +175,24 @@ def test_sum_of_squares_of_one_tensor_is_local(rng):
     assert s.is_virtual()
     code, a, out, s = _norms(av)
     gcc_agrees(code, {a: av}, [out], "single_use_norm")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.integers(1, 4), cols=st.integers(1, 7), acc=st.sampled_from([B.ADD, B.MAX, B.MUL]),
+       consumer=st.sampled_from([U.EXP, U.NEG, U.RELU, U.IDENTITY]), seed=st.integers(0, 2**16))
+def test_inlined_reductions_are_exact(rows, cols, acc, consumer, seed):
+    """Inlining a single-use reduction recomputes it in the same order and precision: without
+    simplification (which fuses multiply-adds) the results are bit for bit the stored ones."""
+    a, out = node("a", (rows, cols), host=True), node("out", (rows,), host=True)
+    s = node("red", (rows,))
+    i, j = get_symbol(), get_symbol()
+    red = accum(s, U.IDENTITY, [a], {i: rows, j: cols}, [Iterator(i)], [[Iterator(i), Iterator(j)]],
+                acc=acc, init=True)
+    code = asg.sequence(red, pointwise(out, consumer, s))
+    av = np.random.default_rng(seed).uniform(-1.5, 1.5, (rows, cols))
+    llc = asg.to_low_level(code)
+    want = interpret.run(llc, {a: av.copy()})[out]
+    opt = optimize_proc(llc, name="exact", settings=VirtualizeSettings(simplify=False))
+    got = interpret.run(opt.llc, {a: av.copy()})[out]
+    assert np.array_equal(got, want)
+    assert s.is_virtual()
