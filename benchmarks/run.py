@@ -180,8 +180,8 @@ def convnet_rows() -> list[dict]:
 
 
 def chain_row(n: int = 400) -> dict:
-    """The optimizer alone on `x -> relu(x) -> ...` with every intermediate virtual. (Still
-    quadratic: each inlining copies the already-inlined chain below it.)"""
+    """The optimizer alone on `x -> relu(x) -> ...` with every intermediate virtual (linear in
+    the chain's length since inlining copies lazily: see `ir/virtualize.py`)."""
     from einjit.ir import low_level as ll
     from einjit.ir import ops
     from einjit.ir.indexing import Iterator, get_symbol

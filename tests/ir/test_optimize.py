@@ -183,7 +183,8 @@ def test_reduction_is_complex_and_stays_materialized(prec, rng):
     s = node("s", (3,), prec)
     av = rng.standard_normal((3, 5))
     opt = check_program(asg.sequence(sum_rows(s, a), pointwise(out, U.EXP, s)), {a: av},
-                        {out: np.exp(av.astype(prec.dtype).sum(axis=1))})
+                        {out: np.exp(av.astype(prec.dtype).sum(axis=1))},
+                        settings=VirtualizeSettings(inline_single_use_reductions=False))
     assert opt.traced_store[s].is_complex and opt.traced_store[s].is_accessing
     assert s.memory_mode == NEVER_VIRTUAL and s.provenance == 2
     assert s in nodes_in(opt)
@@ -438,7 +439,7 @@ def test_without_device_only_stored_nodes_are_hosted(rng):
     s = node("s", (3,))
     av = rng.standard_normal((3, 4))
     check_program(asg.sequence(sum_rows(s, a), pointwise(out, U.NEG, s)), {a: av}, {out: -av.sum(axis=1)},
-                  settings=VirtualizeSettings(enable_device_only=False))
+                  settings=VirtualizeSettings(enable_device_only=False, inline_single_use_reductions=False))
     assert s.memory_mode.mode is MemoryMode.HOSTED and s.provenance == 38
 
 

@@ -7,6 +7,10 @@ refused later. Such a node must be stored after all, so the pass repeats until n
 node is read: each round turns the offenders `Never_virtual` (provenance 17), which keeps
 their writes and turns their inlined local scopes back into reads (the scopes' `orig_indices`
 are the read's indices).
+
+Inlining leaves the bodies of the scopes it creates pending (`virtualize.Deferred`); this
+pass copies them, one level at a time as it descends, in the code it keeps only — the
+computations of virtual nodes are dropped uncopied, which keeps long chains linear.
 """
 
 from __future__ import annotations
@@ -19,7 +23,15 @@ from einjit.ir.mode_provenance import record_virtual
 from einjit.ir.provenance import HOSTED_FOR_HOST_ACCESS, INLINED, KEPT
 from einjit.ir.tnode import NEVER_VIRTUAL, VIRTUAL, Tnode, hosted
 from einjit.ir.tracing import VirtualizeSettings
-from einjit.ir.virtualize import NonVirtual, VirtualState, log_decision, narrow_mode, refuse, written_nodes
+from einjit.ir.virtualize import (
+    NonVirtual,
+    VirtualState,
+    expand_pending,
+    log_decision,
+    narrow_mode,
+    refuse,
+    written_nodes,
+)
 
 
 class ScopeError(AssertionError):
@@ -29,7 +41,7 @@ class ScopeError(AssertionError):
 @dataclass(slots=True)
 class _Cleanup:
     virtual: frozenset[Tnode]
-    inlined_scopes: set[ll.ScopeId]
+    state: VirtualState
     still_read: set[Tnode] = field(default_factory=set)
 
 
@@ -39,7 +51,7 @@ def cleanup_virtual_llc(llc: ll.LLStmt, state: VirtualState, settings: Virtualiz
     earlier); with `enable_device_only` off, stored nodes are also made hosted (38)."""
     virtual = frozenset(tn for tn in state.computations if not tn.is_materialized_known())
     while True:
-        cx = _Cleanup(virtual, state.inlined_scopes)
+        cx = _Cleanup(virtual, state)
         result = _stmt(cx, llc, frozenset(state.static_indices))
         if not cx.still_read:
             break
@@ -123,8 +135,10 @@ def _scalar(cx: _Cleanup, sc: ll.LLScalar, scope: frozenset[Symbol]) -> ll.LLSca
             return sc
         case ll.LocalScope(sid, body, orig):
             _check_scope(orig, scope, f"the local scope of {sid.tn.debug_name()}")
-            if sid in cx.inlined_scopes and sid.tn not in cx.virtual:
+            if sid in cx.state.inlined_scopes and sid.tn not in cx.virtual:
                 return ll.Get(sid.tn, orig)
+            if sid in cx.state.deferred:
+                body = expand_pending(cx.state, sc)
             return ll.LocalScope(sid, _stmt(cx, body, scope), orig)
         case ll.EmbedIndex(idx):
             _check_scope((idx,), scope, "an embedded index")

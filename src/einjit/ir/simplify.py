@@ -38,12 +38,21 @@ import numpy as np
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, SubAxis, Symbol
-from einjit.ir.precision import combine_prec
 from einjit.ir.tnode import Tnode
 
 MAX_UNROLLED_POWER = 4
 
 Ranges = dict[Symbol, tuple[int, int]]
+_LocalsMemo = dict[int, tuple[object, frozenset[ll.ScopeId]]]
+_WidestMemo = dict[int, tuple[object, "ops.Prec | None"]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Memo:
+    """Facts about expressions, memoized by identity for one simplification (see `_locals_in`)."""
+
+    locals: _LocalsMemo
+    widest: _WidestMemo
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,29 +63,30 @@ class _Ctx:
     prec: ops.Prec
     tn: Tnode | None
     ranges: Ranges
+    memo: _Memo
 
 
 def simplify_llc(llc: ll.LLStmt) -> ll.LLStmt:
     """Simplify every statement and expression of `llc`; loops left empty disappear."""
-    return _stmt(llc, {})
+    return _stmt(llc, {}, _Memo({}, {}))
 
 
-def _stmt(stmt: ll.LLStmt, ranges: Ranges) -> ll.LLStmt:
+def _stmt(stmt: ll.LLStmt, ranges: Ranges, memo: _Memo) -> ll.LLStmt:
     out: list[ll.LLStmt] = []
     for s in ll.flatten(stmt):
         match s:
             case ll.ForLoop(index, from_, to_, body, _):
                 if to_ < from_:
                     continue
-                inner = _stmt(body, {**ranges, index: (from_, to_)})
+                inner = _stmt(body, {**ranges, index: (from_, to_)}, memo)
                 if not isinstance(inner, ll.Noop):
                     out.append(replace(s, body=inner))
             case ll.Set(tn, _, llsc, _):
-                out.append(replace(s, llsc=simplify_scalar(llsc, tn.prec, tn, ranges)))
+                out.append(replace(s, llsc=_scalar(llsc, _Ctx(tn.prec, tn, ranges, memo))))
             case ll.SetFromVec(tn, _, _, _, arg, _):
-                out.append(replace(s, arg=simplify_scalar(arg, ops.int64, None, ranges)))
+                out.append(replace(s, arg=_scalar(arg, _Ctx(ops.int64, None, ranges, memo))))
             case ll.SetLocal(sid, value):
-                out.append(ll.SetLocal(sid, simplify_scalar(value, sid.tn.prec, sid.tn, ranges)))
+                out.append(ll.SetLocal(sid, _scalar(value, _Ctx(sid.tn.prec, sid.tn, ranges, memo))))
             case _:
                 out.append(s)
     return ll.seq(*out)
@@ -86,13 +96,13 @@ def simplify_scalar(sc: ll.LLScalar, prec: ops.Prec, tn: Tnode | None = None,
                     ranges: Ranges | None = None) -> ll.LLScalar:
     """Simplify an expression computed in `prec`; `tn` is the node a local introduced for
     power unrolling would belong to, `ranges` the bounds of the loop symbols in scope."""
-    return _scalar(sc, _Ctx(prec, tn, ranges or {}))
+    return _scalar(sc, _Ctx(prec, tn, ranges or {}, _Memo({}, {})))
 
 
 def _scalar(sc: ll.LLScalar, cx: _Ctx) -> ll.LLScalar:
-    wide = combine_prec(cx.prec, sc)
+    wide = _combine_prec(cx.prec, sc, cx.memo.widest)
     if wide is not cx.prec:  # computed in its wider arguments' precision; no narrower local here
-        cx = _Ctx(wide, None, cx.ranges)
+        cx = _Ctx(wide, None, cx.ranges, cx.memo)
     match sc:
         case ll.EmbedIndex(FixedIdx(i)) | ll.EmbedIndex(Affine((), i)):
             return ll.Constant(float(i))
@@ -302,6 +312,74 @@ def _decide_less(a: ll.LLScalar, b: ll.LLScalar, ranges: Ranges) -> bool | None:
 # ---------------------------------------------------------------- local scopes
 
 
+def _combine_prec(asked: ops.Prec, sc: ll.LLScalar, memo: _WidestMemo) -> ops.Prec:
+    """`precision.combine_prec`, memoized like `_locals_in` (it reads the whole expression)."""
+    if not asked.is_float or not isinstance(sc, (ll.Unop, ll.Binop, ll.Ternop)):
+        return asked
+    widest = _widest_float_read(sc, memo)
+    return widest if widest is not None and widest.itemsize > asked.itemsize else asked
+
+
+def _widest_float_read(sc: ll.LLScalar, memo: _WidestMemo) -> ops.Prec | None:
+    """The widest floating precision among the cells `sc` reads (`precision.read_precisions`);
+    float precisions differ in size, so the widest is unique."""
+    hit = memo.get(id(sc))
+    if hit is not None:
+        return hit[1]
+    match sc:
+        case ll.Get(tn, _) | ll.GetMergeBuffer(tn, _):
+            out = tn.prec if tn.prec.is_float else None
+        case ll.GetLocal(sid) | ll.LocalScope(sid, _, _):
+            out = sid.tn.prec if sid.tn.prec.is_float else None
+        case ll.Unop() | ll.Binop() | ll.Ternop():
+            out = None
+            for child in ll.scalar_children(sc):
+                p = _widest_float_read(child, memo)
+                if p is not None and (out is None or p.itemsize > out.itemsize):
+                    out = p
+        case _:
+            out = None
+    memo[id(sc)] = (sc, out)
+    return out
+
+
+_NO_LOCALS: frozenset[ll.ScopeId] = frozenset()
+
+
+def _locals_in(x: ll.LLScalar | ll.LLStmt, memo: _LocalsMemo) -> frozenset[ll.ScopeId]:
+    """The locals `x` reads or writes. Inlined chains nest each value inside the next, so a
+    scan of every value would cost the square of the chain's length; this is memoized by
+    identity (the memo keeps `x` alive) and is mostly empty, so it stays linear."""
+    hit = memo.get(id(x))
+    if hit is not None:
+        return hit[1]
+    match x:
+        case ll.GetLocal(sid):
+            out = frozenset((sid,))
+        case ll.SetLocal(sid, value):
+            out = _locals_in(value, memo) | {sid}
+        case ll.LocalScope(sid, body, _):
+            out = _locals_in(body, memo) | {sid}
+        case ll.Seq(a, b):
+            out = _union(_locals_in(a, memo), _locals_in(b, memo))
+        case ll.ForLoop(body=body):
+            out = _locals_in(body, memo)
+        case ll.Set(llsc=sc) | ll.SetFromVec(arg=sc):
+            out = _locals_in(sc, memo)
+        case ll.Unop() | ll.Binop() | ll.Ternop():
+            out = _NO_LOCALS
+            for child in ll.scalar_children(x):
+                out = _union(out, _locals_in(child, memo))
+        case _:
+            out = _NO_LOCALS
+    memo[id(x)] = (x, out)
+    return out
+
+
+def _union(a: frozenset[ll.ScopeId], b: frozenset[ll.ScopeId]) -> frozenset[ll.ScopeId]:
+    return a | b if a and b else a or b
+
+
 def _writes_local(sc: ll.LLScalar, sid: ll.ScopeId) -> bool:
     return any(isinstance(x, ll.SetLocal) and x.id == sid for x in ll.deep_parts(sc))
 
@@ -337,20 +415,24 @@ def _substitute_stmt(stmt: ll.LLStmt, sid: ll.ScopeId, value: ll.LLScalar) -> ll
 
 
 def _local_scope(sid: ll.ScopeId, body: ll.LLStmt, orig, cx: _Ctx) -> ll.LLScalar:
-    inner = _Ctx(sid.tn.prec, sid.tn, cx.ranges)
-    stmts = [s for s in ll.flatten(_stmt(body, cx.ranges)) if not isinstance(s, ll.Comment)]
+    inner = _Ctx(sid.tn.prec, sid.tn, cx.ranges, cx.memo)
+    stmts = [s for s in ll.flatten(_stmt(body, cx.ranges, cx.memo))
+             if not isinstance(s, ll.Comment)]
     value: ll.LLScalar = ll.Constant(0.0)
     consumed = 0
     for s in stmts:
-        if not (isinstance(s, ll.SetLocal) and s.id == sid) or _writes_local(s.value, sid):
+        if not isinstance(s, ll.SetLocal) or s.id != sid:
             break
-        uses = sum(1 for x in ll.deep_parts(s.value) if isinstance(x, ll.GetLocal) and x.id == sid)
+        mentioned = sid in _locals_in(s.value, cx.memo.locals)
+        if mentioned and _writes_local(s.value, sid):
+            break
+        uses = sum(1 for x in ll.deep_parts(s.value) if isinstance(x, ll.GetLocal) and x.id == sid) if mentioned else 0
         if uses > 1 and not _cheap(value):
             break
         value = _scalar(_substitute(s.value, sid, value), inner) if uses else s.value
         consumed += 1
     rest = stmts[consumed:]
-    if not rest and sid.tn.prec == cx.prec and combine_prec(cx.prec, value) is cx.prec:
+    if not rest and sid.tn.prec == cx.prec and _combine_prec(cx.prec, value, cx.memo.widest) is cx.prec:
         return value  # no rounding boundary is lost: the value computes in the local's precision
     head = [] if _is_positive_zero(value) else [ll.SetLocal(sid, value)]
     return ll.LocalScope(sid, ll.seq(*head, *rest), orig)

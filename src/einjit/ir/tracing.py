@@ -55,6 +55,11 @@ class VirtualizeSettings:
     and scalar constant expressions however often they are read.
     `inline_complex_computations`: inline computations that loop over a reduction; off by
     default because without common-subexpression elimination each read replays the loop.
+    `inline_single_use_reductions`: inline a reduction anyway when no cell of it is read more
+    than once — a row sum read by one pointwise consumer — since the loop then runs once per
+    cell, as it would stored; only when it is no contraction (which the scheduling stage
+    blocks as its own nest) and its innermost loop reads memory contiguously (see
+    `TracedArray.is_local_reduction`).
     `virtualize` / `simplify`: switch the two transformations off, to compare with the
     unoptimized program.
     `schedule` / `interchange`: the CPU loop stages (`ir/schedule.py`, `ir/interchange.py`);
@@ -75,6 +80,7 @@ class VirtualizeSettings:
     inline_scalar_constexprs: bool = True
     inline_simple_computations: bool = True
     inline_complex_computations: bool = False
+    inline_single_use_reductions: bool = True
     virtualize: bool = True
     simplify: bool = True
     schedule: bool = True
@@ -107,7 +113,10 @@ class TracedArray:
     a single read, or a function of constants and index embeddings only — recomputing it costs
     no more than reading it. `is_complex`: an assignment sits in a loop (of more than one
     iteration) that does not index the node, i.e. a reduction: inlining it replays that loop at
-    every read.
+    every read. `is_local_reduction`: in every reduction computing the node, a single node varies
+    along the reduction loops (no contraction `a[i,k] * b[k,j]`), and the innermost reduction
+    loop walks the last axis of size above one of what it reads (unit stride): inlined into its
+    one consumer, the loop stays as cheap as stored.
     """
 
     tn: Tnode
@@ -122,6 +131,7 @@ class TracedArray:
     is_accessing: bool = False
     is_complex: bool = False
     is_simple: bool = True
+    is_local_reduction: bool = True
 
     def is_written(self, pos: Position) -> bool:
         """Whether the code traced so far has written (or zeroed) the cell at `pos`."""
@@ -155,12 +165,61 @@ class _State:
     reverse_node_map: dict[Symbol, Tnode] = field(default_factory=dict)
     merge_node: Tnode | None = None
     write_templates: dict[int, tuple[ll.ForLoop, list]] = field(default_factory=dict)
+    specs: dict[int, tuple[tuple[AxisIndex, ...], _Spec]] = field(default_factory=dict)
+    owned: set[tuple[int, ...]] = field(default_factory=set)
 
     def node(self, tn: Tnode) -> TracedArray:
         ta = self.store.get(tn)
         if ta is None:
             ta = self.store[tn] = TracedArray(tn)
         return ta
+
+
+_Spec = tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]
+"""Indices compiled for tracing, per axis `(kind, value, terms)`: kind 0 is the constant
+`value`, kind 1 the symbol of id `value`, kind 2 `value` plus the (coefficient, symbol id)
+`terms`."""
+Env = dict[int, int]
+"""The values of the traced loop symbols, by symbol id (a `Symbol` hashes in Python code,
+and tracing looks symbols up more than anything else)."""
+
+
+def _compile(idcs: tuple[AxisIndex, ...]) -> _Spec:
+    out: list[tuple[int, int, tuple[tuple[int, int], ...]]] = []
+    for idx in idcs:
+        match idx:
+            case FixedIdx(i):
+                out.append((0, i, ()))
+            case Iterator(s):
+                out.append((1, s.id, ()))
+            case Affine(symbols, offset):
+                out.append((2, offset, tuple((c, s.id) for c, s in symbols)))
+            case _:
+                out.append((0, 0, ()))
+    return tuple(out)
+
+
+def _position(st: _State, env: Env, idcs: tuple[AxisIndex, ...]) -> Position:
+    """`lookup` on compiled indices, cached per index tuple of the code."""
+    hit = st.specs.get(id(idcs))
+    if hit is None:
+        hit = st.specs[id(idcs)] = (idcs, _compile(idcs))
+    return _evaluate(env, hit[1])
+
+
+def _evaluate(env: Env, spec: _Spec) -> Position:
+    get = env.get
+    out = []
+    for kind, value, terms in spec:
+        if kind == 1:
+            out.append(get(value, 0))
+        elif kind == 0:
+            out.append(value)
+        else:
+            for c, sid in terms:
+                value += c * get(sid, 0)
+            out.append(value)
+    return tuple(out)
 
 
 def lookup(env: dict[Symbol, int], idcs: tuple[AxisIndex, ...]) -> Position:
@@ -193,7 +252,7 @@ def _is_scalar_dims(tn: Tnode) -> bool:
     return all(d == 1 for d in tn.dims)
 
 
-def _stmt(st: _State, stmt: ll.LLStmt, env: dict[Symbol, int], loops: tuple[tuple[Symbol, int], ...],
+def _stmt(st: _State, stmt: ll.LLStmt, env: Env, loops: tuple[tuple[Symbol, int], ...],
           first_visit: bool, traced: int = 1) -> None:
     """`loops` are the enclosing loops with their trip counts; `first_visit` holds during the
     first iteration of every enclosing loop, when per-computation facts are collected;
@@ -205,7 +264,7 @@ def _stmt(st: _State, stmt: ll.LLStmt, env: dict[Symbol, int], loops: tuple[tupl
                 last = min(to_, from_ + count - 1) if trace_it else min(to_, from_)
                 inner = loops + ((index, to_ - from_ + 1),)
                 for v in range(from_, last + 1):
-                    _stmt(st, body, {**env, index: v}, inner, first_visit and v == from_,
+                    _stmt(st, body, {**env, index.id: v}, inner, first_visit and v == from_,
                           traced * (last - from_ + 1))
                 if last < to_:
                     _record_skipped_writes(st, s, env)
@@ -218,7 +277,7 @@ def _stmt(st: _State, stmt: ll.LLStmt, env: dict[Symbol, int], loops: tuple[tupl
                     ta.is_scalar_constexpr = _is_scalar_dims(tn)
                 ta.zeroed_out = True
             case ll.Set(tn, idcs, llsc, _):
-                pos = lookup(env, idcs)
+                pos = _position(st, env, idcs)
                 _scalar(st, llsc, env, (tn, pos))
                 ta = st.node(tn)
                 if not ta.assignments and not ta.accesses and _is_scalar_dims(tn):
@@ -229,10 +288,11 @@ def _stmt(st: _State, stmt: ll.LLStmt, env: dict[Symbol, int], loops: tuple[tupl
                     ta.is_accessing = ta.is_accessing or _is_accessing(st, llsc)
                     ta.is_simple = ta.is_simple and _is_simple(st, llsc)
                     ta.is_complex = ta.is_complex or _is_reduction(loops, idcs)
+                    ta.is_local_reduction = ta.is_local_reduction and _is_local_reduction(tn, loops, idcs, llsc)
                 ta.assignments.add(pos)
-                _own_symbols(st, tn, idcs, loops)
+                _own_symbols(st, s, tn, idcs, loops)
             case ll.SetFromVec(tn, idcs, length, _, arg, _):
-                pos = lookup(env, idcs)
+                pos = _position(st, env, idcs)
                 _scalar(st, arg, env, None)
                 ta = st.node(tn)
                 ta.is_scalar_constexpr = False
@@ -242,7 +302,7 @@ def _stmt(st: _State, stmt: ll.LLStmt, env: dict[Symbol, int], loops: tuple[tupl
                     ta.is_complex = ta.is_complex or _is_reduction(loops, idcs)
                 for k in range(length):
                     ta.assignments.add(pos[:-1] + (pos[-1] + k,) if pos else pos)
-                _own_symbols(st, tn, idcs, loops)
+                _own_symbols(st, s, tn, idcs, loops)
             case ll.SetLocal(_, value):
                 _scalar(st, value, env, None)
             case ll.Comment() | ll.StagedCompilation() | ll.Noop():
@@ -251,13 +311,13 @@ def _stmt(st: _State, stmt: ll.LLStmt, env: dict[Symbol, int], loops: tuple[tupl
                 raise TypeError(f"not a low-level statement: {s!r}")
 
 
-def _record_skipped_writes(st: _State, loop: ll.ForLoop, env: dict[Symbol, int]) -> None:
+def _record_skipped_writes(st: _State, loop: ll.ForLoop, env: Env) -> None:
     """After a loop whose iterations were not all traced: add the box of cells each write in
     it covers over all its iterations (enclosing loops at their current values)."""
     for tn, template, length in _write_templates(st, loop):
         box = []
         for spec in template:
-            if isinstance(spec, Symbol):
+            if isinstance(spec, int):
                 if spec not in env:
                     break
                 box.append((env[spec], env[spec]))
@@ -273,12 +333,12 @@ def _record_skipped_writes(st: _State, loop: ll.ForLoop, env: dict[Symbol, int])
             ta.written_boxes.append(new)
 
 
-_Template = tuple["tuple[int, int] | Symbol", ...]
+_Template = tuple["tuple[int, int] | int", ...]
 
 
 def _write_templates(st: _State, loop: ll.ForLoop) -> list[tuple[Tnode, _Template, int]]:
     """The writes inside `loop` whose box tracing can record, each as the per-axis ranges over
-    the loops inside `loop`, or the enclosing loop symbol whose current value it takes. A loop
+    the loops inside `loop`, or the id of the enclosing loop symbol whose current value it takes. A loop
     is typically left partly untraced once per iteration of its enclosing loops, so this is
     computed once per loop."""
     cached = st.write_templates.get(id(loop))
@@ -297,13 +357,13 @@ def _write_templates(st: _State, loop: ll.ForLoop) -> list[tuple[Tnode, _Templat
                     add(tn, idcs, ranges, length)
 
     def add(tn: Tnode, idcs: tuple[AxisIndex, ...], ranges: dict[Symbol, tuple[int, int]], length: int) -> None:
-        template: list[tuple[int, int] | Symbol] = []
+        template: list[tuple[int, int] | int] = []
         for idx in idcs:
             match idx:
                 case FixedIdx(i):
                     template.append((i, i))
                 case Iterator(sym):
-                    template.append(ranges.get(sym, sym))
+                    template.append(ranges.get(sym, sym.id))
                 case _:
                     return
         syms = [idx.symbol for idx in idcs if isinstance(idx, Iterator)]
@@ -315,12 +375,43 @@ def _write_templates(st: _State, loop: ll.ForLoop) -> list[tuple[Tnode, _Templat
     return out
 
 
-def _own_symbols(st: _State, tn: Tnode, idcs: tuple[AxisIndex, ...], loops: tuple[tuple[Symbol, int], ...]) -> None:
+def _own_symbols(st: _State, stmt: ll.LLStmt, tn: Tnode, idcs: tuple[AxisIndex, ...],
+                 loops: tuple[tuple[Symbol, int], ...]) -> None:
+    """Record the loop symbols `tn` owns. Only a statement's first execution in a nest of loops
+    can add any: its later ones meet the same symbols, already taken."""
+    key = (id(stmt), *(sym.id for sym, _ in loops))
+    if key in st.owned:
+        return
+    st.owned.add(key)
     for idx in idcs:
         for s in index_symbols(idx):
             st.reverse_node_map.setdefault(s, tn)
     for s, _ in loops:
         st.reverse_node_map.setdefault(s, tn)
+
+
+def _is_local_reduction(tn: Tnode, loops: tuple[tuple[Symbol, int], ...], idcs: tuple[AxisIndex, ...],
+                        llsc: ll.LLScalar) -> bool:
+    """See `TracedArray.is_local_reduction`; true of an assignment that is no reduction."""
+    indexed = {s for idx in idcs for s in index_symbols(idx)}
+    reduced = {s for s, n in loops if n > 1 and s not in indexed}
+    if not reduced:
+        return True
+    innermost = next(s for s, n in reversed(loops) if s in reduced)
+    varying: set[Tnode] = set()
+    for x in ll.iter_scalars(llsc):
+        match x:
+            case ll.LocalScope() | ll.GetMergeBuffer():
+                return False
+            case ll.Get(t, ridx) if t is not tn:
+                if not reduced & {s for idx in ridx for s in index_symbols(idx)}:
+                    continue
+                varying.add(t)
+                axes = [a for a, idx in enumerate(ridx) if innermost in index_symbols(idx)]
+                if (len(axes) != 1 or ridx[axes[0]] != Iterator(innermost)
+                        or any(d != 1 for d in t.dims[axes[0] + 1:])):
+                    return False
+    return len(varying) <= 1
 
 
 def _is_reduction(loops: tuple[tuple[Symbol, int], ...], idcs: tuple[AxisIndex, ...]) -> bool:
@@ -341,10 +432,10 @@ def _visit(st: _State, tn: Tnode, pos: Position, own: tuple[Tnode, Position] | N
     ta.accesses[pos] = old if old is RECURRENT else old + 1
 
 
-def _scalar(st: _State, sc: ll.LLScalar, env: dict[Symbol, int], own: tuple[Tnode, Position] | None) -> None:
+def _scalar(st: _State, sc: ll.LLScalar, env: Env, own: tuple[Tnode, Position] | None) -> None:
     match sc:
         case ll.Get(tn, idcs):
-            _visit(st, tn, lookup(env, idcs), own)
+            _visit(st, tn, _position(st, env, idcs), own)
         case ll.GetMergeBuffer(tn, _):
             if st.merge_node is not None and st.merge_node is not tn:
                 raise ValueError(f"einjit: only one merge buffer per routine is supported, found "
@@ -354,7 +445,7 @@ def _scalar(st: _State, sc: ll.LLScalar, env: dict[Symbol, int], own: tuple[Tnod
             _stmt(st, body, env, (), True)
         case ll.Ternop(ops.Ternop.WHERE, cond, then, other):
             _scalar(st, cond, env, own)
-            taken = index_condition(cond, env)
+            taken = _index_condition(cond, env)
             if taken is None or taken:
                 _scalar(st, then, env, own)
             if taken is None or not taken:
@@ -376,7 +467,7 @@ _INDEX_BINOPS = {
 }
 
 
-def index_condition(cond: ll.LLScalar, env: dict[Symbol, int]) -> bool | None:
+def _index_condition(cond: ll.LLScalar, env: Env) -> bool | None:
     """The value of a `where` condition built only from index embeddings and constants — the
     bounds guards lowering puts around padded reads — or None when it depends on data or on a
     symbol the trace has no value for. Tracing follows only the taken branch, so a guarded
@@ -387,9 +478,9 @@ def index_condition(cond: ll.LLScalar, env: dict[Symbol, int]) -> bool | None:
             case ll.Constant(v):
                 return v
             case ll.EmbedIndex(idx):
-                if any(s not in env for s in index_symbols(idx)):
+                if any(s.id not in env for s in index_symbols(idx)):
                     return None
-                return float(lookup(env, (idx,))[0])
+                return float(_evaluate(env, _compile((idx,)))[0])
             case ll.Binop(op, a, b) if op in _INDEX_BINOPS:
                 x, y = value(a), value(b)
                 return None if x is None or y is None else _INDEX_BINOPS[op](x, y)

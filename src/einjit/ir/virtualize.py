@@ -8,7 +8,8 @@ the read's indices (`inline_computation`); its writes then disappear from the co
 1. `decide_from_trace` applies the cheap rules to the traced facts, for nodes whose memory
    mode still allows both outcomes (a mode the user set is only ever narrowed, never
    replaced): nodes only read here, or read before written, stay materialized; a reduction
-   stays materialized unless `inline_complex_computations`; a node read more than
+   stays materialized unless `inline_complex_computations`, or unless no cell of it is read
+   twice and it is a local reduction (`inline_single_use_reductions`); a node read more than
    `max_visits` times at one position stays materialized unless recomputing it is free (a
    scalar constant expression, or a simple computation).
 2. `virtual_llc` walks the code in order. Each code block that computes a node — the loop nest
@@ -18,6 +19,11 @@ the read's indices (`inline_computation`); its writes then disappear from the co
    read. Any check that fails raises `NonVirtual(code)` with the seed's diagnostic code and
    the node becomes `Never_virtual` with that code as provenance.
 3. `cleanup.cleanup_virtual_llc` removes the virtual nodes' writes and finalizes the modes.
+
+Inlining is lazy: a read becomes a local scope whose body is `PENDING`, recorded with the
+computations it copies (`Deferred`); cleanup copies the bodies, one level at a time, in the
+code it keeps. The checks need no copies — what a pending scope reads is the union of what
+the copied computations read — so a chain of n virtual nodes costs O(n), not O(n^2).
 
 Two conditions go beyond the seed. Code 131: inlining recomputes a node when it is read, so
 it is refused when a node the computation reads was written between the computation and the
@@ -32,6 +38,7 @@ of that loop, but would run once when inlined.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from einjit import config
 from einjit.ir import low_level as ll
@@ -118,7 +125,8 @@ def decide_from_trace(trace: Trace, settings: VirtualizeSettings, name: str = ""
             continue
         free_to_recompute = ((settings.inline_scalar_constexprs and ta.is_scalar_constexpr)
                              or (settings.inline_simple_computations and ta.is_simple))
-        if ta.is_complex and not settings.inline_complex_computations and not free_to_recompute:
+        used_once = settings.inline_single_use_reductions and ta.is_local_reduction and ta.max_visits() == 1
+        if ta.is_complex and not settings.inline_complex_computations and not free_to_recompute and not used_once:
             tn.update_memory_mode(NEVER_VIRTUAL, COMPLEX_COMPUTATION)
             log_decision(name, tn, "is not virtual: its computation loops over a reduction and "
                                    "inline_complex_computations is off (provenance 2)")
@@ -136,9 +144,14 @@ def _too_many(ta: TracedArray, max_visits: int) -> bool:
 # ---------------------------------------------------------------- checking a computation
 
 
-def check_computation(tn: Tnode, static_indices: frozenset[Symbol], top_llc: ll.LLStmt) -> tuple[AxisIndex, ...] | None:
+def check_computation(tn: Tnode, static_indices: frozenset[Symbol], top_llc: ll.LLStmt,
+                      expand: Callable[[ll.LocalScope], ll.LLStmt] | None = None) -> tuple[AxisIndex, ...] | None:
     """Validate that `top_llc`, a code block computing `tn`, can be inlined; return the index
-    pattern it writes `tn` with (None for a `ZeroOut` only). Raises `NonVirtual`."""
+    pattern it writes `tn` with (None for a `ZeroOut` only). Raises `NonVirtual`.
+
+    `expand` gives the body of a pending scope (see `Deferred`), to check the reads of `tn`
+    inside it. Only those need checking there: its other indices were checked when the
+    computation it copies was stored, and depend only on the scope's own indices, checked here."""
     at_idcs: list[tuple[AxisIndex, ...]] = []
     has_setter = False
 
@@ -197,7 +210,7 @@ def check_computation(tn: Tnode, static_indices: frozenset[Symbol], top_llc: ll.
                     escaping((idx,), bound, 10)
                 case ll.LocalScope(_, body, orig):
                     escaping(orig, bound, 9)
-                    stmt(body, bound)
+                    stmt(expand(x) if expand is not None and body is PENDING else body, bound)
 
     if tn.is_materialized_known():
         raise NonVirtual(11, f"memory mode {tn.memory_mode}, provenance {tn.provenance}")
@@ -220,6 +233,15 @@ def written_nodes(stmt: ll.LLStmt) -> set[Tnode]:
     return out
 
 
+def _block_reads(state: VirtualState, stmt: ll.LLStmt) -> set[Tnode]:
+    """`read_nodes` of `stmt` with its pending scopes copied, without copying them."""
+    out = read_nodes(stmt)
+    for x in ll.deep_parts(stmt):
+        if isinstance(x, ll.LocalScope) and x.id in state.deferred:
+            out |= state.deferred[x.id].reads
+    return out
+
+
 def read_nodes(stmt: ll.LLStmt) -> set[Tnode]:
     """Nodes read anywhere in `stmt`, including inside local scopes (whose node counts too:
     should it end up stored, the scope turns back into a read of it)."""
@@ -234,20 +256,53 @@ def read_nodes(stmt: ll.LLStmt) -> set[Tnode]:
 # ---------------------------------------------------------------- walking the code
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Computation:
     """A checked code block computing a node: `at_idcs` is the index pattern it writes the node
-    with (None when it only zeroes it), `loops` the ranges of the loops inside it."""
+    with (None when it only zeroes it), `loops` the ranges of the loops inside it, `reads`
+    every node it reads, also through the computations inlined into it."""
 
     at_idcs: tuple[AxisIndex, ...] | None
     llc: ll.LLStmt
     loops: dict[Symbol, tuple[int, int]]
+    reads: frozenset[Tnode] = frozenset()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Deferred:
+    """An inlined read whose copy is postponed: the local scope it names computes `tn` from
+    `parts`, the stored computations that can affect the cell read. `outer`: the nodes inlined
+    around the scope with their locals, innermost last — reads of them inside become reads of
+    those locals.
+
+    Inlining copies a computation into its reader. Copying eagerly would copy again, at every
+    level, what was already inlined into the computation: a chain of n virtual nodes would
+    cost n^2. The walk leaves the body of each scope it creates as `PENDING` and records the
+    scope here; `cleanup` copies the bodies, one level at a time, only in the code it keeps."""
+
+    tn: Tnode
+    parts: tuple[Computation, ...]
+    reads: frozenset[Tnode]
+    outer: tuple[tuple[Tnode, ll.ScopeId], ...] = ()
+
+    @staticmethod
+    def of(tn: Tnode, parts: tuple[Computation, ...]) -> Deferred:
+        """`reads`: the nodes the inlined code reads (its own node counts, as in `read_nodes`)."""
+        return Deferred(tn, parts, frozenset({tn}.union(*(comp.reads for comp in parts))))
+
+
+PENDING = ll.Comment("inlined: copied by cleanup")
+"""The body of a local scope recorded in `VirtualState.deferred`, until cleanup copies it."""
 
 
 @dataclass(slots=True)
 class VirtualState:
     """What `virtual_llc` accumulates: the stored computations per node (in code order), the
-    local scopes it created by inlining, and the bookkeeping behind code 131."""
+    local scopes it created by inlining, and the bookkeeping behind code 131. `writes_ahead`:
+    per node, the statements writing it that the walk has not reached; `written_later`: the
+    nodes with some left. A computation becomes a reader of a node (made stale when the node
+    is overwritten) only if the node is written later, so the computations of a chain, whose
+    nodes are each written once before they are read, become readers of nothing."""
 
     trace: Trace
     static_indices: frozenset[Symbol]
@@ -258,14 +313,19 @@ class VirtualState:
     reads: dict[Tnode, set[Tnode]] = field(default_factory=dict)
     readers: dict[Tnode, set[Tnode]] = field(default_factory=dict)
     stale: set[Tnode] = field(default_factory=set)
+    deferred: dict[ll.ScopeId, Deferred] = field(default_factory=dict)
+    writes_ahead: dict[Tnode, int] | None = None
+    written_later: set[Tnode] = field(default_factory=set)
 
 
 def check_and_store_virtual(state: VirtualState, tn: Tnode, top_llc: ll.LLStmt) -> bool:
     """Check the code block `top_llc` computing `tn`; store it for inlining, or make the node
     `Never_virtual` with the failing check's code. Returns whether it was stored."""
     try:
-        at_idcs = check_computation(tn, state.static_indices, top_llc)
-        reads = read_nodes(top_llc) - {tn}
+        block_reads = _block_reads(state, top_llc)
+        expand = None if tn not in block_reads else (lambda sc: _expanded_body(state, sc))
+        at_idcs = check_computation(tn, state.static_indices, top_llc, expand)
+        reads = block_reads - {tn}
         overwritten = reads & (written_nodes(top_llc) - {tn})
         if overwritten:
             raise NonVirtual(131, ", ".join(sorted(t.debug_name() for t in overwritten)))
@@ -273,15 +333,20 @@ def check_and_store_virtual(state: VirtualState, tn: Tnode, top_llc: ll.LLStmt) 
         refuse(tn, err, state.name)
         return False
     loops = {s.index: (s.from_, s.to_) for s in ll.block_statements(top_llc) if isinstance(s, ll.ForLoop)}
-    state.computations.setdefault(tn, []).append(Computation(at_idcs, top_llc, loops))
+    state.computations.setdefault(tn, []).append(Computation(at_idcs, top_llc, loops, frozenset(block_reads)))
     state.reads.setdefault(tn, set()).update(reads)
-    for r in reads:
+    for r in reads if state.writes_ahead is None else reads & state.written_later:
         state.readers.setdefault(r, set()).add(tn)
     return True
 
 
 def virtual_llc(llc: ll.LLStmt, state: VirtualState) -> ll.LLStmt:
     """Identify computations, store the inlinable ones and inline reads of candidate nodes."""
+    state.writes_ahead = {}
+    for s in ll.block_statements(llc):
+        if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)):
+            state.writes_ahead[s.tn] = state.writes_ahead.get(s.tn, 0) + 1
+    state.written_later = set(state.writes_ahead)
     return _walk(state, llc, frozenset(), frozenset(), ())
 
 
@@ -293,6 +358,10 @@ def _store(state: VirtualState, tn: Tnode, block: ll.LLStmt, repeated: bool) -> 
 
 
 def _overwrite(state: VirtualState, tn: Tnode) -> None:
+    if state.writes_ahead is not None:
+        state.writes_ahead[tn] -= 1
+        if not state.writes_ahead[tn]:
+            state.written_later.discard(tn)
     for reader in state.readers.get(tn, ()):
         if reader is not tn:
             state.stale.add(reader)
@@ -366,17 +435,18 @@ def _walk(state: VirtualState, stmt: ll.LLStmt, process_for: frozenset[Tnode], w
                     if tn in state.stale:
                         raise NonVirtual(131, f"read at {_show(idcs)}")
                     sid = ll.fresh_scope_id(tn)
-                    body = inline_computation(sid, state, tn, idcs)
+                    deferred = Deferred.of(tn, applicable_computations(state, tn, idcs))
                     conflict = state.reads.get(tn, set()) & writing
                     if conflict and not (written_cell is not None and conflict == {written_cell[0]}
-                                         and _reads_only_at(body, *written_cell)):
+                                         and _reads_only_at(_copy(state, sid, deferred, idcs, True), *written_cell)):
                         raise NonVirtual(131, f"read at {_show(idcs)}")
                 except NonVirtual as err:
                     refuse(tn, err, state.name)
                     return sc
+                state.deferred[sid] = deferred
                 state.inlined_scopes.add(sid)
                 state.inline_counts[tn] = state.inline_counts.get(tn, 0) + 1
-                return ll.LocalScope(sid, body, idcs)
+                return ll.LocalScope(sid, PENDING, idcs)
             case ll.LocalScope(sid, body, orig):
                 return ll.LocalScope(sid, _walk(state, body, process_for | {sid.tn}, writing, ()), orig)
             case ll.Unop(op, a):
@@ -402,19 +472,56 @@ def inline_computation(sid: ll.ScopeId, state: VirtualState, tn: Tnode,
     the body of a `LocalScope(sid, ...)`. Writes of `tn` become `SetLocal(sid, ...)` and its
     reads `GetLocal(sid)`; loops over the symbols of its indices disappear (the symbols are
     replaced by the call's indices), the other loops — reductions — stay with fresh symbols,
-    and local scopes inside get fresh ids, so every copy is independent. Raises `NonVirtual`."""
-    computations = state.computations.get(tn)
-    if not computations:
+    and local scopes inside get fresh ids, so every copy is independent. Computations inlined
+    into the stored ones are copied too. Raises `NonVirtual`."""
+    return _copy(state, sid, Deferred.of(tn, applicable_computations(state, tn, call_args)), call_args, True)
+
+
+def applicable_computations(state: VirtualState, tn: Tnode,
+                            call_args: tuple[AxisIndex, ...]) -> tuple[Computation, ...]:
+    """The stored computations of `tn` that can affect the cell `tn[call_args]`, each checked
+    for inlining there. Raises `NonVirtual`."""
+    parts = tuple(comp for comp in state.computations.get(tn, ())
+                  if _make_subst(tn, comp, call_args, state.static_indices) is not None)
+    if not parts:
         raise NonVirtual(14)
+    return parts
+
+
+def expand_pending(state: VirtualState, scope: ll.LocalScope) -> ll.LLStmt:
+    """The body of a pending scope, one level deep: the scopes inlined into the computations it
+    copies stay pending, recorded under fresh ids."""
+    return _copy(state, scope.id, state.deferred[scope.id], scope.orig_indices, False)
+
+
+def _expanded_body(state: VirtualState, scope: ll.LocalScope) -> ll.LLStmt:
+    if scope.id not in state.deferred:
+        return scope.body
+    return _copy(state, scope.id, state.deferred[scope.id], scope.orig_indices, True)
+
+
+def _copy(state: VirtualState, sid: ll.ScopeId, deferred: Deferred, call_args: tuple[AxisIndex, ...],
+          deep: bool) -> ll.LLStmt:
+    """The body of scope `sid` inlining `deferred` at `call_args`; `deep`: copy the scopes
+    inlined into it too, rather than leaving them pending."""
+    outer = (*deferred.outer, (deferred.tn, sid))
+    cx = _Inline(deferred.tn, sid, state, dict(outer), outer, deep)
     bodies = []
-    for comp in computations:
-        env = _make_subst(tn, comp, call_args, state.static_indices)
-        body = None if env is None else _inline_stmt(_Inline(tn, sid, state.inlined_scopes), comp.llc, env, {})
+    for comp in deferred.parts:
+        body = _inline_stmt(cx, comp.llc, _bind(comp, call_args, state.static_indices), {})
         if body is not None:
             bodies.append(body)
-    if not bodies:
-        raise NonVirtual(14)
     return ll.seq(*bodies)
+
+
+def _bind(comp: Computation, call_args: tuple[AxisIndex, ...],
+          static_indices: frozenset[Symbol]) -> dict[Symbol, AxisIndex]:
+    """The substitution `_make_subst` checked, for call indices that may since have been
+    substituted themselves (a scope copied into another copy)."""
+    if comp.at_idcs is None:
+        return {}
+    return {lhs.symbol: rhs for lhs, rhs in zip(comp.at_idcs, call_args, strict=True)
+            if isinstance(lhs, Iterator) and lhs.symbol not in static_indices}
 
 
 def _make_subst(tn: Tnode, comp: Computation, call_args: tuple[AxisIndex, ...],
@@ -452,9 +559,15 @@ def _make_subst(tn: Tnode, comp: Computation, call_args: tuple[AxisIndex, ...],
 
 @dataclass(frozen=True, slots=True)
 class _Inline:
+    """One copy: `tn` is inlined into local `sid`; `locals` maps it and the nodes inlined
+    around it to their locals (`outer`, innermost last)."""
+
     tn: Tnode
     sid: ll.ScopeId
-    inlined_scopes: set[ll.ScopeId]
+    state: VirtualState
+    locals: dict[Tnode, ll.ScopeId]
+    outer: tuple[tuple[Tnode, ll.ScopeId], ...]
+    deep: bool
 
 
 def _subst(env: dict[Symbol, AxisIndex], idcs: tuple[AxisIndex, ...]) -> tuple[AxisIndex, ...]:
@@ -491,8 +604,8 @@ def _inline_stmt(cx: _Inline, stmt: ll.LLStmt, env: dict[Symbol, AxisIndex],
 def _inline_scalar(cx: _Inline, sc: ll.LLScalar, env: dict[Symbol, AxisIndex],
                    renames: dict[ll.ScopeId, ll.ScopeId]) -> ll.LLScalar:
     match sc:
-        case ll.Get(t, _) if t is cx.tn:
-            return ll.GetLocal(cx.sid)
+        case ll.Get(t, _) if t in cx.locals:
+            return ll.GetLocal(cx.locals[t])
         case ll.Get(t, idcs):
             return ll.Get(t, _subst(env, idcs))
         case ll.GetMergeBuffer(t, idcs):
@@ -501,8 +614,19 @@ def _inline_scalar(cx: _Inline, sc: ll.LLScalar, env: dict[Symbol, AxisIndex],
             return ll.GetLocal(renames.get(sid, sid))
         case ll.LocalScope(sid, body, orig):
             new = ll.fresh_scope_id(sid.tn)
-            if sid in cx.inlined_scopes:
-                cx.inlined_scopes.add(new)
+            if sid in cx.state.inlined_scopes:
+                cx.state.inlined_scopes.add(new)
+            pending = cx.state.deferred.get(sid)
+            if pending is not None:
+                # only the enclosing nodes it reads: a chain nests n deep, and each level
+                # carrying all its enclosing nodes would cost n^2
+                outer = tuple((t, local) for t, local in cx.outer if t in pending.reads)
+                nested = Deferred(pending.tn, pending.parts, pending.reads, outer)
+                args = _subst(env, orig)
+                if cx.deep:
+                    return ll.LocalScope(new, _copy(cx.state, new, nested, args, True), args)
+                cx.state.deferred[new] = nested
+                return ll.LocalScope(new, PENDING, args)
             inner = _inline_stmt(cx, body, env, {**renames, sid: new})
             return ll.LocalScope(new, ll.Noop() if inner is None else inner, _subst(env, orig))
         case ll.EmbedIndex(idx):

@@ -33,7 +33,6 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
   float grad_5[10] = {0};
   float mlp_grad[10] = {0};
   float margin_loss[10] = {0};
-  float sum[1] = {0};
   float learning_rate[1] = {0};
   /* forward scalar_loss */
   for (int i3 = 0; i3 < 10; ++i3) {
@@ -92,13 +91,13 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
       margin_loss[i29] = (t3_ < 0 ? 0 : t3_); /* margin_loss = relu(n_7) */
     }
   }
-  for (int i30 = 0; i30 < 1; ++i30) {
-    sum[i30] = 0.0f; /* sum := neutral of add */
+  {
+    float v8_ = 0;
+    for (int i96 = 0; i96 < 10; ++i96) {
+      v8_ = (v8_ + margin_loss[i96]);
+    }
+    scalar_loss[0] = (v8_ / 10.0f); /* scalar_loss = sum / n10 */
   }
-  for (int i31 = 0; i31 < 10; ++i31) {
-    sum[0] = (sum[0] + margin_loss[i31]); /* sum =:+ margin_loss */
-  }
-  scalar_loss[0] = (sum[0] / 10.0f); /* scalar_loss = sum / n10 */
   /* zero gradients */
   memset(b1_grad, 0, sizeof(float) * 16);
   memset(w1_grad, 0, sizeof(float) * 32);

@@ -46,13 +46,11 @@ for i23 = 0 to 9 {
 for i29 = 0 to 9 {
   margin_loss[i29, 0] := relu((1.0 - (moons_classes[batch0, i29, 0] * (b3[0] + n_5[i29, 0]))));
 }
-for i30 = 0 to 0 {
-  sum[i30] := 0.0;
-}
-for i31 = 0 to 9 {
-  sum[0] := (sum[0] + margin_loss[i31, 0]);
-}
-scalar_loss[0] := (sum[0] / 10.0);
+scalar_loss[0] := ((v8 := 0;
+  for i96 = 0 to 9 {
+    v8 := (v8 + margin_loss[i96, 0]);
+  }
+  v8) / 10.0);
 /* zero gradients */
 zero_out(b1_grad);
 zero_out(w1_grad);
