@@ -19,7 +19,7 @@ import tempfile
 import time
 
 for _var in ("EINJIT_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_var] = "1"  # before NumPy and einjit are imported
+    os.environ.setdefault(_var, "1")  # before NumPy and einjit are imported; `run.py` sets its own
 
 import numpy as np  # noqa: E402  (after the thread settings)
 
@@ -121,7 +121,7 @@ def torch_step():
         import torch
     except ImportError:
         return None
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ["EINJIT_NUM_THREADS"]))
     model = torch.nn.Sequential(torch.nn.Conv2d(1, C1, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
                                 torch.nn.Conv2d(C1, C2, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
                                 torch.nn.Flatten(), torch.nn.Linear(400, N_CLASSES))
