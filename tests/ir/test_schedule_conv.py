@@ -12,6 +12,7 @@ import pytest
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Affine, Iterator, get_symbol
+from einjit.ir.interchange import interchange_loops
 from einjit.ir.schedule import Blocking, schedule_llc
 from einjit.ir.tnode import Tnode
 from test_schedule import GOLDEN, OFF, ON, _normalized_c, inputs_for, it, local_nodes, run_c
@@ -179,3 +180,39 @@ def test_scheduled_nn_conv_c_golden():
     if os.environ.get("EINJIT_UPDATE_GOLDEN"):
         path.write_text(text)
     assert text == path.read_text()
+
+
+def max_pool(c=CI * 4):
+    """`m[n, c, y, x] := max(m[n, c, y, x], img[n, c, 2y+u, 2x+v])` over 2x2 windows, after a
+    fill with max's neutral element (what `nn.MaxPool2d` lowers to)."""
+    img, m = Tnode("img", (2, c, 6, 6)), Tnode("m", (2, c, 3, 3))
+    n, ch, y, x, u, v = (get_symbol(s) for s in "ncyxuv")
+    read = ll.Get(img, (Iterator(n), Iterator(ch), Affine(((2, y), (1, u))), Affine(((2, x), (1, v)))))
+    body = _nest([(n, 2), (ch, c), (y, 3), (x, 3), (u, 2), (v, 2)],
+                 ll.Set(m, it(n, ch, y, x), ll.Binop(ops.Binop.MAX, ll.Get(m, it(n, ch, y, x)), read)))
+    fill = _nest([(n, 2), (ch, c), (y, 3), (x, 3)], ll.Set(m, it(n, ch, y, x), ll.Constant(-np.inf)))
+    return ll.seq(fill, body), img, m, (n, ch, y, x, u, v)
+
+
+def _loop_order(code):
+    return [s.index for s in ll.iter_stmts(code) if isinstance(s, ll.ForLoop)]
+
+
+def test_window_reduction_moves_the_channel_loop_innermost_and_interchange_keeps_it():
+    code, img, m, (n, ch, y, x, u, v) = max_pool()
+    sched = interchange_loops(schedule_llc(code, OFF, ANY_SIZE))
+    assert _loop_order(sched)[-6:] == [n, y, x, u, v, ch]
+    assert "vectorized across its axis 1" in ll.to_doc(sched)
+    ins = inputs_for(img)
+    ins[img][0, 3, 1, 4] = np.nan
+    want = interpret.run(code, {img: ins[img].copy()})[m]
+    np.testing.assert_array_equal(interpret.run(sched, {img: ins[img].copy()})[m], want)
+    np.testing.assert_array_equal(run_c(sched, ins, m), want)
+    ref = ins[img].reshape(2, CI * 4, 3, 2, 3, 2).max(axis=(3, 5))
+    np.testing.assert_array_equal(want, ref)  # NaN included: the window holding it is NaN
+    assert np.isnan(want[0, 3, 0, 2]) and np.isnan(want).sum() == 1
+
+
+def test_window_reduction_needs_a_loop_the_vector_divides():
+    code, *_ = max_pool(c=6)
+    assert "vectorized across" not in ll.to_doc(schedule_llc(code, ON, ANY_SIZE))

@@ -1,5 +1,5 @@
 """Convolution nests for the scheduling stage: `schedule.schedule_llc` offers every perfect
-nest to `channel_blocked` before its generic contraction.
+nest to `channel_blocked` before its generic rewrites and to `window_reduction` after them.
 
 A convolution's nests carry affine indices (`x[b, ci, oh+kh, ow+kw]`). In the NCHW layout of
 `einjit.nn` the lhs's unit-stride axis is an image row of 11 or 26 cells, which no vector width
@@ -19,9 +19,21 @@ they happen once per whole sum. Every cell of a plain-iterator lhs still sums it
 original order (bit-identical). An affine lhs (the input gradient's scatter `oh+kh`) is summed
 by several loops at once, and blocking reorders those terms: it is done only under
 `VirtualizeSettings.reassociate`.
+
+**Window reductions.** Max pooling, `m[b,c,oh,ow] := max(m[b,c,oh,ow], x[b,c,2*oh+kh,2*ow+kw])`,
+arrives with its 2x2 window loops innermost. gcc cannot vectorize those, and its scalar code
+for the NaN-propagating max branches on the data, which mispredicts about every other window
+element. Moving an lhs loop whose extent the vector width divides (the channels, stride 169)
+innermost lets gcc vectorize the max across it with strided loads, branch-free (5x faster on
+the convnet's first pooling). Each cell still sees its window in the original order
+(bit-identical). A comment inside the innermost loop keeps the interchange stage, which would
+move the unit-stride `ow` back inside, from reordering the nest.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
 
 from einjit.ir import low_level as ll
 from einjit.ir import ops
@@ -44,6 +56,13 @@ NB_MAX = 16
 """The widest channel block, in 4-byte elements. The block's loads and stores of the lhs are
 strided here, so gcc unrolls them cell by cell: 8x32 blocks doubled gcc's time on the convnet
 step for no measured gain over 8x16 (one AVX-512 register per row)."""
+
+WINDOW_MAX = 16
+"""The most iterations of a window reduction's window loops (its innermost summed loops)."""
+
+VECTOR_BYTES = 32
+"""The vector gcc vectorizes a window reduction with (AVX2): at `-O2` it vectorizes only loops
+whose trip count the vector divides, so the moved loop's extent must be a multiple of it."""
 
 
 def channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSettings,
@@ -156,3 +175,28 @@ def _blocked_nest(loops: list[ll.ForLoop], st: ll.Set, operands: tuple[ll.LLScal
     comment = ll.Comment(f"channel-blocked {mb}x{nb} convolution into {st.tn.name}")
     return sched._nest([*panel_loops, (j0, extent[j] // nb)], ll.seq(comment, fill, inner))
 
+
+
+def window_reduction(loops: list[ll.ForLoop], st: ll.Set) -> ll.LLStmt | None:
+    """The window reduction with a vector-width lhs loop innermost, or None when it does not
+    apply (tried after `schedule`'s generic rewrites)."""
+    if not _has_affine(st) or not reorderable(st) or not sched._reads(st.llsc, st.tn):
+        return None
+    lhs = {idx.symbol for idx in st.idcs if isinstance(idx, Iterator)}
+    window = 0
+    while window < len(loops) - 1 and loops[len(loops) - 1 - window].index not in lhs:
+        window += 1
+    if not window or math.prod(lp.to_ + 1 for lp in loops[-window:]) > WINDOW_MAX:
+        return None
+    vector = VECTOR_BYTES // st.tn.prec.itemsize
+    fits = [lp for lp in loops[:-window] if lp.index in lhs and (lp.to_ + 1) % vector == 0]
+    if not fits:
+        return None
+    stride = {idx.symbol: math.prod(st.tn.dims[k + 1:]) for k, idx in enumerate(st.idcs) if isinstance(idx, Iterator)}
+    moved = min(fits, key=lambda lp: stride[lp.index])
+    axis = next(k for k, idx in enumerate(st.idcs) if idx == Iterator(moved.index))
+    note = f"{st.tn.name} vectorized across its axis {axis}: the window loops stay outside"
+    body: ll.LLStmt = ll.seq(ll.Comment(note), st)
+    for lp in reversed([lp for lp in loops if lp is not moved] + [moved]):
+        body = dataclasses.replace(lp, body=body)
+    return body
