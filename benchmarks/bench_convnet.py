@@ -7,7 +7,7 @@ by side in one process: the step times are medians over `--repeats` rounds, each
 every contender in turn, so load from other processes hits all of them alike. Plus einjit's
 build + compile time (cold cache).
 
-    python benchmarks/bench_convnet.py [--steps N] [--repeats R]
+    python benchmarks/bench_convnet.py [--steps N] [--repeats R] [--cpu-time]
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def torch_step():
     return step
 
 
-def median_times(steps: dict, calls: int, repeats: int) -> dict[str, float]:
+def median_times(steps: dict, calls: int, repeats: int, clock=time.perf_counter) -> dict[str, float]:
     """Median seconds per call of each step, over `repeats` rounds of `calls` calls each."""
     for fn in steps.values():
         for _ in range(3):
@@ -146,10 +146,10 @@ def median_times(steps: dict, calls: int, repeats: int) -> dict[str, float]:
     samples: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
         for name, fn in steps.items():
-            t = time.perf_counter()
+            t = clock()
             for _ in range(calls):
                 fn()
-            samples[name].append((time.perf_counter() - t) / calls)
+            samples[name].append((clock() - t) / calls)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
@@ -157,6 +157,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20, help="calls per contender per round")
     parser.add_argument("--repeats", type=int, default=9, help="rounds (the median is reported)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time with the process's CPU clock: on a shared machine, time spent descheduled "
+                             "does not count (every contender runs on this one thread)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as cache:
         routine, compile_s = einjit_step(cache)
@@ -165,7 +168,7 @@ def main() -> None:
     other = torch_step()
     if other is not None:
         steps["torch eager"] = other
-    times = median_times(steps, args.steps, args.repeats)
+    times = median_times(steps, args.steps, args.repeats, time.process_time if args.cpu_time else time.perf_counter)
     ej_t = times["einjit"]
     line = f"einjit {1e3 * ej_t:8.2f} ms/step"
     for name in ("numpy", "torch eager"):
