@@ -57,10 +57,6 @@ NB_MAX = 16
 strided here, so gcc unrolls them cell by cell: 8x32 blocks doubled gcc's time on the convnet
 step for no measured gain over 8x16 (one AVX-512 register per row)."""
 
-MB_MAX = 4
-"""The most rows of a channel block. For the same reason, 4 rows instead of `Blocking.mb_max`'s
-8: a quarter less gcc time on the convnet step (0.8 s instead of 1.1 s) for 1-2% of run time."""
-
 WINDOW_MAX = 16
 """The most iterations of a window reduction's window loops (its innermost summed loops)."""
 
@@ -136,8 +132,9 @@ def _channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSe
             and lp.index not in sb and extent[lp.index] > 1]
     if not rows:
         return None
-    i = max(rows, key=lambda s: (sched._divisor_up_to(extent[s], MB_MAX), s in plain, extent[s]))
-    mb = sched._divisor_up_to(extent[i], MB_MAX)
+    # 8 rows (`Blocking.mb_max`): 4 rows took a quarter less gcc time but 7-12% more run time
+    i = max(rows, key=lambda s: (sched._divisor_up_to(extent[s], blocking.mb_max), s in plain, extent[s]))
+    mb = sched._divisor_up_to(extent[i], blocking.mb_max)
     return _blocked_nest(loops, st, (a_op, b_op, b_first), (i, mb), (j, nb), summed)
 
 
