@@ -216,3 +216,18 @@ def test_window_reduction_moves_the_channel_loop_innermost_and_interchange_keeps
 def test_window_reduction_needs_a_loop_the_vector_divides():
     code, *_ = max_pool(c=6)
     assert "vectorized across" not in ll.to_doc(schedule_llc(code, ON, ANY_SIZE))
+
+
+def test_a_dense_layer_with_ten_outputs_is_blocked_along_the_batch_bit_identically():
+    """`logits[b, o] += x[b, k] * w[o, k]`: 10 outputs take no vector block, 16 samples do."""
+    x, w, logits = Tnode("x", (16, 40)), Tnode("w", (10, 40)), Tnode("logits", (16, 10))
+    b, o, k = (get_symbol(s) for s in "bok")
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(x, it(b, k)), ll.Get(w, it(o, k)), ll.Get(logits, it(b, o)))
+    code = ll.seq(ll.ZeroOut(logits), _nest([(b, 16), (o, 10), (k, 40)], ll.Set(logits, it(b, o), fma)))
+    sched = schedule_llc(code, OFF, ANY_SIZE)
+    assert "channel-blocked 5x16 contraction into" in ll.to_doc(sched)
+    ins = inputs_for(x, w)
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[logits]
+    np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[logits], want)
+    np.testing.assert_array_equal(run_c(sched, ins, logits), want)
+    np.testing.assert_allclose(want, ins[x].astype(np.float64) @ ins[w].T.astype(np.float64), rtol=1e-5, atol=1e-5)

@@ -1,5 +1,6 @@
-"""Convolution nests for the scheduling stage: `schedule.schedule_llc` offers every perfect
-nest to `channel_blocked` before its generic rewrites and to `window_reduction` after them.
+"""Convolution nests (and contractions shaped like them) for the scheduling stage:
+`schedule.schedule_llc` offers every perfect nest to `channel_blocked` before its generic
+rewrites and to `window_reduction` after them.
 
 A convolution's nests carry affine indices (`x[b, ci, oh+kh, ow+kw]`). In the NCHW layout of
 `einjit.nn` the lhs's unit-stride axis is an image row of 11 or 26 cells, which no vector width
@@ -19,6 +20,9 @@ they happen once per whole sum. Every cell of a plain-iterator lhs still sums it
 original order (bit-identical). An affine lhs (the input gradient's scatter `oh+kh`) is summed
 by several loops at once, and blocking reorders those terms: it is done only under
 `VirtualizeSettings.reassociate`.
+The same holds for a plain contraction whose unit-stride axis is no vector multiple: the
+convnet's last layer, `logits[b, o] += x[b, k] * w[o, k]` with 10 classes, is blocked along
+the batch (5x16 blocks instead of 8x10: 10% of the whole step).
 
 **Window reductions.** Max pooling, `m[b,c,oh,ow] := max(m[b,c,oh,ow], x[b,c,2*oh+kh,2*ow+kw])`,
 arrives with its 2x2 window loops innermost. gcc cannot vectorize those, and its scalar code
@@ -68,8 +72,8 @@ whose trip count the vector divides, so the moved loop's extent must be a multip
 def channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSettings,
                     blocking: sched.Blocking) -> ll.LLStmt | None:
     """The channel-blocked nest, or None when it does not apply (tried before `schedule`'s
-    contraction, which handles convolutions whose unit-stride axis takes a vector block)."""
-    return _channel_blocked(loops, st, settings, blocking) if _has_affine(st) else None
+    contraction, which handles the nests whose unit-stride axis takes a vector block)."""
+    return _channel_blocked(loops, st, settings, blocking)
 
 
 def _has_affine(st: ll.Set) -> bool:
@@ -173,7 +177,8 @@ def _blocked_nest(loops: list[ll.ForLoop], st: ll.Set, operands: tuple[ll.LLScal
     panel_loops = [(s, extent[s]) for s in outer if s in sb]
     other_loops = [(s, extent[s]) for s in outer if s not in sb]
     inner = sched._nest(other_loops, ll.ForLoop(i0, 0, extent[i] // mb - 1, kernel))
-    comment = ll.Comment(f"channel-blocked {mb}x{nb} convolution into {st.tn.name}")
+    kind = "convolution" if _has_affine(st) else "contraction"
+    comment = ll.Comment(f"channel-blocked {mb}x{nb} {kind} into {st.tn.name}")
     return sched._nest([*panel_loops, (j0, extent[j] // nb)], ll.seq(comment, fill, inner))
 
 
