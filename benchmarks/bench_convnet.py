@@ -2,20 +2,26 @@
 conv3x3(8) relu maxpool2 → conv3x3(16) relu maxpool2 → linear(400, 10), cross-entropy, SGD.
 
 einjit (one compiled routine per step, `einjit.nn` layers) against a hand-written NumPy step
-(im2col convolutions, the same maths) and PyTorch eager when installed (one thread, as einjit's
-routine is single-threaded), side by side in one process; plus einjit's build + compile time.
+(im2col convolutions, the same maths) and PyTorch eager when installed, all on one thread, side
+by side in one process: the step times are medians over `--repeats` rounds, each round timing
+every contender in turn, so load from other processes hits all of them alike. Plus einjit's
+build + compile time (cold cache).
 
-    python benchmarks/bench_convnet.py [--steps N]
+    python benchmarks/bench_convnet.py [--steps N] [--repeats R] [--cpu-time]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import tempfile
 import time
 
-import numpy as np
+for _var in ("EINJIT_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # before NumPy and einjit are imported; `run.py` sets its own
+
+import numpy as np  # noqa: E402  (after the thread settings)
 
 B, C1, C2, N_CLASSES = 64, 8, 16, 10
 
@@ -26,8 +32,8 @@ def _data(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def einjit_step_time(steps: int, cache_dir: str) -> tuple[float, float]:
-    """Seconds per step, and seconds to build + compile the step routine."""
+def einjit_step(cache_dir: str):
+    """The step routine, and seconds to build + compile it."""
     os.environ["EINJIT_CACHE_DIR"] = cache_dir
     import einjit as ej
     from einjit import nn, train
@@ -43,13 +49,7 @@ def einjit_step_time(steps: int, cache_dir: str) -> tuple[float, float]:
     opt = nn.SGD(loss, 0.01)
     train.init_params(loss)
     routine = train.to_routine([train.grad_update(loss), opt.update()], name="bench_convnet_step")
-    compile_s = time.perf_counter() - t0
-    for _ in range(5):
-        routine()
-    t1 = time.perf_counter()
-    for _ in range(steps):
-        routine()
-    return (time.perf_counter() - t1) / steps, compile_s
+    return routine, time.perf_counter() - t0
 
 
 def _conv(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,7 +80,7 @@ def _conv_input_grad(g: np.ndarray, w: np.ndarray, shape) -> np.ndarray:
     return out
 
 
-def numpy_step_time(steps: int) -> float:
+def numpy_step():
     """The same step by hand in NumPy: forward, backward and SGD, float32."""
     rng = np.random.default_rng(0)
     x, y = _data(rng)
@@ -113,20 +113,15 @@ def numpy_step_time(steps: int) -> float:
         w1, w2, w3 = w1 - lr * gw1, w2 - lr * gw2, w3 - lr * gw3
         b1, b2, b3 = b1 - lr * gb1, b2 - lr * gb2, b3 - lr * gb3
 
-    for _ in range(3):
-        step()
-    t = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return (time.perf_counter() - t) / steps
+    return step
 
 
-def torch_step_time(steps: int) -> float | None:
+def torch_step():
     try:
         import torch
     except ImportError:
         return None
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ["EINJIT_NUM_THREADS"]))
     model = torch.nn.Sequential(torch.nn.Conv2d(1, C1, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
                                 torch.nn.Conv2d(C1, C2, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
                                 torch.nn.Flatten(), torch.nn.Linear(400, N_CLASSES))
@@ -140,27 +135,45 @@ def torch_step_time(steps: int) -> float | None:
         loss.backward()
         opt.step()
 
-    for _ in range(5):
-        step()
-    t = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return (time.perf_counter() - t) / steps
+    return step
+
+
+def median_times(steps: dict, calls: int, repeats: int, clock=time.perf_counter) -> dict[str, float]:
+    """Median seconds per call of each step, over `repeats` rounds of `calls` calls each."""
+    for fn in steps.values():
+        for _ in range(3):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, fn in steps.items():
+            t = clock()
+            for _ in range(calls):
+                fn()
+            samples[name].append((clock() - t) / calls)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=20, help="calls per contender per round")
+    parser.add_argument("--repeats", type=int, default=9, help="rounds (the median is reported)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time with the process's CPU clock: on a shared machine, time spent descheduled "
+                             "does not count (every contender runs on this one thread)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as cache:
-        ej_t, compile_s = einjit_step_time(args.steps, cache)
-    print(f"MNIST-size convnet step, batch {B}: build + compile {compile_s:.2f} s (cold cache)")
+        routine, compile_s = einjit_step(cache)
+    print(f"MNIST-size convnet step, batch {B}, 1 thread: build + compile {compile_s:.2f} s (cold cache)")
+    steps = {"einjit": routine, "numpy": numpy_step()}
+    other = torch_step()
+    if other is not None:
+        steps["torch eager"] = other
+    times = median_times(steps, args.steps, args.repeats, time.process_time if args.cpu_time else time.perf_counter)
+    ej_t = times["einjit"]
     line = f"einjit {1e3 * ej_t:8.2f} ms/step"
-    np_t = numpy_step_time(max(10, args.steps // 2))
-    line += f" | numpy: {1e3 * np_t:8.2f} ms/step ({np_t / ej_t:5.2f}x einjit's time)"
-    other = torch_step_time(args.steps)
-    line += " | torch eager: " + ("not installed" if other is None else
-                                  f"{1e3 * other:8.2f} ms/step ({other / ej_t:5.2f}x einjit's time)")
+    for name in ("numpy", "torch eager"):
+        line += f" | {name}: " + ("not installed" if name not in times else
+                                  f"{1e3 * times[name]:8.2f} ms/step ({times[name] / ej_t:5.2f}x einjit's time)")
     print(line)
 
 

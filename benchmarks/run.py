@@ -5,8 +5,9 @@
 Rows: fp32 matmul for both operand layouts (`a @ b`, and the dense layer's `w @ x`, i.e.
 A·Bᵀ) at n = 256 / 512 / 1024; the training steps of an MLP 784→256→256→10 (B=256, SGD with
 momentum), an MLP 2→32→32→1 (B=1024) and the moons MLP (B=10); an MNIST-size convnet step
-(B=64, peer: PyTorch only) and its cold compile; ATL matmul and matvec through einjit's
-backend; the optimizer on a chain of 400 virtual nodes; the cold compile of the moons step.
+(B=64), written with einsum convolutions and built from `einjit.nn` layers (peer: PyTorch
+only), and their cold compiles; ATL matmul and matvec through einjit's backend; the optimizer
+on a chain of 400 virtual nodes; the cold compile of the moons step.
 Peers: NumPy always, PyTorch eager and tinygrad when installed. Every peer gets einjit's
 thread count (BLAS through its environment variables, set before NumPy is imported;
 `torch.set_num_threads`). A ratio is the peer's time over einjit's: above 1 means einjit is
@@ -168,15 +169,21 @@ def atl_rows(n: int = 1024) -> list[dict]:
 
 
 def convnet_rows() -> list[dict]:
+    """The convnet step twice: written with einsum convolutions (NHWC, `bench_train`) and built
+    from `einjit.nn` layers (NCHW, max pooling, cross-entropy: `bench_convnet`)."""
+    from bench_convnet import einjit_step, torch_step
     from bench_train import convnet_step, torch_convnet_step
 
-    with tempfile.TemporaryDirectory() as cache:
-        os.environ["EINJIT_CACHE_DIR"] = cache
-        routine, compile_s = convnet_step()
-    peer = torch_convnet_step()
-    times = best_times([routine] + ([peer] if peer else []))
-    return [row("MNIST-size convnet step, B=64", times[0], {"torch": times[1] if peer else None}),
-            row("convnet step cold compile (build + optimize + gcc)", compile_s, {})]
+    rows = []
+    for name, build, peer_step in (("einsum", convnet_step, torch_convnet_step), ("einjit.nn", None, torch_step)):
+        with tempfile.TemporaryDirectory() as cache:
+            os.environ["EINJIT_CACHE_DIR"] = cache
+            routine, compile_s = build() if build else einjit_step(cache)
+        peer = peer_step()
+        times = best_times([routine] + ([peer] if peer else []))
+        rows += [row(f"MNIST-size convnet step ({name}), B=64", times[0], {"torch": times[1] if peer else None}),
+                 row(f"convnet step ({name}) cold compile (build + optimize + gcc)", compile_s, {})]
+    return rows
 
 
 def chain_row(n: int = 400) -> dict:

@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass
 
 from einjit.ir import low_level as ll
-from einjit.ir import ops, provenance
+from einjit.ir import ops, provenance, schedule_conv
 from einjit.ir.indexing import (
     AxisIndex,
     FixedIdx,
@@ -104,7 +104,8 @@ def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blockin
     inner = list(ll.flatten(body))
     if len(inner) == 1 and isinstance(inner[0], ll.Set) and all(lp.from_ == 0 for lp in loops):
         st = inner[0]
-        new = (_contraction(loops, st, blocking) or _split_reduction(loops, st, settings, blocking)
+        new = (schedule_conv.channel_blocked(loops, st, settings, blocking) or _contraction(loops, st, blocking)
+               or _split_reduction(loops, st, settings, blocking) or schedule_conv.window_reduction(loops, st)
                if math.prod(lp.to_ + 1 for lp in loops) >= blocking.min_work else None)
         if new is not None:
             return new
