@@ -24,7 +24,8 @@ import numpy as np
 
 from einjit.ir import assignments as asg
 from einjit.nn import init as nn_init
-from einjit.shape import Dim, RowVar, ShapeError, Var
+from einjit.shape import Dim, Kind, RowVar, ShapeError, Var
+from einjit.shape.inference import provisional_row
 from einjit.tensor import activations, reductions
 from einjit.tensor import random as rnd
 from einjit.tensor.notation import Template, cd, make_op
@@ -287,17 +288,47 @@ class AvgPool2d(_Pool):
                        backprop=bwd, label=self.label)
 
 
+_FLATTEN = (Template("t =: t1"), Template("g1 =+ g"))
+
+
 class Flatten(Layer):
-    """Marks the hand-over from feature maps to a `Linear`, which already consumes every output
-    axis; it checks that the input's output axes are known and passes the tensor on."""
+    """All output axes of its input as one axis of their total size, in row-major order, as
+    PyTorch's `Flatten()` after the batch axes: `y[c*H*W + h*W + w] = x[c, h, w]`, an einsum
+    whose result axis is indexed affinely (so any layer can consume it, and its gradient is
+    the same index read back). The strides need the input's sizes: a size still being derived
+    (a convolution's output extent, found only when inference closes) is read from what
+    closing would give now, and the result is pinned to the product, so a later operation
+    that changes those sizes is a shape error, not a wrong layout."""
 
     kind = "Flatten"
 
     def __call__(self, x: Tensor) -> Tensor:
-        dims, _ = _output_dims(x)
-        if not dims:
+        dims = self._sizes(x)
+        if len(dims) == 1:
+            return x
+        names = [f"f{k}" for k in range(len(dims))]
+        strides = [math.prod(dims[k + 1:]) for k in range(len(dims))]
+        terms = [name if stride == 1 else f"{stride}*{name}"
+                 for name, stride, size in zip(names, strides, dims, strict=True) if size > 1]
+        spec = f"... | -> {', '.join(names)} => ... | -> {'+'.join(terms) or '0'}"
+        fwd, bwd = _FLATTEN
+        return make_op("flatten", [x], logic=spec, forward=fwd, backprop=bwd, label=self.label,
+                       output_dims=[math.prod(dims)])
+
+    def _sizes(self, x: Tensor) -> list[int]:
+        if x.shape.input.dims:
+            raise self._error("the input row", x.shape.input, "no input axes (flatten output axes only)", x)
+        dims, open_row = _output_dims(x)
+        if open_row or None in dims:
+            try:
+                row = provisional_row(x.shape, Kind.OUTPUT)
+            except ShapeError as e:
+                raise self._error("the output row", "not inferred yet", f"sizes inference can derive ({e})",
+                                  x) from e
+            dims = [d.d if isinstance(d, Dim) else None for d in row.dims]
+        if not dims or None in dims:
             raise self._error("the output row", "empty or not inferred", "the feature axes to flatten", x)
-        return x
+        return [d for d in dims if d is not None]
 
 
 # ------------------------------------------------------------------ dropout
