@@ -3,7 +3,8 @@
 conv3x3(16, padding 1) → relu → maxpool2 → conv3x3(32, padding 1) → relu → maxpool2 →
 linear(128, 10) → cross-entropy, trained with Adam under a cosine learning-rate schedule. The
 whole step — forward, backprop, update — is one compiled routine reading `ej.input` batches;
-the evaluation graph is built on a second input holding the test set. The train/test split is
+the evaluation graph is built on a second input holding the test set, and `model.train()` /
+`model.eval()` switch the dropout of both compiled routines between epochs and evaluations. The train/test split is
 fixed (seed 0) whatever `--seed` is, which only moves initialization and batch order.
 """
 
@@ -100,7 +101,6 @@ def run_digits(*, epochs: int = 15, batch_size: int = 32, lr: float = 0.01, seed
     train.init_params(loss, seed=seed)
     step = fit.train_step(loss, opt.update(), inputs=[x, y], name="digits_train_step")
 
-    model.eval()
     xt = ej.input("test_images", batch_dims=[len(x_test)], output_dims=[1, 8, 8])
     yt = ej.input("test_labels", batch_dims=[len(x_test)], output_dims=[N_CLASSES])
     test_logits = model(xt)
@@ -115,11 +115,13 @@ def run_digits(*, epochs: int = 15, batch_size: int = 32, lr: float = 0.01, seed
     logits = np.zeros((len(x_test), N_CLASSES))
     for epoch in range(epochs):
         total = 0.0
+        model.train()
         for xb, yb in loader:
             opt.step()
             step(xb, yb)
             total += step.loss_value()
         train_losses.append(total / steps_per_epoch)
+        model.eval()
         logits, tl = evaluate(x_test, hot_test)
         test_losses.append(float(tl.reshape(-1)[0]))
         progress.update(epoch, epochs, train_losses[-1], float(np.mean(logits.argmax(-1) == y_test)))

@@ -1,11 +1,14 @@
 import pytest
 
 from einjit import shape as sh
+from einjit.tensor import random as rnd
 
 
 @pytest.fixture(autouse=True)
 def fresh_inference_state():
-    """Each test starts from an empty global inference state."""
+    """Each test starts from an empty global inference state and fresh random streams (a
+    stream's base depends on how many tensors were drawn from its seed before)."""
     sh.reset_state()
+    rnd.reset_streams()
     yield
     sh.reset_state()

@@ -9,8 +9,11 @@ definition, labelled by the instance's label: calling one instance on two inputs
 parameters, two instances never do.
 
 `train()` / `eval()` switch `Dropout` (identity in eval) and `BatchNorm` (running statistics in
-eval). Graphs are static, so the switch applies to the graphs built after it; build the
-evaluation graph after `model.eval()`.
+eval) in every graph already built, as PyTorch's do: the mode is a hosted one-cell tensor per
+layer (`drop.training`, 1 or 0) that the compiled code reads at each call, so switching writes
+one number and recompiles nothing. Both branches are computed in either mode and mixed by the
+mode (a multiplication by exactly 1 or 0), which costs the other branch's arithmetic but keeps
+one routine per graph.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from einjit.shape import Dim, Kind, RowVar, ShapeError, Var
 from einjit.shape.inference import provisional_row
 from einjit.tensor import activations, reductions
 from einjit.tensor import random as rnd
+from einjit.tensor.inputs import scalar
 from einjit.tensor.notation import Template, cd, make_op
 from einjit.tensor.op_scope import op
 from einjit.tensor.operation import _lazy_number, einsum, ndarray, param, relu
@@ -76,10 +80,20 @@ class Layer:
         self.label = label or _auto_label(self.kind.lower())
         self.training = True
         self._params: list[Tensor] = []
+        self._mode: Tensor | None = None
 
     def train(self, mode: bool = True) -> Layer:
-        self.training = mode
+        self.training = bool(mode)
+        if self._mode is not None:
+            self._mode.set_values(float(self.training))
         return self
+
+    def mode_tensor(self) -> Tensor:
+        """The hosted one-cell tensor, 1 in training and 0 in evaluation, that this layer's
+        compiled code reads: `train()` / `eval()` write it."""
+        if self._mode is None:
+            self._mode = scalar(float(self.training), label=f"{self.label}.training")
+        return self._mode
 
     def eval(self) -> Layer:
         return self.train(False)
@@ -336,14 +350,17 @@ class Flatten(Layer):
 
 @functools.cache
 def _dropout_templates(p: float) -> tuple[Template, Template]:
-    scale = 1.0 / (1.0 - p)
-    return (Template(f"t =: where(t2 < {p!r}, 0, t1 * {scale!r})"),
-            Template(f"g1 =+ where(t2 < {p!r}, 0, g * {scale!r})"))
+    """`t3` is the mode: in training cells under `p` are dropped and the rest scaled by
+    `1/(1-p)`; in evaluation the threshold is 0 (nothing dropped) and the scale 1."""
+    extra = 1.0 / (1.0 - p) - 1.0
+    return (Template(f"t =: where(t2 < {p!r} * t3, 0, t1 * (1 + {extra!r} * t3))"),
+            Template(f"g1 =+ where(t2 < {p!r} * t3, 0, g * (1 + {extra!r} * t3))"))
 
 
 class Dropout(Layer):
-    """Zeroes each cell with probability `p` in training, scaling the rest by `1/(1-p)`; the mask
-    is drawn inside the compiled routine (`einjit.uniform`), fresh at every run."""
+    """Zeroes each cell with probability `p` in training, scaling the rest by `1/(1-p)`, and is
+    the identity in evaluation; the mask is drawn inside the compiled routine
+    (`einjit.uniform`), fresh at every run (in either mode, so masks resume after `eval()`)."""
 
     kind = "Dropout"
 
@@ -354,11 +371,12 @@ class Dropout(Layer):
         self.p, self.seed = float(p), seed
 
     def __call__(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0:
+        if self.p == 0.0:
             return x
         u = rnd.uniform(x, seed=self.seed, label=f"{self.label}.uniform")
         fwd, bwd = _dropout_templates(self.p)
-        return make_op("dropout", [x, u], logic=None, forward=fwd, backprop=bwd, label=self.label)
+        return make_op("dropout", [x, u, self.mode_tensor()], logic=None, forward=fwd, backprop=bwd,
+                       label=self.label)
 
 
 # ------------------------------------------------------------------ normalization
@@ -389,18 +407,17 @@ class BatchNorm(Layer):
         reduce_spec, bspec = self._specs(x)
         gamma = self._own_param("gamma", self.num_features, "ones")
         beta = self._own_param("beta", self.num_features, "zeros")
-        if self.training:
-            mean = reductions.mean(x, reduce_spec)
-            centered = reductions.broadcast_op("-", x, mean, bspec)
-            var_eps = reductions.mean(centered * centered + self.eps, reduce_spec)
-        else:
-            mean, var_eps = self.running_mean, self.running_var + self.eps
-            centered = reductions.broadcast_op("-", x, mean, bspec)
+        m = self.mode_tensor()
+        batch_mean = reductions.mean(x, reduce_spec)
+        batch_centered = reductions.broadcast_op("-", x, batch_mean, bspec)
+        batch_var_eps = reductions.mean(batch_centered * batch_centered + self.eps, reduce_spec)
+        mean = m * batch_mean + (1 - m) * self.running_mean
+        var_eps = m * batch_var_eps + (1 - m) * (self.running_var + self.eps)
+        centered = reductions.broadcast_op("-", x, mean, bspec)
         inv_std = activations.rsqrt(var_eps)
         normed = reductions.broadcast_op("*", centered, inv_std * gamma, bspec)
         y = reductions.broadcast_op("+", normed, beta, bspec, label=self.label)
-        if self.training:
-            y.own_forward = _with_running_update(y.own_forward, self, mean, var_eps, _count_tensor(x, mean))
+        y.own_forward = _with_running_update(y.own_forward, self, batch_mean, batch_var_eps, _count_tensor(x, mean))
         return y
 
 
@@ -411,10 +428,13 @@ def _count_tensor(x: Tensor, stat: Tensor) -> Tensor:
 
 def _with_running_update(forward: asg.Asgns, layer: BatchNorm, mean: Tensor, var_eps: Tensor,
                          count: Tensor) -> asg.Asgns:
+    """In training (mode 1) the running statistics move towards the batch's; in evaluation
+    (mode 0) they stay as they are."""
     m = layer.momentum
-    update = cd(f"rm =: {1 - m!r} * rm + {m!r} * bm; "
-                f"rv =: {1 - m!r} * rv + {m!r} * ((bv - {layer.eps!r}) * (n / (n - 1)))",
-                rm=layer.running_mean.value, rv=layer.running_var.value, bm=mean.value, bv=var_eps.value, n=count)
+    update = cd(f"rm =: where(0.5 < t, {1 - m!r} * rm + {m!r} * bm, rm); "
+                f"rv =: where(0.5 < t, {1 - m!r} * rv + {m!r} * ((bv - {layer.eps!r}) * (n / (n - 1))), rv)",
+                rm=layer.running_mean.value, rv=layer.running_var.value, bm=mean.value, bv=var_eps.value, n=count,
+                t=layer.mode_tensor().value)
     return asg.sequence(forward, asg.BlockComment(f"{layer.label} running statistics", update.asgns))
 
 
