@@ -289,3 +289,20 @@ def test_linear_feature_size_is_checked_once_inferred():
     with pytest.raises(sh.ShapeError, match=r"Linear late_fc: the size of the feature axes \[2, 4, 4\].* is 32, "
                                            r"expected in_features=100"):
         train.init_params(out)
+
+
+def test_wrong_shapes_of_normalization_embedding_and_pooling_layers_are_named():
+    x = ej.ndarray(np.ones((2, 3, 4, 4), np.float32), batch_axes=1, label="maps")
+    with pytest.raises(sh.ShapeError, match=r"BatchNorm bn9: the channel axis \(output axis 0\) of its input maps "
+                                           r".* is 3, expected num_features=5"):
+        nn.BatchNorm(5, label="bn9")(x)
+    with pytest.raises(sh.ShapeError, match=r"LayerNorm ln9: the last output axis of its input maps .* is 4, "
+                                           r"expected normalized_shape=6"):
+        nn.LayerNorm(6, label="ln9")(x)
+    hot = ej.ndarray(np.ones((2, 5), np.float32), batch_axes=1, label="hot")
+    with pytest.raises(sh.ShapeError, match=r"Embedding emb9: the one-hot axis of its input hot .* is 5, "
+                                           r"expected num_embeddings=7"):
+        nn.Embedding(7, 2, label="emb9")(hot)
+    with pytest.raises(sh.ShapeError, match=r"AvgPool2d avg9: the height axis of its input maps .* is 4, "
+                                           r"expected at least 5 \(kernel 5"):
+        nn.AvgPool2d(5, label="avg9")(x)
