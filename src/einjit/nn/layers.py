@@ -4,7 +4,8 @@ one routine and its parameters carry readable labels (`conv1.w`, `fc.b`).
 Conventions: batch axes are einjit batch axes; features are output axes (`batch|->features`);
 images are `batch|->channels, height, width`. A `Linear` consumes *all* output axes of its
 input (einjit's `@` composes whole rows), which is what a flatten followed by a linear layer
-computes, so `Flatten` only checks and labels. A layer instance wraps its own `@ej.op`
+computes; `Flatten` is a real reshape to one axis, for any other consumer and for
+PyTorch-shaped weights (`fc.w` of `out x C*H*W`). A layer instance wraps its own `@ej.op`
 definition, labelled by the instance's label: calling one instance on two inputs shares its
 parameters, two instances never do.
 
