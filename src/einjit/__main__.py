@@ -63,8 +63,8 @@ def _moons_run(args: argparse.Namespace) -> int:
 
 
 def _digits_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--epochs", type=int, default=15, help="training epochs")
-    p.add_argument("--batch-size", type=int, default=32, help="images per batch")
+    p.add_argument("--epochs", type=int, default=25, help="training epochs")
+    p.add_argument("--batch-size", type=int, default=64, help="images per batch")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffles, dropout and initial parameters")
     p.add_argument("--plot", metavar="FILE.png",
                    help="write the loss curves and the test confusion matrix (needs einjit[plot])")

@@ -61,12 +61,67 @@ def test_conv2d_forward(kernel, stride, dilation, padding):
 
 
 def test_linear_over_feature_maps_is_flatten_then_linear():
+    """A `Linear` consumes every output axis, with or without a `Flatten` before it."""
     x = np.random.default_rng(1).standard_normal((5, 2, 3, 3)).astype(np.float32)
+    direct = nn.Linear(18, 4, label="fc_maps")
+    got = _run(direct(ej.ndarray(x, batch_axes=1)))
+    w, b = (p.value.numpy() for p in direct.params())
+    assert w.shape == (4, 2, 3, 3)
+    np.testing.assert_allclose(got, x.reshape(5, -1) @ w.reshape(4, -1).T + b, rtol=1e-5, atol=1e-5)
     model = nn.Sequential(nn.Flatten(), nn.Linear(18, 4, label="fc"))
     got = _run(model(ej.ndarray(x, batch_axes=1)))
     w, b = (p.value.numpy() for p in model.params())
-    assert w.shape == (4, 2, 3, 3) and [p.label_str for p in model.params()] == ["fc.w", "fc.b"]
-    np.testing.assert_allclose(got, x.reshape(5, -1) @ w.reshape(4, -1).T + b, rtol=1e-5, atol=1e-5)
+    assert w.shape == (4, 18) and [p.label_str for p in model.params()] == ["fc.w", "fc.b"]
+    np.testing.assert_allclose(got, x.reshape(5, -1) @ w.T + b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dims", [(3, 4, 5), (2, 1, 3), (1, 1, 6), (4, 7), (1, 1)])
+def test_flatten_is_numpy_reshape(dims):
+    x = np.random.default_rng(11).standard_normal((2, *dims)).astype(np.float32)
+    y = nn.Flatten(label="flat")(ej.ndarray(x, batch_axes=1))
+    assert [d.d for d in y.shape.output.dims] == [int(np.prod(dims))]
+    np.testing.assert_array_equal(train.forward_once(y), x.reshape(2, -1))
+    assert y.shape == (2, int(np.prod(dims)))
+
+
+def test_flatten_of_a_one_axis_input_is_the_input():
+    x = ej.ndarray(np.ones((3, 5), np.float32), batch_axes=1)
+    assert nn.Flatten()(x) is x
+
+
+def test_flatten_after_convolution_and_pooling_has_the_product_size_before_inference_closes():
+    """Conv and pool output extents are derived only when inference closes; Flatten still
+    knows them, and any pointwise layer (not only Linear) can consume its one axis."""
+    images = np.random.default_rng(12).standard_normal((4, 1, 8, 8)).astype(np.float32)
+    conv = nn.Conv2d(1, 3, 3, padding=1, label="fconv")
+    x = ej.input("fimages", batch_dims=[4], output_dims=[1, 8, 8], values=images)
+    pooled = nn.MaxPool2d(2)(conv(x))
+    assert not all(isinstance(d, sh.Dim) for d in pooled.shape.output.dims)
+    y = nn.Flatten(label="flat2")(pooled)
+    assert [d.d for d in y.shape.output.dims] == [48]
+    assert not all(isinstance(d, sh.Dim) for d in pooled.shape.output.dims)  # inference is left open
+    offset = ej.ndarray(np.arange(48, dtype=np.float32), label="offset")
+    got = _run(y + offset)
+    w, b = (p.value.numpy() for p in conv.params())
+    want = _pool_ref(_conv_ref(images, w, b, padding=(1, 1)), 2, 2, np.max).reshape(4, 48) + np.arange(48)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert y.shape == (4, 48)
+
+
+def test_flatten_gradient_float64():
+    rng = np.random.default_rng(13)
+    with ej.default_precision("double"):
+        w = ej.param("wflat", values=rng.standard_normal((3, 2, 4)), output_dims=[3, 2, 4])
+        x = ej.ndarray(rng.standard_normal((2, 3, 2, 4)), batch_axes=1, label="xflat")
+        loss = weighted_loss(nn.Flatten(label="gflat")(x * w), rng)
+        train.init_params(loss)
+        check_gradients(loss, [w])
+
+
+def test_flatten_refuses_input_axes_and_unknown_sizes():
+    x = ej.ndarray(np.ones((2, 3, 4), np.float32), batch_axes=1, input_axes=1, label="with_inputs")
+    with pytest.raises(sh.ShapeError, match=r"Flatten flat3: the input row .* expected no input axes"):
+        nn.Flatten(label="flat3")(x)
 
 
 @pytest.mark.parametrize("layer,fn", [(nn.MaxPool2d(2), np.max), (nn.AvgPool2d(2), np.mean),
@@ -144,8 +199,8 @@ def test_dropout_keep_fraction_fresh_masks_reproducible_and_eval_identity():
     _, r1, _ = masks(7)
     np.testing.assert_array_equal(r1, m1)
     drop.eval()
-    x = ej.ndarray(np.ones((2, 3), np.float32), batch_axes=1)
-    assert drop(x) is x
+    x = ej.ndarray(np.full((2, 3), 2.5, np.float32), batch_axes=1)
+    np.testing.assert_array_equal(train.forward_once(drop(x)), np.full((2, 3), 2.5, np.float32))
 
 
 GRADIENT_LAYERS = {
@@ -236,3 +291,20 @@ def test_linear_feature_size_is_checked_once_inferred():
     with pytest.raises(sh.ShapeError, match=r"Linear late_fc: the size of the feature axes \[2, 4, 4\].* is 32, "
                                            r"expected in_features=100"):
         train.init_params(out)
+
+
+def test_wrong_shapes_of_normalization_embedding_and_pooling_layers_are_named():
+    x = ej.ndarray(np.ones((2, 3, 4, 4), np.float32), batch_axes=1, label="maps")
+    with pytest.raises(sh.ShapeError, match=r"BatchNorm bn9: the channel axis \(output axis 0\) of its input maps "
+                                           r".* is 3, expected num_features=5"):
+        nn.BatchNorm(5, label="bn9")(x)
+    with pytest.raises(sh.ShapeError, match=r"LayerNorm ln9: the last output axis of its input maps .* is 4, "
+                                           r"expected normalized_shape=6"):
+        nn.LayerNorm(6, label="ln9")(x)
+    hot = ej.ndarray(np.ones((2, 5), np.float32), batch_axes=1, label="hot")
+    with pytest.raises(sh.ShapeError, match=r"Embedding emb9: the one-hot axis of its input hot .* is 5, "
+                                           r"expected num_embeddings=7"):
+        nn.Embedding(7, 2, label="emb9")(hot)
+    with pytest.raises(sh.ShapeError, match=r"AvgPool2d avg9: the height axis of its input maps .* is 4, "
+                                           r"expected at least 5 \(kernel 5"):
+        nn.AvgPool2d(5, label="avg9")(x)

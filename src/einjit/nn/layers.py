@@ -4,13 +4,17 @@ one routine and its parameters carry readable labels (`conv1.w`, `fc.b`).
 Conventions: batch axes are einjit batch axes; features are output axes (`batch|->features`);
 images are `batch|->channels, height, width`. A `Linear` consumes *all* output axes of its
 input (einjit's `@` composes whole rows), which is what a flatten followed by a linear layer
-computes, so `Flatten` only checks and labels. A layer instance wraps its own `@ej.op`
+computes; `Flatten` is a real reshape to one axis, for any other consumer and for
+PyTorch-shaped weights (`fc.w` of `out x C*H*W`). A layer instance wraps its own `@ej.op`
 definition, labelled by the instance's label: calling one instance on two inputs shares its
 parameters, two instances never do.
 
 `train()` / `eval()` switch `Dropout` (identity in eval) and `BatchNorm` (running statistics in
-eval). Graphs are static, so the switch applies to the graphs built after it; build the
-evaluation graph after `model.eval()`.
+eval) in every graph already built, as PyTorch's do: the mode is a hosted one-cell tensor per
+layer (`drop.training`, 1 or 0) that the compiled code reads at each call, so switching writes
+one number and recompiles nothing. Both branches are computed in either mode and mixed by the
+mode (a multiplication by exactly 1 or 0), which costs the other branch's arithmetic but keeps
+one routine per graph.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ import numpy as np
 
 from einjit.ir import assignments as asg
 from einjit.nn import init as nn_init
-from einjit.shape import Dim, RowVar, ShapeError, Var
+from einjit.shape import Dim, Kind, RowVar, ShapeError, Var
+from einjit.shape.inference import provisional_row
 from einjit.tensor import activations, reductions
 from einjit.tensor import random as rnd
+from einjit.tensor.inputs import scalar
 from einjit.tensor.notation import Template, cd, make_op
 from einjit.tensor.op_scope import op
 from einjit.tensor.operation import _lazy_number, einsum, ndarray, param, relu
@@ -75,10 +81,20 @@ class Layer:
         self.label = label or _auto_label(self.kind.lower())
         self.training = True
         self._params: list[Tensor] = []
+        self._mode: Tensor | None = None
 
     def train(self, mode: bool = True) -> Layer:
-        self.training = mode
+        self.training = bool(mode)
+        if self._mode is not None:
+            self._mode.set_values(float(self.training))
         return self
+
+    def mode_tensor(self) -> Tensor:
+        """The hosted one-cell tensor, 1 in training and 0 in evaluation, that this layer's
+        compiled code reads: `train()` / `eval()` write it."""
+        if self._mode is None:
+            self._mode = scalar(float(self.training), label=f"{self.label}.training")
+        return self._mode
 
     def eval(self) -> Layer:
         return self.train(False)
@@ -287,17 +303,47 @@ class AvgPool2d(_Pool):
                        backprop=bwd, label=self.label)
 
 
+_FLATTEN = (Template("t =: t1"), Template("g1 =+ g"))
+
+
 class Flatten(Layer):
-    """Marks the hand-over from feature maps to a `Linear`, which already consumes every output
-    axis; it checks that the input's output axes are known and passes the tensor on."""
+    """All output axes of its input as one axis of their total size, in row-major order, as
+    PyTorch's `Flatten()` after the batch axes: `y[c*H*W + h*W + w] = x[c, h, w]`, an einsum
+    whose result axis is indexed affinely (so any layer can consume it, and its gradient is
+    the same index read back). The strides need the input's sizes: a size still being derived
+    (a convolution's output extent, found only when inference closes) is read from what
+    closing would give now, and the result is pinned to the product, so a later operation
+    that changes those sizes is a shape error, not a wrong layout."""
 
     kind = "Flatten"
 
     def __call__(self, x: Tensor) -> Tensor:
-        dims, _ = _output_dims(x)
-        if not dims:
+        dims = self._sizes(x)
+        if len(dims) == 1:
+            return x
+        names = [f"f{k}" for k in range(len(dims))]
+        strides = [math.prod(dims[k + 1:]) for k in range(len(dims))]
+        terms = [name if stride == 1 else f"{stride}*{name}"
+                 for name, stride, size in zip(names, strides, dims, strict=True) if size > 1]
+        spec = f"... | -> {', '.join(names)} => ... | -> {'+'.join(terms) or '0'}"
+        fwd, bwd = _FLATTEN
+        return make_op("flatten", [x], logic=spec, forward=fwd, backprop=bwd, label=self.label,
+                       output_dims=[math.prod(dims)])
+
+    def _sizes(self, x: Tensor) -> list[int]:
+        if x.shape.input.dims:
+            raise self._error("the input row", x.shape.input, "no input axes (flatten output axes only)", x)
+        dims, open_row = _output_dims(x)
+        if open_row or None in dims:
+            try:
+                row = provisional_row(x.shape, Kind.OUTPUT)
+            except ShapeError as e:
+                raise self._error("the output row", "not inferred yet", f"sizes inference can derive ({e})",
+                                  x) from e
+            dims = [d.d if isinstance(d, Dim) else None for d in row.dims]
+        if not dims or None in dims:
             raise self._error("the output row", "empty or not inferred", "the feature axes to flatten", x)
-        return x
+        return [d for d in dims if d is not None]
 
 
 # ------------------------------------------------------------------ dropout
@@ -305,14 +351,17 @@ class Flatten(Layer):
 
 @functools.cache
 def _dropout_templates(p: float) -> tuple[Template, Template]:
-    scale = 1.0 / (1.0 - p)
-    return (Template(f"t =: where(t2 < {p!r}, 0, t1 * {scale!r})"),
-            Template(f"g1 =+ where(t2 < {p!r}, 0, g * {scale!r})"))
+    """`t3` is the mode: in training cells under `p` are dropped and the rest scaled by
+    `1/(1-p)`; in evaluation the threshold is 0 (nothing dropped) and the scale 1."""
+    extra = 1.0 / (1.0 - p) - 1.0
+    return (Template(f"t =: where(t2 < {p!r} * t3, 0, t1 * (1 + {extra!r} * t3))"),
+            Template(f"g1 =+ where(t2 < {p!r} * t3, 0, g * (1 + {extra!r} * t3))"))
 
 
 class Dropout(Layer):
-    """Zeroes each cell with probability `p` in training, scaling the rest by `1/(1-p)`; the mask
-    is drawn inside the compiled routine (`einjit.uniform`), fresh at every run."""
+    """Zeroes each cell with probability `p` in training, scaling the rest by `1/(1-p)`, and is
+    the identity in evaluation; the mask is drawn inside the compiled routine
+    (`einjit.uniform`), fresh at every run (in either mode, so masks resume after `eval()`)."""
 
     kind = "Dropout"
 
@@ -323,11 +372,12 @@ class Dropout(Layer):
         self.p, self.seed = float(p), seed
 
     def __call__(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0:
+        if self.p == 0.0:
             return x
         u = rnd.uniform(x, seed=self.seed, label=f"{self.label}.uniform")
         fwd, bwd = _dropout_templates(self.p)
-        return make_op("dropout", [x, u], logic=None, forward=fwd, backprop=bwd, label=self.label)
+        return make_op("dropout", [x, u, self.mode_tensor()], logic=None, forward=fwd, backprop=bwd,
+                       label=self.label)
 
 
 # ------------------------------------------------------------------ normalization
@@ -358,18 +408,17 @@ class BatchNorm(Layer):
         reduce_spec, bspec = self._specs(x)
         gamma = self._own_param("gamma", self.num_features, "ones")
         beta = self._own_param("beta", self.num_features, "zeros")
-        if self.training:
-            mean = reductions.mean(x, reduce_spec)
-            centered = reductions.broadcast_op("-", x, mean, bspec)
-            var_eps = reductions.mean(centered * centered + self.eps, reduce_spec)
-        else:
-            mean, var_eps = self.running_mean, self.running_var + self.eps
-            centered = reductions.broadcast_op("-", x, mean, bspec)
+        m = self.mode_tensor()
+        batch_mean = reductions.mean(x, reduce_spec)
+        batch_centered = reductions.broadcast_op("-", x, batch_mean, bspec)
+        batch_var_eps = reductions.mean(batch_centered * batch_centered + self.eps, reduce_spec)
+        mean = m * batch_mean + (1 - m) * self.running_mean
+        var_eps = m * batch_var_eps + (1 - m) * (self.running_var + self.eps)
+        centered = reductions.broadcast_op("-", x, mean, bspec)
         inv_std = activations.rsqrt(var_eps)
         normed = reductions.broadcast_op("*", centered, inv_std * gamma, bspec)
         y = reductions.broadcast_op("+", normed, beta, bspec, label=self.label)
-        if self.training:
-            y.own_forward = _with_running_update(y.own_forward, self, mean, var_eps, _count_tensor(x, mean))
+        y.own_forward = _with_running_update(y.own_forward, self, batch_mean, batch_var_eps, _count_tensor(x, mean))
         return y
 
 
@@ -380,10 +429,13 @@ def _count_tensor(x: Tensor, stat: Tensor) -> Tensor:
 
 def _with_running_update(forward: asg.Asgns, layer: BatchNorm, mean: Tensor, var_eps: Tensor,
                          count: Tensor) -> asg.Asgns:
+    """In training (mode 1) the running statistics move towards the batch's; in evaluation
+    (mode 0) they stay as they are."""
     m = layer.momentum
-    update = cd(f"rm =: {1 - m!r} * rm + {m!r} * bm; "
-                f"rv =: {1 - m!r} * rv + {m!r} * ((bv - {layer.eps!r}) * (n / (n - 1)))",
-                rm=layer.running_mean.value, rv=layer.running_var.value, bm=mean.value, bv=var_eps.value, n=count)
+    update = cd(f"rm =: where(0.5 < t, {1 - m!r} * rm + {m!r} * bm, rm); "
+                f"rv =: where(0.5 < t, {1 - m!r} * rv + {m!r} * ((bv - {layer.eps!r}) * (n / (n - 1))), rv)",
+                rm=layer.running_mean.value, rv=layer.running_var.value, bm=mean.value, bv=var_eps.value, n=count,
+                t=layer.mode_tensor().value)
     return asg.sequence(forward, asg.BlockComment(f"{layer.label} running statistics", update.asgns))
 
 

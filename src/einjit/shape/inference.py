@@ -164,6 +164,16 @@ def add_shape_equation(shape: Shape, k1: Kind, k2: Kind) -> None:
     _commit(trial)
 
 
+def provisional_row(shape: Shape, kind: Kind) -> Row:
+    """One row of `shape` as `finish_inference` would close it now, leaving inference open: for
+    a layer that must know sizes still being derived (a convolution's output extent, found only
+    when closing) to build its own operation. Later operations may still change the answer, so
+    the caller pins what it builds on."""
+    trial = _state.copy()
+    trial.close()
+    return subst_row(trial.env, shape.row(kind))
+
+
 def finish_inference() -> None:
     """Close every still-unsolved variable of the shapes under inference, then start afresh."""
     global _state
