@@ -1,11 +1,21 @@
 """Fixtures for the whole suite: a private compilation cache, so tests never read or write the
-user's `~/.cache/einjit` and never see another run's objects."""
+user's `~/.cache/einjit` and never see another run's objects; tests marked `slow` (long fuzzing
+runs, full demo runs) run only when asked for: `pytest -m slow`."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session", autouse=True)

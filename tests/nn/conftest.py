@@ -1,22 +1,9 @@
-"""Fresh global state per test; tests marked `slow` (full demo runs) run only with `-m slow`."""
-
-from pathlib import Path
+"""Fresh global state per test."""
 
 import pytest
 
 from einjit import shape as sh
 from einjit.tensor import random as rnd
-
-HERE = Path(__file__).parent
-
-
-def pytest_collection_modifyitems(config, items):
-    if "slow" in (config.getoption("markexpr") or ""):
-        return
-    skip = pytest.mark.skip(reason="slow: run with -m slow")
-    for item in items:
-        if "slow" in item.keywords and HERE in Path(item.path).parents:
-            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)
