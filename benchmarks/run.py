@@ -29,6 +29,10 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     ap.add_argument("--threads", type=int, default=1, help="threads for einjit and every peer")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, no n=1024")
+    ap.add_argument("--only", default="", help="comma-separated row groups to run: matmul, mlp, convnet, atl, "
+                    "compile (default: all)")
+    ap.add_argument("--sizes", default="", help="comma-separated matmul sizes (default: 256,512,1024; "
+                    "awkward sizes such as 1000,1023,784 take the remainder path)")
     return ap.parse_args()
 
 
@@ -205,9 +209,15 @@ def compile_row() -> dict:
 
 def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    sizes = [256, 512] if ARGS.quick else [256, 512, 1024]
-    rows = (matmul_rows(sizes) + mlp_step_rows() + convnet_rows() + atl_rows(512 if ARGS.quick else 1024)
-            + [chain_row(), compile_row()])
+    sizes = ([int(n) for n in ARGS.sizes.split(",")] if ARGS.sizes
+             else [256, 512] if ARGS.quick else [256, 512, 1024])
+    groups = {"matmul": lambda: matmul_rows(sizes), "mlp": mlp_step_rows, "convnet": convnet_rows,
+              "atl": lambda: atl_rows(512 if ARGS.quick else 1024), "compile": lambda: [chain_row(), compile_row()]}
+    only = [g for g in ARGS.only.split(",") if g] or list(groups)
+    unknown = sorted(set(only) - set(groups))
+    if unknown:
+        raise SystemExit(f"run.py: unknown row group(s) {unknown}; choose from {sorted(groups)}")
+    rows = [r for g in only for r in groups[g]()]
     if ARGS.json:
         print(json.dumps(rows, indent=1))
         return

@@ -110,6 +110,8 @@ class CSyntax:
     unroll_pragma: str = "#pragma GCC unroll {n}"
     num_threads: int = 1
     parallel_pragma: str = "#pragma omp parallel for num_threads({n}){private}"
+    parallel_region_pragma: str = "#pragma omp parallel num_threads({n}){private}"
+    parallel_for_pragma: str = "#pragma omp for"
     loop_head: Callable[[ll.ForLoop, str, str], str | None] | None = None
     classify: Callable[[Tnode, bool], MemClass] | None = None
 
@@ -466,8 +468,9 @@ class _Writer:
                     name = symbol_name(index)
                     if s.unroll and self.syn.unroll_pragma:
                         self.lines.append(indent + self.syn.unroll_pragma.format(n=to_ - from_ + 1))
+                    region: list[str] = []
                     if s.parallel and self.syn.num_threads > 1 and not self.parallel_depth:
-                        self.parallel_head(s, indent)
+                        indent, region = self.parallel_head(s, indent)
                     head = self.syn.loop_head(s, name, self.index_type) if self.syn.loop_head else None
                     self.lines.append(indent + (head or f"for ({self.index_type} {name} = {from_}; "
                                                         f"{name} < {to_ + 1}; ++{name}) {{"))
@@ -477,6 +480,7 @@ class _Writer:
                     self.parallel_depth -= s.parallel
                     del self.loops[index]
                     self.lines.append(indent + "}")
+                    self.lines.extend(region)
                 case ll.ZeroOut(tn):
                     self.zero_out(tn, indent)
                 case ll.Set(tn, idcs, llsc, debug):
@@ -498,17 +502,28 @@ class _Writer:
                 case _:
                     raise TypeError(f"not a low-level statement: {s!r}")
 
-    def parallel_head(self, loop: ll.ForLoop, indent: str) -> None:
-        """An OpenMP pragma for a `parallel` loop, unless a routine-local node it writes lives on
-        the heap (a private copy of a pointer would point nowhere): then the loop stays serial.
-        Local arrays written inside are private to each thread."""
+    def parallel_head(self, loop: ll.ForLoop, indent: str) -> tuple[str, list[str]]:
+        """The OpenMP pragma for a `parallel` loop; the indentation of the loop and the lines
+        that close its region. Routine-local nodes written inside are private to each thread:
+        stack arrays through `private(..)`; heap arrays (a private copy of a pointer would
+        share the memory) by a `parallel` region that allocates each thread's own copy, under
+        the same name, around an `omp for`."""
         written = {s.tn.id: s.tn for s in ll.iter_stmts(loop.body)
                    if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_local()}
-        if any(tn.size * tn.prec.itemsize > self.syn.stack_limit_bytes for tn in written.values()):
-            return
-        names = ", ".join(self.node_name(tn, written=True) for _, tn in sorted(written.items()))
-        private = f" private({names})" if names else ""
-        self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private))
+        nodes = [tn for _, tn in sorted(written.items())]
+        heap = [tn for tn in nodes if tn.size * tn.prec.itemsize > self.syn.stack_limit_bytes]
+        stack = ", ".join(self.node_name(tn, written=True) for tn in nodes if tn not in heap)
+        private = f" private({stack})" if stack else ""
+        if not heap:
+            self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private))
+            return indent, []
+        inner = indent + "  "
+        self.lines.append(indent + self.syn.parallel_region_pragma.format(n=self.syn.num_threads, private=private))
+        self.lines.append(indent + "{")
+        self.lines.extend(inner + line.strip() for tn in heap for line in _local_decl(tn, self.syn).split("\n"))
+        self.lines.append(inner + self.syn.parallel_for_pragma)
+        frees = [inner + self.syn.local_heap_free.format(name=self.node_name(tn, written=True)) for tn in heap]
+        return inner, [*frees, indent + "}"]
 
     def zero_out(self, tn: Tnode, indent: str) -> None:
         name, t = self.node_name(tn, written=True), self.syn.type_name(tn.prec)
