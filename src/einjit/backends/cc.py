@@ -189,6 +189,13 @@ def _host_identity() -> str:
     return f"{platform.machine()} {platform.processor()} {flags.strip()}"
 
 
+def target_identity(options: CcOptions) -> str:
+    """What decides the speed of compiled code besides its source: the compiler, its flags
+    and libraries, and the host CPU (the key of measured choices, such as `ir/search.py`'s)."""
+    return "\n".join((_compiler_identity(options.compiler), " ".join(options.flags + options.effective_libs()),
+                      str(options.threads), _host_identity()))
+
+
 def _missing_compiler(compiler: str, err: Exception | None = None) -> CompileError:
     cc_env = os.environ.get("CC")
     why = f" ({err})" if err else ""

@@ -21,8 +21,9 @@ vectorized column loop only up to two iterations, and a loop left rolled keeps t
 accumulators in memory (4×64 floats ran at a third of the speed of 8×32).
 
 Extents the block does not divide leave narrower tail blocks (column panels covering
-`cols % nb`, see `tail_widths`, and `rows % mb` tail rows), priced with the same formula: a 32-wide block on 1000 columns
-costs 31 full panels and one 8-wide tail, cheaper than 125 8-wide panels. Each block also
+`cols % nb`, see `tail_widths`, and `rows % mb` tail rows), priced with the same formula:
+a 32-wide block on 1000 columns costs 31 full panels and one 8-wide tail, cheaper than 125
+8-wide panels. Each block also
 pays `block_overhead` cycles (loading and storing its accumulators, loop startup).
 
 The summed loop is tiled (`kc`) when the packed panel — `depth × nb` elements — would not
@@ -132,7 +133,7 @@ def candidates(shape: Shape, widths: tuple[int, ...], mb_max: int, machine: Mach
     per_vector = max(1, shape.itemsize // 4)
     out: list[Tile] = []
     for w in dict.fromkeys(max(1, w // per_vector) for w in widths):
-        nb = min(w, shape.cols)
+        nb = w if w <= shape.cols else max((d for d in tail_widths(shape.cols)), default=1)
         vectors = math.ceil(nb / lanes(machine, shape.itemsize))
         for mb in range(min(mb_max, shape.rows), 0, -1):
             tile = Tile(mb, nb, k_chunk(shape, nb, machine))

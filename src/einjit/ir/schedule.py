@@ -9,21 +9,31 @@ in any order (`interchange.reorderable`):
 unit-stride axis, `k` the summed loops, `A` not depending on `j` and `B` not on `i`. Whatever
 the operands' layouts (`a @ b`, the dense layer's `w @ x`, i.e. A·Bᵀ) this becomes
 
-    for j0:                                   (a panel of NB columns)
-      pack[k.., b] := B(NB*j0 + b, k)         (B's panel, contiguous along b)
-      for i0:                                 (a block of MB rows)
-        acc[a, b] := c[MB*i0 + a, NB*j0 + b]
-        for k..: acc[a, b] := fma(A(MB*i0 + a, k), pack[k.., b], acc[a, b])
-        c[MB*i0 + a, NB*j0 + b] := acc[a, b]
+    for kt:                                   (chunks of the outermost k, if the panel is big)
+      for j0:                                 (a panel of NB columns)
+        pack[k.., b] := B(NB*j0 + b, k)       (B's panel, contiguous along b)
+        for i0:                               (a block of MB rows)
+          acc[a, b] := c[MB*i0 + a, NB*j0 + b]
+          for k..: acc[a, b] := fma(A(MB*i0 + a, k), pack[k.., b], acc[a, b])
+          c[MB*i0 + a, NB*j0 + b] := acc[a, b]
 
 `acc` and `pack` are routine-local nodes. The `a` loops are marked `unroll`: once gcc has
 unrolled them every access to `acc` has a constant row, so it keeps the MB×NB accumulator
 block in vector registers (register blocking, unroll-and-jam of `i` and `j`; without the
 unrolling the block round-trips through memory at every step and runs at half the speed).
-The innermost `b` loop is unit-stride everywhere, so it vectorizes. Every output cell
-still sums its terms in the original order, so results are bit-identical to the unscheduled
-code. Large contractions also mark one loop `parallel` (see `Blocking.parallel_min_work`),
-which the C backend runs on OpenMP threads.
+The innermost `b` loop is unit-stride everywhere, so it vectorizes. MB, NB and the chunk
+come from the cost model (`cost_model.py`), or from measurements under `EINJIT_SEARCH=1`.
+
+Extents they do not divide take the same path with tails: the last `rows % MB` rows run a
+shorter block, and the last `cols % NB` columns run panels of widths gcc vectorizes (a
+multiple of 8, then 4, then the rest; `cost_model.tail_widths`); a last chunk of `k` is
+shorter. Every output cell still sums its terms in the original order, so results are
+bit-identical to the unscheduled code.
+
+Large contractions (`Blocking.parallel_min_work`) run on OpenMP threads: the outermost batch
+loop if there is one, else the column-panel loop when each thread gets at least
+`Blocking.min_panels_per_thread` panels — one fork-join per nest (per chunk), each thread
+packing its own panel — else each panel's row blocks, sharing its panel.
 
 **Reductions** whose innermost loop `k` is summed (a row sum, a matrix-vector product, a
 convolution's kernel gradient) and that interchange would leave alone get `Blocking.lanes`
@@ -45,8 +55,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from einjit.ir import low_level as ll
 from einjit.ir import cost_model, ops, provenance
+from einjit.ir import low_level as ll
 from einjit.ir.indexing import (
     AxisIndex,
     FixedIdx,
@@ -104,8 +114,16 @@ measuring chooser under `EINJIT_SEARCH=1`."""
 def schedule_llc(stmt: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocking = BLOCKING,
                  tile_for: TileChooser | None = None) -> ll.LLStmt:
     """Every eligible nest of `stmt` rescheduled; other code unchanged."""
-    chooser = tile_for or choose_tile
+    chooser = tile_for or _default_chooser()
     return ll.seq(*(_schedule_stmt(s, settings, blocking, chooser) for s in ll.flatten(stmt)))
+
+
+def _default_chooser() -> TileChooser:
+    """The cost model, or under `EINJIT_SEARCH=1` the measuring search (which compiles and
+    runs code, so it is imported only then)."""
+    from einjit.ir import search  # noqa: PLC0415  (backends import ir: only on demand)
+
+    return search.tile_for if search.enabled() else choose_tile
 
 
 def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocking,
@@ -242,7 +260,7 @@ def _recognize(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> _Cont
     else:
         return None
     rows = [lp.index for lp in loops if lp.index in lhs and lp.index != j and lp.index in sa
-            and lp.index not in sb and extent[lp.index] > 1]
+            and lp.index not in sb]
     if not rows:
         return None
     i = max(rows, key=lambda s: extent[s])
@@ -295,8 +313,8 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
         cell = tuple(subst_index({i: row, j: col}, idx) for idx in st.idcs)
         k_env: dict[Symbol, AxisIndex] = {k1: k_at, **{k: Iterator(kp[k]) for k in rest}}
         a_read = _subst(c.a_op, {i: row, **k_env})
-        args = (ll.Get(pack, pack_at), a_read) if c.b_first else (a_read, ll.Get(pack, pack_at))
-        update = ll.Set(accum, block, ll.Ternop(ops.Ternop.FMA, *args, ll.Get(accum, block)), st.debug)
+        x, y = (ll.Get(pack, pack_at), a_read) if c.b_first else (a_read, ll.Get(pack, pack_at))
+        update = ll.Set(accum, block, ll.Ternop(ops.Ternop.FMA, x, y, ll.Get(accum, block)), st.debug)
         ab = [(a, height), (b, width)] if height > 1 else [(b, width)]
         k_loops = [(kp[k1], depth), *((kp[k], extent[k]) for k in rest)]
         return ll.seq(_nest(ab, ll.Set(accum, block, ll.Get(st.tn, cell)), frozenset({a})),
