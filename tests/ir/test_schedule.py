@@ -214,7 +214,7 @@ def test_large_contractions_run_on_threads_with_identical_results():
     for threads in (1, 2):
         options = cc.CcOptions(threads=threads)
         proc = cc.compile_proc(sched, name="threaded", options=options)
-        assert ("#pragma omp parallel for num_threads(2) private(acc)\n" in proc.source) == (threads == 2)
+        assert ("#pragma omp parallel for schedule(dynamic) num_threads(2) private(acc)\n" in proc.source) == (threads == 2)
         results[threads] = run_in_c(sched, ins, name="threaded", options=options).array(c).copy()
     np.testing.assert_array_equal(results[1], want)
     np.testing.assert_array_equal(results[2], want)
@@ -266,7 +266,7 @@ def test_batched_contractions_run_their_batch_loop_on_threads():
     want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[batched_out]
     options = cc.CcOptions(threads=2)
     proc = cc.compile_proc(sched, name="batched", options=options)
-    assert "#pragma omp parallel for num_threads(2) private(pack, acc)\n" in proc.source
+    assert "#pragma omp parallel for schedule(dynamic) num_threads(2) private(pack, acc)\n" in proc.source
     ctx = run_in_c(sched, ins, name="batched", options=options)
     np.testing.assert_array_equal(ctx.array(batched_out), want)
 

@@ -5,6 +5,8 @@ reassociated), under the interpreter and under gcc."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -102,7 +104,7 @@ def test_threads_share_column_panels_with_private_heap_panels():
     src = cc.compile_proc(sched, name="tails", options=cc.CcOptions(threads=2)).source
     assert "#pragma omp parallel num_threads(2) private(acc)\n" in src
     assert "    float *restrict pack = (float *)calloc(4400, sizeof(float));\n" in src
-    assert "#pragma omp for\n" in src
+    assert "#pragma omp for schedule(dynamic)\n" in src
     ins = inputs_for(a, b, seed=3)
     want = check_exact(code, ins, c, sched, threads=2)
     np.testing.assert_allclose(want, ins[a] @ ins[b], rtol=1e-4, atol=1e-4)
@@ -113,3 +115,18 @@ def test_double_precision_tails_are_exact():
     sched = schedule_llc(code, OFF, ANY_SIZE)
     assert local_nodes(sched) == {"pack", "acc"}
     check_exact(code, inputs_for(a, b, seed=4), c, sched)
+
+
+def test_openmp_threads_spin_briefly_unless_the_user_chose(monkeypatch):
+    """libgomp's long default spinning halves a 2-thread matmul on a busy machine."""
+    code, *_ = matmul(16, 8, 32, True)
+    for var in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(var, raising=False)
+    cc.compile_proc(code, name="spins", options=cc.CcOptions(threads=1))
+    assert "GOMP_SPINCOUNT" not in os.environ
+    cc.compile_proc(code, name="spins", options=cc.CcOptions(threads=2))
+    assert os.environ["GOMP_SPINCOUNT"] == cc.OPENMP_SPIN_COUNT
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    cc.compile_proc(code, name="spins", options=cc.CcOptions(threads=2))
+    assert "GOMP_SPINCOUNT" not in os.environ

@@ -109,9 +109,11 @@ class CSyntax:
     interchange_loops: bool = False
     unroll_pragma: str = "#pragma GCC unroll {n}"
     num_threads: int = 1
-    parallel_pragma: str = "#pragma omp parallel for num_threads({n}){private}"
+    parallel_pragma: str = "#pragma omp parallel for schedule(dynamic) num_threads({n}){private}"
     parallel_region_pragma: str = "#pragma omp parallel num_threads({n}){private}"
-    parallel_for_pragma: str = "#pragma omp for"
+    parallel_for_pragma: str = "#pragma omp for schedule(dynamic)"
+    """Loops on threads hand out iterations dynamically: on a busy machine a descheduled
+    thread then delays only its current iteration, not a fixed share of the loop."""
     loop_head: Callable[[ll.ForLoop, str, str], str | None] | None = None
     classify: Callable[[Tnode, bool], MemClass] | None = None
 
