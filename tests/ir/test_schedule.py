@@ -214,7 +214,8 @@ def test_large_contractions_run_on_threads_with_identical_results():
     for threads in (1, 2):
         options = cc.CcOptions(threads=threads)
         proc = cc.compile_proc(sched, name="threaded", options=options)
-        assert ("#pragma omp parallel for schedule(dynamic) num_threads(2) private(acc)\n" in proc.source) == (threads == 2)
+        pragma = "#pragma omp parallel for schedule(dynamic) num_threads(2) private(acc)\n"
+        assert (pragma in proc.source) == (threads == 2)
         results[threads] = run_in_c(sched, ins, name="threaded", options=options).array(c).copy()
     np.testing.assert_array_equal(results[1], want)
     np.testing.assert_array_equal(results[2], want)
