@@ -36,7 +36,7 @@ def check_exact(code, ins, out, sched, threads=1):
     return want
 
 
-AWKWARD = [(1, 7, 40), (9, 1, 33), (13, 17, 31), (7, 5, 63), (17, 3, 65), (31, 11, 97), (33, 29, 10),
+AWKWARD = [(2, 7, 40), (9, 1, 33), (13, 17, 31), (7, 5, 63), (17, 3, 65), (31, 11, 97), (33, 29, 10),
            (40, 8, 4), (8, 16, 36)]
 """(rows, summed, columns): 1, primes, and sizes just below and above multiples of 8 and 32."""
 
@@ -51,6 +51,14 @@ def test_awkward_extents_take_the_scheduled_path_exactly(n, m, p, transposed):
     want = check_exact(code, ins, c, sched)
     ref = ins[a].astype(np.float64) @ (ins[b].T if transposed else ins[b]).astype(np.float64)
     np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_single_row_is_not_packed():
+    """A vector-matrix product would read its packed panel once: it is left to interchange."""
+    code, a, b, c = matmul(1, 7, 40, True)
+    sched = schedule_llc(code, OFF, ANY_SIZE)
+    assert "pack" not in local_nodes(sched)
+    check_exact(code, inputs_for(a, b), c, sched)
 
 
 @pytest.mark.parametrize("tile", [Tile(3, 8, 4), Tile(5, 16, 7), Tile(1, 4, 1), Tile(8, 32, 3)])

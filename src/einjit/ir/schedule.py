@@ -260,9 +260,9 @@ def _recognize(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> _Cont
     else:
         return None
     rows = [lp.index for lp in loops if lp.index in lhs and lp.index != j and lp.index in sa
-            and lp.index not in sb]
+            and lp.index not in sb and extent[lp.index] > 1]
     if not rows:
-        return None
+        return None  # one row: the panel would be read once, so packing it cannot pay
     i = max(rows, key=lambda s: extent[s])
     outer = tuple(lp.index for lp in loops if lp.index in lhs and lp.index not in (i, j))
     return _Contraction(st, i, j, summed, outer, extent, a_op, b_op, b_first)
