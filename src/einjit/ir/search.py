@@ -3,10 +3,10 @@
 The cost model (`cost_model.py`) prices code for a fixed description of the development
 machine. With `EINJIT_SEARCH=1`, the scheduling stage instead times candidates on the machine
 at hand: for each contraction of at least `SEARCH_MIN_WORK` multiply-adds, the cost model's
-`EINJIT_SEARCH_CANDIDATES` (default 6) cheapest tiles, plus the best one with the summed loop
-cut into 256-step chunks (panel in L1 rather than L2), each compiled with the C backend and
-run on random data as a stand-alone contraction of the same shape and precision. The fastest
-tile wins.
+`EINJIT_SEARCH_CANDIDATES` (default 6) cheapest tiles (the cheapest of each width first),
+plus the best one with the summed loop cut into 256-step chunks (panel in L1 rather than
+L2), each compiled with the C backend and run on random data as a stand-alone contraction of
+the same shape and precision. The fastest tile wins.
 
 Winners are stored on disk in the compiled-object cache, `<cache>/search/<key>.json`, beside
 `<cache>/cc/`, keyed by the shape, the candidates, the compiler, its flags and the host CPU.
@@ -73,7 +73,10 @@ def candidates(shape: Shape, blocking: Blocking) -> list[Tile]:
     """The tiles to time, the cost model's cheapest first."""
     found = cost_model.candidates(shape, blocking.nb_choices, blocking.mb_max, blocking.machine)
     found.sort(key=lambda t: cost_model.cycles(shape, t, blocking.machine))
-    chosen = found[:_candidate_count()]
+    # the best tile of each width first, so that a few candidates still differ in shape
+    widths = {t.nb: t for t in reversed(found)}
+    ordered = sorted(widths.values(), key=found.index) + [t for t in found if widths[t.nb] != t]
+    chosen = ordered[:_candidate_count()]
     if chosen and shape.outer_depth > 512 and chosen[0].kc > 256:
         chosen.append(replace(chosen[0], kc=256))
     return chosen
