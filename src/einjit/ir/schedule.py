@@ -334,6 +334,7 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
                                     parallel=threaded_rows))
         if tail_rows:
             row = _span(mb, None, a, mb * n_rows) if tail_rows > 1 else FixedIdx(mb * n_rows)
+            parts.append(ll.Comment(f"the last {tail_rows} of {extent[i]} rows"))
             parts.append(kernel(row, tail_rows, col, width, k_at, depth))
         return ll.seq(*parts)
 
@@ -351,6 +352,8 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
                                     parallel=by_panels))
         start = nb * n_cols
         for width in cost_model.tail_widths(tail_cols):
+            span = f"columns {start} to {start + width - 1}" if width > 1 else f"column {start}"
+            parts.append(ll.Comment(f"{span} of {extent[j]}"))
             parts.append(panel(_span(nb, None, b, start), width, k_at, depth, inner_threads))
             start += width
         return ll.seq(*parts)
