@@ -4,8 +4,9 @@
 
 Rows: fp32 matmul for both operand layouts (`a @ b`, and the dense layer's `w @ x`, i.e.
 A·Bᵀ) at n = 256 / 512 / 1000 / 1024 (1000: extents the register blocks do not divide);
-the training steps of an MLP 784→256→256→10 (B=256, SGD with momentum), an MLP 2→32→32→1 (B=1024) and the moons MLP (B=10); an MNIST-size convnet step
-(B=64, peer: PyTorch only) and its cold compile; ATL matmul and matvec through einjit's
+the training steps of an MLP 784→256→256→10 (B=256, SGD with momentum), an MLP 2→32→32→1
+(B=1024) and the moons MLP (B=10); an MNIST-size convnet step (B=64, peer: PyTorch only)
+and its cold compile; ATL matmul and matvec through einjit's
 backend; the optimizer on a chain of 400 virtual nodes; the cold compile of the moons step.
 Peers: NumPy always, PyTorch eager and tinygrad when installed. Every peer gets einjit's
 thread count (BLAS through its environment variables, set before NumPy is imported;
