@@ -115,7 +115,7 @@ def test_threads_share_column_panels_with_private_heap_panels():
                                              min_panels_per_thread=2))
     src = cc.compile_proc(sched, name="tails", options=cc.CcOptions(threads=2)).source
     assert "#pragma omp parallel num_threads(2) private(acc)\n" in src
-    assert "    float *restrict pack = (float *)calloc(4400, sizeof(float));\n" in src
+    assert "    float *restrict pack = (float *)malloc(4400 * sizeof(float));\n" in src
     assert "#pragma omp for schedule(dynamic)\n" in src
     ins = inputs_for(a, b, seed=3)
     want = check_exact(code, ins, c, sched, threads=2)

@@ -111,6 +111,9 @@ class CSyntax:
     num_threads: int = 1
     parallel_pragma: str = "#pragma omp parallel for schedule(dynamic) num_threads({n}){private}"
     parallel_region_pragma: str = "#pragma omp parallel num_threads({n}){private}"
+    private_heap_decl: str = "{t} *{restrict} {name} = ({t} *)malloc({size} * sizeof({t}));\nif (!{name}) abort();"
+    """A thread's own copy of a heap-local node, written before it is read (the `parallel`
+    loop's contract), so it needs no zero fill."""
     parallel_for_pragma: str = "#pragma omp for schedule(dynamic)"
     """Loops on threads hand out iterations dynamically: on a busy machine a descheduled
     thread then delays only its current iteration, not a fixed share of the loop."""
@@ -509,7 +512,8 @@ class _Writer:
         that close its region. Routine-local nodes written inside are private to each thread:
         stack arrays through `private(..)`; heap arrays (a private copy of a pointer would
         share the memory) by a `parallel` region that allocates each thread's own copy, under
-        the same name, around an `omp for`."""
+        the same name, around an `omp for`. (The routine's own copy, allocated at its start,
+        is then unused; it keeps the declarations independent of threading.)"""
         written = {s.tn.id: s.tn for s in ll.iter_stmts(loop.body)
                    if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_local()}
         nodes = [tn for _, tn in sorted(written.items())]
@@ -522,7 +526,10 @@ class _Writer:
         inner = indent + "  "
         self.lines.append(indent + self.syn.parallel_region_pragma.format(n=self.syn.num_threads, private=private))
         self.lines.append(indent + "{")
-        self.lines.extend(inner + line.strip() for tn in heap for line in _local_decl(tn, self.syn).split("\n"))
+        for tn in heap:
+            fields = dict(t=self.syn.type_name(tn.prec), name=self.node_name(tn, written=True), size=tn.size,
+                          restrict=self.syn.restrict)
+            self.lines.extend(inner + line for line in self.syn.private_heap_decl.format(**fields).split("\n"))
         self.lines.append(inner + self.syn.parallel_for_pragma)
         frees = [inner + self.syn.local_heap_free.format(name=self.node_name(tn, written=True)) for tn in heap]
         return inner, [*frees, indent + "}"]
