@@ -81,7 +81,8 @@ def test_k_chunks_come_from_the_l2_budget():
 
 
 def test_column_tails_are_split_into_vectorizable_widths():
-    assert cost_model.tail_widths(31) == (24, 4, 3)
+    assert cost_model.tail_widths(31) == (16, 8, 4, 3)
+    assert cost_model.tail_widths(24) == (16, 8)
     assert cost_model.tail_widths(8) == (8,)
     assert cost_model.tail_widths(7) == (4, 3)
     assert cost_model.tail_widths(2) == (2,)

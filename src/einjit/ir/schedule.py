@@ -26,7 +26,7 @@ come from the cost model (`cost_model.py`), or from measurements under `EINJIT_S
 
 Extents they do not divide take the same path with tails: the last `rows % MB` rows run a
 shorter block, and the last `cols % NB` columns run panels of widths gcc vectorizes (a
-multiple of 8, then 4, then the rest; `cost_model.tail_widths`); a last chunk of `k` is
+16, 8 and 4 where they fit, then the rest; `cost_model.tail_widths`); a last chunk of `k` is
 shorter. Every output cell still sums its terms in the original order, so results are
 bit-identical to the unscheduled code.
 
@@ -95,7 +95,7 @@ class Blocking:
     """
 
     min_work: int = 1 << 16
-    nb_choices: tuple[int, ...] = (32, 16, 8, 64, 48, 24)
+    nb_choices: tuple[int, ...] = (32, 16, 8)
     min_nb: int = 4
     mb_max: int = 8
     machine: cost_model.Machine = cost_model.Machine()
