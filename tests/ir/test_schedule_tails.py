@@ -80,17 +80,19 @@ def test_k_chunks_come_from_the_l2_budget():
     check_exact(code, inputs_for(a, b, seed=2), c, sched)
 
 
-def test_column_tails_are_split_into_vectorizable_widths():
-    assert cost_model.tail_widths(31) == (16, 8, 4, 3)
-    assert cost_model.tail_widths(24) == (16, 8)
-    assert cost_model.tail_widths(8) == (8,)
-    assert cost_model.tail_widths(7) == (4, 3)
-    assert cost_model.tail_widths(2) == (2,)
-    assert cost_model.tail_widths(0) == ()
+def test_column_tails_run_a_padded_full_width_panel():
+    """45 columns: one 32-wide panel, then 13 columns in a panel padded to 32, whose padding
+    columns are zero in the pack and the accumulators and never stored."""
+    code, a, b, c = matmul(11, 9, 45, True)
+    sched = schedule_llc(code, OFF, Blocking(min_work=1, tile=Tile(4, 32, 9)))
+    doc = ll.to_doc(sched)
+    assert "the last 13 of 45 columns, padded to 32" in doc and "the last 3 of 11 rows" in doc
+    check_exact(code, inputs_for(a, b, seed=5), c, sched, threads=2)
 
 
 @pytest.mark.parametrize("n,want", [(1024, Tile(8, 32, 1024)), (1000, Tile(8, 32, 1000)),
-                                    (1023, Tile(8, 32, 1023)), (784, Tile(8, 32, 784)), (10, Tile(6, 8, 10))])
+                                    (1023, Tile(8, 32, 1023)), (784, Tile(8, 32, 784)), (10, Tile(7, 8, 10)),
+                                    (13, Tile(7, 8, 13))])
 def test_cost_model_choices_for_float32(n, want):
     blocking = Blocking()
     assert cost_model.choose(Shape(n, n, n, n, 4), blocking.nb_choices, blocking.mb_max, blocking.machine) == want

@@ -15,16 +15,18 @@ step the kernel takes the longest of three bounds, in cycles:
 block needs twice the registers of a float block of the same width. Blocks whose
 accumulators would take more than `accumulator_registers` registers are not considered: gcc
 needs the rest for the panel row, the broadcasts and addresses, and spills otherwise (8×32
-floats in 16 of AVX-512's 32 registers measured best on the development machine). Rows of
-more than `row_vectors` vectors are not considered either: gcc -O2 completely unrolls the
-vectorized column loop only up to two iterations, and a loop left rolled keeps the
-accumulators in memory (4×64 floats ran at a third of the speed of 8×32).
+floats in 16 of AVX-512's 32 registers measured best on the development machine). Widths
+of exactly `row_vectors` vectors are preferred: gcc -O2 keeps the accumulators in registers
+only when the vectorized column loop has two iterations, which it then unrolls completely;
+with one iteration (8×16 floats) or a rolled loop (4×64) they stay in memory, and the block
+runs at a third of the speed.
 
-Extents the block does not divide leave narrower tail blocks (column panels covering
-`cols % nb`, see `tail_widths`, and `rows % mb` tail rows), priced with the same formula:
-a 32-wide block on 1000 columns costs 31 full panels and one 8-wide tail, cheaper than 125
-8-wide panels. Each block also
-pays `block_overhead` cycles (loading and storing its accumulators, loop startup).
+Extents the block does not divide leave tails (`rows % mb` tail rows priced with the same
+formula; the last `cols % nb` columns in a panel padded to `nb`, priced as a full one). A
+nest narrower than the preferred width (a convolution's output row of 13) takes the widest
+power of two it holds instead (8, then a padded panel of 5), wasting less than the padding
+to 32 would (that made a convnet step 15% slower). Each
+block also pays `block_overhead` cycles (loading and storing its accumulators, loop startup).
 
 The summed loop is tiled (`kc`) when the packed panel — `depth × nb` elements — would not
 fit in half the L2 cache, so the panel packed once per column block stays in L2 while every
@@ -41,7 +43,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Machine", "Shape", "Tile", "candidates", "choose", "cycles", "tail_widths"]
+__all__ = ["Machine", "Shape", "Tile", "candidates", "choose", "cycles"]
 
 
 @dataclass(frozen=True)
@@ -85,46 +87,30 @@ def lanes(machine: Machine, itemsize: int) -> int:
     return max(1, machine.vector_bytes // itemsize)
 
 
-def tail_widths(width: int) -> tuple[int, ...]:
-    """The column panels that cover a tail of `width` columns: 16, 8 and 4 columns where they
-    fit, then the rest (under 4). gcc vectorizes a column loop with a constant trip count well
-    only when the count is one of its vector sizes: a 31-wide loop ran scalar, so one 31-column
-    tail on 1023 columns doubled the time of the whole product, and 24-wide blocks ran 5×
-    slower than 32-wide ones. 16 + 8 + 4 + 3 vectorizes all but 3 of 31."""
-    out = []
-    for piece in (16, 8, 4):
-        if width >= piece:
-            out.append(piece)
-            width -= piece
-    return (*out, width) if width else tuple(out)
-
-
 def step_cycles(mb: int, nb: int, itemsize: int, machine: Machine) -> float:
-    """Cycles of one summed-loop step of an `mb`×`nb` block (under 4 columns: scalar)."""
-    vectors = math.ceil(nb / lanes(machine, itemsize)) if nb >= 4 else nb
+    """Cycles of one summed-loop step of an `mb`×`nb` block."""
+    vectors = math.ceil(nb / lanes(machine, itemsize))
     return max(mb * vectors / machine.fma_per_cycle, float(machine.fma_latency),
                (mb + vectors) / machine.loads_per_cycle)
 
 
 def cycles(shape: Shape, tile: Tile, machine: Machine) -> float:
     """Estimated cycles of the whole contraction (per batch) under `tile`."""
-    full_cols, tail_cols = divmod(shape.cols, tile.nb)
+    panels = math.ceil(shape.cols / tile.nb)
     full_rows, tail_rows = divmod(shape.rows, tile.mb)
     chunks = math.ceil(shape.outer_depth / tile.kc)
     total = 0.0
-    for n_panels, width in ((full_cols, tile.nb), *((1, w) for w in tail_widths(tail_cols))):
-        for n_blocks, height in ((full_rows, tile.mb), (1 if tail_rows else 0, tail_rows)):
-            blocks = n_panels * n_blocks
-            if blocks:
-                total += blocks * (shape.depth * step_cycles(height, width, shape.itemsize, machine)
-                                   + chunks * machine.block_overhead)
+    for n_blocks, height in ((full_rows, tile.mb), (1 if tail_rows else 0, tail_rows)):
+        if n_blocks:
+            total += panels * n_blocks * (shape.depth * step_cycles(height, tile.nb, shape.itemsize, machine)
+                                          + chunks * machine.block_overhead)
     return total
 
 
 def k_chunk(shape: Shape, nb: int, machine: Machine) -> int:
     """The outermost summed loop's chunk: the whole loop if the panel fits in half the L2."""
     inner = shape.depth // max(1, shape.outer_depth)
-    fit = (machine.l2_bytes // 2) // max(1, inner * min(nb, shape.cols) * shape.itemsize)
+    fit = (machine.l2_bytes // 2) // max(1, inner * nb * shape.itemsize)
     return max(1, min(shape.outer_depth, fit))
 
 
@@ -133,13 +119,16 @@ def candidates(shape: Shape, widths: tuple[int, ...], mb_max: int, machine: Mach
     elements, scaled to the precision so a block takes the same registers) and up to
     `mb_max` rows, in the order of `widths` then taller first."""
     per_vector = max(1, shape.itemsize // 4)
+    scaled = list(dict.fromkeys(max(1, w // per_vector) for w in widths))
+    full = [w for w in scaled if math.ceil(w / lanes(machine, shape.itemsize)) == machine.row_vectors]
     out: list[Tile] = []
-    for w in dict.fromkeys(max(1, w // per_vector) for w in widths):
-        nb = w if w <= shape.cols else max((d for d in tail_widths(shape.cols)), default=1)
+    for w in full or scaled:
+        # a nest narrower than the block gets the widest power of two it holds, and pads the rest
+        nb = w if w <= shape.cols else 1 << (shape.cols.bit_length() - 1)
         vectors = math.ceil(nb / lanes(machine, shape.itemsize))
         for mb in range(min(mb_max, shape.rows), 0, -1):
             tile = Tile(mb, nb, k_chunk(shape, nb, machine))
-            if vectors <= machine.row_vectors and mb * vectors <= machine.accumulator_registers and tile not in out:
+            if mb * vectors <= machine.accumulator_registers and tile not in out:
                 out.append(tile)
     return out
 

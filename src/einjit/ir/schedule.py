@@ -25,9 +25,11 @@ The innermost `b` loop is unit-stride everywhere, so it vectorizes. MB, NB and t
 come from the cost model (`cost_model.py`), or from measurements under `EINJIT_SEARCH=1`.
 
 Extents they do not divide take the same path with tails: the last `rows % MB` rows run a
-shorter block, and the last `cols % NB` columns run panels of widths gcc vectorizes (a
-16, 8 and 4 where they fit, then the rest; `cost_model.tail_widths`); a last chunk of `k` is
-shorter. Every output cell still sums its terms in the original order, so results are
+shorter block, and the last `cols % NB` columns run one panel padded to NB columns (zeros in
+the pack and the accumulators, never stored): gcc keeps only full-width blocks in registers
+(an 8×16 block ran at a third of the speed of 8×32, a 31-wide one scalar), so the padded
+block, although it computes unused columns, is the fastest way to do the tail. A last chunk
+of `k` is shorter. Every output cell still sums its terms in the original order, so results are
 bit-identical to the unscheduled code.
 
 Large contractions (`Blocking.parallel_min_work`) run on OpenMP threads: the outermost batch
@@ -312,23 +314,31 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
     n_chunks, tail_chunk = divmod(extent[k1], kc)
 
     def kernel(row: AxisIndex, height: int, col: AxisIndex, width: int, k_at: AxisIndex, depth: int) -> ll.LLStmt:
+        """One block; in a tail panel (`width < nb`) it still updates all `nb` columns (the
+        padding columns hold zeros and are never stored), since gcc keeps only full-width
+        blocks in registers."""
         block = (Iterator(a) if height > 1 else FixedIdx(0), Iterator(b))
         cell = tuple(subst_index({i: row, j: col}, idx) for idx in st.idcs)
         k_env: dict[Symbol, AxisIndex] = {k1: k_at, **{k: Iterator(kp[k]) for k in rest}}
         a_read = _subst(c.a_op, {i: row, **k_env})
         x, y = (ll.Get(pack, pack_at), a_read) if c.b_first else (a_read, ll.Get(pack, pack_at))
         update = ll.Set(accum, block, ll.Ternop(ops.Ternop.FMA, x, y, ll.Get(accum, block)), st.debug)
-        ab = [(a, height), (b, width)] if height > 1 else [(b, width)]
+        rows = [(a, height)] if height > 1 else []
         k_loops = [(kp[k1], depth), *((kp[k], extent[k]) for k in rest)]
-        return ll.seq(_nest(ab, ll.Set(accum, block, ll.Get(st.tn, cell)), frozenset({a})),
-                      _nest([*k_loops, *ab], update, frozenset({a})),
-                      _nest(ab, ll.Set(st.tn, cell, ll.Get(accum, block)), frozenset({a})))
+        load = [_nest([*rows, (b, width)], ll.Set(accum, block, ll.Get(st.tn, cell)), frozenset({a}))]
+        if width < nb:
+            load.append(_nest(rows, ll.ForLoop(b, width, nb - 1, ll.Set(accum, block, ll.Constant(0.0))),
+                              frozenset({a})))
+        return ll.seq(*load, _nest([*k_loops, *rows, (b, nb)], update, frozenset({a})),
+                      _nest([*rows, (b, width)], ll.Set(st.tn, cell, ll.Get(accum, block)), frozenset({a})))
 
     def panel(col: AxisIndex, width: int, k_at: AxisIndex, depth: int, threaded_rows: bool) -> ll.LLStmt:
         k_env: dict[Symbol, AxisIndex] = {j: col, k1: k_at, **{k: Iterator(kp[k]) for k in rest}}
-        fill = _nest([(kp[k1], depth), *((kp[k], extent[k]) for k in rest), (b, width)],
-                     ll.Set(pack, pack_at, _subst(c.b_op, k_env), "pack a panel of the unit-stride operand"))
-        parts = [fill]
+        k_loops = [(kp[k1], depth), *((kp[k], extent[k]) for k in rest)]
+        parts = [_nest([*k_loops, (b, width)],
+                       ll.Set(pack, pack_at, _subst(c.b_op, k_env), "pack a panel of the unit-stride operand"))]
+        if width < nb:
+            parts.append(_nest(k_loops, ll.ForLoop(b, width, nb - 1, ll.Set(pack, pack_at, ll.Constant(0.0)))))
         if n_rows == 1:
             parts.append(kernel(Iterator(a) if mb > 1 else FixedIdx(0), mb, col, width, k_at, depth))
         elif n_rows:
@@ -353,12 +363,10 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
         elif n_cols:
             parts.append(ll.ForLoop(j0, 0, n_cols - 1, panel(_span(nb, j0, b), nb, k_at, depth, by_rows),
                                     parallel=by_panels))
-        start = nb * n_cols
-        for width in cost_model.tail_widths(tail_cols):
-            span = f"columns {start} to {start + width - 1}" if width > 1 else f"column {start}"
-            parts.append(ll.Comment(f"{span} of {extent[j]}"))
-            parts.append(panel(_span(nb, None, b, start), width, k_at, depth, inner_threads))
-            start += width
+        if tail_cols:
+            start = nb * n_cols
+            parts.append(ll.Comment(f"the last {tail_cols} of {extent[j]} columns, padded to {nb}"))
+            parts.append(panel(_span(nb, None, b, start), tail_cols, k_at, depth, inner_threads))
         return ll.seq(*parts)
 
     chunks = []
