@@ -5,8 +5,6 @@ reassociated), under the interpreter and under gcc."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -130,21 +128,6 @@ def test_double_precision_tails_are_exact():
     sched = schedule_llc(code, OFF, ANY_SIZE)
     assert local_nodes(sched) == {"pack", "acc"}
     check_exact(code, inputs_for(a, b, seed=4), c, sched)
-
-
-def test_openmp_threads_spin_briefly_unless_the_user_chose(monkeypatch):
-    """libgomp's long default spinning halves a 2-thread matmul on a busy machine."""
-    code, *_ = matmul(16, 8, 32, True)
-    for var in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
-        monkeypatch.delenv(var, raising=False)
-    cc.compile_proc(code, name="spins", options=cc.CcOptions(threads=1))
-    assert "GOMP_SPINCOUNT" not in os.environ
-    cc.compile_proc(code, name="spins", options=cc.CcOptions(threads=2))
-    assert os.environ["GOMP_SPINCOUNT"] == cc.OPENMP_SPIN_COUNT
-    monkeypatch.delenv("GOMP_SPINCOUNT")
-    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
-    cc.compile_proc(code, name="spins", options=cc.CcOptions(threads=2))
-    assert "GOMP_SPINCOUNT" not in os.environ
 
 
 AWKWARD_SIZES = st.sampled_from([1, 2, 3, 5, 7, 8, 9, 13, 15, 16, 17, 31, 32, 33, 40])

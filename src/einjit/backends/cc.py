@@ -87,7 +87,13 @@ class CcOptions:
 
     `threads`: how many OpenMP threads the loops the scheduler marks `parallel` (the outer
     loops of large contractions) run on; 1 compiles without `-fopenmp` and renders no pragma.
-    Default: `EINJIT_NUM_THREADS`, else the machine's core count.
+    Default: `EINJIT_NUM_THREADS`, else the machine's core count. Idle threads spin for a
+    while before they sleep (libgomp's default), so the next parallel loop of a step starts
+    at once. On a machine oversubscribed by other processes the spinning takes cores the
+    working threads need (a 2-thread matmul then ran at half its 1-thread speed at a load of
+    6 on 2 cores); `OMP_WAIT_POLICY=passive` or a small `GOMP_SPINCOUNT` helps there, but
+    costs a wake-up per parallel loop (an MLP step with several ran 2× slower at a load of 3),
+    so einjit leaves libgomp's default.
 
     `vector_math` lets gcc vectorize loops calling exp/log/sin/cos/pow/exp2/log2/tanh with
     glibc's libmvec (x86-64 glibc only; elsewhere it has no effect). Those vector variants
@@ -189,21 +195,6 @@ def _host_identity() -> str:
     return f"{platform.machine()} {platform.processor()} {flags.strip()}"
 
 
-OPENMP_SPIN_COUNT = "10000"
-"""How long an idle OpenMP thread spins before it sleeps (`GOMP_SPINCOUNT`). libgomp spins
-300,000 times by default: on a machine busy with other processes the spinning threads take
-the cores that the working ones need, and a 2-thread matmul ran at half the speed of 1
-thread; with 10,000 spins (tens of microseconds) it runs at least as fast as 1 thread there,
-and back-to-back parallel loops still hand over without sleeping on a quiet machine."""
-
-
-def _short_openmp_spins() -> None:
-    """Set `GOMP_SPINCOUNT` for libgomp, which reads it once when it is first loaded (with
-    the first multi-threaded routine), unless the user chose a wait policy or spin count."""
-    if "OMP_WAIT_POLICY" not in os.environ:
-        os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPIN_COUNT)
-
-
 def target_identity(options: CcOptions) -> str:
     """What decides the speed of compiled code besides its source: the compiler, its flags
     and libraries, and the host CPU (the key of measured choices, such as `ir/search.py`'s)."""
@@ -224,8 +215,6 @@ def compile_source(source: str, *, label: str, options: CcOptions | None = None)
     """The gcc toolchain's `compile(source, options)`: the shared object for C `source`, from
     the cache or freshly compiled (`label` names it in messages)."""
     options = options or CcOptions()
-    if options.threads > 1:
-        _short_openmp_spins()
     identity = _compiler_identity(options.compiler)
     cmd_flags = " ".join(options.flags + options.effective_libs())
     config.debug(3, f"cc: generated C for {label}:\n{source}")
