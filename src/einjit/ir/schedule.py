@@ -70,7 +70,7 @@ from einjit.ir.indexing import (
     make_affine,
     subst_index,
 )
-from einjit.ir.interchange import best_order, perfect_nest, reorderable
+from einjit.ir.interchange import best_order, perfect_nest, reorderable, unit_stride_symbol
 from einjit.ir.tnode import LOCAL, Tnode
 from einjit.ir.tracing import VirtualizeSettings
 
@@ -239,6 +239,8 @@ class _Contraction:
     a_op: ll.LLScalar
     b_op: ll.LLScalar
     b_first: bool
+    b_along_k: bool
+    """B is unit-stride along the innermost summed loop, not along `j` (A·Bᵀ)."""
 
     def shape(self) -> cost_model.Shape:
         depth = math.prod(self.extent[k] for k in self.summed)
@@ -270,7 +272,10 @@ def _recognize(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> _Cont
         return None  # one row: the panel would be read once, so packing it cannot pay
     i = max(rows, key=lambda s: extent[s])
     outer = tuple(lp.index for lp in loops if lp.index in lhs and lp.index not in (i, j))
-    return _Contraction(st, i, j, summed, outer, extent, a_op, b_op, b_first)
+    b_reads = [(x.tn, x.idcs) for x in ll.iter_scalars(b_op) if isinstance(x, ll.Get)]
+    along_k = bool(b_reads) and all(unit_stride_symbol(tn, idcs, summed[-1]) and not unit_stride_symbol(tn, idcs, j)
+                                    for tn, idcs in b_reads)
+    return _Contraction(st, i, j, summed, outer, extent, a_op, b_op, b_first, along_k)
 
 
 def choose_tile(shape: cost_model.Shape, blocking: Blocking) -> cost_model.Tile | None:
@@ -335,8 +340,9 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
     def panel(col: AxisIndex, width: int, k_at: AxisIndex, depth: int, threaded_rows: bool) -> ll.LLStmt:
         k_env: dict[Symbol, AxisIndex] = {j: col, k1: k_at, **{k: Iterator(kp[k]) for k in rest}}
         k_loops = [(kp[k1], depth), *((kp[k], extent[k]) for k in rest)]
-        parts = [_nest([*k_loops, (b, width)],
-                       ll.Set(pack, pack_at, _subst(c.b_op, k_env), "pack a panel of the unit-stride operand"))]
+        # read B along its own unit stride: rows of `w` in the dense layer's `w @ x`
+        order = [(b, width), *k_loops] if c.b_along_k else [*k_loops, (b, width)]
+        parts = [_nest(order, ll.Set(pack, pack_at, _subst(c.b_op, k_env), "pack a panel of the unit-stride operand"))]
         if width < nb:
             parts.append(_nest(k_loops, ll.ForLoop(b, width, nb - 1, ll.Set(pack, pack_at, ll.Constant(0.0)))))
         if n_rows == 1:
