@@ -115,7 +115,15 @@ class CSyntax:
     interchange_loops: bool = False
     unroll_pragma: str = "#pragma GCC unroll {n}"
     num_threads: int = 1
-    parallel_pragma: str = "#pragma omp parallel for num_threads({n}){private}"
+    parallel_pragma: str = "#pragma omp parallel for schedule(dynamic) num_threads({n}){private}"
+    parallel_region_pragma: str = "#pragma omp parallel num_threads({n}){private}"
+    private_heap_decl: str = "{t} *{restrict} {name} = ({t} *)malloc({size} * sizeof({t}));\nif (!{name}) abort();"
+    """A thread's own copy of a scratch node, written before it is read (the `parallel`
+    loop's contract), so it needs no zero fill."""
+    private_heap_free: str = "free({name});"
+    parallel_for_pragma: str = "#pragma omp for schedule(dynamic)"
+    """Loops on threads hand out iterations dynamically: on a busy machine a descheduled
+    thread then delays only its current iteration, not a fixed share of the loop."""
     loop_head: Callable[[ll.ForLoop, str, str], str | None] | None = None
     classify: Callable[[Tnode, bool], MemClass] | None = None
 
@@ -474,8 +482,9 @@ class _Writer:
                     name = symbol_name(index)
                     if s.unroll and self.syn.unroll_pragma:
                         self.lines.append(indent + self.syn.unroll_pragma.format(n=to_ - from_ + 1))
+                    region: list[str] = []
                     if s.parallel and self.syn.num_threads > 1 and not self.parallel_depth:
-                        self.parallel_head(s, indent)
+                        indent, region = self.parallel_head(s, indent)
                     head = self.syn.loop_head(s, name, self.index_type) if self.syn.loop_head else None
                     self.lines.append(indent + (head or f"for ({self.index_type} {name} = {from_}; "
                                                         f"{name} < {to_ + 1}; ++{name}) {{"))
@@ -485,6 +494,7 @@ class _Writer:
                     self.parallel_depth -= s.parallel
                     del self.loops[index]
                     self.lines.append(indent + "}")
+                    self.lines.extend(region)
                 case ll.ZeroOut(tn):
                     self.zero_out(tn, indent)
                 case ll.Set(tn, idcs, llsc, debug):
@@ -506,20 +516,35 @@ class _Writer:
                 case _:
                     raise TypeError(f"not a low-level statement: {s!r}")
 
-    def parallel_head(self, loop: ll.ForLoop, indent: str) -> None:
-        """An OpenMP pragma for a `parallel` loop, unless a scheduler local it writes lives on
-        the heap (a private copy of a pointer would point nowhere): then the loop stays serial.
-        The scheduler's locals written inside (register blocks, packed panels) are private to
-        each thread; routine-local nodes (`ir.local_storage`) are shared like context arrays,
+    def parallel_head(self, loop: ll.ForLoop, indent: str) -> tuple[str, list[str]]:
+        """The OpenMP pragma for a `parallel` loop; the indentation of the loop and the lines
+        that close its region. The scheduler's locals written inside (register blocks, packed
+        panels) are private to each thread: stack arrays through `private(..)`; scratch arrays
+        (a private copy of a pointer would share the memory) by a `parallel` region that
+        allocates each thread's own copy, under the same name, around an `omp for`. (The
+        routine's own scratch copy is then unused; it keeps the declarations independent of
+        threading.) Routine-local nodes (`ir.local_storage`) are shared like context arrays,
         since each iteration writes its own cells of them and later code reads them all."""
         written = {s.tn.id: s.tn for s in ll.iter_stmts(loop.body)
                    if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_local()
                    and not is_routine_local(s.tn)}
-        if any(tn not in self.on_stack for tn in written.values()):
-            return
-        names = ", ".join(self.node_name(tn, written=True) for _, tn in sorted(written.items()))
-        private = f" private({names})" if names else ""
-        self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private))
+        nodes = [tn for _, tn in sorted(written.items())]
+        heap = [tn for tn in nodes if tn not in self.on_stack]
+        stack = ", ".join(self.node_name(tn, written=True) for tn in nodes if tn not in heap)
+        private = f" private({stack})" if stack else ""
+        if not heap:
+            self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private))
+            return indent, []
+        inner = indent + "  "
+        self.lines.append(indent + self.syn.parallel_region_pragma.format(n=self.syn.num_threads, private=private))
+        self.lines.append(indent + "{")
+        for tn in heap:
+            fields = dict(t=self.syn.type_name(tn.prec), name=self.node_name(tn, written=True), size=tn.size,
+                          restrict=self.syn.restrict)
+            self.lines.extend(inner + line for line in self.syn.private_heap_decl.format(**fields).split("\n"))
+        self.lines.append(inner + self.syn.parallel_for_pragma)
+        frees = [inner + self.syn.private_heap_free.format(name=self.node_name(tn, written=True)) for tn in heap]
+        return inner, [*frees, indent + "}"]
 
     def zero_out(self, tn: Tnode, indent: str) -> None:
         name, t = self.node_name(tn, written=True), self.syn.type_name(tn.prec)

@@ -87,7 +87,13 @@ class CcOptions:
 
     `threads`: how many OpenMP threads the loops the scheduler marks `parallel` (the outer
     loops of large contractions) run on; 1 compiles without `-fopenmp` and renders no pragma.
-    Default: `EINJIT_NUM_THREADS`, else the machine's core count.
+    Default: `EINJIT_NUM_THREADS`, else the machine's core count. Idle threads spin for a
+    while before they sleep (libgomp's default), so the next parallel loop of a step starts
+    at once. On a machine oversubscribed by other processes the spinning takes cores the
+    working threads need (a 2-thread matmul then ran at half its 1-thread speed at a load of
+    6 on 2 cores); `OMP_WAIT_POLICY=passive` or a small `GOMP_SPINCOUNT` helps there, but
+    costs a wake-up per parallel loop (an MLP step with several ran 2× slower at a load of 3),
+    so einjit leaves libgomp's default.
 
     `vector_math` lets gcc vectorize loops calling exp/log/sin/cos/pow/exp2/log2/tanh with
     glibc's libmvec (x86-64 glibc only; elsewhere it has no effect). Those vector variants
@@ -187,6 +193,13 @@ def _host_identity() -> str:
     except OSError:
         pass
     return f"{platform.machine()} {platform.processor()} {flags.strip()}"
+
+
+def target_identity(options: CcOptions) -> str:
+    """What decides the speed of compiled code besides its source: the compiler, its flags
+    and libraries, and the host CPU (the key of measured choices, such as `ir/search.py`'s)."""
+    return "\n".join((_compiler_identity(options.compiler), " ".join(options.flags + options.effective_libs()),
+                      str(options.threads), _host_identity()))
 
 
 def _missing_compiler(compiler: str, err: Exception | None = None) -> CompileError:

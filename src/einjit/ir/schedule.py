@@ -9,21 +9,33 @@ in any order (`interchange.reorderable`):
 unit-stride axis, `k` the summed loops, `A` not depending on `j` and `B` not on `i`. Whatever
 the operands' layouts (`a @ b`, the dense layer's `w @ x`, i.e. A·Bᵀ) this becomes
 
-    for j0:                                   (a panel of NB columns)
-      pack[k.., b] := B(NB*j0 + b, k)         (B's panel, contiguous along b)
-      for i0:                                 (a block of MB rows)
-        acc[a, b] := c[MB*i0 + a, NB*j0 + b]
-        for k..: acc[a, b] := fma(A(MB*i0 + a, k), pack[k.., b], acc[a, b])
-        c[MB*i0 + a, NB*j0 + b] := acc[a, b]
+    for kt:                                   (chunks of the outermost k, if the panel is big)
+      for j0:                                 (a panel of NB columns)
+        pack[k.., b] := B(NB*j0 + b, k)       (B's panel, contiguous along b)
+        for i0:                               (a block of MB rows)
+          acc[a, b] := c[MB*i0 + a, NB*j0 + b]
+          for k..: acc[a, b] := fma(A(MB*i0 + a, k), pack[k.., b], acc[a, b])
+          c[MB*i0 + a, NB*j0 + b] := acc[a, b]
 
 `acc` and `pack` are routine-local nodes. The `a` loops are marked `unroll`: once gcc has
 unrolled them every access to `acc` has a constant row, so it keeps the MB×NB accumulator
 block in vector registers (register blocking, unroll-and-jam of `i` and `j`; without the
 unrolling the block round-trips through memory at every step and runs at half the speed).
-The innermost `b` loop is unit-stride everywhere, so it vectorizes. Every output cell
-still sums its terms in the original order, so results are bit-identical to the unscheduled
-code. Large contractions also mark one loop `parallel` (see `Blocking.parallel_min_work`),
-which the C backend runs on OpenMP threads.
+The innermost `b` loop is unit-stride everywhere, so it vectorizes. MB, NB and the chunk
+come from the cost model (`cost_model.py`), or from measurements under `EINJIT_SEARCH=1`.
+
+Extents they do not divide take the same path with tails: the last `rows % MB` rows run a
+shorter block, and the last `cols % NB` columns run one panel padded to NB columns (zeros in
+the pack and the accumulators, never stored): gcc keeps only full-width blocks in registers
+(an 8×16 block ran at a third of the speed of 8×32, a 31-wide one scalar), so the padded
+block, although it computes unused columns, is the fastest way to do the tail. A last chunk
+of `k` is shorter. Every output cell still sums its terms in the original order, so results are
+bit-identical to the unscheduled code.
+
+Large contractions (`Blocking.parallel_min_work`) run on OpenMP threads: the outermost batch
+loop if there is one, else the column-panel loop when each thread gets at least
+`Blocking.min_panels_per_thread` panels — one fork-join per nest (per chunk), each thread
+packing its own panel — else each panel's row blocks, sharing its panel.
 
 **Reductions** whose innermost loop `k` is summed (a row sum, a matrix-vector product, a
 convolution's kernel gradient) and that interchange would leave alone get `Blocking.lanes`
@@ -42,10 +54,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from einjit.ir import cost_model, ops, provenance, schedule_conv
 from einjit.ir import low_level as ll
-from einjit.ir import ops, provenance, schedule_conv
 from einjit.ir.indexing import (
     AxisIndex,
     FixedIdx,
@@ -56,63 +70,100 @@ from einjit.ir.indexing import (
     make_affine,
     subst_index,
 )
-from einjit.ir.interchange import best_order, perfect_nest, reorderable
+from einjit.ir.interchange import best_order, perfect_nest, reorderable, unit_stride_symbol
 from einjit.ir.tnode import LOCAL, Tnode
 from einjit.ir.tracing import VirtualizeSettings
 
 
 @dataclass(frozen=True)
 class Blocking:
-    """The stage's size parameters, tuned on the development machine (AVX-512 EPYC, gcc 12).
+    """The stage's size parameters. Tile sizes come from the cost model (`cost_model.py`)
+    unless `tile` fixes them.
 
     `min_work`: innermost iterations below which a nest is not worth rescheduling.
-    `nb_choices`: register-block widths along the unit-stride lhs axis for 4-byte elements,
-    best first (multiples of the 8-float AVX vector), halved for 8-byte elements so the block
-    takes the same registers; an axis none of them divides is blocked by its largest divisor
-    up to the first choice, if that is at least `min_nb`.
-    `mb_max`: the most rows of a register block: 8 rows × 32 columns measured best.
+    `nb_choices`: the register-block widths the cost model considers along the unit-stride
+    lhs axis, for 4-byte elements (halved for 8-byte ones, so a block takes the same
+    registers), listed in the order ties are broken; `min_nb`: narrower axes are left alone.
+    `mb_max`: the most rows of a register block.
+    `machine`: what the cost model prices code for.
+    `tile`: fixed tile sizes instead of the model's (the search's candidates, tests).
     `lanes`: partial sums of a split reduction: four 8-float vectors, enough independent FMA
     chains to hide the FMA latency.
     `parallel_min_work`: contractions of at least this many multiply-adds (a millisecond or
-    so on one core) mark one loop `parallel`: threads pay off only well above their
-    fork-join cost, and on a busy machine every barrier may wait for a descheduled thread.
-    `private_max_bytes`: the largest packed panel a thread may copy privately (the C
-    renderer's stack limit for local arrays).
+    so on one core) run on threads: threads pay off only well above their fork-join cost, and
+    on a busy machine every barrier may wait for a descheduled thread.
+    `min_panels_per_thread`: column panels each thread should get before the panel loop is
+    the one on threads (one fork-join for the nest) rather than each panel's row blocks.
     """
 
     min_work: int = 1 << 16
-    nb_choices: tuple[int, ...] = (32, 24, 16, 8)
+    nb_choices: tuple[int, ...] = (32, 16, 8)
     min_nb: int = 4
     mb_max: int = 8
+    machine: cost_model.Machine = cost_model.Machine()
+    tile: cost_model.Tile | None = None
     lanes: int = 32
     parallel_min_work: int = 1 << 22
-    private_max_bytes: int = 16 * 1024
+    min_panels_per_thread: int = 2
 
 
 BLOCKING = Blocking()
 
+TileChooser = Callable[[cost_model.Shape, Blocking], "cost_model.Tile | None"]
+"""Picks a contraction's tile: `choose_tile` (the cost model) by default, `search.py`'s
+measuring chooser under `EINJIT_SEARCH=1`."""
 
-def schedule_llc(stmt: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocking = BLOCKING) -> ll.LLStmt:
+
+def schedule_llc(stmt: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocking = BLOCKING,
+                 tile_for: TileChooser | None = None) -> ll.LLStmt:
     """Every eligible nest of `stmt` rescheduled; other code unchanged."""
-    return ll.seq(*(_schedule_stmt(s, settings, blocking) for s in ll.flatten(stmt)))
+    chooser = tile_for or _default_chooser()
+    return ll.seq(*(_schedule_stmt(s, settings, blocking, chooser) for s in ll.flatten(stmt)))
 
 
-def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocking) -> ll.LLStmt:
+def _default_chooser() -> TileChooser:
+    """The cost model, or under `EINJIT_SEARCH=1` the measuring search (which compiles and
+    runs code, so it is imported only then)."""
+    if os.environ.get("EINJIT_SEARCH", "").strip() in ("", "0"):
+        return choose_tile
+    from einjit.ir import search  # the search compiles with the C backend, which imports ir
+
+    return search.tile_for if search.enabled() else choose_tile
+
+
+def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocking,
+                   tile_for: TileChooser) -> ll.LLStmt:
     if not isinstance(s, ll.ForLoop):
         return s
     loops, body = perfect_nest(s)
     inner = list(ll.flatten(body))
     if len(inner) == 1 and isinstance(inner[0], ll.Set) and all(lp.from_ == 0 for lp in loops):
         st = inner[0]
-        new = (schedule_conv.channel_blocked(loops, st, settings, blocking) or _contraction(loops, st, blocking)
-               or _split_reduction(loops, st, settings, blocking) or schedule_conv.window_reduction(loops, st)
-               if math.prod(lp.to_ + 1 for lp in loops) >= blocking.min_work else None)
-        if new is not None:
-            return new
-    rebuilt = schedule_llc(body, settings, blocking)
+        if math.prod(lp.to_ + 1 for lp in loops) >= blocking.min_work:
+            new = _rewritten(loops, st, settings, blocking, tile_for)
+            if new is not None:
+                return new
+    rebuilt = schedule_llc(body, settings, blocking, tile_for)
     for loop in reversed(loops):
         rebuilt = dataclasses.replace(loop, body=rebuilt)
     return rebuilt
+
+
+def _rewritten(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSettings, blocking: Blocking,
+               tile_for: TileChooser) -> ll.LLStmt | None:
+    """The first rewrite that applies. A convolution (an affine index anywhere) is blocked along
+    its channels first; a plain contraction along its unit-stride axis, with tails, and along
+    a channel or batch axis only when that fails (measured equal on the convnet's 10-class
+    layer, and the plain blocking also serves the awkward widths)."""
+    def conv() -> ll.LLStmt | None:
+        return schedule_conv.channel_blocked(loops, st, settings, blocking)
+
+    def plain() -> ll.LLStmt | None:
+        return _contraction(loops, st, blocking, tile_for)
+
+    first, second = (conv, plain) if schedule_conv.has_affine(st) else (plain, conv)
+    return (first() or second() or _split_reduction(loops, st, settings, blocking)
+            or schedule_conv.window_reduction(loops, st))
 
 
 # ---------------------------------------------------------------- shared helpers
@@ -191,86 +242,174 @@ def _unit_stride_axis_symbol(tn: Tnode, idcs: tuple[AxisIndex, ...]) -> Symbol |
 # ---------------------------------------------------------------- contractions
 
 
-def _contraction(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> ll.LLStmt | None:
+@dataclass(frozen=True)
+class _Contraction:
+    """A recognized contraction nest: `st` accumulates `A(i, k..) * B(j, k..)` into cells
+    indexed by `i`, `j` and the `outer` (batch) loops, summed over `summed`."""
+
+    st: ll.Set
+    i: Symbol
+    j: Symbol
+    summed: tuple[Symbol, ...]
+    outer: tuple[Symbol, ...]
+    extent: dict[Symbol, int]
+    a_op: ll.LLScalar
+    b_op: ll.LLScalar
+    b_first: bool
+    b_along_k: bool
+    """B is unit-stride along the innermost summed loop, not along `j` (A·Bᵀ)."""
+
+    def shape(self) -> cost_model.Shape:
+        depth = math.prod(self.extent[k] for k in self.summed)
+        return cost_model.Shape(self.extent[self.i], self.extent[self.j], depth, self.extent[self.summed[0]],
+                                self.st.tn.prec.itemsize)
+
+
+def _recognize(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> _Contraction | None:
     acc = _accumulation(st)
     if acc is None or acc[0] != "fma" or not st.tn.prec.is_float:
         return None
     x, y = acc[1]
     extent = {lp.index: lp.to_ + 1 for lp in loops}
     lhs = {s for idx in st.idcs for s in index_symbols(idx)}
-    summed = [lp.index for lp in loops if lp.index not in lhs]
+    summed = tuple(lp.index for lp in loops if lp.index not in lhs)
     j = _unit_stride_axis_symbol(st.tn, st.idcs)
-    if not summed or j is None or j not in extent:
+    if not summed or j is None or j not in extent or extent[j] < blocking.min_nb:
         return None
     sx, sy = _symbols(x), _symbols(y)
     if j in sx and j not in sy:
-        b_first = True
-        a_op, b_op, sa, sb = y, x, sy, sx
+        b_first, a_op, b_op, sa, sb = True, y, x, sy, sx
     elif j in sy and j not in sx:
-        b_first = False
-        a_op, b_op, sa, sb = x, y, sx, sy
+        b_first, a_op, b_op, sa, sb = False, x, y, sx, sy
     else:
         return None
     rows = [lp.index for lp in loops if lp.index in lhs and lp.index != j and lp.index in sa
             and lp.index not in sb and extent[lp.index] > 1]
     if not rows:
-        return None
+        return None  # one row: the panel would be read once, so packing it cannot pay
     i = max(rows, key=lambda s: extent[s])
-    per_vector = max(1, st.tn.prec.itemsize // 4)
-    choices = [d // per_vector for d in blocking.nb_choices if d // per_vector >= blocking.min_nb]
-    if not choices:
+    outer = tuple(lp.index for lp in loops if lp.index in lhs and lp.index not in (i, j))
+    b_reads = [(x.tn, x.idcs) for x in ll.iter_scalars(b_op) if isinstance(x, ll.Get)]
+    along_k = bool(b_reads) and all(unit_stride_symbol(tn, idcs, summed[-1]) and not unit_stride_symbol(tn, idcs, j)
+                                    for tn, idcs in b_reads)
+    return _Contraction(st, i, j, summed, outer, extent, a_op, b_op, b_first, along_k)
+
+
+def choose_tile(shape: cost_model.Shape, blocking: Blocking) -> cost_model.Tile | None:
+    """`blocking.tile` when fixed (clipped to the extents), else the cost model's choice."""
+    if blocking.tile is not None:
+        t = blocking.tile
+        return cost_model.Tile(min(t.mb, shape.rows), min(t.nb, shape.cols), min(t.kc, shape.outer_depth))
+    return cost_model.choose(shape, blocking.nb_choices, blocking.mb_max, blocking.machine)
+
+
+def _contraction(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking,
+                 tile_for: TileChooser) -> ll.LLStmt | None:
+    c = _recognize(loops, st, blocking)
+    if c is None:
         return None
-    nb = next((d for d in choices if extent[j] % d == 0), None) or _divisor_up_to(extent[j], choices[0])
-    mb = _divisor_up_to(extent[i], blocking.mb_max)
-    if nb < blocking.min_nb:
+    tile = tile_for(c.shape(), blocking)
+    if tile is None:
         return None
+    return _blocked(c, tile, blocking)
+
+
+def _span(step: int, block: Symbol | None, inner: Symbol, offset: int = 0) -> AxisIndex:
+    """`step * block + inner + offset`: an index inside a block (or the tail, without `block`)."""
+    return make_affine(((step, block), (1, inner)) if block is not None else ((1, inner),), offset)
+
+
+def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.LLStmt:
+    """The contraction as column panels × row blocks × k chunks, with narrower tail blocks
+    where `tile` does not divide an extent (see the module docstring)."""
+    st, i, j, extent = c.st, c.i, c.j, c.extent
+    mb, nb, kc = tile.mb, tile.nb, tile.kc
+    k1, rest = c.summed[0], c.summed[1:]
     prec = st.tn.prec
-    pack = _local("pack", tuple(extent[k] for k in summed) + (nb,), prec)
+    pack = _local("pack", (kc, *(extent[k] for k in rest), nb), prec)
     accum = _local("acc", (mb, nb), prec)
-    j0, i0, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("ir"), get_symbol("jr")
-    packed = {k: get_symbol(k.name) for k in summed}
+    j0, i0, kt, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("kt"), get_symbol("ir"), get_symbol("jr")
+    kp = {k: get_symbol(k.name) for k in c.summed}
+    pack_at = (Iterator(kp[k1]), *(Iterator(kp[k]) for k in rest), Iterator(b))
+    n_cols, tail_cols = divmod(extent[j], nb)
+    n_rows, tail_rows = divmod(extent[i], mb)
+    n_chunks, tail_chunk = divmod(extent[k1], kc)
 
-    col = make_affine(((nb, j0), (1, b)))
-    row = make_affine(((mb, i0), (1, a))) if mb > 1 else Iterator(i0)
-    b_env: dict[Symbol, AxisIndex] = {j: col, **{k: Iterator(kp) for k, kp in packed.items()}}
-    fill = _nest([*((kp, extent[k]) for k, kp in packed.items()), (b, nb)],
-                 ll.Set(pack, tuple(Iterator(kp) for kp in packed.values()) + (Iterator(b),), _subst(b_op, b_env),
-                        "pack a panel of the unit-stride operand"))
-    cell = tuple(subst_index({i: row, j: col}, idx) for idx in st.idcs)
-    block = (Iterator(a) if mb > 1 else FixedIdx(0), Iterator(b))
-    a_read = _subst(a_op, {i: row})
-    p_read = ll.Get(pack, tuple(Iterator(k) for k in summed) + (Iterator(b),))
-    args = (p_read, a_read) if b_first else (a_read, p_read)
-    update = ll.Set(accum, block, ll.Ternop(ops.Ternop.FMA, args[0], args[1], ll.Get(accum, block)), st.debug)
-    ab = [(a, mb), (b, nb)] if mb > 1 else [(b, nb)]
-    unrolled = frozenset({a})
-    kernel = ll.seq(
-        _nest(ab, ll.Set(accum, block, ll.Get(st.tn, cell)), unrolled),
-        _nest([*((k, extent[k]) for k in summed), *ab], update, unrolled),
-        _nest(ab, ll.Set(st.tn, cell, ll.Get(accum, block)), unrolled))
-    outer = [(lp.index, extent[lp.index]) for lp in loops if lp.index in lhs and lp.index not in (i, j)]
-    threaded = _parallel_loop(outer, (i0, extent[i] // mb), pack, extent, blocking)
-    body = ll.seq(ll.Comment(f"register-blocked {mb}x{nb} contraction into {st.tn.name}"),
-                  fill, ll.ForLoop(i0, 0, extent[i] // mb - 1, kernel, parallel=threaded == i0))
-    return _nest([*outer, (j0, extent[j] // nb)], body, parallel=threaded)
+    def kernel(row: AxisIndex, height: int, col: AxisIndex, width: int, k_at: AxisIndex, depth: int) -> ll.LLStmt:
+        """One block; in a tail panel (`width < nb`) it still updates all `nb` columns (the
+        padding columns hold zeros and are never stored), since gcc keeps only full-width
+        blocks in registers."""
+        block = (Iterator(a) if height > 1 else FixedIdx(0), Iterator(b))
+        cell = tuple(subst_index({i: row, j: col}, idx) for idx in st.idcs)
+        k_env: dict[Symbol, AxisIndex] = {k1: k_at, **{k: Iterator(kp[k]) for k in rest}}
+        a_read = _subst(c.a_op, {i: row, **k_env})
+        x, y = (ll.Get(pack, pack_at), a_read) if c.b_first else (a_read, ll.Get(pack, pack_at))
+        update = ll.Set(accum, block, ll.Ternop(ops.Ternop.FMA, x, y, ll.Get(accum, block)), st.debug)
+        rows = [(a, height)] if height > 1 else []
+        k_loops = [(kp[k1], depth), *((kp[k], extent[k]) for k in rest)]
+        load = [_nest([*rows, (b, width)], ll.Set(accum, block, ll.Get(st.tn, cell)), frozenset({a}))]
+        if width < nb:
+            load.append(_nest(rows, ll.ForLoop(b, width, nb - 1, ll.Set(accum, block, ll.Constant(0.0))),
+                              frozenset({a})))
+        return ll.seq(*load, _nest([*k_loops, *rows, (b, nb)], update, frozenset({a})),
+                      _nest([*rows, (b, width)], ll.Set(st.tn, cell, ll.Get(accum, block)), frozenset({a})))
+
+    def panel(col: AxisIndex, width: int, k_at: AxisIndex, depth: int, threaded_rows: bool) -> ll.LLStmt:
+        k_env: dict[Symbol, AxisIndex] = {j: col, k1: k_at, **{k: Iterator(kp[k]) for k in rest}}
+        k_loops = [(kp[k1], depth), *((kp[k], extent[k]) for k in rest)]
+        # read B along its own unit stride: rows of `w` in the dense layer's `w @ x`
+        order = [(b, width), *k_loops] if c.b_along_k else [*k_loops, (b, width)]
+        parts = [_nest(order, ll.Set(pack, pack_at, _subst(c.b_op, k_env), "pack a panel of the unit-stride operand"))]
+        if width < nb:
+            parts.append(_nest(k_loops, ll.ForLoop(b, width, nb - 1, ll.Set(pack, pack_at, ll.Constant(0.0)))))
+        if n_rows == 1:
+            parts.append(kernel(Iterator(a) if mb > 1 else FixedIdx(0), mb, col, width, k_at, depth))
+        elif n_rows:
+            row = _span(mb, i0, a) if mb > 1 else Iterator(i0)
+            parts.append(ll.ForLoop(i0, 0, n_rows - 1, kernel(row, mb, col, width, k_at, depth),
+                                    parallel=threaded_rows))
+        if tail_rows:
+            row = _span(mb, None, a, mb * n_rows) if tail_rows > 1 else FixedIdx(mb * n_rows)
+            parts.append(ll.Comment(f"the last {tail_rows} of {extent[i]} rows"))
+            parts.append(kernel(row, tail_rows, col, width, k_at, depth))
+        return ll.seq(*parts)
+
+    batch = next((s for s in c.outer if extent[s] > 1), None) if _threaded(c, blocking) else None
+    inner_threads = batch is None and _threaded(c, blocking)
+    by_panels = inner_threads and n_cols >= 2 * blocking.min_panels_per_thread
+    by_rows = inner_threads and not by_panels
+
+    def chunk(k_at: AxisIndex, depth: int) -> ll.LLStmt:
+        parts = []
+        if n_cols == 1:
+            parts.append(panel(Iterator(b), nb, k_at, depth, inner_threads))
+        elif n_cols:
+            parts.append(ll.ForLoop(j0, 0, n_cols - 1, panel(_span(nb, j0, b), nb, k_at, depth, by_rows),
+                                    parallel=by_panels))
+        if tail_cols:
+            start = nb * n_cols
+            parts.append(ll.Comment(f"the last {tail_cols} of {extent[j]} columns, padded to {nb}"))
+            parts.append(panel(_span(nb, None, b, start), tail_cols, k_at, depth, inner_threads))
+        return ll.seq(*parts)
+
+    chunks = []
+    if n_chunks:
+        k_at = _span(kc, kt, kp[k1]) if n_chunks > 1 else Iterator(kp[k1])
+        body = chunk(k_at, kc)
+        chunks.append(ll.ForLoop(kt, 0, n_chunks - 1, body) if n_chunks > 1 else body)
+    if tail_chunk:
+        chunks.append(chunk(_span(kc, None, kp[k1], kc * n_chunks), tail_chunk))
+    tiles = f"{mb}x{nb}" + (f", {kc}-step k chunks" if kc < extent[k1] else "")
+    body = ll.seq(ll.Comment(f"register-blocked {tiles} contraction into {st.tn.name}"), *chunks)
+    return _nest([(s, extent[s]) for s in c.outer], body, parallel=batch)
 
 
-def _parallel_loop(outer: list[tuple[Symbol, int]], blocks: tuple[Symbol, int], pack: Tnode,
-                   extent: dict[Symbol, int], blocking: Blocking) -> Symbol | None:
-    """The loop to run on threads, if the nest is large enough: the outermost batch loop, so
-    each thread gets a big share and one fork-join serves the whole nest — provided the
-    packed panel, written inside it, is small enough for each thread's private copy on the
-    stack; else the row-block loop, whose threads share the panel."""
-    if math.prod(extent.values()) < blocking.parallel_min_work:
-        return None
-    batch = next((s for s, n in outer if n > 1), None)
-    if batch is not None and pack.size * pack.prec.itemsize <= blocking.private_max_bytes:
-        return batch
-    return blocks[0] if blocks[1] > 1 else None
-
-
-def _divisor_up_to(n: int, most: int) -> int:
-    return max(d for d in range(1, most + 1) if n % d == 0)
+def _threaded(c: _Contraction, blocking: Blocking) -> bool:
+    """Whether the nest is large enough for threads: they pay off only well above their
+    fork-join cost. A batched nest runs its outermost batch loop on threads (each thread packs
+    its own panels); otherwise the column panels, each thread packing its own, or — with too
+    few panels to share — the row blocks of each panel."""
+    return math.prod(c.extent.values()) >= blocking.parallel_min_work
 
 
 # ---------------------------------------------------------------- split reductions

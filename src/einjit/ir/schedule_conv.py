@@ -1,6 +1,7 @@
 """Convolution nests (and contractions shaped like them) for the scheduling stage:
-`schedule.schedule_llc` offers every perfect nest to `channel_blocked` before its generic
-rewrites and to `window_reduction` after them.
+`schedule.schedule_llc` offers a convolution nest to `channel_blocked` before its generic
+rewrites, a plain contraction after its own blocking declines it, and every nest to
+`window_reduction` last.
 
 A convolution's nests carry affine indices (`x[b, ci, oh+kh, ow+kw]`). In the NCHW layout of
 `einjit.nn` the lhs's unit-stride axis is an image row of 11 or 26 cells, which no vector width
@@ -20,9 +21,7 @@ they happen once per whole sum. Every cell of a plain-iterator lhs still sums it
 original order (bit-identical). An affine lhs (the input gradient's scatter `oh+kh`) is summed
 by several loops at once, and blocking reorders those terms: it is done only under
 `VirtualizeSettings.reassociate`.
-The same holds for a plain contraction whose unit-stride axis is no vector multiple: the
-convnet's last layer, `logits[b, o] += x[b, k] * w[o, k]` with 10 classes, is blocked along
-the batch (5x16 blocks instead of 8x10: 10% of the whole step).
+A plain contraction that `schedule`'s own blocking declines is blocked the same way.
 
 **Window reductions.** Max pooling, `m[b,c,oh,ow] := max(m[b,c,oh,ow], x[b,c,2*oh+kh,2*ow+kw])`,
 arrives with its 2x2 window loops innermost. gcc cannot vectorize those, and its scalar code
@@ -69,14 +68,8 @@ VECTOR_BYTES = 32
 whose trip count the vector divides, so the moved loop's extent must be a multiple of it."""
 
 
-def channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSettings,
-                    blocking: sched.Blocking) -> ll.LLStmt | None:
-    """The channel-blocked nest, or None when it does not apply (tried before `schedule`'s
-    contraction, which handles the nests whose unit-stride axis takes a vector block)."""
-    return _channel_blocked(loops, st, settings, blocking)
-
-
-def _has_affine(st: ll.Set) -> bool:
+def has_affine(st: ll.Set) -> bool:
+    """Whether `st` reads or writes through an affine index: a convolution's nest."""
     reads = (x.idcs for x in ll.iter_scalars(st.llsc) if isinstance(x, ll.Get))
     return any(isinstance(idx, Affine) for idcs in (st.idcs, *reads) for idx in idcs)
 
@@ -103,8 +96,9 @@ def _scatter(st: ll.Set) -> bool:
     return len(syms) == len(set(syms))
 
 
-def _channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSettings,
-                     blocking: sched.Blocking) -> ll.LLStmt | None:
+def channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSettings,
+                    blocking: sched.Blocking) -> ll.LLStmt | None:
+    """The channel-blocked nest, or None when it does not apply."""
     terms = _fma_terms(st)
     if terms is None or not st.tn.prec.is_float:
         return None
@@ -137,8 +131,8 @@ def _channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSe
     if not rows:
         return None
     # 8 rows (`Blocking.mb_max`): 4 rows took a quarter less gcc time but 7-12% more run time
-    i = max(rows, key=lambda s: (sched._divisor_up_to(extent[s], blocking.mb_max), s in plain, extent[s]))
-    mb = sched._divisor_up_to(extent[i], blocking.mb_max)
+    i = max(rows, key=lambda s: (_divisor_up_to(extent[s], blocking.mb_max), s in plain, extent[s]))
+    mb = _divisor_up_to(extent[i], blocking.mb_max)
     return _blocked_nest(loops, st, (a_op, b_op, b_first), (i, mb), (j, nb), summed)
 
 
@@ -177,7 +171,7 @@ def _blocked_nest(loops: list[ll.ForLoop], st: ll.Set, operands: tuple[ll.LLScal
     panel_loops = [(s, extent[s]) for s in outer if s in sb]
     other_loops = [(s, extent[s]) for s in outer if s not in sb]
     inner = sched._nest(other_loops, ll.ForLoop(i0, 0, extent[i] // mb - 1, kernel))
-    kind = "convolution" if _has_affine(st) else "contraction"
+    kind = "convolution" if has_affine(st) else "contraction"
     comment = ll.Comment(f"channel-blocked {mb}x{nb} {kind} into {st.tn.name}")
     return sched._nest([*panel_loops, (j0, extent[j] // nb)], ll.seq(comment, fill, inner))
 
@@ -186,7 +180,7 @@ def _blocked_nest(loops: list[ll.ForLoop], st: ll.Set, operands: tuple[ll.LLScal
 def window_reduction(loops: list[ll.ForLoop], st: ll.Set) -> ll.LLStmt | None:
     """The window reduction with a vector-width lhs loop innermost, or None when it does not
     apply (tried after `schedule`'s generic rewrites)."""
-    if not _has_affine(st) or not reorderable(st) or not sched._reads(st.llsc, st.tn):
+    if not has_affine(st) or not reorderable(st) or not sched._reads(st.llsc, st.tn):
         return None
     lhs = {idx.symbol for idx in st.idcs if isinstance(idx, Iterator)}
     window = 0
@@ -206,3 +200,7 @@ def window_reduction(loops: list[ll.ForLoop], st: ll.Set) -> ll.LLStmt | None:
     for lp in reversed([lp for lp in loops if lp is not moved] + [moved]):
         body = dataclasses.replace(lp, body=body)
     return body
+
+
+def _divisor_up_to(n: int, most: int) -> int:
+    return max(d for d in range(1, most + 1) if n % d == 0)

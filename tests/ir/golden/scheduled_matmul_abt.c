@@ -2,32 +2,32 @@ void scheduled(const float *restrict a, float *restrict c, const float *restrict
   float pack[1024] = {0};
   float acc[256] = {0};
   memset(c, 0, sizeof(float) * 4096);
-  for (int jp0 = 0; jp0 < 2; ++jp0) {
-    /* register-blocked 8x32 contraction into c1 */
-    for (int k2 = 0; k2 < 32; ++k2) {
-      for (int jr3 = 0; jr3 < 32; ++jr3) {
-        pack[k2 * 32 + jr3] = b[(32*jp0 + jr3) * 32 + k2]; /* pack a panel of the unit-stride operand */
+  /* register-blocked 8x32 contraction into c0 */
+  for (int jp1 = 0; jp1 < 2; ++jp1) {
+    for (int jr2 = 0; jr2 < 32; ++jr2) {
+      for (int k3 = 0; k3 < 32; ++k3) {
+        pack[k3 * 32 + jr2] = b[(32*jp1 + jr2) * 32 + k3]; /* pack a panel of the unit-stride operand */
       }
     }
     for (int ib4 = 0; ib4 < 8; ++ib4) {
       #pragma GCC unroll 8
       for (int ir5 = 0; ir5 < 8; ++ir5) {
-        for (int jr3 = 0; jr3 < 32; ++jr3) {
-          acc[ir5 * 32 + jr3] = c[(8*ib4 + ir5) * 64 + (32*jp0 + jr3)];
+        for (int jr2 = 0; jr2 < 32; ++jr2) {
+          acc[ir5 * 32 + jr2] = c[(8*ib4 + ir5) * 64 + (32*jp1 + jr2)];
         }
       }
-      for (int k6 = 0; k6 < 32; ++k6) {
+      for (int k3 = 0; k3 < 32; ++k3) {
         #pragma GCC unroll 8
         for (int ir5 = 0; ir5 < 8; ++ir5) {
-          for (int jr3 = 0; jr3 < 32; ++jr3) {
-            acc[ir5 * 32 + jr3] = fmaf(a[(8*ib4 + ir5) * 32 + k6], pack[k6 * 32 + jr3], acc[ir5 * 32 + jr3]);
+          for (int jr2 = 0; jr2 < 32; ++jr2) {
+            acc[ir5 * 32 + jr2] = fmaf(a[(8*ib4 + ir5) * 32 + k3], pack[k3 * 32 + jr2], acc[ir5 * 32 + jr2]);
           }
         }
       }
       #pragma GCC unroll 8
       for (int ir5 = 0; ir5 < 8; ++ir5) {
-        for (int jr3 = 0; jr3 < 32; ++jr3) {
-          c[(8*ib4 + ir5) * 64 + (32*jp0 + jr3)] = acc[ir5 * 32 + jr3];
+        for (int jr2 = 0; jr2 < 32; ++jr2) {
+          c[(8*ib4 + ir5) * 64 + (32*jp1 + jr2)] = acc[ir5 * 32 + jr2];
         }
       }
     }

@@ -1,0 +1,139 @@
+"""The analytic cost model that picks a contraction's tile sizes (`schedule.py`).
+
+A scheduled contraction runs a micro-kernel: an `mb`×`nb` block of accumulators held in
+vector registers, updated once per step of the summed loops from one packed-panel row (`nb`
+values, `ceil(nb / V)` vector loads) and `mb` broadcast values of the other operand. Per
+step the kernel takes the longest of three bounds, in cycles:
+
+- FMA throughput: `mb * ceil(nb / V)` vector FMAs at `fma_per_cycle`;
+- FMA latency: each accumulator depends on its previous step, so a step lasts at least
+  `fma_latency` cycles (fewer than `fma_per_cycle * fma_latency` accumulators leave the FMA
+  units idle);
+- loads: `mb + ceil(nb / V)` loads at `loads_per_cycle`.
+
+`V` is the vector width in elements of the precision (`vector_bytes / itemsize`), so a double
+block needs twice the registers of a float block of the same width. Blocks whose
+accumulators would take more than `accumulator_registers` registers are not considered: gcc
+needs the rest for the panel row, the broadcasts and addresses, and spills otherwise (8×32
+floats in 16 of AVX-512's 32 registers measured best on the development machine). Widths
+of exactly `row_vectors` vectors are preferred: gcc -O2 keeps the accumulators in registers
+only when the vectorized column loop has two iterations, which it then unrolls completely;
+with one iteration (8×16 floats) or a rolled loop (4×64) they stay in memory, and the block
+runs at a third of the speed.
+
+Extents the block does not divide leave tails (`rows % mb` tail rows priced with the same
+formula; the last `cols % nb` columns in a panel padded to `nb`, priced as a full one). A
+nest narrower than the preferred width (a convolution's output row of 13) takes the widest
+power of two it holds instead (8, then a padded panel of 5), wasting less than the padding
+to 32 would (that made a convnet step 15% slower). Each
+block also pays `block_overhead` cycles (loading and storing its accumulators, loop startup).
+
+The summed loop is tiled (`kc`) when the packed panel — `depth × nb` elements — would not
+fit in half the L2 cache, so the panel packed once per column block stays in L2 while every
+row block of the other operand streams past it. Results stay bit-identical: each output
+cell still sums its terms in their original order, a chunk at a time.
+
+`Machine()` describes the development machine (AVX-512, 2 FMA units, 1 MiB L2 per core);
+its fixed values keep the default schedule, and so the generated C, the same on every
+machine. `EINJIT_SEARCH=1` (`search.py`) measures candidates on the machine at hand instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["Machine", "Shape", "Tile", "candidates", "choose", "cycles"]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The processor the model prices code for."""
+
+    vector_bytes: int = 64
+    accumulator_registers: int = 16
+    row_vectors: int = 2
+    fma_per_cycle: int = 2
+    fma_latency: int = 4
+    loads_per_cycle: int = 2
+    block_overhead: int = 24
+    l2_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A contraction as the scheduler sees it: `rows` × `cols` output cells (per batch), each
+    a sum over `depth` terms, of which `outer_depth` come from the outermost summed loop (the
+    one a k-tile splits)."""
+
+    rows: int
+    cols: int
+    depth: int
+    outer_depth: int
+    itemsize: int
+
+
+@dataclass(frozen=True)
+class Tile:
+    """`mb` rows × `nb` columns of accumulators; `kc` iterations of the outermost summed loop
+    per chunk (its whole extent when the panel fits)."""
+
+    mb: int
+    nb: int
+    kc: int
+
+
+def lanes(machine: Machine, itemsize: int) -> int:
+    return max(1, machine.vector_bytes // itemsize)
+
+
+def step_cycles(mb: int, nb: int, itemsize: int, machine: Machine) -> float:
+    """Cycles of one summed-loop step of an `mb`×`nb` block."""
+    vectors = math.ceil(nb / lanes(machine, itemsize))
+    return max(mb * vectors / machine.fma_per_cycle, float(machine.fma_latency),
+               (mb + vectors) / machine.loads_per_cycle)
+
+
+def cycles(shape: Shape, tile: Tile, machine: Machine) -> float:
+    """Estimated cycles of the whole contraction (per batch) under `tile`."""
+    panels = math.ceil(shape.cols / tile.nb)
+    full_rows, tail_rows = divmod(shape.rows, tile.mb)
+    chunks = math.ceil(shape.outer_depth / tile.kc)
+    total = 0.0
+    for n_blocks, height in ((full_rows, tile.mb), (1 if tail_rows else 0, tail_rows)):
+        if n_blocks:
+            total += panels * n_blocks * (shape.depth * step_cycles(height, tile.nb, shape.itemsize, machine)
+                                          + chunks * machine.block_overhead)
+    return total
+
+
+def k_chunk(shape: Shape, nb: int, machine: Machine) -> int:
+    """The outermost summed loop's chunk: the whole loop if the panel fits in half the L2."""
+    inner = shape.depth // max(1, shape.outer_depth)
+    fit = (machine.l2_bytes // 2) // max(1, inner * nb * shape.itemsize)
+    return max(1, min(shape.outer_depth, fit))
+
+
+def candidates(shape: Shape, widths: tuple[int, ...], mb_max: int, machine: Machine) -> list[Tile]:
+    """Every tile within the register budget, for `widths` (column-block widths for 4-byte
+    elements, scaled to the precision so a block takes the same registers) and up to
+    `mb_max` rows, in the order of `widths` then taller first."""
+    per_vector = max(1, shape.itemsize // 4)
+    scaled = list(dict.fromkeys(max(1, w // per_vector) for w in widths))
+    full = [w for w in scaled if math.ceil(w / lanes(machine, shape.itemsize)) == machine.row_vectors]
+    out: list[Tile] = []
+    for w in full or scaled:
+        # a nest narrower than the block gets the widest power of two it holds, and pads the rest
+        nb = w if w <= shape.cols else 1 << (shape.cols.bit_length() - 1)
+        vectors = math.ceil(nb / lanes(machine, shape.itemsize))
+        for mb in range(min(mb_max, shape.rows), 0, -1):
+            tile = Tile(mb, nb, k_chunk(shape, nb, machine))
+            if mb * vectors <= machine.accumulator_registers and tile not in out:
+                out.append(tile)
+    return out
+
+
+def choose(shape: Shape, widths: tuple[int, ...], mb_max: int, machine: Machine) -> Tile | None:
+    """The cheapest candidate by `cycles`; the first in candidate order among equals."""
+    found = candidates(shape, widths, mb_max, machine)
+    return min(found, key=lambda t: cycles(shape, t, machine)) if found else None

@@ -1,0 +1,146 @@
+"""Measured tile choice (`EINJIT_SEARCH=1`), in the manner of tinygrad's BEAM search.
+
+The cost model (`cost_model.py`) prices code for a fixed description of the development
+machine. With `EINJIT_SEARCH=1`, the scheduling stage instead times candidates on the machine
+at hand: for each contraction of at least `SEARCH_MIN_WORK` multiply-adds, the cost model's
+`EINJIT_SEARCH_CANDIDATES` (default 6) cheapest tiles (the cheapest of each width first),
+plus the best one with the summed loop cut into 256-step chunks (panel in L1 rather than
+L2), each compiled with the C backend and run on random data as a stand-alone contraction of
+the same shape and precision. The fastest tile wins.
+
+Winners are stored on disk in the compiled-object cache, `<cache>/search/<key>.json`, beside
+`<cache>/cc/`, keyed by the shape, the candidates, the compiler, its flags and the host CPU.
+A later compile of the same shape — in this process or another — reads the winner and
+searches nothing, so the generated C (and its cached object) is the same again. `stats`
+counts searches and cache answers. Without `EINJIT_SEARCH` nothing here runs: the default
+schedule is deterministic, the same model giving byte-identical C on every machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from einjit import config
+from einjit.backends import cache, cc
+from einjit.backends.cc_backend import CcBackend
+from einjit.errors import EinjitError
+from einjit.ir import cost_model, ops
+from einjit.ir import low_level as ll
+from einjit.ir.cost_model import Shape, Tile
+from einjit.ir.indexing import Iterator, get_symbol
+from einjit.ir.schedule import Blocking, choose_tile, schedule_llc
+from einjit.ir.tnode import Tnode, hosted
+from einjit.ir.tracing import VirtualizeSettings
+
+__all__ = ["SEARCH_MIN_WORK", "SearchStats", "enabled", "stats", "tile_for"]
+
+SEARCH_MIN_WORK = 1 << 20
+"""Contractions of fewer multiply-adds keep the cost model's tile: timing them is noise."""
+
+_VERSION = "1"
+
+
+@dataclass
+class SearchStats:
+    searches: int = 0
+    cache_hits: int = 0
+
+
+stats = SearchStats()
+
+
+def enabled() -> bool:
+    """Whether `EINJIT_SEARCH` asks for measured tiles ("1"; "0" or unset: the cost model)."""
+    value = os.environ.get("EINJIT_SEARCH", "").strip()
+    if value not in ("", "0", "1"):
+        raise EinjitError(f"einjit: EINJIT_SEARCH must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+def _candidate_count() -> int:
+    value = os.environ.get("EINJIT_SEARCH_CANDIDATES", "6").strip()
+    if not value.isdigit() or int(value) < 1:
+        raise EinjitError(f"einjit: EINJIT_SEARCH_CANDIDATES must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def candidates(shape: Shape, blocking: Blocking) -> list[Tile]:
+    """The tiles to time, the cost model's cheapest first."""
+    found = cost_model.candidates(shape, blocking.nb_choices, blocking.mb_max, blocking.machine)
+    found.sort(key=lambda t: cost_model.cycles(shape, t, blocking.machine))
+    # the best tile of each width first, so that a few candidates still differ in shape
+    widths = {t.nb: t for t in reversed(found)}
+    ordered = sorted(widths.values(), key=found.index) + [t for t in found if widths[t.nb] != t]
+    chosen = ordered[:_candidate_count()]
+    if chosen and shape.outer_depth > 512 and chosen[0].kc > 256:
+        chosen.append(replace(chosen[0], kc=256))
+    return chosen
+
+
+def tile_for(shape: Shape, blocking: Blocking) -> Tile | None:
+    """The measured best tile for `shape` (from the disk cache when searched before)."""
+    if shape.rows * shape.cols * shape.depth < SEARCH_MIN_WORK:
+        return choose_tile(shape, blocking)
+    tiles = candidates(shape, blocking)
+    if len(tiles) < 2:
+        return tiles[0] if tiles else None
+    options = cc.CcOptions()
+    key = cache.cache_key("search", _VERSION, cc.target_identity(options), repr(shape), repr(tiles),
+                          repr(blocking.parallel_min_work))
+    path = config.cache_dir() / "search" / f"{key}.json"
+    try:
+        won = json.loads(path.read_text())
+        stats.cache_hits += 1
+        return Tile(**won["tile"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    stats.searches += 1
+    times = {t: _time(shape, t, blocking, options) for t in tiles}
+    best = min(tiles, key=lambda t: times[t])
+    config.debug(1, f"search: {shape}: " + ", ".join(f"{t.mb}x{t.nb}/{t.kc}: {times[t] * 1e3:.3f} ms"
+                                                     for t in tiles))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"shape": shape.__dict__, "tile": best.__dict__,
+              "seconds": {f"{t.mb}x{t.nb}/{t.kc}": times[t] for t in tiles}}
+    cache.atomic_write(path, json.dumps(record, indent=1).encode())
+    return best
+
+
+def _time(shape: Shape, tile: Tile, blocking: Blocking, options: cc.CcOptions) -> float:
+    """Best time of a few runs of `C[rows, cols] = A[rows, depth] @ B[depth, cols]`
+    scheduled with `tile`."""
+    prec = ops.double if shape.itemsize == 8 else ops.single
+    a, b, c = (Tnode(n, d, prec) for n, d in (("a", (shape.rows, shape.depth)), ("b", (shape.depth, shape.cols)),
+                                                ("c", (shape.rows, shape.cols))))
+    for tn in (a, b, c):
+        tn.update_memory_mode(hosted(), 0)
+    i, j, k = get_symbol("i"), get_symbol("j"), get_symbol("k")
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(a, (Iterator(i), Iterator(k))), ll.Get(b, (Iterator(k), Iterator(j))),
+                    ll.Get(c, (Iterator(i), Iterator(j))))
+    nest = ll.ForLoop(i, 0, shape.rows - 1, ll.ForLoop(j, 0, shape.cols - 1, ll.ForLoop(
+        k, 0, shape.depth - 1, ll.Set(c, (Iterator(i), Iterator(j)), fma))))
+    # the stand-alone nest has one summed loop: a chunk of the real outermost one is `kc` of it
+    chunk = replace(tile, kc=tile.kc * (shape.depth // shape.outer_depth))
+    code = schedule_llc(ll.seq(ll.ZeroOut(c), nest), VirtualizeSettings(),
+                        replace(blocking, min_work=1, tile=chunk), tile_for=choose_tile)
+    backend = CcBackend(options)
+    ctx = backend.init("search")
+    rng = np.random.default_rng(0)
+    for tn in (a, b):
+        ctx.array(tn)[...] = rng.standard_normal(tn.dims).astype(prec.dtype)
+    routine = backend.link(ctx, backend.compile((), code, shared=True, name="search"))
+    routine()
+    best = float("inf")
+    deadline = time.perf_counter() + 0.2
+    for _ in range(20):
+        t = time.perf_counter()
+        routine()
+        best = min(best, time.perf_counter() - t)
+        if time.perf_counter() > deadline:
+            break
+    return best

@@ -1,0 +1,116 @@
+void scheduled(const float *restrict a, float *restrict c, const float *restrict b) {
+  float pack[288] = {0};
+  float acc[224] = {0};
+  memset(c, 0, sizeof(float) * 495);
+  /* register-blocked 7x32 contraction into c0 */
+  for (int jr1 = 0; jr1 < 32; ++jr1) {
+    for (int k2 = 0; k2 < 9; ++k2) {
+      pack[k2 * 32 + jr1] = b[jr1 * 9 + k2]; /* pack a panel of the unit-stride operand */
+    }
+  }
+  #pragma GCC unroll 7
+  for (int ir3 = 0; ir3 < 7; ++ir3) {
+    for (int jr1 = 0; jr1 < 32; ++jr1) {
+      acc[ir3 * 32 + jr1] = c[ir3 * 45 + jr1];
+    }
+  }
+  for (int k2 = 0; k2 < 9; ++k2) {
+    #pragma GCC unroll 7
+    for (int ir3 = 0; ir3 < 7; ++ir3) {
+      for (int jr1 = 0; jr1 < 32; ++jr1) {
+        acc[ir3 * 32 + jr1] = fmaf(a[ir3 * 9 + k2], pack[k2 * 32 + jr1], acc[ir3 * 32 + jr1]);
+      }
+    }
+  }
+  #pragma GCC unroll 7
+  for (int ir3 = 0; ir3 < 7; ++ir3) {
+    for (int jr1 = 0; jr1 < 32; ++jr1) {
+      c[ir3 * 45 + jr1] = acc[ir3 * 32 + jr1];
+    }
+  }
+  /* the last 4 of 11 rows */
+  #pragma GCC unroll 4
+  for (int ir3 = 0; ir3 < 4; ++ir3) {
+    for (int jr1 = 0; jr1 < 32; ++jr1) {
+      acc[ir3 * 32 + jr1] = c[(ir3 + 7) * 45 + jr1];
+    }
+  }
+  for (int k2 = 0; k2 < 9; ++k2) {
+    #pragma GCC unroll 4
+    for (int ir3 = 0; ir3 < 4; ++ir3) {
+      for (int jr1 = 0; jr1 < 32; ++jr1) {
+        acc[ir3 * 32 + jr1] = fmaf(a[(ir3 + 7) * 9 + k2], pack[k2 * 32 + jr1], acc[ir3 * 32 + jr1]);
+      }
+    }
+  }
+  #pragma GCC unroll 4
+  for (int ir3 = 0; ir3 < 4; ++ir3) {
+    for (int jr1 = 0; jr1 < 32; ++jr1) {
+      c[(ir3 + 7) * 45 + jr1] = acc[ir3 * 32 + jr1];
+    }
+  }
+  /* the last 13 of 45 columns, padded to 32 */
+  for (int jr1 = 0; jr1 < 13; ++jr1) {
+    for (int k2 = 0; k2 < 9; ++k2) {
+      pack[k2 * 32 + jr1] = b[(jr1 + 32) * 9 + k2]; /* pack a panel of the unit-stride operand */
+    }
+  }
+  for (int k2 = 0; k2 < 9; ++k2) {
+    for (int jr1 = 13; jr1 < 32; ++jr1) {
+      pack[k2 * 32 + jr1] = 0.0f;
+    }
+  }
+  #pragma GCC unroll 7
+  for (int ir3 = 0; ir3 < 7; ++ir3) {
+    for (int jr1 = 0; jr1 < 13; ++jr1) {
+      acc[ir3 * 32 + jr1] = c[ir3 * 45 + (jr1 + 32)];
+    }
+  }
+  #pragma GCC unroll 7
+  for (int ir3 = 0; ir3 < 7; ++ir3) {
+    for (int jr1 = 13; jr1 < 32; ++jr1) {
+      acc[ir3 * 32 + jr1] = 0.0f;
+    }
+  }
+  for (int k2 = 0; k2 < 9; ++k2) {
+    #pragma GCC unroll 7
+    for (int ir3 = 0; ir3 < 7; ++ir3) {
+      for (int jr1 = 0; jr1 < 32; ++jr1) {
+        acc[ir3 * 32 + jr1] = fmaf(a[ir3 * 9 + k2], pack[k2 * 32 + jr1], acc[ir3 * 32 + jr1]);
+      }
+    }
+  }
+  #pragma GCC unroll 7
+  for (int ir3 = 0; ir3 < 7; ++ir3) {
+    for (int jr1 = 0; jr1 < 13; ++jr1) {
+      c[ir3 * 45 + (jr1 + 32)] = acc[ir3 * 32 + jr1];
+    }
+  }
+  /* the last 4 of 11 rows */
+  #pragma GCC unroll 4
+  for (int ir3 = 0; ir3 < 4; ++ir3) {
+    for (int jr1 = 0; jr1 < 13; ++jr1) {
+      acc[ir3 * 32 + jr1] = c[(ir3 + 7) * 45 + (jr1 + 32)];
+    }
+  }
+  #pragma GCC unroll 4
+  for (int ir3 = 0; ir3 < 4; ++ir3) {
+    for (int jr1 = 13; jr1 < 32; ++jr1) {
+      acc[ir3 * 32 + jr1] = 0.0f;
+    }
+  }
+  for (int k2 = 0; k2 < 9; ++k2) {
+    #pragma GCC unroll 4
+    for (int ir3 = 0; ir3 < 4; ++ir3) {
+      for (int jr1 = 0; jr1 < 32; ++jr1) {
+        acc[ir3 * 32 + jr1] = fmaf(a[(ir3 + 7) * 9 + k2], pack[k2 * 32 + jr1], acc[ir3 * 32 + jr1]);
+      }
+    }
+  }
+  #pragma GCC unroll 4
+  for (int ir3 = 0; ir3 < 4; ++ir3) {
+    for (int jr1 = 0; jr1 < 13; ++jr1) {
+      c[(ir3 + 7) * 45 + (jr1 + 32)] = acc[ir3 * 32 + jr1];
+    }
+  }
+}

@@ -1,0 +1,165 @@
+"""Contractions whose extents the tile does not divide (tail panels and rows), k chunks, the
+cost model's choices, and threads over column panels with per-thread heap panels: the
+scheduled code computes what the unscheduled code computes, bit for bit (nothing here is
+reassociated), under the interpreter and under gcc."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from einjit.backends import cc
+from einjit.ir import cost_model, interpret, ops
+from einjit.ir import low_level as ll
+from einjit.ir.cost_model import Machine, Shape, Tile
+from einjit.ir.indexing import Iterator, get_symbol
+from einjit.ir.schedule import Blocking, schedule_llc
+from einjit.ir.tnode import Tnode
+from test_schedule import OFF, inputs_for, it, local_nodes, matmul, run_in_c
+
+ANY_SIZE = Blocking(min_work=1)
+
+
+def check_exact(code, ins, out, sched, threads=1):
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[out]
+    np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[out], want)
+    got = run_in_c(sched, ins, name="tails", options=cc.CcOptions(threads=threads)).array(out)
+    if out.prec is ops.double:
+        # the interpreter has no fused double multiply-add (it rounds twice); gcc's fma rounds once
+        np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-14)
+    else:
+        np.testing.assert_array_equal(got, want)
+    return want
+
+
+AWKWARD = [(2, 7, 40), (9, 1, 33), (13, 17, 31), (7, 5, 63), (17, 3, 65), (31, 11, 97), (33, 29, 10),
+           (40, 8, 4), (8, 16, 36)]
+"""(rows, summed, columns): 1, primes, and sizes just below and above multiples of 8 and 32."""
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["a@b", "a@b.T"])
+@pytest.mark.parametrize("n,m,p", AWKWARD)
+def test_awkward_extents_take_the_scheduled_path_exactly(n, m, p, transposed):
+    code, a, b, c = matmul(n, m, p, transposed)
+    sched = schedule_llc(code, OFF, ANY_SIZE)
+    assert local_nodes(sched) == {"pack", "acc"}
+    ins = inputs_for(a, b)
+    want = check_exact(code, ins, c, sched)
+    ref = ins[a].astype(np.float64) @ (ins[b].T if transposed else ins[b]).astype(np.float64)
+    np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_single_row_is_not_packed():
+    """A vector-matrix product would read its packed panel once: it is left to interchange."""
+    code, a, b, c = matmul(1, 7, 40, True)
+    sched = schedule_llc(code, OFF, ANY_SIZE)
+    assert "pack" not in local_nodes(sched)
+    check_exact(code, inputs_for(a, b), c, sched)
+
+
+@pytest.mark.parametrize("tile", [Tile(3, 8, 4), Tile(5, 16, 7), Tile(1, 4, 1), Tile(8, 32, 3)])
+def test_k_chunks_with_a_tail_chunk_are_exact(tile):
+    """Chunks of the summed loop, the last one shorter: every cell still sums in order."""
+    code, a, b, c = matmul(19, 23, 45, True)
+    sched = schedule_llc(code, OFF, Blocking(min_work=1, tile=tile))
+    ins = inputs_for(a, b, seed=1)
+    check_exact(code, ins, c, sched)
+    assert f"{tile.mb}x{tile.nb}, {tile.kc}-step k chunks" in ll.to_doc(sched)
+
+
+def test_k_chunks_come_from_the_l2_budget():
+    """A panel over half the (here tiny) L2 is cut into chunks that fit."""
+    machine = Machine(l2_bytes=2 * 40 * 32 * 4)
+    code, a, b, c = matmul(16, 100, 64, False)
+    sched = schedule_llc(code, OFF, Blocking(min_work=1, machine=machine))
+    assert "8x32, 40-step k chunks" in ll.to_doc(sched)
+    check_exact(code, inputs_for(a, b, seed=2), c, sched)
+
+
+def test_column_tails_run_a_padded_full_width_panel():
+    """45 columns: one 32-wide panel, then 13 columns in a panel padded to 32, whose padding
+    columns are zero in the pack and the accumulators and never stored."""
+    code, a, b, c = matmul(11, 9, 45, True)
+    sched = schedule_llc(code, OFF, Blocking(min_work=1, tile=Tile(4, 32, 9)))
+    doc = ll.to_doc(sched)
+    assert "the last 13 of 45 columns, padded to 32" in doc and "the last 3 of 11 rows" in doc
+    check_exact(code, inputs_for(a, b, seed=5), c, sched, threads=2)
+
+
+@pytest.mark.parametrize("n,want", [(1024, Tile(8, 32, 1024)), (1000, Tile(8, 32, 1000)),
+                                    (1023, Tile(8, 32, 1023)), (784, Tile(8, 32, 784)), (10, Tile(7, 8, 10)),
+                                    (13, Tile(7, 8, 13))])
+def test_cost_model_choices_for_float32(n, want):
+    blocking = Blocking()
+    assert cost_model.choose(Shape(n, n, n, n, 4), blocking.nb_choices, blocking.mb_max, blocking.machine) == want
+
+
+def test_cost_model_respects_registers_and_precision():
+    blocking = Blocking()
+    tile = cost_model.choose(Shape(512, 512, 512, 512, 8), blocking.nb_choices, blocking.mb_max, blocking.machine)
+    assert tile == Tile(8, 16, 512)
+    for t in cost_model.candidates(Shape(64, 64, 64, 64, 4), blocking.nb_choices, 16, blocking.machine):
+        assert t.mb * -(-t.nb // 16) <= blocking.machine.accumulator_registers
+    # a full 8x32 block beats a tail-free but latency-bound 2x8 one
+    shape = Shape(64, 40, 64, 64, 4)
+    assert cost_model.cycles(shape, Tile(8, 32, 64), blocking.machine) < cost_model.cycles(
+        shape, Tile(2, 8, 64), blocking.machine)
+
+
+def test_threads_share_column_panels_with_private_heap_panels():
+    """Enough panels for two threads: the panel loop runs on threads, each packing its own
+    panel, here too large for the stack, into its own heap copy."""
+    code, a, b, c = matmul(8, 1100, 20, False)
+    sched = schedule_llc(code, OFF, Blocking(min_work=1, tile=Tile(2, 4, 1100), parallel_min_work=1,
+                                             min_panels_per_thread=2))
+    src = cc.compile_proc(sched, name="tails", options=cc.CcOptions(threads=2)).source
+    assert "#pragma omp parallel num_threads(2) private(acc)\n" in src
+    assert "    float *restrict pack = (float *)malloc(4400 * sizeof(float));\n" in src
+    assert "#pragma omp for schedule(dynamic)\n" in src
+    ins = inputs_for(a, b, seed=3)
+    want = check_exact(code, ins, c, sched, threads=2)
+    np.testing.assert_allclose(want, ins[a] @ ins[b], rtol=1e-4, atol=1e-4)
+
+
+def test_double_precision_tails_are_exact():
+    code, a, b, c = matmul(11, 9, 21, True, prec=ops.double)
+    sched = schedule_llc(code, OFF, ANY_SIZE)
+    assert local_nodes(sched) == {"pack", "acc"}
+    check_exact(code, inputs_for(a, b, seed=4), c, sched)
+
+
+AWKWARD_SIZES = st.sampled_from([1, 2, 3, 5, 7, 8, 9, 13, 15, 16, 17, 31, 32, 33, 40])
+
+
+@st.composite
+def awkward_contractions(draw):
+    """`c[(n,) i, j] += A * B` with awkward extents, either layout of each operand, any loop
+    order, and the cost model's tiles or random ones (with k chunks)."""
+    ni, nj, nk = draw(AWKWARD_SIZES), draw(AWKWARD_SIZES), draw(AWKWARD_SIZES)
+    nb_ = draw(st.integers(1, 3))
+    batched, a_t, b_t = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
+    n, i, j, k = (get_symbol(s) for s in "nijk")
+    a = Tnode("a", (nk, ni) if a_t else (ni, nk))
+    b = Tnode("b", ((nb_,) if batched else ()) + ((nj, nk) if b_t else (nk, nj)))
+    c = Tnode("c", ((nb_,) if batched else ()) + (ni, nj))
+    pre = (Iterator(n),) if batched else ()
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(a, it(k, i) if a_t else it(i, k)),
+                    ll.Get(b, pre + (it(j, k) if b_t else it(k, j))), ll.Get(c, pre + it(i, j)))
+    order = draw(st.permutations([(i, ni), (j, nj), (k, nk)] + ([(n, nb_)] if batched else [])))
+    body = ll.Set(c, pre + it(i, j), fma)
+    for s, e in reversed(order):
+        body = ll.ForLoop(s, 0, e - 1, body)
+    tile = draw(st.none() | st.builds(Tile, st.integers(1, 8), st.sampled_from([4, 8, 16, 32]), st.integers(1, 40)))
+    blocking = Blocking(min_work=1, tile=tile, parallel_min_work=draw(st.sampled_from([1, 1 << 30])),
+                        min_panels_per_thread=1)
+    return ll.seq(ll.ZeroOut(c), body), a, b, c, blocking
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=awkward_contractions(), threads=st.sampled_from([1, 2]))
+def test_random_awkward_contractions_are_scheduled_exactly(case, threads):
+    code, a, b, c, blocking = case
+    sched = schedule_llc(code, OFF, blocking)
+    check_exact(code, inputs_for(a, b), c, sched, threads=threads)
