@@ -340,14 +340,10 @@ def test_gcc_runs_scheduled_random_programs_like_the_interpreter(program, thread
                                        err_msg=tn.debug_name())
 
 
-@st.composite
-def contractions(draw):
-    """A random batched contraction nest `c[(n,) i, j] += A * B` in any loop order, with
-    either layout of each operand and random block sizes."""
-    prec = draw(st.sampled_from([ops.single, ops.double]))
-    ni, nj, nk, nb_ = (draw(st.integers(1, 9)) for _ in range(4))
-    batched = draw(st.booleans())
-    a_t, b_t = draw(st.booleans()), draw(st.booleans())
+def contraction_nest(draw, ni: int, nj: int, nk: int, nb_: int, prec=ops.single):
+    """`c[(n,) i, j] += A * B` in a drawn loop order, with a drawn layout of each operand and
+    a drawn choice of batching (over `nb_`): the code and the nodes `a, b, c`."""
+    batched, a_t, b_t = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
     n, i, j, k = (get_symbol(s) for s in "nijk")
     a = Tnode("a", (nk, ni) if a_t else (ni, nk), prec)
     b = Tnode("b", ((nb_,) if batched else ()) + ((nj, nk) if b_t else (nk, nj)), prec)
@@ -359,9 +355,18 @@ def contractions(draw):
     body = ll.Set(c, pre + it(i, j), fma)
     for s, e in reversed(order):
         body = ll.ForLoop(s, 0, e - 1, body)
+    return ll.seq(ll.ZeroOut(c), body), a, b, c
+
+
+@st.composite
+def contractions(draw):
+    """A random contraction nest (`contraction_nest`) with extents up to 9 and random block
+    sizes."""
+    prec = draw(st.sampled_from([ops.single, ops.double]))
+    code, a, b, c = contraction_nest(draw, *(draw(st.integers(1, 9)) for _ in range(4)), prec)
     blocking = Blocking(min_work=1, nb_choices=(draw(st.sampled_from([2, 4, 8])),), min_nb=2,
                         mb_max=draw(st.integers(1, 4)), parallel_min_work=1)
-    return ll.seq(ll.ZeroOut(c), body), a, b, c, blocking
+    return code, a, b, c, blocking
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,10 +14,8 @@ from einjit.backends import cc
 from einjit.ir import cost_model, interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.cost_model import Machine, Shape, Tile
-from einjit.ir.indexing import Iterator, get_symbol
 from einjit.ir.schedule import Blocking, schedule_llc
-from einjit.ir.tnode import Tnode
-from test_schedule import OFF, inputs_for, it, local_nodes, matmul, run_in_c
+from test_schedule import OFF, contraction_nest, inputs_for, local_nodes, matmul, run_in_c
 
 ANY_SIZE = Blocking(min_work=1)
 
@@ -138,23 +136,11 @@ def awkward_contractions(draw):
     """`c[(n,) i, j] += A * B` with awkward extents, either layout of each operand, any loop
     order, and the cost model's tiles or random ones (with k chunks)."""
     ni, nj, nk = draw(AWKWARD_SIZES), draw(AWKWARD_SIZES), draw(AWKWARD_SIZES)
-    nb_ = draw(st.integers(1, 3))
-    batched, a_t, b_t = draw(st.booleans()), draw(st.booleans()), draw(st.booleans())
-    n, i, j, k = (get_symbol(s) for s in "nijk")
-    a = Tnode("a", (nk, ni) if a_t else (ni, nk))
-    b = Tnode("b", ((nb_,) if batched else ()) + ((nj, nk) if b_t else (nk, nj)))
-    c = Tnode("c", ((nb_,) if batched else ()) + (ni, nj))
-    pre = (Iterator(n),) if batched else ()
-    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(a, it(k, i) if a_t else it(i, k)),
-                    ll.Get(b, pre + (it(j, k) if b_t else it(k, j))), ll.Get(c, pre + it(i, j)))
-    order = draw(st.permutations([(i, ni), (j, nj), (k, nk)] + ([(n, nb_)] if batched else [])))
-    body = ll.Set(c, pre + it(i, j), fma)
-    for s, e in reversed(order):
-        body = ll.ForLoop(s, 0, e - 1, body)
+    code, a, b, c = contraction_nest(draw, ni, nj, nk, draw(st.integers(1, 3)))
     tile = draw(st.none() | st.builds(Tile, st.integers(1, 8), st.sampled_from([4, 8, 16, 32]), st.integers(1, 40)))
     blocking = Blocking(min_work=1, tile=tile, parallel_min_work=draw(st.sampled_from([1, 1 << 30])),
                         min_panels_per_thread=1)
-    return ll.seq(ll.ZeroOut(c), body), a, b, c, blocking
+    return code, a, b, c, blocking
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
