@@ -217,8 +217,13 @@ def test_large_contractions_run_on_threads_with_identical_results():
     for threads in (1, 2):
         options = cc.CcOptions(threads=threads)
         proc = cc.compile_proc(sched, name="threaded", options=options)
-        pragma = "#pragma omp parallel for schedule(dynamic) num_threads(2) private(acc)\n"
-        assert (pragma in proc.source) == (threads == 2)
+        region = ("    #pragma omp parallel num_threads(2)\n    {\n      float acc[256];\n"
+                  "      #pragma omp for schedule(dynamic)\n      for (int ib")
+        assert (region in proc.source) == (threads == 2)
+        # the row blocks share the panel packed before them; the block of accumulators is
+        # each thread's alone, so the routine declares none of its own
+        assert ("float acc[256] = {0};" in proc.source) == (threads == 1)
+        assert "float pack[1536] = {0};" in proc.source
         results[threads] = run_in_c(sched, ins, name="threaded", options=options).array(c).copy()
     np.testing.assert_array_equal(results[1], want)
     np.testing.assert_array_equal(results[2], want)
@@ -270,7 +275,9 @@ def test_batched_contractions_run_their_batch_loop_on_threads():
     want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[batched_out]
     options = cc.CcOptions(threads=2)
     proc = cc.compile_proc(sched, name="batched", options=options)
-    assert "#pragma omp parallel for schedule(dynamic) num_threads(2) private(pack, acc)\n" in proc.source
+    head, _, body = proc.source.partition(" {\n")
+    assert "#pragma omp parallel num_threads(2)\n  {\n    float pack[" in body and "pack" not in head
+    assert "pack[" not in body.partition("#pragma omp")[0] and "acc[" not in body.partition("#pragma omp")[0]
     ctx = run_in_c(sched, ins, name="batched", options=options)
     np.testing.assert_array_equal(ctx.array(batched_out), want)
 

@@ -5,6 +5,7 @@ float64 NumPy reference; bit for bit wherever no sum is reordered."""
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -202,7 +203,11 @@ def test_window_reduction_moves_the_channel_loop_innermost_and_interchange_keeps
     code, img, m, (n, ch, y, x, u, v) = max_pool()
     sched = interchange_loops(schedule_llc(code, OFF, ANY_SIZE))
     assert _loop_order(sched)[-6:] == [n, y, x, u, v, ch]
-    assert "vectorized across its axis 1" in ll.to_doc(sched)
+    nest = [s for s in ll.iter_stmts(sched) if isinstance(s, ll.ForLoop) and s.index == n][-1]
+    assert nest.keep_order and not any(s.keep_order for s in ll.iter_stmts(nest.body) if isinstance(s, ll.ForLoop))
+    doc = ll.to_doc(sched)
+    assert "vectorized across its axis 1" in doc and re.search(r"\nfor n\d* = 0 to 1 \(order kept\) \{\n", doc)
+    assert not any(isinstance(s, ll.Comment) for s in ll.iter_stmts(nest))  # the mark, not a comment, keeps it
     ins = inputs_for(img)
     ins[img][0, 3, 1, 4] = np.nan
     want = interpret.run(code, {img: ins[img].copy()})[m]

@@ -113,10 +113,32 @@ def test_threads_share_column_panels_with_private_heap_panels():
     sched = schedule_llc(code, OFF, Blocking(min_work=1, tile=Tile(2, 4, 1100), parallel_min_work=1,
                                              min_panels_per_thread=2))
     src = cc.compile_proc(sched, name="tails", options=cc.CcOptions(threads=2)).source
-    assert "#pragma omp parallel num_threads(2) private(acc)\n" in src
-    assert "    float *restrict pack = (float *)malloc(4400 * sizeof(float));\n" in src
-    assert "#pragma omp for schedule(dynamic)\n" in src
+    assert ("void tails(const float *restrict a, float *restrict c, const float *restrict b) {\n"
+            "  memset(c, 0, sizeof(float) * 160);\n") in src  # no shared panel: it would go unused
+    assert ("  #pragma omp parallel num_threads(2)\n  {\n"
+            "    float *restrict pack = (float *)malloc(4400 * sizeof(float));\n    if (!pack) abort();\n"
+            "    float acc[8];\n    #pragma omp for schedule(dynamic)\n") in src
+    assert "    free(pack);\n  }\n}\n" in src
+    serial = cc.compile_proc(sched, name="tails", options=cc.CcOptions(threads=1)).source
+    assert "float *restrict pack)" in serial and "omp" not in serial
     ins = inputs_for(a, b, seed=3)
+    want = check_exact(code, ins, c, sched, threads=2)
+    np.testing.assert_allclose(want, ins[a] @ ins[b], rtol=1e-4, atol=1e-4)
+
+
+def test_a_tail_panel_outside_the_threads_keeps_the_routines_panel():
+    """22 columns: five panels on threads, then the last 2 columns in a panel of their own
+    after the parallel loop (its row blocks on threads), which packs into the routine's panel;
+    each thread of the panel loop packs into its own heap copy, under the same name."""
+    code, a, b, c = matmul(8, 1100, 22, False)
+    sched = schedule_llc(code, OFF, Blocking(min_work=1, tile=Tile(2, 4, 1100), parallel_min_work=1,
+                                             min_panels_per_thread=2))
+    src = cc.compile_proc(sched, name="tails", options=cc.CcOptions(threads=2)).source
+    assert "const float *restrict b, float *restrict pack) {\n  memset(c, 0, sizeof(float) * 176);\n" in src
+    assert ("  #pragma omp parallel num_threads(2)\n  {\n"
+            "    float *restrict pack = (float *)malloc(4400 * sizeof(float));\n    if (!pack) abort();\n"
+            "    float acc[8];\n") in src
+    ins = inputs_for(a, b, seed=5)
     want = check_exact(code, ins, c, sched, threads=2)
     np.testing.assert_allclose(want, ins[a] @ ins[b], rtol=1e-4, atol=1e-4)
 

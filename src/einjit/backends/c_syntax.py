@@ -121,6 +121,9 @@ class CSyntax:
     """A thread's own copy of a scratch node, written before it is read (the `parallel`
     loop's contract), so it needs no zero fill."""
     private_heap_free: str = "free({name});"
+    private_stack_decl: str = "{t} {name}[{size}];"
+    """A thread's own copy of a stack local that only its parallel region uses (again written
+    before it is read)."""
     parallel_for_pragma: str = "#pragma omp for schedule(dynamic)"
     """Loops on threads hand out iterations dynamically: on a busy machine a descheduled
     thread then delays only its current iteration, not a fixed share of the loop."""
@@ -295,6 +298,7 @@ class _Writer:
         self.loops: dict[Symbol, tuple[int, int]] = {}
         self.locals_in_scope: set[ll.ScopeId] = set()
         self.on_stack: set[Tnode] = set()
+        self.region_only: set[Tnode] = set()
         self.nodes: dict[int, Tnode] = {}
         self.written: set[int] = set()
         self.merges: dict[int, Tnode] = {}
@@ -519,29 +523,30 @@ class _Writer:
     def parallel_head(self, loop: ll.ForLoop, indent: str) -> tuple[str, list[str]]:
         """The OpenMP pragma for a `parallel` loop; the indentation of the loop and the lines
         that close its region. The scheduler's locals written inside (register blocks, packed
-        panels) are private to each thread: stack arrays through `private(..)`; scratch arrays
-        (a private copy of a pointer would share the memory) by a `parallel` region that
-        allocates each thread's own copy, under the same name, around an `omp for`. (The
-        routine's own scratch copy is then unused; it keeps the declarations independent of
-        threading.) Routine-local nodes (`ir.local_storage`) are shared like context arrays,
-        since each iteration writes its own cells of them and later code reads them all."""
-        written = {s.tn.id: s.tn for s in ll.iter_stmts(loop.body)
-                   if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_local()
-                   and not is_routine_local(s.tn)}
-        nodes = [tn for _, tn in sorted(written.items())]
-        heap = [tn for tn in nodes if tn not in self.on_stack]
-        stack = ", ".join(self.node_name(tn, written=True) for tn in nodes if tn not in heap)
+        panels; `private_nodes`) are private to each thread. One that only parallel regions use
+        (`region_only_nodes`) is declared in the region alone: a stack array, or a heap copy
+        each thread allocates. One also used outside keeps the routine's copy there and gets
+        a thread's own inside: through `private(..)` on the stack, or, for a scratch array (a
+        private copy of its pointer would share the memory), a heap copy under the same name.
+        Either kind of copy in the region makes it a `parallel` region around an `omp for`.
+        Routine-local nodes (`ir.local_storage`) are shared like context arrays, since each
+        iteration writes its own cells of them and later code reads them all."""
+        nodes = private_nodes(loop)
+        declared = [tn for tn in nodes if tn in self.region_only or tn not in self.on_stack]
+        stack = ", ".join(self.node_name(tn, written=True) for tn in nodes if tn not in declared)
         private = f" private({stack})" if stack else ""
-        if not heap:
+        if not declared:
             self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private))
             return indent, []
         inner = indent + "  "
         self.lines.append(indent + self.syn.parallel_region_pragma.format(n=self.syn.num_threads, private=private))
         self.lines.append(indent + "{")
-        for tn in heap:
+        heap = [tn for tn in declared if tn not in self.on_stack]
+        for tn in declared:
             fields = dict(t=self.syn.type_name(tn.prec), name=self.node_name(tn, written=True), size=tn.size,
                           restrict=self.syn.restrict)
-            self.lines.extend(inner + line for line in self.syn.private_heap_decl.format(**fields).split("\n"))
+            decl = self.syn.private_heap_decl if tn in heap else self.syn.private_stack_decl
+            self.lines.extend(inner + line for line in decl.format(**fields).split("\n"))
         self.lines.append(inner + self.syn.parallel_for_pragma)
         frees = [inner + self.syn.private_heap_free.format(name=self.node_name(tn, written=True)) for tn in heap]
         return inner, [*frees, indent + "}"]
@@ -614,6 +619,8 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     w = _Writer(syntax, tuple(bindings), itype)
     placement = local_placement([tn for tn in ll.nodes_of(llc) if tn.is_local()], syntax)
     w.on_stack = placement.on_stack
+    if syntax.num_threads > 1:
+        w.region_only = region_only_nodes(llc)
     w.stmt(llc, "  ")
 
     params: list[Param] = []
@@ -626,6 +633,8 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
         t = syntax.type_name(tn.prec)
         if mem is MemClass.LOCAL_ONLY:
             local_nodes.append(tn)
+            if tn in w.region_only:
+                continue
             if tn in placement.on_stack:
                 local_decls.append("  " + syntax.local_stack_decl.format(t=t, name=tn.name, size=tn.size))
             continue
@@ -637,7 +646,7 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
             raise RenderError(f"einjit: merge buffer of {tn.debug_name()} read, but the node is Local")
         params.append(Param(ParamKind.MERGE_BUFFER, f"merge_{tn.name}", tn=tn))
         decls.append(f"const {syntax.type_name(tn.prec)} *{r} merge_{tn.name}")
-    scratch = [tn for tn in local_nodes if tn not in placement.on_stack]
+    scratch = [tn for tn in local_nodes if tn not in placement.on_stack and tn not in w.region_only]
     for tn in scratch:
         params.append(Param(ParamKind.SCRATCH, tn.name, tn=tn, mem=MemClass.LOCAL_ONLY))
         decls.append(_scratch_decl(tn, syntax))
@@ -658,6 +667,39 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     body = widened + [line for d in local_decls for line in d.split("\n")] + w.lines
     code = "\n".join([head, *body, "}"]) + "\n"
     return RenderedRoutine(name, code, tuple(params), tuple(local_nodes), frozenset(w.helpers), scratch_bytes)
+
+
+def private_nodes(loop: ll.ForLoop) -> list[Tnode]:
+    """The locals each thread running `loop` needs its own copy of: the scheduler's locals
+    written in its body (the `parallel` contract: written before read in every iteration), by
+    id. Routine-local nodes are not among them: each iteration writes its own cells."""
+    written = {s.tn.id: s.tn for s in ll.iter_stmts(loop.body)
+               if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_local()
+               and not is_routine_local(s.tn)}
+    return [tn for _, tn in sorted(written.items())]
+
+
+def region_only_nodes(llc: ll.LLStmt) -> set[Tnode]:
+    """The private nodes of the outermost `parallel` loops (those that open a region) that no
+    code outside such a loop touches. When the loops run on threads, a routine-level copy of
+    them would go unused: a threaded panel loop packs every panel into each thread's own."""
+    inside: set[Tnode] = set()
+    outside: set[Tnode] = set()
+
+    def visit(stmt: ll.LLStmt, private: frozenset[Tnode], in_region: bool) -> None:
+        for s in ll.flatten(stmt):
+            if isinstance(s, ll.ForLoop):
+                if s.parallel and not in_region:
+                    visit(s.body, frozenset(private_nodes(s)), True)
+                else:
+                    visit(s.body, private, in_region)
+                continue
+            for x in ll.deep_parts(s):
+                if isinstance(x, (ll.Set, ll.SetFromVec, ll.ZeroOut, ll.Get, ll.GetMergeBuffer)) and x.tn.is_local():
+                    (inside if x.tn in private else outside).add(x.tn)
+
+    visit(llc, frozenset(), False)
+    return inside - outside
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -6,7 +6,8 @@ innermost. It only touches a perfect nest whose body is a single `Set` that read
 exactly the written position, whose lhs indices are distinct plain iterators or constants,
 and that has no local scope. Then every lhs cell is updated by its own sequence of statement
 instances, and moving an lhs loop inward keeps the order of that sequence: results are
-bit-identical. GPU backends map loops to threads themselves and skip this stage.
+bit-identical. A nest with a `keep_order` loop is the scheduling stage's deliberate choice
+and stays as it is. GPU backends map loops to threads themselves and skip this stage.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def _interchange_stmt(s: ll.LLStmt) -> ll.LLStmt:
         return s
     loops, body = perfect_nest(s)
     inner = list(ll.flatten(body))
+    if any(lp.keep_order for lp in loops):
+        return s
     if len(loops) > 1 and len(inner) == 1 and isinstance(inner[0], ll.Set) and reorderable(inner[0]):
         loops = best_order(loops, inner[0])
     else:

@@ -89,7 +89,10 @@ class ForLoop:
     sets it on register-block rows, so their accumulators can live in registers). `parallel`:
     the iterations are independent — each writes its own cells, and routine-local nodes
     written inside are fully written before being read in every iteration — so they may run
-    on several threads. Neither changes what the loop computes."""
+    on several threads. `keep_order`: the loops of the perfect nest starting here are in the
+    order the scheduling stage chose, which later stages must keep (a window reduction runs
+    its vector loop innermost, where interchange, counting unit strides, would put another).
+    None of the three changes what the loop computes."""
 
     index: Symbol
     from_: int
@@ -98,6 +101,7 @@ class ForLoop:
     trace_it: bool = True
     unroll: bool = False
     parallel: bool = False
+    keep_order: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,10 +392,11 @@ def stmt_to_doc(stmt: LLStmt, cstyle: bool = False, indent: str = "") -> str:
                 out.append(f"{indent}/* {msg} */\n")
             case StagedCompilation(render):
                 out.append(f"{indent}{render()}\n")
-            case ForLoop(index, from_, to_, body, trace_it, unroll, parallel):
+            case ForLoop(index, from_, to_, body, trace_it, unroll, parallel, keep_order):
                 note = ("" if trace_it else " (untraced)") + (" (unrolled)" if unroll else "") + \
-                    (" (parallel)" if parallel else "")
-                head = (f"for (int {index!r} = {from_}; {index!r} <= {to_}; ++{index!r}) {{" if cstyle
+                    (" (parallel)" if parallel else "") + (" (order kept)" if keep_order else "")
+                head = (f"for (int {index!r} = {from_}; {index!r} <= {to_}; ++{index!r}) {{"
+                        + (" /* order kept */" if keep_order else "") if cstyle
                         else f"for {index!r} = {from_} to {to_}{note} {{")
                 out.append(f"{indent}{head}\n{stmt_to_doc(body, cstyle, indent + '  ')}{indent}}}\n")
             case ZeroOut(tn):

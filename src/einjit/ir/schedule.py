@@ -47,7 +47,8 @@ default); integer sums are exact either way. Small partial sums are also more ac
 float32 sum of 2,000,000 values in [0, 1) is 2e-7 off instead of 1e-5.
 
 Small nests (under `Blocking.min_work` innermost iterations) are left alone: the rewrites
-pay only when the arithmetic dominates.
+pay only when the arithmetic dominates. So are nests whose order is already fixed
+(`ForLoop.keep_order`).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from einjit.ir import cost_model, ops, provenance, schedule_conv
+from einjit.ir import cost_model, nests, ops, schedule_conv
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import (
     AxisIndex,
@@ -71,7 +72,6 @@ from einjit.ir.indexing import (
     subst_index,
 )
 from einjit.ir.interchange import best_order, perfect_nest, reorderable, unit_stride_symbol
-from einjit.ir.tnode import LOCAL, Tnode
 from einjit.ir.tracing import VirtualizeSettings
 
 
@@ -137,6 +137,8 @@ def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blockin
         return s
     loops, body = perfect_nest(s)
     inner = list(ll.flatten(body))
+    if any(lp.keep_order for lp in loops):
+        return s
     if len(inner) == 1 and isinstance(inner[0], ll.Set) and all(lp.from_ == 0 for lp in loops):
         st = inner[0]
         if math.prod(lp.to_ + 1 for lp in loops) >= blocking.min_work:
@@ -166,7 +168,7 @@ def _rewritten(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSettings
             or schedule_conv.window_reduction(loops, st))
 
 
-# ---------------------------------------------------------------- shared helpers
+# ---------------------------------------------------------------- accumulations
 
 
 def _accumulation(st: ll.Set) -> tuple[str, tuple[ll.LLScalar, ...]] | None:
@@ -182,61 +184,9 @@ def _accumulation(st: ll.Set) -> tuple[str, tuple[ll.LLScalar, ...]] | None:
             terms, kind = (e,), "add"
         case _:
             return None
-    if not reorderable(st) or any(_reads(t, st.tn) for t in terms):
+    if not reorderable(st) or any(nests.reads(t, st.tn) for t in terms):
         return None
     return kind, terms
-
-
-def _reads(sc: ll.LLScalar, tn: Tnode) -> bool:
-    return any(isinstance(x, (ll.Get, ll.GetMergeBuffer)) and x.tn is tn for x in ll.iter_scalars(sc))
-
-
-def _symbols(sc: ll.LLScalar) -> set[Symbol]:
-    out: set[Symbol] = set()
-    for x in ll.iter_scalars(sc):
-        match x:
-            case ll.Get(_, idcs) | ll.GetMergeBuffer(_, idcs):
-                out.update(s for idx in idcs for s in index_symbols(idx))
-            case ll.EmbedIndex(idx):
-                out.update(index_symbols(idx))
-    return out
-
-
-def _subst(sc: ll.LLScalar, env: dict[Symbol, AxisIndex]) -> ll.LLScalar:
-    """`sc` with loop symbols replaced by indices (no local scopes: `reorderable` excludes them)."""
-    match sc:
-        case ll.Get(tn, idcs):
-            return ll.Get(tn, tuple(subst_index(env, i) for i in idcs))
-        case ll.GetMergeBuffer(tn, idcs):
-            return ll.GetMergeBuffer(tn, tuple(subst_index(env, i) for i in idcs))
-        case ll.EmbedIndex(idx):
-            return ll.EmbedIndex(subst_index(env, idx))
-        case ll.Unop(op, a):
-            return ll.Unop(op, _subst(a, env))
-        case ll.Binop(op, a, b):
-            return ll.Binop(op, _subst(a, env), _subst(b, env))
-        case ll.Ternop(op, a, b, c):
-            return ll.Ternop(op, _subst(a, env), _subst(b, env), _subst(c, env))
-    return sc
-
-
-def _nest(loops: list[tuple[Symbol, int]], body: ll.LLStmt, unrolled: frozenset[Symbol] = frozenset(),
-          parallel: Symbol | None = None) -> ll.LLStmt:
-    for s, n in reversed(loops):
-        body = ll.ForLoop(s, 0, n - 1, body, unroll=s in unrolled, parallel=s == parallel)
-    return body
-
-
-def _local(label: str, dims: tuple[int, ...], prec: ops.Prec) -> Tnode:
-    return Tnode(label, dims, prec, memory_mode=LOCAL, provenance=provenance.SCHEDULED_LOCAL)
-
-
-def _unit_stride_axis_symbol(tn: Tnode, idcs: tuple[AxisIndex, ...]) -> Symbol | None:
-    for d, idx in reversed(list(zip(tn.dims, idcs, strict=True))):
-        if d == 1:
-            continue
-        return idx.symbol if isinstance(idx, Iterator) else None
-    return None
 
 
 # ---------------------------------------------------------------- contractions
@@ -273,10 +223,10 @@ def _recognize(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> _Cont
     extent = {lp.index: lp.to_ + 1 for lp in loops}
     lhs = {s for idx in st.idcs for s in index_symbols(idx)}
     summed = tuple(lp.index for lp in loops if lp.index not in lhs)
-    j = _unit_stride_axis_symbol(st.tn, st.idcs)
+    j = nests.unit_stride_axis_symbol(st.tn, st.idcs)
     if not summed or j is None or j not in extent or extent[j] < blocking.min_nb:
         return None
-    sx, sy = _symbols(x), _symbols(y)
+    sx, sy = nests.symbols(x), nests.symbols(y)
     if j in sx and j not in sy:
         b_first, a_op, b_op, sa, sb = True, y, x, sy, sx
     elif j in sy and j not in sx:
@@ -326,8 +276,8 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
     mb, nb, kc = tile.mb, tile.nb, tile.kc
     k1, rest = c.summed[0], c.summed[1:]
     prec = st.tn.prec
-    pack = _local("pack", (kc, *(extent[k] for k in rest), nb), prec)
-    accum = _local("acc", (mb, nb), prec)
+    pack = nests.scheduler_local("pack", (kc, *(extent[k] for k in rest), nb), prec)
+    accum = nests.scheduler_local("acc", (mb, nb), prec)
     j0, i0, kt, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("kt"), get_symbol("ir"), get_symbol("jr")
     kp = {k: get_symbol(k.name) for k in c.summed}
     pack_at = (Iterator(kp[k1]), *(Iterator(kp[k]) for k in rest), Iterator(b))
@@ -342,26 +292,27 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
         block = (Iterator(a) if height > 1 else FixedIdx(0), Iterator(b))
         cell = tuple(subst_index({i: row, j: col}, idx) for idx in st.idcs)
         k_env: dict[Symbol, AxisIndex] = {k1: k_at, **{k: Iterator(kp[k]) for k in rest}}
-        a_read = _subst(c.a_op, {i: row, **k_env})
+        a_read = nests.subst(c.a_op, {i: row, **k_env})
         x, y = (ll.Get(pack, pack_at), a_read) if c.b_first else (a_read, ll.Get(pack, pack_at))
         update = ll.Set(accum, block, ll.Ternop(ops.Ternop.FMA, x, y, ll.Get(accum, block)), st.debug)
         rows = [(a, height)] if height > 1 else []
         k_loops = [(kp[k1], depth), *((kp[k], extent[k]) for k in rest)]
-        load = [_nest([*rows, (b, width)], ll.Set(accum, block, ll.Get(st.tn, cell)), frozenset({a}))]
+        load = [nests.nest([*rows, (b, width)], ll.Set(accum, block, ll.Get(st.tn, cell)), frozenset({a}))]
         if width < nb:
-            load.append(_nest(rows, ll.ForLoop(b, width, nb - 1, ll.Set(accum, block, ll.Constant(0.0))),
+            load.append(nests.nest(rows, ll.ForLoop(b, width, nb - 1, ll.Set(accum, block, ll.Constant(0.0))),
                               frozenset({a})))
-        return ll.seq(*load, _nest([*k_loops, *rows, (b, nb)], update, frozenset({a})),
-                      _nest([*rows, (b, width)], ll.Set(st.tn, cell, ll.Get(accum, block)), frozenset({a})))
+        return ll.seq(*load, nests.nest([*k_loops, *rows, (b, nb)], update, frozenset({a})),
+                      nests.nest([*rows, (b, width)], ll.Set(st.tn, cell, ll.Get(accum, block)), frozenset({a})))
 
     def panel(col: AxisIndex, width: int, k_at: AxisIndex, depth: int, threaded_rows: bool) -> ll.LLStmt:
         k_env: dict[Symbol, AxisIndex] = {j: col, k1: k_at, **{k: Iterator(kp[k]) for k in rest}}
         k_loops = [(kp[k1], depth), *((kp[k], extent[k]) for k in rest)]
         # read B along its own unit stride: rows of `w` in the dense layer's `w @ x`
         order = [(b, width), *k_loops] if c.b_along_k else [*k_loops, (b, width)]
-        parts = [_nest(order, ll.Set(pack, pack_at, _subst(c.b_op, k_env), "pack a panel of the unit-stride operand"))]
+        fill = ll.Set(pack, pack_at, nests.subst(c.b_op, k_env), "pack a panel of the unit-stride operand")
+        parts = [nests.nest(order, fill)]
         if width < nb:
-            parts.append(_nest(k_loops, ll.ForLoop(b, width, nb - 1, ll.Set(pack, pack_at, ll.Constant(0.0)))))
+            parts.append(nests.nest(k_loops, ll.ForLoop(b, width, nb - 1, ll.Set(pack, pack_at, ll.Constant(0.0)))))
         if n_rows == 1:
             parts.append(kernel(Iterator(a) if mb > 1 else FixedIdx(0), mb, col, width, k_at, depth))
         elif n_rows:
@@ -401,7 +352,7 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
         chunks.append(chunk(_span(kc, None, kp[k1], kc * n_chunks), tail_chunk))
     tiles = f"{mb}x{nb}" + (f", {kc}-step k chunks" if kc < extent[k1] else "")
     body = ll.seq(ll.Comment(f"register-blocked {tiles} contraction into {st.tn.name}"), *chunks)
-    return _nest([(s, extent[s]) for s in c.outer], body, parallel=batch)
+    return nests.nest([(s, extent[s]) for s in c.outer], body, parallel=batch)
 
 
 def _threaded(c: _Contraction, blocking: Blocking) -> bool:
@@ -432,11 +383,11 @@ def _split_reduction(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSe
         n_lanes = n
     else:
         return None
-    lanes = _local("lanes", (n_lanes,), st.tn.prec)
+    lanes = nests.scheduler_local("lanes", (n_lanes,), st.tn.prec)
     k0, lane = get_symbol("k0"), get_symbol("l")
     env: dict[Symbol, AxisIndex] = {k: make_affine(((n_lanes, k0), (1, lane))) if n_lanes < n else Iterator(lane)}
     own = (ll.Get(lanes, (Iterator(lane),)),)
-    split = tuple(_subst(t, env) for t in terms)
+    split = tuple(nests.subst(t, env) for t in terms)
     value = (ll.Ternop(ops.Ternop.FMA, split[0], split[1], own[0]) if kind == "fma"
              else ll.Binop(ops.Binop.ADD, own[0], split[0]))
     step = ll.ForLoop(lane, 0, n_lanes - 1, ll.Set(lanes, own[0].idcs, value, st.debug))
@@ -446,7 +397,7 @@ def _split_reduction(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSe
     body = ll.seq(
         ll.Comment(f"{n_lanes} partial sums into {st.tn.name} (reassociated)"),
         ll.ForLoop(lane, 0, n_lanes - 1, ll.Set(lanes, (Iterator(lane),), ll.Constant(0.0))),
-        _nest(summed, step),
+        nests.nest(summed, step),
         ll.ForLoop(lane, 0, n_lanes - 1,
                    ll.Set(st.tn, st.idcs, ll.Binop(ops.Binop.ADD, ll.Get(st.tn, st.idcs), own[0]))))
-    return _nest([(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index in lhs], body)
+    return nests.nest([(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index in lhs], body)

@@ -29,8 +29,8 @@ for the NaN-propagating max branches on the data, which mispredicts about every 
 element. Moving an lhs loop whose extent the vector width divides (the channels, stride 169)
 innermost lets gcc vectorize the max across it with strided loads, branch-free (5x faster on
 the convnet's first pooling). Each cell still sees its window in the original order
-(bit-identical). A comment inside the innermost loop keeps the interchange stage, which would
-move the unit-stride `ow` back inside, from reordering the nest.
+(bit-identical). The nest is marked `keep_order`, so the interchange stage, which would move
+the unit-stride `ow` back inside, leaves it alone.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import dataclasses
 import math
 
 from einjit.ir import low_level as ll
-from einjit.ir import ops
+from einjit.ir import nests, ops
 from einjit.ir import schedule as sched
 from einjit.ir.indexing import (
     Affine,
@@ -81,7 +81,7 @@ def _fma_terms(st: ll.Set) -> tuple[ll.LLScalar, ll.LLScalar] | None:
             pass
         case _:
             return None
-    if any(sched._reads(t, st.tn) or any(isinstance(s, ll.LocalScope) for s in ll.iter_scalars(t)) for t in (x, y)):
+    if any(nests.reads(t, st.tn) or any(isinstance(s, ll.LocalScope) for s in ll.iter_scalars(t)) for t in (x, y)):
         return None
     return x, y
 
@@ -111,7 +111,7 @@ def channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSet
     summed = [lp.index for lp in loops if lp.index not in lhs]
     if not summed or not lhs <= extent.keys():
         return None
-    sx, sy = sched._symbols(x), sched._symbols(y)
+    sx, sy = nests.symbols(x), nests.symbols(y)
     per_vector = max(1, st.tn.prec.itemsize // 4)
     choices = [d // per_vector for d in blocking.nb_choices if blocking.min_nb <= d // per_vector <= NB_MAX]
 
@@ -120,12 +120,12 @@ def channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSet
 
     plain = [idx.symbol for idx in st.idcs if isinstance(idx, Iterator)]
     candidates = [s for s in plain if (s in sx) != (s in sy) and width(s)]
-    if not candidates or not scatter and sched._unit_stride_axis_symbol(st.tn, st.idcs) in candidates:
+    if not candidates or not scatter and nests.unit_stride_axis_symbol(st.tn, st.idcs) in candidates:
         return None  # `schedule`'s contraction blocks along the unit-stride axis itself
     j = max(candidates, key=lambda s: (width(s), extent[s]))
     nb = width(j)
     a_op, b_op, b_first = (y, x, True) if j in sx else (x, y, False)
-    sa, sb = sched._symbols(a_op), sched._symbols(b_op)
+    sa, sb = nests.symbols(a_op), nests.symbols(b_op)
     rows = [lp.index for lp in loops if lp.index in lhs and lp.index != j and lp.index in sa
             and lp.index not in sb and extent[lp.index] > 1]
     if not rows:
@@ -144,43 +144,43 @@ def _blocked_nest(loops: list[ll.ForLoop], st: ll.Set, operands: tuple[ll.LLScal
     extent = {lp.index: lp.to_ + 1 for lp in loops}
     lhs = {s for idx in st.idcs for s in index_symbols(idx)}
     prec = st.tn.prec
-    pack = sched._local("pack", tuple(extent[k] for k in summed) + (nb,), prec)
-    accum = sched._local("acc", (mb, nb), prec)
+    pack = nests.scheduler_local("pack", tuple(extent[k] for k in summed) + (nb,), prec)
+    accum = nests.scheduler_local("acc", (mb, nb), prec)
     j0, i0, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("ir"), get_symbol("jr")
     packed = {k: get_symbol(k.name) for k in summed}
     col = make_affine(((nb, j0), (1, b)))
     row = make_affine(((mb, i0), (1, a))) if mb > 1 else Iterator(i0)
     b_env: dict[Symbol, AxisIndex] = {j: col, **{k: Iterator(kp) for k, kp in packed.items()}}
-    fill = sched._nest([*((kp, extent[k]) for k, kp in packed.items()), (b, nb)],
+    fill = nests.nest([*((kp, extent[k]) for k, kp in packed.items()), (b, nb)],
                        ll.Set(pack, tuple(Iterator(kp) for kp in packed.values()) + (Iterator(b),),
-                              sched._subst(b_op, b_env), "pack a panel of the vector-axis operand"))
+                              nests.subst(b_op, b_env), "pack a panel of the vector-axis operand"))
     cell = tuple(subst_index({i: row, j: col}, idx) for idx in st.idcs)
     block = (Iterator(a) if mb > 1 else FixedIdx(0), Iterator(b))
     p_read = ll.Get(pack, tuple(Iterator(k) for k in summed) + (Iterator(b),))
-    a_read = sched._subst(a_op, {i: row})
+    a_read = nests.subst(a_op, {i: row})
     args = (p_read, a_read) if b_first else (a_read, p_read)
     update = ll.Set(accum, block, ll.Ternop(ops.Ternop.FMA, args[0], args[1], ll.Get(accum, block)), st.debug)
     ab = [(a, mb), (b, nb)] if mb > 1 else [(b, nb)]
     unrolled = frozenset({a})
     kernel = ll.seq(
-        sched._nest(ab, ll.Set(accum, block, ll.Get(st.tn, cell)), unrolled),
-        sched._nest([*((k, extent[k]) for k in summed), *ab], update, unrolled),
-        sched._nest(ab, ll.Set(st.tn, cell, ll.Get(accum, block)), unrolled))
-    sb = sched._symbols(b_op)
+        nests.nest(ab, ll.Set(accum, block, ll.Get(st.tn, cell)), unrolled),
+        nests.nest([*((k, extent[k]) for k in summed), *ab], update, unrolled),
+        nests.nest(ab, ll.Set(st.tn, cell, ll.Get(accum, block)), unrolled))
+    sb = nests.symbols(b_op)
     outer = [lp.index for lp in loops if lp.index in lhs and lp.index not in (i, j)]
     panel_loops = [(s, extent[s]) for s in outer if s in sb]
     other_loops = [(s, extent[s]) for s in outer if s not in sb]
-    inner = sched._nest(other_loops, ll.ForLoop(i0, 0, extent[i] // mb - 1, kernel))
+    inner = nests.nest(other_loops, ll.ForLoop(i0, 0, extent[i] // mb - 1, kernel))
     kind = "convolution" if has_affine(st) else "contraction"
     comment = ll.Comment(f"channel-blocked {mb}x{nb} {kind} into {st.tn.name}")
-    return sched._nest([*panel_loops, (j0, extent[j] // nb)], ll.seq(comment, fill, inner))
+    return nests.nest([*panel_loops, (j0, extent[j] // nb)], ll.seq(comment, fill, inner))
 
 
 
 def window_reduction(loops: list[ll.ForLoop], st: ll.Set) -> ll.LLStmt | None:
     """The window reduction with a vector-width lhs loop innermost, or None when it does not
     apply (tried after `schedule`'s generic rewrites)."""
-    if not has_affine(st) or not reorderable(st) or not sched._reads(st.llsc, st.tn):
+    if not has_affine(st) or not reorderable(st) or not nests.reads(st.llsc, st.tn):
         return None
     lhs = {idx.symbol for idx in st.idcs if isinstance(idx, Iterator)}
     window = 0
@@ -196,10 +196,11 @@ def window_reduction(loops: list[ll.ForLoop], st: ll.Set) -> ll.LLStmt | None:
     moved = min(fits, key=lambda lp: stride[lp.index])
     axis = next(k for k, idx in enumerate(st.idcs) if idx == Iterator(moved.index))
     note = f"{st.tn.name} vectorized across its axis {axis}: the window loops stay outside"
-    body: ll.LLStmt = ll.seq(ll.Comment(note), st)
-    for lp in reversed([lp for lp in loops if lp is not moved] + [moved]):
-        body = dataclasses.replace(lp, body=body)
-    return body
+    order = [lp for lp in loops if lp is not moved] + [moved]
+    body: ll.LLStmt = st
+    for lp in reversed(order):
+        body = dataclasses.replace(lp, body=body, keep_order=lp is order[0])
+    return ll.seq(ll.Comment(note), body)
 
 
 def _divisor_up_to(n: int, most: int) -> int:
