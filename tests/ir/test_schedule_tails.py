@@ -6,6 +6,7 @@ reassociated), under the interpreter and under gcc."""
 from __future__ import annotations
 
 import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -70,7 +71,7 @@ def test_small_contractions_keep_their_blocks_without_unrolled_rows():
     assert local_nodes(small) == local_nodes(large) == {"pack", "acc"}
 
     def loops(code: ll.LLStmt) -> list[str]:
-        text = re.sub(r"(?<=[a-z])_?\d+\b", "", ll.to_doc(code).replace(" (unrolled)", ""))  # fresh symbols are numbered
+        text = re.sub(r"(?<=[a-z])_?\d+\b", "", ll.to_doc(code).replace(" (unrolled)", ""))  # symbols are numbered
         return [line for line in text.splitlines() if "contraction" not in line]
 
     assert loops(small) == loops(large)
