@@ -62,8 +62,9 @@ def _unrolled_loops(stmt: ll.LLStmt) -> int:
 
 
 def test_small_contractions_keep_their_blocks_without_unrolled_rows():
-    """Below `min_unroll_work` multiply-adds the block rows are not unrolled (gcc's time goes
-    into unrolled blocks); the blocked code and its results stay the same."""
+    """Below `min_unroll_work` multiply-adds, with tails, the block rows are not unrolled (gcc's
+    time goes into unrolled blocks, which tails repeat); the blocked code and its results stay
+    the same."""
     code, a, b, c = matmul(13, 17, 40, True)  # 8840 multiply-adds
     small = schedule_llc(code, OFF, Blocking(min_work=1, min_unroll_work=8841))
     large = schedule_llc(code, OFF, Blocking(min_work=1, min_unroll_work=8840))
@@ -78,6 +79,13 @@ def test_small_contractions_keep_their_blocks_without_unrolled_rows():
     ins = inputs_for(a, b)
     np.testing.assert_array_equal(check_exact(code, ins, c, small), check_exact(code, ins, c, large))
     assert "#pragma GCC unroll" not in cc.compile_proc(small, name="small").source
+
+
+def test_small_contractions_without_tails_stay_unrolled():
+    code, a, b, c = matmul(16, 17, 32, True)
+    sched = schedule_llc(code, OFF, Blocking(min_work=1, min_unroll_work=1 << 30, tile=Tile(8, 32, 17)))
+    assert _unrolled_loops(sched) > 0
+    check_exact(code, inputs_for(a, b), c, sched)
 
 
 def test_a_single_row_is_not_packed():
