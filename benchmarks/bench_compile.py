@@ -18,6 +18,11 @@ CPU seconds from `os.times`, medians of 3, before -> after issue 13 item 6):
 - convnet step (nn layers): Python 0.53 s -> 0.39 s, gcc 0.51 s;
 - moons step: Python 0.06 s, gcc 0.08 s; wall 0.14-0.38 s depending on load (a fresh process
   also compiles einjit's own sources when PYTHONDONTWRITEBYTECODE is set, about 0.15 s).
+Later (medians of 5, load about 1 on the 2 cores; CPU seconds of the whole process, so Python's
+include the imports): the nn convnet step went from 1.72 s wall (Python 0.43 s, gcc 1.45 s) to
+0.91 s (Python 0.34 s, gcc 0.74 s): small contractions with tails no longer unroll their
+blocks, gcc runs without its PRE pass (`cc.CcOptions`), tracing's nest limit went from 125 to
+25 iterations. The einsum convnet: 0.98 -> 0.65 s; the moons step: 0.15 -> 0.14 s.
 """
 
 from __future__ import annotations
@@ -36,8 +41,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = {
     "moons step (B=10)": "import bench_train; print(bench_train.einjit_step_time(10, 1, {cache!r})[1])",
     "convnet step, einsum (B=64)": "import bench_train; print(bench_train.convnet_step()[1])",
-    "convnet step, nn layers (B=64)": "import bench_convnet; print(bench_convnet.einjit_step_time(1, {cache!r})[1])",
+    "convnet step, nn layers (B=64)": "import bench_convnet; print(bench_convnet.einjit_step({cache!r})[1])",
 }
+_TIMES = "import os; t = os.times(); print(t.user + t.system, t.children_user + t.children_system)"
 
 
 def chain_seconds(n: int) -> float:
@@ -61,12 +67,16 @@ def chain_seconds(n: int) -> float:
     return time.perf_counter() - start
 
 
-def cold_compile_seconds(snippet: str) -> float:
+def cold_compile_seconds(snippet: str) -> tuple[float, float, float]:
+    """Wall seconds of graph-to-routine, and the whole process's Python and gcc CPU seconds
+    (Python's include the imports)."""
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "EINJIT_CACHE_DIR": cache}
-        code = f"import sys; sys.path.insert(0, {HERE!r}); " + snippet.format(cache=cache)
+        env = {**os.environ, "EINJIT_CACHE_DIR": cache, "EINJIT_NUM_THREADS": "1"}
+        code = f"import sys; sys.path.insert(0, {HERE!r}); " + snippet.format(cache=cache) + "; " + _TIMES
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    return float(out.stdout.strip().splitlines()[-1])
+    *_, wall, cpu = out.stdout.strip().splitlines()
+    python_s, gcc_s = map(float, cpu.split())
+    return float(wall), python_s, gcc_s
 
 
 def main() -> None:
@@ -81,9 +91,11 @@ def main() -> None:
         print(f"optimizer, chain of {n:5d} virtual nodes  {t * 1e3:8.1f} ms{growth}")
         previous = (n, t)
     for label, snippet in STEPS.items():
-        times = [cold_compile_seconds(snippet) for _ in range(args.repeats)]
-        print(f"cold compile, {label:32s} {statistics.median(times) * 1e3:8.1f} ms "
-              f"(min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f})")
+        runs = [cold_compile_seconds(snippet) for _ in range(args.repeats)]
+        walls = [w for w, _, _ in runs]
+        print(f"cold compile, {label:32s} {statistics.median(walls) * 1e3:8.1f} ms "
+              f"(min {min(walls) * 1e3:.1f}, max {max(walls) * 1e3:.1f}); CPU: Python "
+              f"{statistics.median(p for _, p, _ in runs):.2f} s, gcc {statistics.median(g for _, _, g in runs):.2f} s")
 
 
 if __name__ == "__main__":

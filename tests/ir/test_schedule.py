@@ -25,7 +25,7 @@ from test_random_programs import SETTINGS, _scale, build, programs
 
 GOLDEN = Path(__file__).parent / "golden"
 LANES = BLOCKING.lanes
-ANY_SIZE = Blocking(min_work=1)
+ANY_SIZE = Blocking(min_work=1, min_unroll_work=1)
 TINY = Blocking(min_work=1, nb_choices=(4,), min_nb=2, mb_max=2, lanes=2)
 """Blocks small enough for the random programs' 1-3 element axes."""
 ON = VirtualizeSettings()

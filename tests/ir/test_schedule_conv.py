@@ -20,7 +20,7 @@ from test_schedule import GOLDEN, OFF, ON, _normalized_c, inputs_for, it, local_
 
 B, CI, CO, H, K = 8, 2, 16, 5, 3
 OH = H - K + 1
-ANY_SIZE = Blocking(min_work=1)
+ANY_SIZE = Blocking(min_work=1, min_unroll_work=1)
 
 
 def _window(*syms):

@@ -5,6 +5,8 @@ reassociated), under the interpreter and under gcc."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,7 +19,7 @@ from einjit.ir.cost_model import Machine, Shape, Tile
 from einjit.ir.schedule import Blocking, schedule_llc
 from test_schedule import OFF, contraction_nest, inputs_for, local_nodes, matmul, run_in_c
 
-ANY_SIZE = Blocking(min_work=1)
+ANY_SIZE = Blocking(min_work=1, min_unroll_work=1)
 
 
 def check_exact(code, ins, out, sched, threads=1):
@@ -47,6 +49,41 @@ def test_awkward_extents_take_the_scheduled_path_exactly(n, m, p, transposed):
     want = check_exact(code, ins, c, sched)
     ref = ins[a].astype(np.float64) @ (ins[b].T if transposed else ins[b]).astype(np.float64)
     np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-5)
+
+
+def _unrolled_loops(stmt: ll.LLStmt) -> int:
+    count = 0
+    for s in ll.flatten(stmt):
+        if isinstance(s, ll.ForLoop):
+            count += s.unroll + _unrolled_loops(s.body)
+    return count
+
+
+def test_small_contractions_keep_their_blocks_without_unrolled_rows():
+    """Below `min_unroll_work` multiply-adds, with tails, the block rows are not unrolled (gcc's
+    time goes into unrolled blocks, which tails repeat); the blocked code and its results stay
+    the same."""
+    code, a, b, c = matmul(13, 17, 40, True)  # 8840 multiply-adds
+    small = schedule_llc(code, OFF, Blocking(min_work=1, min_unroll_work=8841))
+    large = schedule_llc(code, OFF, Blocking(min_work=1, min_unroll_work=8840))
+    assert _unrolled_loops(small) == 0 and _unrolled_loops(large) > 0
+    assert local_nodes(small) == local_nodes(large) == {"pack", "acc"}
+
+    def loops(code: ll.LLStmt) -> list[str]:
+        text = re.sub(r"(?<=[a-z])_?\d+\b", "", ll.to_doc(code).replace(" (unrolled)", ""))  # symbols are numbered
+        return [line for line in text.splitlines() if "contraction" not in line]
+
+    assert loops(small) == loops(large)
+    ins = inputs_for(a, b)
+    np.testing.assert_array_equal(check_exact(code, ins, c, small), check_exact(code, ins, c, large))
+    assert "#pragma GCC unroll" not in cc.compile_proc(small, name="small").source
+
+
+def test_small_contractions_without_tails_stay_unrolled():
+    code, a, b, c = matmul(16, 17, 32, True)
+    sched = schedule_llc(code, OFF, Blocking(min_work=1, min_unroll_work=1 << 30, tile=Tile(8, 32, 17)))
+    assert _unrolled_loops(sched) > 0
+    check_exact(code, inputs_for(a, b), c, sched)
 
 
 def test_a_single_row_is_not_packed():
@@ -161,7 +198,7 @@ def awkward_contractions(draw):
     code, a, b, c = contraction_nest(draw, ni, nj, nk, draw(st.integers(1, 3)))
     tile = draw(st.none() | st.builds(Tile, st.integers(1, 8), st.sampled_from([4, 8, 16, 32]), st.integers(1, 40)))
     blocking = Blocking(min_work=1, tile=tile, parallel_min_work=draw(st.sampled_from([1, 1 << 30])),
-                        min_panels_per_thread=1)
+                        min_unroll_work=draw(st.sampled_from([1, 1 << 30])), min_panels_per_thread=1)
     return code, a, b, c, blocking
 
 
