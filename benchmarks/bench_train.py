@@ -202,8 +202,13 @@ def torch_mlp_step(dims: tuple[int, ...], batch: int):
         if k < len(dims) - 2:
             layers.append(torch.nn.ReLU())
     model = torch.nn.Sequential(*layers)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = (torch.from_numpy(a) for a in _mlp_data(dims, batch))
+    return _torch_hinge_sgd_step(torch, model, x, y, batch)
+
+
+def _torch_hinge_sgd_step(torch, model, x, y, batch: int):
+    """PyTorch's eager step for einjit's benchmark models: hinge loss, SGD with momentum."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     def step():
         opt.zero_grad()
@@ -248,16 +253,8 @@ def torch_convnet_step(batch: int = 64):
     model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, bias=False), torch.nn.ReLU(),
                                 torch.nn.Conv2d(8, 16, 3, stride=2, bias=False), torch.nn.ReLU(),
                                 torch.nn.Flatten(), torch.nn.Linear(16 * 12 * 12, 10, bias=False))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(batch, 1, 28, 28), torch.sign(torch.randn(batch, 10))
-
-    def step():
-        opt.zero_grad()
-        loss = torch.relu(1 - y * model(x)).sum() / batch
-        loss.backward()
-        opt.step()
-
-    return step
+    return _torch_hinge_sgd_step(torch, model, x, y, batch)
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ single-device training on batches N times larger, with N times fewer steps per e
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -26,7 +25,7 @@ import numpy as np
 import einjit as ej
 from einjit import datasets, parallel, train
 from einjit.comm import Communicator
-from einjit.demo_cli import MOONS_POINTS, check_batch_size
+from einjit.demo_cli import MOONS_POINTS, EpochProgress, check_batch_size
 from einjit.ir.indexing import IntRef, StaticSymbol, get_static_symbol
 
 
@@ -58,32 +57,6 @@ def make_mlp(hidden: int = 16):
                       label="mlp")
 
     return mlp
-
-
-class _Progress:
-    """tqdm when installed, else one plain line per epoch."""
-
-    def __init__(self, epochs: int, quiet: bool):
-        self.quiet, self.bar = quiet, None
-        if not quiet:
-            try:
-                from tqdm import tqdm
-                self.bar = tqdm(total=epochs, unit="epoch", file=sys.stderr)
-            except ImportError:
-                pass
-
-    def update(self, epoch: int, epochs: int, loss: float, lr: float) -> None:
-        if self.quiet:
-            return
-        if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.4f}")
-            self.bar.update(1)
-        else:
-            print(f"epoch {epoch + 1:3d}/{epochs}  loss {loss:.5f}  lr {lr:.4f}", file=sys.stderr)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 def _predict(mlp, points: np.ndarray, name: str) -> np.ndarray:
@@ -125,7 +98,7 @@ def run_moons(*, epochs: int = 80, batch_size: int = 10, seed: int = 0, n_points
     compile_seconds = time.perf_counter() - t0
 
     losses: list[float] = []
-    progress = _Progress(epochs, quiet)
+    progress = EpochProgress(epochs, quiet, "lr", "lr")
     t1 = time.perf_counter()
     batch_ref, step_ref = refs[batch_n], refs[step_n]
     for epoch in range(epochs):
@@ -135,7 +108,7 @@ def run_moons(*, epochs: int = 80, batch_size: int = 10, seed: int = 0, n_points
             total += step()
             step_ref.value += 1
         losses.append(total / steps_per_epoch)
-        progress.update(epoch, epochs, losses[-1], 0.1 * (2 * steps - step_ref.value) / steps)
+        progress.update(epoch, losses[-1], 0.1 * (2 * steps - step_ref.value) / steps)
     finish()
     progress.close()
     seconds = time.perf_counter() - t1

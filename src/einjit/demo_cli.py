@@ -1,9 +1,10 @@
-"""Argument checks shared by the demos of `python -m einjit demo`, run before any training so
-a bad argument fails at once with a message naming its flag."""
+"""What the demos of `python -m einjit demo` share: argument checks, run before any training so
+a bad argument fails at once with a message naming its flag, and the per-epoch progress line."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 MOONS_POINTS = 400
 """The moons demo's data set size, which its batch sizes must divide."""
@@ -56,3 +57,32 @@ def check_plot_path(path: str | None) -> None:
     if ext not in formats:
         raise ArgumentProblem(f"--plot {path}: unknown image format {ext or '(no extension)'!r}; use one of "
                               f"{', '.join('.' + f for f in sorted(formats))}")
+
+
+class EpochProgress:
+    """tqdm when installed, else one plain line per epoch: the loss and one metric, shown as
+    `key` in the bar (with `bar_digits` decimals) and as `label` in the line."""
+
+    def __init__(self, epochs: int, quiet: bool, key: str, label: str, bar_digits: int = 4,
+                 desc: str | None = None):
+        self.epochs, self.quiet, self.bar = epochs, quiet, None
+        self.key, self.label, self.bar_digits = key, label, bar_digits
+        if not quiet:
+            try:
+                from tqdm import tqdm
+                self.bar = tqdm(total=epochs, unit="epoch", file=sys.stderr, desc=desc)
+            except ImportError:
+                pass
+
+    def update(self, epoch: int, loss: float, metric: float) -> None:
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.set_postfix({"loss": f"{loss:.4f}", self.key: f"{metric:.{self.bar_digits}f}"})
+            self.bar.update(1)
+        else:
+            print(f"epoch {epoch + 1:3d}/{self.epochs}  loss {loss:.5f}  {self.label} {metric:.4f}", file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

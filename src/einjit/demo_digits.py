@@ -12,7 +12,6 @@ of both compiled routines between epochs and evaluations. The train/test split i
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -20,6 +19,7 @@ import numpy as np
 
 import einjit as ej
 from einjit import data, fit, nn, train
+from einjit.demo_cli import EpochProgress
 from einjit.nn import schedules
 
 N_CLASSES = 10
@@ -63,33 +63,6 @@ def make_model(seed: int) -> nn.Sequential:
         nn.Flatten(), nn.Dropout(0.1, seed=seed, label="drop"), nn.Linear(128, N_CLASSES, label="fc"))
 
 
-class _Progress:
-    """tqdm when installed, else one plain line per epoch."""
-
-    def __init__(self, epochs: int, quiet: bool):
-        self.bar = None
-        self.quiet = quiet
-        if not quiet:
-            try:
-                from tqdm import tqdm
-                self.bar = tqdm(total=epochs, unit="epoch", file=sys.stderr, desc="digits")
-            except ImportError:
-                pass
-
-    def update(self, epoch: int, epochs: int, loss: float, accuracy: float) -> None:
-        if self.quiet:
-            return
-        if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4f}", test_acc=f"{accuracy:.3f}")
-            self.bar.update(1)
-        else:
-            print(f"epoch {epoch + 1:3d}/{epochs}  loss {loss:.5f}  test accuracy {accuracy:.4f}", file=sys.stderr)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def run_digits(*, epochs: int = EPOCHS, batch_size: int = BATCH_SIZE, lr: float = 0.01, seed: int = 0,
                quiet: bool = False, plot: str | None = None) -> DigitsResult:
     images, labels = load_digits()
@@ -117,7 +90,7 @@ def run_digits(*, epochs: int = EPOCHS, batch_size: int = BATCH_SIZE, lr: float 
 
     train_losses: list[float] = []
     test_losses: list[float] = []
-    progress = _Progress(epochs, quiet)
+    progress = EpochProgress(epochs, quiet, "test_acc", "test accuracy", bar_digits=3, desc="digits")
     t1 = time.perf_counter()
     logits = np.zeros((len(x_test), N_CLASSES))
     for epoch in range(epochs):
@@ -131,7 +104,7 @@ def run_digits(*, epochs: int = EPOCHS, batch_size: int = BATCH_SIZE, lr: float 
         model.eval()
         logits, tl = evaluate(x_test, hot_test)
         test_losses.append(float(tl.reshape(-1)[0]))
-        progress.update(epoch, epochs, train_losses[-1], float(np.mean(logits.argmax(-1) == y_test)))
+        progress.update(epoch, train_losses[-1], float(np.mean(logits.argmax(-1) == y_test)))
     progress.close()
     seconds = time.perf_counter() - t1
 

@@ -35,9 +35,7 @@ def _interchange_stmt(s: ll.LLStmt) -> ll.LLStmt:
         loops = best_order(loops, inner[0])
     else:
         body = interchange_loops(body)
-    for loop in reversed(loops):
-        body = dataclasses.replace(loop, body=body)
-    return body
+    return rewrap(loops, body)
 
 
 def perfect_nest(loop: ll.ForLoop) -> tuple[list[ll.ForLoop], ll.LLStmt]:
@@ -49,6 +47,13 @@ def perfect_nest(loop: ll.ForLoop) -> tuple[list[ll.ForLoop], ll.LLStmt]:
             return loops, body
         loops.append(inner[0])
         body = inner[0].body
+
+
+def rewrap(loops: list[ll.ForLoop], body: ll.LLStmt) -> ll.LLStmt:
+    """`perfect_nest` undone: `loops` (kept as they are, marks included) around a new body."""
+    for loop in reversed(loops):
+        body = dataclasses.replace(loop, body=body)
+    return body
 
 
 def reorderable(st: ll.Set) -> bool:

@@ -53,7 +53,6 @@ pay only when the arithmetic dominates. So are nests whose order is already fixe
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from collections.abc import Callable
@@ -71,7 +70,7 @@ from einjit.ir.indexing import (
     make_affine,
     subst_index,
 )
-from einjit.ir.interchange import best_order, perfect_nest, reorderable, unit_stride_symbol
+from einjit.ir.interchange import best_order, perfect_nest, reorderable, rewrap, unit_stride_symbol
 from einjit.ir.tracing import VirtualizeSettings
 
 
@@ -152,10 +151,7 @@ def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blockin
             new = _rewritten(loops, st, settings, blocking, tile_for)
             if new is not None:
                 return new
-    rebuilt = schedule_llc(body, settings, blocking, tile_for)
-    for loop in reversed(loops):
-        rebuilt = dataclasses.replace(loop, body=rebuilt)
-    return rebuilt
+    return rewrap(loops, schedule_llc(body, settings, blocking, tile_for))
 
 
 def _rewritten(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSettings, blocking: Blocking,
