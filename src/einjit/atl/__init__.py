@@ -7,7 +7,7 @@ in a ``Func`` with a typed signature, and run by the reference interpreter
 """
 
 from .autodiff import adjoint, deriv, grad
-from .func import Func
+from .func import Func, OutputError
 from .ir import (
     And,
     B,
@@ -42,6 +42,6 @@ from .typecheck import TCError, TypedFunc, typecheck
 __all__ = [
     "Var", "Const", "Gen", "Sum", "Let", "Pair", "Proj", "Eq", "Ne", "Lt", "Le", "Gt",
     "Ge", "Rel", "And", "Or", "Not", "Idx", "Sym", "Func", "R", "B", "TNum", "TBool",
-    "TTensor", "TPair", "TypedFunc", "typecheck", "TCError", "PairError", "NormalForm",
+    "TTensor", "TPair", "TypedFunc", "typecheck", "TCError", "PairError", "OutputError", "NormalForm",
     "Stmt", "deriv", "adjoint", "grad",
 ]

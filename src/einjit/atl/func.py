@@ -14,19 +14,25 @@ from __future__ import annotations
 
 import threading
 from functools import cached_property
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from .interpret import interpret
-from .ir import Expr, Name, Type, tensor_shape
+from einjit.errors import EinjitError
+
+from .ir import Expr, Name, TNum, Type, tensor_shape
 from .normalize import NormalForm, normal_form_of
 from .typecheck import TypedFunc, typecheck
 from .values import from_python, to_array, to_python, type_value_match
 
-__all__ = ["Func", "BACKENDS"]
+__all__ = ["Func", "BACKENDS", "OutputError"]
 
 BACKENDS = ("halide", "einjit")
+
+
+class OutputError(EinjitError, TypeError):
+    """A caller-supplied output buffer that does not fit the result."""
 
 
 class Func:
@@ -95,12 +101,48 @@ class Func:
         py = [to_python(t, v) for t, v in zip(self.arg_types, values, strict=True)]
         return from_python(self.ret_type, interpret(self.typed, py), as_numpy)
 
-    def jit_exec(self, *args: Any, backend: str = "halide", **kwargs: Any) -> Any:
+    def jit_exec(self, *args: Any, backend: str = "halide", output: np.ndarray | None = None,
+                 **kwargs: Any) -> Any:
         """Run compiled code: a float for an ``R`` result, else a C-ordered float64
-        array. Float64 arrays (C or Fortran order) are read in place."""
-        values = self._checked(args, kwargs, allow_lists=False)
+        array. Float64 arrays (C or Fortran order) are read in place.
+
+        ``output`` (seed 002's pre-allocated output, to avoid an allocation per call): a
+        writable float64 array of the result's shape (``[1]`` for an ``R`` result) that
+        receives the result and is returned (for ``R``, its one value as a float). The
+        einjit backend writes a C-contiguous one directly; other layouts are filled from
+        the result."""
+        return self._exec(self._checked(args, kwargs, allow_lists=False), backend, output)
+
+    def run(self, inputs: Mapping[str, Any], output: np.ndarray | None = None, *,
+            backend: str = "halide") -> Any:
+        """Seed 002's ``run(inputs, output=None)``: the arguments by name."""
+        if not isinstance(inputs, Mapping):
+            raise TypeError(f"run: inputs must be a mapping from argument names to values, got "
+                            f"{type(inputs).__name__}")
+        return self._exec(self._checked((), dict(inputs), allow_lists=False), backend, output)
+
+    def _exec(self, values: list, backend: str, output: np.ndarray | None) -> Any:
         fn = self.compiled(backend)
-        return fn(*(to_array(t, v) for t, v in zip(self.arg_types, values, strict=True)))
+        arrays = [to_array(t, v) for t, v in zip(self.arg_types, values, strict=True)]
+        if output is None:
+            return fn(*arrays)
+        self._check_output(output)
+        fn(*arrays, output=output)
+        return float(output[0]) if isinstance(self.ret_type, TNum) else output
+
+    def _check_output(self, output: Any) -> None:
+        scalar = isinstance(self.ret_type, TNum)
+        shape = (1,) if scalar else self.out_shape
+        what = "an R result" if scalar else f"the result type {self.ret_type}"
+        if not isinstance(output, np.ndarray):
+            raise OutputError(f"output: expected a numpy.ndarray of shape {list(shape)} for {what}, got "
+                              f"{type(output).__name__}")
+        if output.shape != shape:
+            raise OutputError(f"output: expected shape {list(shape)} for {what}, got {list(output.shape)}")
+        if output.dtype != np.float64:
+            raise OutputError(f"output: expected dtype float64, got {output.dtype}")
+        if not output.flags.writeable:
+            raise OutputError("output: the array is read-only")
 
     def compiled(self, backend: str = "halide", **options: Any) -> Callable:
         """The compiled form for ``backend`` (built once per set of options); it takes
@@ -121,7 +163,9 @@ def _compile(nf: NormalForm, backend: str, options: dict) -> Callable:
     """The backend contract: ``compile_normal_form(nf, **options)`` returns a callable
     taking ``nf.args`` in order (a float for ``R``, a float64 ndarray of any strides for
     a real tensor, a bool ndarray for a relation) and returning a float for an ``R``
-    result, else a new float64 ndarray of the result's shape."""
+    result, else a new float64 ndarray of the result's shape; with ``output=`` (a checked,
+    writable float64 array of the result's shape, ``[1]`` for ``R``) it writes the result
+    there instead."""
     if backend == "halide":
         from .halide import HalideFunc
         return HalideFunc(nf, **options)

@@ -133,11 +133,13 @@ class HalideFunc:
         self._compiled: dict[tuple[str, ...], Callable] = {}
         self._out_shape = tensor_shape(nf.ret_type)[0]
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, output: np.ndarray | None = None) -> Any:
         """Run on validated arguments: floats for ``R``, float64 (or bool) arrays.
 
         Arrays are read in place; a read-only one (a broadcast, a frozen array) is
-        copied first, because Halide's Python buffers need writable memory.
+        copied first, because Halide's Python buffers need writable memory. A checked
+        ``output`` (see ``Func.jit_exec``) is realized into directly when C-contiguous,
+        else filled from a fresh result.
         """
         hl = self.hl
         args = tuple(np.array(a) if isinstance(a, np.ndarray) and not a.flags.writeable
@@ -149,8 +151,14 @@ class HalideFunc:
             fn = self._compiled[key] = self._compile(key)
         call_args = [hl.Buffer(a, reverse_axes=layouts[k] != "F") if k in layouts else a
                      for k, a in enumerate(args)]
-        out = np.empty(self._out_shape, dtype=np.float64)
+        direct = output is not None and output.flags.c_contiguous
+        out = output.reshape(self._out_shape) if direct and output is not None else np.empty(
+            self._out_shape, dtype=np.float64)
         fn(*call_args, hl.Buffer(out))
+        if output is not None:
+            if not direct:
+                output[...] = out.reshape(output.shape)
+            return output
         return float(out[()]) if out.ndim == 0 else out
 
     def _compile(self, layouts: tuple[str, ...]) -> Callable:

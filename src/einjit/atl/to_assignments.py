@@ -545,31 +545,51 @@ class EinjitFunc:
         load_inputs(self.context, compiled.inputs)
         self.routine = compiler.link(self.context, compiled)
         self._output = self.translation.output.host_array()
-        self._direct = _direct_call(compiled.procedure, self.context, self._input_nodes, self.translation.output)
+        self._direct = _direct_call(compiled.procedure, self.context, self._input_nodes, self.translation.output,
+                                    output_read=self.translation.output in compiled.inputs)
         self._lock = threading.Lock()
         config.debug(1, f"ATL einjit compile {name}: {time.perf_counter() - t0:.3f}s"
                         + ("" if self._direct is None else " (arguments passed without copying when they fit)"))
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, output: np.ndarray | None = None) -> Any:
+        """Run on the arguments. `output`, a float64 array of the result's shape (already
+        checked by `Func`), receives the result: the routine writes into it directly when
+        it is one the routine can take (C-contiguous, aligned), else it is filled from the
+        result node. Returns `output` then, else a new array (a float for an `R` result)."""
         if len(args) != len(self._inputs):
             raise TypeError(f"expected {len(self._inputs)} arguments, got {len(args)}")
         with self._lock:
+            target = None if output is None else output.reshape(self._output.shape) if output.size == 1 else output
             if self._direct is not None:
-                self._direct(self._inputs, args)
+                written = self._direct(self._inputs, args, target)
             else:
                 for tn, host, val in zip(self._input_nodes, self._inputs, args, strict=True):
                     host[...] = val
                     self.context.from_host(tn)
                 self.routine()
                 self.context.to_host(self.translation.output)
+                written = False
             out = self._output
+            if output is not None:
+                if not written:
+                    output[...] = out.reshape(output.shape)
+                return output
             return float(out[()]) if out.ndim == 0 else out.copy()
 
 
-def _direct_call(procedure: Any, context: Any, inputs: Sequence[Tnode], output: Tnode
-                 ) -> Callable[[list[np.ndarray], tuple[Any, ...]], None] | None:
-    """A call of the C function with per-call input pointers, when the routine is relocatable
-    C (array parameters only) and the context computes in the host arrays; None otherwise."""
+def _passable(val: Any, host: np.ndarray) -> bool:
+    """Whether the C routine can take `val` in place of `host`'s memory."""
+    return (isinstance(val, np.ndarray) and val.dtype == host.dtype and val.shape == host.shape
+            and val.flags.c_contiguous and val.flags.aligned)
+
+
+def _direct_call(procedure: Any, context: Any, inputs: Sequence[Tnode], output: Tnode, *, output_read: bool
+                 ) -> Callable[[list[np.ndarray], tuple[Any, ...], np.ndarray | None], bool] | None:
+    """A call of the C function with per-call input pointers, and the caller's output array
+    when it fits (the call then returns True), when the routine is relocatable C (array
+    parameters only) and the context computes in the host arrays; None otherwise. The
+    caller's output replaces the result node only when the routine writes every cell before
+    reading it (`output_read` is False): its old contents must not matter."""
     cproc = getattr(getattr(procedure, "procedure", None), "function", None)
     params = getattr(getattr(procedure, "procedure", None), "params", None)
     if cproc is None or params is None or getattr(procedure, "entry", None) is not None:
@@ -580,20 +600,27 @@ def _direct_call(procedure: Any, context: Any, inputs: Sequence[Tnode], output: 
         return None
     position = {tn: k for k, tn in enumerate(inputs)}
     slots = [position.get(p.tn, -1) for p in params]
+    out_slots = [] if output_read else [i for i, p in enumerate(params) if p.tn is output]
     fixed = [ctypes.c_void_p(context.array(p.node).ctypes.data) for p in params]
+    out_host = output.host_array()
 
-    def call(hosts: list[np.ndarray], args: tuple[Any, ...]) -> None:
+    def call(hosts: list[np.ndarray], args: tuple[Any, ...], out: np.ndarray | None) -> bool:
         pointers = list(fixed)
         for k, host in enumerate(hosts):
             val = args[k]
-            if not (isinstance(val, np.ndarray) and val.dtype == host.dtype and val.shape == host.shape
-                    and val.flags.c_contiguous and val.flags.aligned):
+            if not _passable(val, host):
                 host[...] = val
                 val = host
             for i, slot in enumerate(slots):
                 if slot == k:
                     pointers[i] = ctypes.c_void_p(val.ctypes.data)
+        direct_out = out is not None and _passable(out, out_host) and out.flags.writeable and bool(out_slots)
+        if direct_out:
+            assert out is not None  # checked just above
+            for i in out_slots:
+                pointers[i] = ctypes.c_void_p(out.ctypes.data)
         cproc(*pointers)
+        return direct_out
 
     return call
 

@@ -278,6 +278,10 @@ def _buf(b: Buffer) -> str:
     return b.tn.name if isinstance(b, Node) else f"{b.tn.name}.merge"
 
 
+#: Seed 004 spells the relu-gate accumulation `=?/` (`=:?/`), without the infix operator's `-`.
+_ACCUM_SPELLING = {ops.Binop.RELU_GATE: "?/"}
+
+
 def to_doc(asgns: Asgns, indent: str = "") -> str:
     """A `%cd`-like rendering: `c =:+ a * b;` with the projections' spec as a comment."""
     lines: list[str] = []
@@ -301,7 +305,7 @@ def to_doc(asgns: Asgns, indent: str = "") -> str:
                 continue
             case _:
                 raise TypeError(f"not an assignment: {a!r}")
-        asgn = "=" + (":" if init else "") + ("" if accum is ops.Binop.ARG2 else accum.infix)
+        asgn = "=" + (":" if init else "") + ("" if accum is ops.Binop.ARG2 else _ACCUM_SPELLING.get(accum, accum.infix))
         lines.append(f"{indent}{lhs.name} {asgn} {rhs};\n")
     return "".join(lines)
 
@@ -563,13 +567,22 @@ def _lower_accum(init: bool, accum: ops.Binop, lhs: Tnode, proj: Projections, bu
         if neutral is None:
             raise LoweringError(f"einjit: {debug}: accumulation {accum.name} has no neutral element "
                                 f"to initialize {lhs.debug_name()}")
-        return ll.seq(_fill(lhs, ll.Constant(neutral), f"{lhs.name} := neutral of {accum.symbol}"), body)
+        return ll.seq(_neutral_fill(lhs, accum, neutral), body)
     return body
+
+
+def _neutral_fill(lhs: Tnode, accum: ops.Binop, neutral: float) -> ll.LLStmt:
+    """The neutral initialization of `lhs`: a zero neutral element is the node's `Zero_out`,
+    as OCANNL lowers `=:+` (one statement the backends render as they see fit); any other
+    is a fill loop."""
+    if neutral == 0.0:
+        return ll.ZeroOut(lhs)
+    return _fill(lhs, ll.Constant(neutral), f"{lhs.name} := neutral of {accum.symbol}")
 
 
 #: Accumulations where `neutral ⊕ x == x`: only these may skip combining with the neutral
 #: element when every cell is written once (seed 004: `lhs = neutral; lhs = lhs ⊕ rhs`).
-_NEUTRAL_IS_IDENTITY = frozenset({ops.Binop.ADD, ops.Binop.MUL, ops.Binop.MAX, ops.Binop.MIN})
+_NEUTRAL_IS_IDENTITY = frozenset({ops.Binop.ADD, ops.Binop.MUL, ops.Binop.MAX, ops.Binop.MIN, ops.Binop.RELU_GATE})
 
 
 def _accumulate(fresh: bool, accum: ops.Binop, lhs: Tnode, idcs: tuple[AxisIndex, ...], value: ll.LLScalar,

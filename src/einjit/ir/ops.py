@@ -163,7 +163,7 @@ class Binop(_OpFace, enum.Enum):
     MUL = ("({0} * {1})", np.multiply, 1.0, "*")
     DIV = ("({0} / {1})", np.divide, 1.0, "/")
     TO_POW_OF = ("pow{f}({0}, {1})", np.power, 1.0, "**")
-    RELU_GATE = ("({0} > 0 ? {1} : 0)", lambda a, b: np.where(a > 0, b, 0), None, "-?/")
+    RELU_GATE = ("({0} > 0 ? {1} : 0)", lambda a, b: np.where(a > 0, b, 0), 1.0, "-?/")
     SATUR01_GATE = ("(({0} > 0 && {0} < 1) ? {1} : 0)", lambda a, b: np.where((a > 0) & (a < 1), b, 0), None, "-?^")
     MAX = ("(({0} >= {1} || {0} != {0}) ? {0} : {1})", np.maximum, -math.inf, "^^")
     MIN = ("(({0} <= {1} || {0} != {0}) ? {0} : {1})", np.minimum, math.inf, "vv")

@@ -75,6 +75,12 @@ class Mode:
         return self.mode.value
 
     @property
+    def can_be_hosted(self) -> bool:
+        """Whether a node in this mode may still get a host array (`On_device`, `Virtual`,
+        `Local` and `Device_only` nodes never do)."""
+        return bool(self.leaves & _ALL_HOSTED)
+
+    @property
     def leaves(self) -> frozenset[_Leaf]:
         match self.mode:
             case MemoryMode.EFFECTIVELY_CONSTANT:

@@ -5,7 +5,8 @@
             | lhs ASGN expr option*                             one assignment
     lhs    := ref | STRING                                      a string declares a new tensor
     ASGN   := '=' [':'] [accum]     accum one of + - * / ** ?/ ^^ vv && ||   ('=:' alone assigns)
-    expr   := the usual precedence over  || && (< == <>) (+ -) (* / % -?/ -?^) (**) unary-minus
+    expr   := the usual precedence over  || && (< == <>) (+ -) (* / % -?/ -?^) (**) prefix
+    prefix := '-' prefix | '!/' prefix | atom                    negation; `!/` is ReLU (seed 004)
     atom   := ref | NUMBER | LABEL-PREFIXED NUMBER ("'q' 2.0") | NAME '(' expr, ... ')' | '(' expr ')'
             | literal
     literal:= '[' elems ']' | '(' elems ')' | '[|' elems '|]'    output, input, batch axis
@@ -144,7 +145,7 @@ _TOKEN = re.compile(r"""
   | (?P<string>"[^"]*"|'[^']*')
   | (?P<number>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
   | (?P<name>[A-Za-z_][A-Za-z_0-9]*)
-  | (?P<op>~~|~logic:|~projections:|-\?/|-\?\^|\*\*|[-+*/]\.(?!\d)|\[\||\|\]|==|<>|&&|\|\||\?/|\^\^|[-+*/%<=:;(),.\[\]])
+  | (?P<op>~~|~logic:|~projections:|!/|-\?/|-\?\^|\*\*|[-+*/]\.(?!\d)|\[\||\|\]|==|<>|&&|\|\||\?/|\^\^|[-+*/%<=:;(),.\[\]])
 """, re.VERBOSE | re.ASCII)
 
 
@@ -321,6 +322,11 @@ class _Parser:
         return base
 
     def unary(self) -> Expr:
+        if self.at("!/"):
+            tok = self.take()
+            with self.nested(tok):
+                operand = self.unary()
+            return self.apply(ops.Unop.RELU, (operand,), tok)
         if self.at("-"):
             tok = self.take()
             with self.nested(tok):

@@ -272,6 +272,8 @@ class _Scope:
         if lhs.merge:
             raise self.error(st.lhs.col, "cannot assign to a merge buffer")
         if isinstance(st.rhs, syn.Num) and st.accum is ops.Binop.ARG2 and st.logic is None:
+            if isinstance(st.lhs, syn.Decl):
+                self.shape_from_number(lhs.shape, st.rhs, where)
             return asg.Fetch(lhs.tn, asg.FetchConstant(st.rhs.value))
         if isinstance(st.rhs, syn.Apply) and not st.rhs.intermediate:
             op, maybe_args = st.rhs.op, [self.operand(a) for a in st.rhs.args]
@@ -308,6 +310,18 @@ class _Scope:
             return retarget(self.projections, lhs_slot, rhs_slots, where)
         try:
             return infer_projections(lhs.shape, st.logic, [a.shape for a in args], where)
+        except sh.ShapeError as e:
+            raise sh.ShapeError(f"{where}: {e}") from None
+
+    def shape_from_number(self, shape: sh.Shape, num: syn.Num, where: str) -> None:
+        """`"z" =: 2.0`: the declared tensor meets the number pointwise, so it takes the number's
+        shape (one output axis of dimension 1, labelled as the number is) unless another
+        assignment gives it more."""
+        axes = [(num.label, 1)] if num.label else None
+        number_shape = sh.Shape.make(batch_dims=[], input_dims=[], output_dims=None if axes else [1],
+                                     output_axes=axes, debug_name=repr(num.value))
+        try:
+            sh.propagate_shapes(sh.UpdateStep(shape, sh.Transpose(sh.PointwiseUn(), number_shape)))
         except sh.ShapeError as e:
             raise sh.ShapeError(f"{where}: {e}") from None
 

@@ -220,6 +220,12 @@ class NodeView:
         return self.tn.prec.dtype
 
     def _host(self) -> np.ndarray:
+        mode = self.tn.memory_mode
+        if self.tn.array is None and mode is not None and not mode.can_be_hosted:
+            raise TensorError(
+                f"einjit: {_describe(self.tensor, self.tn)} has no values on the host: its memory mode is {mode} "
+                f"({provenance.describe(self.tn.provenance)}), so only the routines see it; call .hosted() "
+                f"instead to read it from NumPy")
         if self.tn.array is None:
             raise TensorError(
                 f"einjit: {_describe(self.tensor, self.tn)} has no values on the host yet: it is a parameter "

@@ -35,66 +35,54 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
   float margin_loss[10] = {0};
   float learning_rate[1] = {0};
   /* forward scalar_loss */
+  memset(n, 0, sizeof(float) * 160);
   for (int i3 = 0; i3 < 10; ++i3) {
     for (int i4 = 0; i4 < 16; ++i4) {
-      n[i3 * 16 + i4] = 0.0f; /* n := neutral of add */
-    }
-  }
-  for (int i5 = 0; i5 < 10; ++i5) {
-    for (int i6 = 0; i6 < 16; ++i6) {
-      for (int i7 = 0; i7 < 2; ++i7) {
-        n[i5 * 16 + i6] = fmaf(w1[i6 * 2 + i7], moons_flat[batch0 * 20 + i5 * 2 + i7], n[i5 * 16 + i6]); /* n =:+ w1 * moons_input */
+      for (int i5 = 0; i5 < 2; ++i5) {
+        n[i3 * 16 + i4] = fmaf(w1[i4 * 2 + i5], moons_flat[batch0 * 20 + i3 * 2 + i5], n[i3 * 16 + i4]); /* n =:+ w1 * moons_input */
       }
     }
   }
+  for (int i8 = 0; i8 < 10; ++i8) {
+    for (int i9 = 0; i9 < 16; ++i9) {
+      {
+        const float t1_ = (b1[i9] + n[i8 * 16 + i9]);
+        h1[i8 * 16 + i9] = (t1_ < 0 ? 0 : t1_); /* h1 = relu(n_2) */
+      }
+    }
+  }
+  memset(n_3, 0, sizeof(float) * 160);
   for (int i10 = 0; i10 < 10; ++i10) {
     for (int i11 = 0; i11 < 16; ++i11) {
+      for (int i12 = 0; i12 < 16; ++i12) {
+        n_3[i10 * 16 + i11] = fmaf(w2[i11 * 16 + i12], h1[i10 * 16 + i12], n_3[i10 * 16 + i11]); /* n_3 =:+ w2 * h1 */
+      }
+    }
+  }
+  for (int i15 = 0; i15 < 10; ++i15) {
+    for (int i16 = 0; i16 < 16; ++i16) {
       {
-        const float t1_ = (b1[i11] + n[i10 * 16 + i11]);
-        h1[i10 * 16 + i11] = (t1_ < 0 ? 0 : t1_); /* h1 = relu(n_2) */
+        const float t2_ = (b2[i16] + n_3[i15 * 16 + i16]);
+        h2[i15 * 16 + i16] = (t2_ < 0 ? 0 : t2_); /* h2 = relu(n_4) */
       }
     }
   }
-  for (int i12 = 0; i12 < 10; ++i12) {
-    for (int i13 = 0; i13 < 16; ++i13) {
-      n_3[i12 * 16 + i13] = 0.0f; /* n_3 := neutral of add */
-    }
-  }
-  for (int i14 = 0; i14 < 10; ++i14) {
-    for (int i15 = 0; i15 < 16; ++i15) {
-      for (int i16 = 0; i16 < 16; ++i16) {
-        n_3[i14 * 16 + i15] = fmaf(w2[i15 * 16 + i16], h1[i14 * 16 + i16], n_3[i14 * 16 + i15]); /* n_3 =:+ w2 * h1 */
-      }
-    }
-  }
-  for (int i19 = 0; i19 < 10; ++i19) {
-    for (int i20 = 0; i20 < 16; ++i20) {
-      {
-        const float t2_ = (b2[i20] + n_3[i19 * 16 + i20]);
-        h2[i19 * 16 + i20] = (t2_ < 0 ? 0 : t2_); /* h2 = relu(n_4) */
-      }
-    }
-  }
-  for (int i22 = 0; i22 < 1; ++i22) {
-    for (int i21 = 0; i21 < 10; ++i21) {
-      n_5[i21 + i22] = 0.0f; /* n_5 := neutral of add */
+  memset(n_5, 0, sizeof(float) * 10);
+  for (int i17 = 0; i17 < 10; ++i17) {
+    for (int i18 = 0; i18 < 16; ++i18) {
+      n_5[i17] = fmaf(w3[i18], h2[i17 * 16 + i18], n_5[i17]); /* n_5 =:+ w3 * h2 */
     }
   }
   for (int i23 = 0; i23 < 10; ++i23) {
-    for (int i24 = 0; i24 < 16; ++i24) {
-      n_5[i23] = fmaf(w3[i24], h2[i23 * 16 + i24], n_5[i23]); /* n_5 =:+ w3 * h2 */
-    }
-  }
-  for (int i29 = 0; i29 < 10; ++i29) {
     {
-      const float t3_ = (1.0f - (moons_classes[batch0 * 10 + i29] * (b3[0] + n_5[i29])));
-      margin_loss[i29] = (t3_ < 0 ? 0 : t3_); /* margin_loss = relu(n_7) */
+      const float t3_ = (1.0f - (moons_classes[batch0 * 10 + i23] * (b3[0] + n_5[i23])));
+      margin_loss[i23] = (t3_ < 0 ? 0 : t3_); /* margin_loss = relu(n_7) */
     }
   }
   {
     float v8_ = 0;
-    for (int i96 = 0; i96 < 10; ++i96) {
-      v8_ = (v8_ + margin_loss[i96]);
+    for (int i89 = 0; i89 < 10; ++i89) {
+      v8_ = (v8_ + margin_loss[i89]);
     }
     scalar_loss[0] = (v8_ / 10.0f); /* scalar_loss = sum / n10 */
   }
@@ -114,111 +102,111 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
   memset(mlp_grad, 0, sizeof(float) * 10);
   memset(scalar_loss_grad, 0, sizeof(float) * 1);
   /* backprop scalar_loss */
-  for (int i33 = 0; i33 < 1; ++i33) {
-    scalar_loss_grad[i33] = 1.0f; /* scalar_loss_grad := 1.0 */
+  for (int i26 = 0; i26 < 1; ++i26) {
+    scalar_loss_grad[i26] = 1.0f; /* scalar_loss_grad := 1.0 */
+  }
+  for (int i30 = 0; i30 < 10; ++i30) {
+    {
+      const float t4_ = margin_loss[i30];
+      const float t5_ = (scalar_loss_grad[0] / 10.0f);
+      mlp_grad[i30] = fmaf(moons_classes[batch0 * 10 + i30], (-(t4_ > 0 ? t5_ : 0)), mlp_grad[i30]); /* mlp_grad =+ moons_class * grad_6 */
+    }
+  }
+  for (int i31 = 0; i31 < 10; ++i31) {
+    b3_grad[0] = (b3_grad[0] + mlp_grad[i31]); /* b3_grad =+ mlp_grad */
+  }
+  for (int i32 = 0; i32 < 10; ++i32) {
+    grad_5[i32] = (grad_5[i32] + mlp_grad[i32]); /* grad_5 =+ mlp_grad */
+  }
+  for (int i33 = 0; i33 < 10; ++i33) {
+    for (int i34 = 0; i34 < 16; ++i34) {
+      w3_grad[i34] = fmaf(grad_5[i33], h2[i33 * 16 + i34], w3_grad[i34]); /* w3_grad =+ grad_5 * h2 */
+    }
   }
   for (int i37 = 0; i37 < 10; ++i37) {
-    {
-      const float t4_ = margin_loss[i37];
-      const float t5_ = (scalar_loss_grad[0] / 10.0f);
-      mlp_grad[i37] = fmaf(moons_classes[batch0 * 10 + i37], (-(t4_ > 0 ? t5_ : 0)), mlp_grad[i37]); /* mlp_grad =+ moons_class * grad_6 */
+    for (int i38 = 0; i38 < 16; ++i38) {
+      {
+        const float t6_ = h2[i37 * 16 + i38];
+        const float t7_ = fmaf(w3[i38], grad_5[i37], 0.0f);
+        grad_4[i37 * 16 + i38] = (grad_4[i37 * 16 + i38] + (t6_ > 0 ? t7_ : 0)); /* grad_4 =+ h2 -?/ h2_grad */
+      }
     }
-  }
-  for (int i38 = 0; i38 < 10; ++i38) {
-    b3_grad[0] = (b3_grad[0] + mlp_grad[i38]); /* b3_grad =+ mlp_grad */
   }
   for (int i39 = 0; i39 < 10; ++i39) {
-    grad_5[i39] = (grad_5[i39] + mlp_grad[i39]); /* grad_5 =+ mlp_grad */
-  }
-  for (int i40 = 0; i40 < 10; ++i40) {
-    for (int i41 = 0; i41 < 16; ++i41) {
-      w3_grad[i41] = fmaf(grad_5[i40], h2[i40 * 16 + i41], w3_grad[i41]); /* w3_grad =+ grad_5 * h2 */
+    for (int i40 = 0; i40 < 16; ++i40) {
+      b2_grad[i40] = (b2_grad[i40] + grad_4[i39 * 16 + i40]); /* b2_grad =+ grad_4 */
     }
   }
-  for (int i44 = 0; i44 < 10; ++i44) {
-    for (int i45 = 0; i45 < 16; ++i45) {
-      {
-        const float t6_ = h2[i44 * 16 + i45];
-        const float t7_ = fmaf(w3[i45], grad_5[i44], 0.0f);
-        grad_4[i44 * 16 + i45] = (grad_4[i44 * 16 + i45] + (t6_ > 0 ? t7_ : 0)); /* grad_4 =+ h2 -?/ h2_grad */
+  for (int i41 = 0; i41 < 10; ++i41) {
+    for (int i42 = 0; i42 < 16; ++i42) {
+      grad_3[i41 * 16 + i42] = (grad_3[i41 * 16 + i42] + grad_4[i41 * 16 + i42]); /* grad_3 =+ grad_4 */
+    }
+  }
+  for (int i43 = 0; i43 < 10; ++i43) {
+    for (int i44 = 0; i44 < 16; ++i44) {
+      for (int i45 = 0; i45 < 16; ++i45) {
+        w2_grad[i44 * 16 + i45] = fmaf(grad_3[i43 * 16 + i44], h1[i43 * 16 + i45], w2_grad[i44 * 16 + i45]); /* w2_grad =+ grad_3 * h1 */
       }
     }
   }
   for (int i46 = 0; i46 < 10; ++i46) {
     for (int i47 = 0; i47 < 16; ++i47) {
-      b2_grad[i47] = (b2_grad[i47] + grad_4[i46 * 16 + i47]); /* b2_grad =+ grad_4 */
-    }
-  }
-  for (int i48 = 0; i48 < 10; ++i48) {
-    for (int i49 = 0; i49 < 16; ++i49) {
-      grad_3[i48 * 16 + i49] = (grad_3[i48 * 16 + i49] + grad_4[i48 * 16 + i49]); /* grad_3 =+ grad_4 */
-    }
-  }
-  for (int i50 = 0; i50 < 10; ++i50) {
-    for (int i51 = 0; i51 < 16; ++i51) {
-      for (int i52 = 0; i52 < 16; ++i52) {
-        w2_grad[i51 * 16 + i52] = fmaf(grad_3[i50 * 16 + i51], h1[i50 * 16 + i52], w2_grad[i51 * 16 + i52]); /* w2_grad =+ grad_3 * h1 */
+      for (int i48 = 0; i48 < 16; ++i48) {
+        h1_grad[i46 * 16 + i48] = fmaf(w2[i47 * 16 + i48], grad_3[i46 * 16 + i47], h1_grad[i46 * 16 + i48]); /* h1_grad =+ w2 * grad_3 */
       }
+    }
+  }
+  for (int i49 = 0; i49 < 10; ++i49) {
+    for (int i50 = 0; i50 < 16; ++i50) {
+      {
+        const float t8_ = h1[i49 * 16 + i50];
+        const float t9_ = h1_grad[i49 * 16 + i50];
+        grad_2[i49 * 16 + i50] = (grad_2[i49 * 16 + i50] + (t8_ > 0 ? t9_ : 0)); /* grad_2 =+ h1 -?/ h1_grad */
+      }
+    }
+  }
+  for (int i51 = 0; i51 < 10; ++i51) {
+    for (int i52 = 0; i52 < 16; ++i52) {
+      b1_grad[i52] = (b1_grad[i52] + grad_2[i51 * 16 + i52]); /* b1_grad =+ grad_2 */
     }
   }
   for (int i53 = 0; i53 < 10; ++i53) {
     for (int i54 = 0; i54 < 16; ++i54) {
-      for (int i55 = 0; i55 < 16; ++i55) {
-        h1_grad[i53 * 16 + i55] = fmaf(w2[i54 * 16 + i55], grad_3[i53 * 16 + i54], h1_grad[i53 * 16 + i55]); /* h1_grad =+ w2 * grad_3 */
-      }
+      grad[i53 * 16 + i54] = (grad[i53 * 16 + i54] + grad_2[i53 * 16 + i54]); /* grad =+ grad_2 */
     }
   }
-  for (int i56 = 0; i56 < 10; ++i56) {
-    for (int i57 = 0; i57 < 16; ++i57) {
-      {
-        const float t8_ = h1[i56 * 16 + i57];
-        const float t9_ = h1_grad[i56 * 16 + i57];
-        grad_2[i56 * 16 + i57] = (grad_2[i56 * 16 + i57] + (t8_ > 0 ? t9_ : 0)); /* grad_2 =+ h1 -?/ h1_grad */
-      }
-    }
-  }
-  for (int i58 = 0; i58 < 10; ++i58) {
-    for (int i59 = 0; i59 < 16; ++i59) {
-      b1_grad[i59] = (b1_grad[i59] + grad_2[i58 * 16 + i59]); /* b1_grad =+ grad_2 */
-    }
-  }
-  for (int i60 = 0; i60 < 10; ++i60) {
-    for (int i61 = 0; i61 < 16; ++i61) {
-      grad[i60 * 16 + i61] = (grad[i60 * 16 + i61] + grad_2[i60 * 16 + i61]); /* grad =+ grad_2 */
-    }
-  }
-  for (int i62 = 0; i62 < 10; ++i62) {
-    for (int i63 = 0; i63 < 16; ++i63) {
-      for (int i64 = 0; i64 < 2; ++i64) {
-        w1_grad[i63 * 2 + i64] = fmaf(grad[i62 * 16 + i63], moons_flat[batch0 * 20 + i62 * 2 + i64], w1_grad[i63 * 2 + i64]); /* w1_grad =+ grad * moons_input */
+  for (int i55 = 0; i55 < 10; ++i55) {
+    for (int i56 = 0; i56 < 16; ++i56) {
+      for (int i57 = 0; i57 < 2; ++i57) {
+        w1_grad[i56 * 2 + i57] = fmaf(grad[i55 * 16 + i56], moons_flat[batch0 * 20 + i55 * 2 + i57], w1_grad[i56 * 2 + i57]); /* w1_grad =+ grad * moons_input */
       }
     }
   }
   /* sgd b1 */
   learning_rate[0] = (0.1f * ((80.0f - ((float)step0)) / 40.0f)); /* learning_rate = n0_1 * n_9 */
-  for (int i72 = 0; i72 < 16; ++i72) {
-    b1[i72] = (b1[i72] - (learning_rate[0] * fmaf(0.0001f, b1[i72], b1_grad[i72]))); /* b1 =- learning_rate * sgd_delta_b1 */
+  for (int i65 = 0; i65 < 16; ++i65) {
+    b1[i65] = (b1[i65] - (learning_rate[0] * fmaf(0.0001f, b1[i65], b1_grad[i65]))); /* b1 =- learning_rate * sgd_delta_b1 */
   }
   /* sgd w1 */
-  for (int i78 = 0; i78 < 16; ++i78) {
-    for (int i79 = 0; i79 < 2; ++i79) {
-      w1[i78 * 2 + i79] = (w1[i78 * 2 + i79] - (learning_rate[0] * fmaf(0.0001f, w1[i78 * 2 + i79], w1_grad[i78 * 2 + i79]))); /* w1 =- learning_rate * sgd_delta_w1 */
+  for (int i71 = 0; i71 < 16; ++i71) {
+    for (int i72 = 0; i72 < 2; ++i72) {
+      w1[i71 * 2 + i72] = (w1[i71 * 2 + i72] - (learning_rate[0] * fmaf(0.0001f, w1[i71 * 2 + i72], w1_grad[i71 * 2 + i72]))); /* w1 =- learning_rate * sgd_delta_w1 */
     }
   }
   /* sgd b2 */
-  for (int i83 = 0; i83 < 16; ++i83) {
-    b2[i83] = (b2[i83] - (learning_rate[0] * fmaf(0.0001f, b2[i83], b2_grad[i83]))); /* b2 =- learning_rate * sgd_delta_b2 */
+  for (int i76 = 0; i76 < 16; ++i76) {
+    b2[i76] = (b2[i76] - (learning_rate[0] * fmaf(0.0001f, b2[i76], b2_grad[i76]))); /* b2 =- learning_rate * sgd_delta_b2 */
   }
   /* sgd w2 */
-  for (int i89 = 0; i89 < 16; ++i89) {
-    for (int i90 = 0; i90 < 16; ++i90) {
-      w2[i89 * 16 + i90] = (w2[i89 * 16 + i90] - (learning_rate[0] * fmaf(0.0001f, w2[i89 * 16 + i90], w2_grad[i89 * 16 + i90]))); /* w2 =- learning_rate * sgd_delta_w2 */
+  for (int i82 = 0; i82 < 16; ++i82) {
+    for (int i83 = 0; i83 < 16; ++i83) {
+      w2[i82 * 16 + i83] = (w2[i82 * 16 + i83] - (learning_rate[0] * fmaf(0.0001f, w2[i82 * 16 + i83], w2_grad[i82 * 16 + i83]))); /* w2 =- learning_rate * sgd_delta_w2 */
     }
   }
   /* sgd b3 */
   b3[0] = (b3[0] - (learning_rate[0] * fmaf(0.0001f, b3[0], b3_grad[0]))); /* b3 =- learning_rate * sgd_delta_b3 */
   /* sgd w3 */
-  for (int i95 = 0; i95 < 16; ++i95) {
-    w3[i95] = (w3[i95] - (learning_rate[0] * fmaf(0.0001f, w3[i95], w3_grad[i95]))); /* w3 =- learning_rate * sgd_delta_w3 */
+  for (int i88 = 0; i88 < 16; ++i88) {
+    w3[i88] = (w3[i88] - (learning_rate[0] * fmaf(0.0001f, w3[i88], w3_grad[i88]))); /* w3 =- learning_rate * sgd_delta_w3 */
   }
 }
