@@ -348,7 +348,8 @@ def constraints_of(logic: Logic, cur: Shape, args: tuple[Shape, ...]) -> Generat
                 gen.items.append(TotalItem(cur, n, f"ConstantFill of {n} values"))
         case Terminal(FileMapped(path, itemsize)):
             n = _file_elements(path, itemsize)
-            gen.items.append(TotalItem(cur, n, f'file "{path}" of {n} elements'))
+            gen.items.append(TotalItem(cur, n, f'file "{path}" of {n * itemsize} bytes = {n} elements of '
+                                               f'{itemsize} bytes'))
         case Terminal():
             pass
         case Transpose(PointwiseUn(), _):

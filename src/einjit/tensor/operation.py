@@ -8,6 +8,7 @@ gradients (assignments to a gradient that does not exist are dropped).
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable, Sequence
 
 import numpy as np
@@ -17,7 +18,7 @@ from einjit import shape as sh
 from einjit.ir import assignments as asg
 from einjit.ir import ops, provenance
 from einjit.ir.indexing import Iterator, Projections, StaticSymbol
-from einjit.ir.tnode import MemoryType, hosted
+from einjit.ir.tnode import MemoryType, Tnode, hosted
 from einjit.tensor import op_scope, validate
 from einjit.tensor.notation import Template, make_op
 from einjit.tensor.tensor import (
@@ -304,6 +305,56 @@ def ndarray(values, *, label: str | None = None, batch_axes: int | None = None, 
     t._fwd_done = True
     register(t)
     return t
+
+
+def file_mapped(path: str, *, label: str | None = None, prec: ops.Prec | str | np.dtype | type | None = None,
+                batch_dims: Sequence[int] | None = None, input_dims: Sequence[int] | None = None,
+                output_dims: Sequence[int] | None = None) -> Tensor:
+    """Seed 003's `File_mapped` terminal: a constant whose values are memory-mapped from a file
+    of raw values in the precision `prec` (native byte order, row-major in the layout order
+    batch, output, input). The mapping is copy-on-write: routines take writable arrays, and
+    the file is never written. The file length is the element count, as the seed's
+    shape inference reads it: given dims must account for every byte, and an unknown output
+    row takes the remaining elements. The file is mapped once the dims are known (when a
+    routine using the tensor is compiled), so it must not shrink in between."""
+    p = default_prec() if prec is None else ops.as_prec(prec)
+    path = os.fspath(path)
+    itemsize = p.dtype.itemsize
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise TensorError(f'einjit: file_mapped: cannot open "{path}": {e.strerror}') from None
+    for d, name in ((batch_dims, "batch_dims"), (input_dims, "input_dims"), (output_dims, "output_dims")):
+        validate.dims(d, name)
+    batch = list(batch_dims or [])
+    inp = list(input_dims or [])
+    out = None if output_dims is None else list(output_dims)
+    if out is not None:
+        expected = math.prod([*batch, *inp, *out]) * itemsize
+        if expected != size:
+            raise sh.ShapeError(f'einjit: file_mapped: "{path}" has {size} bytes, but dims {[*batch, *out, *inp]} '
+                                f"of {p.name} ({itemsize} bytes each) need {expected} bytes")
+    lbl = new_label(label, "file_mapped")
+    shape = sh.Shape.make(batch_dims=batch, input_dims=inp, output_dims=out, debug_name=label or path)
+    sh.propagate_shapes(sh.UpdateStep(shape, sh.Terminal(sh.FileMapped(path, itemsize))))
+    t = Tensor(label=lbl, op_label="file_mapped", shape=shape, update_step=None, children=(),
+               value_tn=Tnode(lbl, lambda: _map_file(t, shape, path, p), p), grad_tn=None, projections=None)
+    t.value_tn.update_memory_mode(hosted(MemoryType.CONSTANT), provenance.CONSTANT_TENSOR)
+    t._fwd_done = True
+    register(t)
+    return t
+
+
+def _map_file(t: Tensor, shape: sh.Shape, path: str, p: ops.Prec) -> tuple[int, ...]:
+    """The node's dims, once known: the file is mapped as its host array then."""
+    d = sh.to_dims(shape)
+    expected = math.prod(d) * p.dtype.itemsize
+    size = os.path.getsize(path)
+    if size != expected:
+        raise sh.ShapeError(f'einjit: file_mapped: "{path}" has {size} bytes now, but tensor {t.label_str} '
+                            f"of dims {list(d)} needs {expected} bytes")
+    t.value_tn.array = np.memmap(path, dtype=p.dtype, mode="c", shape=d)
+    return d
 
 
 _INITS: dict[str, Callable[[np.random.Generator, tuple[int, ...], int, int], np.ndarray]] = {
