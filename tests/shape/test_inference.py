@@ -92,11 +92,13 @@ def test_result_takes_the_least_upper_bound_of_its_uses():
     assert str(p) == "5|3"
 
 
-def test_closing_defaults_to_dimension_one_and_no_axes():
+def test_closing_defaults_to_dimension_one_and_one_output_axis():
+    """Seed 003: a fully inferred shape has non-empty output axes (scalars are 1-D), so an
+    output row nothing constrains closes to one axis of dimension 1; other rows to none."""
     p, q = unknown("p"), unknown("q")
     propagate(q, sh.PointwiseUn(), p)
     sh.finish_inference()
-    assert str(p) == "" and sh.to_dims(p) == ()
+    assert str(p) == str(q) == "1" and sh.to_dims(p) == sh.to_dims(q) == (1,)
     v = sh.Shape.make(batch_dims=[], input_dims=[], output_dims=[None], debug_name="v")
     propagate(unknown(), sh.PointwiseUn(), v)
     sh.finish_inference()

@@ -125,14 +125,16 @@ def test_a_parameter_meeting_a_literal_takes_its_dimension_one_axis():
     np.testing.assert_allclose(got, h.value.numpy().ravel() + 1.0)
 
 
-def test_parameters_that_nothing_constrains_close_to_no_axes_as_in_ocannl():
-    """Both leaves of `p * q` have no LUB and no element count: OCANNL closes their rows to no
-    further axes, and so does einjit — one element each (a rank-0 scalar)."""
+def test_parameters_that_nothing_constrains_close_to_one_output_axis():
+    """Both leaves of `p * q` have no LUB and no element count. Later OCANNL closes their rows
+    to no further axes (rank 0); seed 003 says a fully inferred shape has non-empty output
+    axes, scalars being 1-D, and einjit follows the seed: one output axis of dimension 1."""
     p, q = ej.param("p"), ej.param("q")
     r = p * q
     train.init_params(r)
     got = train.forward_once(r)
-    assert p.dims == q.dims == r.dims == ()
+    assert p.dims == q.dims == r.dims == (1,)
+    assert str(p.shape) == str(r.shape) == "1"
     np.testing.assert_allclose(got, p.value.numpy() * q.value.numpy())
 
 

@@ -9,7 +9,7 @@ operation's loops index its arrays.
 
 from einjit.shape.einsum import EinsumSpec, parse_einsum, parse_shape_spec
 from einjit.shape.errors import ShapeError
-from einjit.shape.inference import finish_inference, propagate_shapes, reset_state, to_dims
+from einjit.shape.inference import finish_inference, propagate_shapes, reset_state, to_dims, track
 from einjit.shape.projections import derive_projections
 from einjit.shape.row import (
     Bounds,
@@ -64,5 +64,5 @@ __all__ = [
     "RangeOverOffsets", "Row", "RowEq", "RowId", "RowIneq", "RowVar", "ShapeError", "Shape", "Solved",
     "Terminal", "TotalElems", "Transpose", "TransposeIO", "TransposeType", "Unconstrained", "UpdateStep",
     "Var", "derive_projections", "finish_inference", "logic_args", "logic_to_spec", "parse_einsum",
-    "parse_shape_spec", "propagate_shapes", "reset_state", "to_dims",
+    "parse_shape_spec", "propagate_shapes", "reset_state", "to_dims", "track",
 ]

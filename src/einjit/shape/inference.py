@@ -109,7 +109,7 @@ class InferenceState:
                 forced = [c for it in self.items for c in it.force_rows(self.env)]
                 reserved = set().union(*(it.reserved_rows(self.env) for it in self.items))
                 owned = set().union(*(it.owned_rows(self.env) for it in self.items))
-                closing = close_rows(self.env, row_vars, forced, reserved, owned)
+                closing = close_rows(self.env, row_vars, forced, reserved, owned, self.whole_outputs())
             elif dim_vars:
                 forced = ([c for it in self.items for c in it.force_dims(self.env)]
                           or [c for it in self.items for c in it.force_dims_late(self.env)])
@@ -120,6 +120,11 @@ class InferenceState:
                 return
             solve(self.env, closing)
             self.settle()
+
+    def whole_outputs(self) -> set[RowVar]:
+        """The row variables that are all of some shape's output row: closing gives them an axis."""
+        rows = (subst_row(self.env, sh.output) for sh in self.shapes.values())
+        return {r.bcast for r in rows if not r.dims and isinstance(r.bcast, RowVar)}
 
     def update_shapes(self) -> None:
         """Rewrite the rows of the shapes that mention what this state's env solved or labelled
@@ -155,6 +160,15 @@ def propagate_shapes(update_step: UpdateStep) -> None:
     trial.add(constraints_of(update_step.logic, update_step.shape, args), (update_step.shape, *args))
     trial.steps.append(update_step)
     _commit(trial)
+
+
+def track(shape: Shape) -> None:
+    """Put a shape under inference with no constraint yet (a parameter, an inline declaration),
+    so that the next closing reaches it even if no operation ever constrains it."""
+    if id(shape) not in _state.shapes:
+        trial = _state.copy()
+        trial.add(Generated(), (shape,))
+        _commit(trial)
 
 
 def add_shape_equation(shape: Shape, k1: Kind, k2: Kind) -> None:

@@ -703,11 +703,15 @@ def unsolved_vars(env: Env, rows) -> tuple[list[RowVar], list[Var]]:
 
 
 def close_rows(env: Env, row_vars: list[RowVar], forced: list[Constraint], reserved: set[RowVar],
-               owned: set[RowVar]) -> list[Constraint]:
+               owned: set[RowVar], whole_outputs: AbstractSet[RowVar] = frozenset()) -> list[Constraint]:
     """One closing round for row variables: those with a LUB take it, except the ones `owned` by
     a row constraint; else no further axes for those neither waiting on a pending inequality (at
     or below its lower side, whose upper side may still bring a LUB) nor `reserved` or `owned`;
-    else the `forced` closings of the row constraints; else no further axes for the rest."""
+    else the `forced` closings of the row constraints; else no further axes for the rest.
+
+    Before any closes to no axes, the variables standing for a whole output row
+    (`whole_outputs`) close to one axis, whose dimension closes as any other (LUB, else 1): seed 003, "a fully inferred
+    tensor shape must have non-empty output axes; scalars are 1-D output-only tensors"."""
     with_lub = [(v, lub) for v in row_vars if v not in owned and (lub := _entry(env.rows, v).lub) is not None]
     if with_lub:
         return [RowEq(env.var_row(v), lub) for v, lub in with_lub]
@@ -726,6 +730,12 @@ def close_rows(env: Env, row_vars: list[RowVar], forced: list[Constraint], reser
     rests = {p.cur.bcast for p in env.pending}
     free = [v for v in free if v in rests] or free
     free = free or [v for v in row_vars if v not in kept] or row_vars
+    # Whole output rows close first, all together, to one axis: the rows tied to them learn it
+    # (as a LUB or an axis to keep) before anything closes to nothing.
+    outputs = [v for v in free if v in whole_outputs]
+    if outputs:
+        return [RowEq(env.var_row(v), Row((get_var("scalar"),), Broadcastable(), env.var_row(v).id))
+                for v in outputs]
     return [RowEq(env.var_row(v), Row((), Broadcastable(), env.var_row(v).id)) for v in free]
 
 

@@ -329,6 +329,7 @@ class _Scope:
         if decl.name in self.decls or decl.name in self.env:
             raise self.error(decl.col, f"{decl.name!r} is already defined")
         shape = sh.Shape.make(debug_name=decl.name)
+        sh.track(shape)
         t = Tensor(label=[decl.name], op_label="decl", shape=shape, update_step=None, children=(),
                    value_tn=make_node([decl.name], shape, default_prec()), grad_tn=None, projections=None)
         t._fwd_done = True

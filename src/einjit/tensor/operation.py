@@ -196,6 +196,8 @@ def _terminal(lbl: list[str], op_label: str, shape: sh.Shape, grad_spec: GradSpe
     p = default_prec() if prec is None else ops.as_prec(prec)
     if init is not None:
         sh.propagate_shapes(sh.UpdateStep(shape, sh.Terminal(init)))
+    else:
+        sh.track(shape)
     diff = grad_spec is GradSpec.REQUIRE_GRAD
     t = Tensor(label=lbl, op_label=op_label, shape=shape, update_step=None, children=(),
                value_tn=make_node(lbl, shape, p), grad_tn=make_node(lbl + ["grad"], shape, p) if diff else None,
