@@ -417,11 +417,26 @@ class _Translator:
                 if len(args) != len(self.shapes[rel]):
                     raise UnsupportedError(f"einjit ATL backend: {p} indexes {len(args)} of "
                                            f"the {len(self.shapes[rel])} dimensions of '{rel}'")
+                inside: list[Pred] = []
                 for ix, n in zip(args, self.shapes[rel], strict=True):
                     lo, hi = _box(ix, space)
                     if hi < 0 or lo >= n:
                         return self._const(0.0)  # outside the extents: not a member
-                return Operand(self.nodes[rel], tuple(_affine(ix) for ix in args))
+                    if lo < 0:
+                        inside.append(Le(IConst(0), ix))
+                    if hi >= n:
+                        inside.append(Lt(ix, IConst(n)))
+                member = Operand(self.nodes[rel], tuple(_affine(ix) for ix in args))
+                if not inside:
+                    return member
+                # Partly outside (an index a rewrite made range past the extent, `M[i+0]`
+                # over a longer `i`): no members there, and the read happens only under the
+                # `WHERE` of the extent test, which keeps it in bounds.
+                test = inside[0]
+                for more in inside[1:]:
+                    test = And(test, more)
+                return self._combine("m", ops.Ternop.WHERE, [self._mask(test, space), member, self._const(0.0)],
+                                     space)
             case Eq(l, r) | Ne(l, r) | Lt(l, r) | Le(l, r):
                 return self._compare(p, l, r, space)
             case And(l, r) | Or(l, r):

@@ -13,7 +13,7 @@ Every update is solved on a copy of the state and committed only on success, so 
 from __future__ import annotations
 
 from einjit.shape.errors import ShapeError
-from einjit.shape.logic import Generated, Item, constraints_of
+from einjit.shape.logic import Generated, Item, constraints_of, fixed_bounds
 from einjit.shape.row import (
     Constraint,
     Dim,
@@ -111,7 +111,7 @@ class InferenceState:
                 owned = set().union(*(it.owned_rows(self.env) for it in self.items))
                 closing = close_rows(self.env, row_vars, forced, reserved, owned, self.whole_outputs())
             elif dim_vars:
-                forced = ([c for it in self.items for c in it.force_dims(self.env)]
+                forced = ([c for it in self.items for c in it.force_dims(self.env)] + fixed_bounds(self.items, self.env)
                           or [c for it in self.items for c in it.force_dims_late(self.env)])
                 waiting = set().union(*(it.waiting(self.env) for it in self.items))
                 owned_dims: set[Var] = set().union(*(it.owned_dims(self.env) for it in self.items))

@@ -121,6 +121,11 @@ class Item:
         stronger derivation elsewhere (e.g. a convolution's valid extent) should override."""
         return []
 
+    def lower_bounds(self, env: Env) -> list[tuple[Var, int, AxisRef]]:
+        """Unknown dimensions this item bounds from below, with the bound and the axis asking:
+        closing gives each the largest bound any item asks for."""
+        return []
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class TotalItem(Item):
@@ -202,35 +207,69 @@ class BatchSliceItem(Item):
 
 @dataclass(frozen=True, slots=True, eq=False)
 class FixedItem(Item):
-    """A fixed index must be within its axis, which it bounds from below: an axis still unknown
-    when closing grows to `index + 1`. On the result side (`lhs`) the axis is the index's own:
-    it takes `index + 1` before any LUB, so that a consumer broadcasting against the result
-    (`x - sum(x, "i => 0")`) does not widen it with cells nothing writes."""
+    """A fixed index is a lower bound on its axis (OCANNL's shape logic): the axis has at least
+    `index + 1` cells, and closing an axis still unknown gives it the largest such bound that
+    any fixed index into it asks for (`lower_bounds`), so `"i=>i0"` writing cell 0 and
+    `"i2=>i"` reading cell 2 of the same tensor give it 3 cells, the unwritten ones zero.
+
+    On the result side (`lhs`) the axis is the index's own: it closes to its bounds before any
+    LUB, so that a consumer broadcasting against the result (`x - sum(x, "i => 0")`) does not
+    widen it with cells nothing writes. On an argument (`arg_axis`: the argument's row and the
+    position from its end) the bound is on the argument's own axis, not only on the spec's:
+    a fixed index never reads a broadcast dimension-1 axis as if it had more cells."""
 
     var: Var
     index: int
     where: AxisRef
     lhs: bool = False
+    arg_axis: tuple[Row, int] | None = None
+
+    def _axes(self, env: Env) -> list[AnyDim]:
+        """The spec's dimension and, once the argument row is long enough to have it, the
+        argument's own."""
+        out = [subst_dim(env, self.var)]
+        if self.arg_axis is not None:
+            row, pos = self.arg_axis
+            dims = subst_row(env, row).dims
+            if len(dims) >= -pos:
+                out.append(dims[pos])
+        return out
 
     def check(self, env: Env) -> tuple[list[Constraint], bool]:
-        d = subst_dim(env, self.var)
-        if isinstance(d, Var):
-            return [], False
-        if self.index >= d.d:
-            raise ShapeError(f"fixed index {self.index} is out of range for {describe_axis(self.where)}, "
-                             f"of size {describe_dim(d)}")
-        return [], True
+        axes = self._axes(env)
+        for d in axes:
+            if isinstance(d, Dim) and self.index >= d.d:
+                raise ShapeError(f"fixed index {self.index} is out of range for {describe_axis(self.where)}, "
+                                 f"of size {describe_dim(d)}")
+        known = all(isinstance(d, Dim) for d in axes)
+        return [], known and (self.arg_axis is None or len(axes) == 2 or self._arg_missing(env))
 
-    def force_dims(self, env: Env) -> list[Constraint]:
-        d = subst_dim(env, self.var)
-        return [DimEq(d, new_dim(self.index + 1, self.where))] if isinstance(d, Var) else []
+    def _arg_missing(self, env: Env) -> bool:
+        """The argument row is closed without this axis: the spec axis broadcasts a missing one."""
+        assert self.arg_axis is not None  # only asked about argument-side indices
+        row, pos = self.arg_axis
+        r = subst_row(env, row)
+        return isinstance(r.bcast, Broadcastable) and len(r.dims) < -pos
+
+    def lower_bounds(self, env: Env) -> list[tuple[Var, int, AxisRef]]:
+        return [(d, self.index + 1, self.where) for d in dict.fromkeys(self._axes(env)) if isinstance(d, Var)]
 
     def waiting(self, env: Env) -> set[Var]:
-        d = subst_dim(env, self.var)
-        return {d} if isinstance(d, Var) else set()
+        return {d for d in self._axes(env) if isinstance(d, Var)}
 
     def owned_dims(self, env: Env) -> set[Var]:
-        return self.waiting(env) if self.lhs else set()
+        d = subst_dim(env, self.var)
+        return {d} if self.lhs and isinstance(d, Var) else set()
+
+
+def fixed_bounds(items: list[Item], env: Env) -> list[Constraint]:
+    """Closing by the fixed indices: each unknown axis they bound takes the largest bound."""
+    largest: dict[Var, tuple[int, AxisRef]] = {}
+    for it in items:
+        for v, n, where in it.lower_bounds(env):
+            if v not in largest or n > largest[v][0]:
+                largest[v] = (n, where)
+    return [DimEq(v, new_dim(n, where)) for v, (n, where) in largest.items()]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -440,7 +479,7 @@ class _SpecNames:
             case FixedIndex(i):
                 v = get_var(str(i))
                 self.gen.specials[v] = FixedIdx(i)
-                self.gen.items.append(FixedItem(v, i, where, result))
+                self.gen.items.append(FixedItem(v, i, where, result, None if result else arg_axis))
                 return v
             case ConvAxis(terms, offset, right):
                 v = get_var("conv")

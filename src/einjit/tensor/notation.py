@@ -344,9 +344,7 @@ class _Scope:
             if isinstance(source, NodeView):
                 source = source.tensor
             if isinstance(source, Tensor) and source is not t:
-                t.label = t.label[:1] + list(source.label)
-                t.value_tn.label = list(t.label)
-                t.shape.debug_name = ".".join(t.label)
+                t.relabel(t.label[:1] + list(source.label))
                 return
 
     def items(self, items: tuple[syn.Item, ...]) -> asg.Asgns:

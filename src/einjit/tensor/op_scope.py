@@ -12,6 +12,10 @@ as a `~config` parameter introduced under another one is in the seed: `outer(x, 
 `outer(x, label="B")` calling `inner(h, label="inner")` get `A.inner.w` and `B.inner.w`. A call
 without a label declares its parameters once for the whole definition, wherever it is called.
 
+As in seed 004, the label list starts with the declaring string and ends with the
+configuration labels (`['w', 'A', 'inner']`); the dotted display `A.inner.w` (scope first) is
+the parameter's name and checkpoint key (see `Tensor`).
+
 Inside such a function the notation can also know Python binding names: a tensor bound to a
 local variable and still carrying its operation's default label is relabelled with the
 variable's name when the function returns (`h = relu(...)` is labelled `h`), so debug output
@@ -52,11 +56,11 @@ _active: list[_Scope] = []
 
 def lookup(label: str) -> tuple[Tensor | None, list[str]]:
     """The parameter already declared under `label` in the active definition (if any), and the
-    full label a new one should get."""
+    configuration labels a new one is declared under (its label is `[label, *those]`)."""
     if not _active:
-        return None, [label]
+        return None, []
     scope = _active[-1]
-    return scope.params.get(label), scope.prefix + [label]
+    return scope.params.get(label), list(scope.prefix)
 
 
 def remember(label: str, t: Tensor) -> None:
@@ -128,9 +132,4 @@ def _call_capturing_locals(fn: Callable, args: tuple, kwargs: dict) -> tuple[obj
 def _label_by_binding(names: dict[str, object], prefix: list[str]) -> None:
     for name, value in names.items():
         if isinstance(value, Tensor) and value.label == [value.op_label] and not name.startswith("_"):
-            new = prefix + [name]
-            value.label = new
-            value.value_tn.label = list(new)
-            if value.grad_tn is not None:
-                value.grad_tn.label = new + ["grad"]
-            value.shape.debug_name = ".".join(new)
+            value.relabel([name, *prefix], prefix)

@@ -192,16 +192,20 @@ def _range_from_sliced_axis(static_sym: StaticSymbol, proj: Projections) -> None
 
 
 def _terminal(lbl: list[str], op_label: str, shape: sh.Shape, grad_spec: GradSpec,
-              init: sh.Init | None = None, prec: ops.Prec | None = None) -> Tensor:
+              init: sh.Init | None = None, prec: ops.Prec | None = None, scope: Sequence[str] = ()) -> Tensor:
+    """A leaf tensor; `scope`, the configuration labels ending `lbl`, puts its nodes' labels in
+    display order (see `Tensor`)."""
     p = default_prec() if prec is None else ops.as_prec(prec)
     if init is not None:
         sh.propagate_shapes(sh.UpdateStep(shape, sh.Terminal(init)))
     else:
         sh.track(shape)
     diff = grad_spec is GradSpec.REQUIRE_GRAD
+    path = [*scope, *lbl[:len(lbl) - len(scope)]]
     t = Tensor(label=lbl, op_label=op_label, shape=shape, update_step=None, children=(),
-               value_tn=make_node(lbl, shape, p), grad_tn=make_node(lbl + ["grad"], shape, p) if diff else None,
+               value_tn=make_node(path, shape, p), grad_tn=make_node(path + ["grad"], shape, p) if diff else None,
                projections=None, is_param=diff)
+    t.scope = tuple(scope)
     return t
 
 
@@ -385,20 +389,22 @@ def param(label: str | Sequence[str], values=None, *, output_dims: list[int] | N
     validate.dims(input_dims, "input_dims")
     if init not in _INITS:
         raise TensorError(f"einjit: unknown init {init!r} for parameter {label}; use one of {sorted(_INITS)}")
-    declared, lbl = op_scope.lookup(label) if isinstance(label, str) else (None, new_label(label, "param"))
+    declared, scope = op_scope.lookup(label) if isinstance(label, str) else (None, [])
     if declared is not None:
         return declared
-    shape = sh.Shape.make(batch_dims=[], input_dims=input_dims, output_dims=output_dims, debug_name=".".join(lbl))
+    lbl = [label, *scope] if isinstance(label, str) else new_label(label, "param")
+    path = [*scope, *lbl[:len(lbl) - len(scope)]]
+    shape = sh.Shape.make(batch_dims=[], input_dims=input_dims, output_dims=output_dims, debug_name=".".join(path))
     fill = None
     if values is not None:
         arr = validate.literal(values, f"initial values of parameter {label}")
         if output_dims is None and input_dims is None:
             output_dims, input_dims = list(arr.shape) or [1], []
             shape = sh.Shape.make(batch_dims=[], input_dims=input_dims, output_dims=output_dims,
-                                  debug_name=".".join(lbl))
+                                  debug_name=".".join(path))
         fill = arr.ravel()
     t = _terminal(lbl, "param", shape, GradSpec.REQUIRE_GRAD,
-                  init=sh.ConstantFill(fill.size) if fill is not None else None, prec=prec)
+                  init=sh.ConstantFill(fill.size) if fill is not None else None, prec=prec, scope=scope)
     t.value_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.PARAM_VALUE)
     assert t.grad_tn is not None  # a parameter requires its gradient
     t.grad_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.PARAM_GRAD)

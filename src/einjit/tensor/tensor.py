@@ -302,7 +302,17 @@ class NodeView:
 
 
 class Tensor:
-    __slots__ = ("id", "label", "op_label", "shape", "update_step", "children", "value_tn", "grad_tn",
+    """A tensor: its shape, value (and gradient) nodes, and the code computing them.
+
+    Labels follow seed 004: `label` is the label list, whose first element is the string
+    that introduced the tensor, followed by the configuration labels it was declared under
+    (`scope`): a parameter `"w"` declared in an `@op` definition called with `label="A"`
+    inside one called with `label="inner"`... is `['w', 'A', 'inner']`. Its display,
+    `label_str`, is the dotted path with the scope first, `A.inner.w`, as PyTorch users know
+    parameter names: that is the parameter's name in messages, its checkpoint key and its
+    nodes' label (which names it in the generated C)."""
+
+    __slots__ = ("id", "label", "scope", "op_label", "shape", "update_step", "children", "value_tn", "grad_tn",
                  "own_forward", "own_backprop", "projections", "is_param", "init", "_fwd_done", "_bprop_done",
                  "__weakref__")
 
@@ -311,6 +321,8 @@ class Tensor:
                  projections: asg.Lazy | None, is_param: bool = False):
         self.id = next(_ids)
         self.label, self.op_label = label, op_label
+        #: The configuration labels at the end of `label` (seed 004's `~config` labels).
+        self.scope: tuple[str, ...] = ()
         self.shape, self.update_step = shape, update_step
         self.children = children
         self.value_tn, self.grad_tn = value_tn, grad_tn
@@ -338,7 +350,24 @@ class Tensor:
 
     @property
     def label_str(self) -> str:
-        return ".".join(self.label)
+        """The label's display: the dotted path, configuration labels first (`A.inner.w`)."""
+        return ".".join(self.path)
+
+    @property
+    def path(self) -> list[str]:
+        """The label with its configuration labels moved to the front (`['A', 'inner', 'w']`)."""
+        own = len(self.label) - len(self.scope)
+        return [*self.scope, *self.label[:own]]
+
+    def relabel(self, label: list[str], scope: Sequence[str] = ()) -> None:
+        """Give the tensor a new label list ending with the configuration labels `scope`; its
+        nodes and shape take the display path."""
+        self.label, self.scope = list(label), tuple(scope)
+        path = self.path
+        self.value_tn.label = list(path)
+        if self.grad_tn is not None:
+            self.grad_tn.label = path + ["grad"]
+        self.shape.debug_name = ".".join(path)
 
     @property
     def dims(self) -> tuple[int, ...]:
