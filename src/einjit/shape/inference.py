@@ -23,6 +23,8 @@ from einjit.shape.row import (
     RowEq,
     RowVar,
     Var,
+    above,
+    below,
     close_dims,
     close_rows,
     solve,
@@ -122,9 +124,20 @@ class InferenceState:
             self.settle()
 
     def whole_outputs(self) -> set[RowVar]:
-        """The row variables that are all of some shape's output row: closing gives them an axis."""
-        rows = (subst_row(self.env, sh.output) for sh in self.shapes.values())
-        return {r.bcast for r in rows if not r.dims and isinstance(r.bcast, RowVar)}
+        """The row variables that are all of some shape's output row and not tied, directly or
+        through bounds, to the leading axes of a longer row: closing gives them an axis. (The
+        rest of a reduction's argument, `...->...c => ...->...`, closes to no axes, and so do
+        the results computed from the reduced tensor: one axis there would reach the argument
+        as an axis no one asked for, `[1, c]` for `[c]`.)"""
+        outputs = (subst_row(self.env, sh.output) for sh in self.shapes.values())
+        whole = {r.bcast for r in outputs if not r.dims and isinstance(r.bcast, RowVar)}
+        tied = {r.bcast for r in (subst_row(self.env, r) for r in self.rows())
+                if r.dims and isinstance(r.bcast, RowVar)}
+        while True:
+            more = above(self.env.rows, tied) | below(self.env.rows, tied)
+            if more <= tied:
+                return whole - tied
+            tied |= more
 
     def update_shapes(self) -> None:
         """Rewrite the rows of the shapes that mention what this state's env solved or labelled
