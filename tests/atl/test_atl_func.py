@@ -1,6 +1,7 @@
 """``Func``: argument checking with the notebook's messages, binding, backend selection."""
 
 import importlib
+import importlib.util
 import sys
 
 import numpy as np
@@ -99,3 +100,58 @@ def test_einjit_backend():
     for name, (_, _, expected, _) in PROGRAMS.items():
         got = func(name).jit_exec(*args_of(name, "C"), backend="einjit")
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------ seed 002: run(inputs, output=None)
+
+BACKEND_PARAMS = ["einjit", pytest.param("halide", marks=pytest.mark.skipif(
+    importlib.util.find_spec("halide") is None, reason="the Halide backend needs the optional extra einjit[halide]"))]
+
+
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
+def test_a_supplied_output_buffer_receives_the_result(backend):
+    """Seed 002 accepts a pre-allocated output "to prevent possibly unwanted allocations":
+    the result is written into it and it is what comes back."""
+    f = func("Axc")
+    A, x, c = args_of("Axc", "C")
+    expected = np.asarray(A) @ np.asarray(x) + np.asarray(c)
+    out = np.full(3, np.nan)
+    assert f.jit_exec(A, x, c, backend=backend, output=out) is out
+    np.testing.assert_allclose(out, expected, rtol=1e-12)
+    strided = np.full(6, np.nan)[::2]
+    assert f.run({"A": A, "x": x, "c": c}, strided, backend=backend) is strided
+    np.testing.assert_allclose(strided, expected, rtol=1e-12)
+    scalar = np.zeros(1)
+    got = func("tr").run({"A": args_of("tr", "C")[0]}, scalar, backend=backend)
+    assert got == scalar[0] == pytest.approx(PROGRAMS["tr"][2])
+
+
+def test_the_einjit_backend_writes_a_fitting_output_in_place():
+    """No copy: a C-contiguous float64 output is the routine's result array for the call,
+    so the backend's own result node keeps the previous call's values."""
+    f = func("Axc")
+    A, x, c = args_of("Axc", "C")
+    first = f.jit_exec(A, x, c, backend="einjit")
+    compiled = f.compiled("einjit")
+    own = compiled._output
+    out = np.empty(3)
+    f.jit_exec(A, 2 * x, c, backend="einjit", output=out)
+    np.testing.assert_allclose(out, np.asarray(A) @ (2 * np.asarray(x)) + np.asarray(c), rtol=1e-12)
+    np.testing.assert_array_equal(own, first)
+    assert not np.shares_memory(out, own)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (np.zeros(3, dtype=np.float32), r"^output: expected dtype float64, got float32$"),
+    (np.zeros(4), r"^output: expected shape \[3\] for the result type \[3\]R, got \[4\]$"),
+    (np.zeros((3, 1)), r"^output: expected shape \[3\] for the result type \[3\]R, got \[3, 1\]$"),
+    ([0.0, 0.0, 0.0], r"^output: expected a numpy.ndarray of shape \[3\] for the result type \[3\]R, got list$"),
+    (np.broadcast_to(np.zeros(1), (3,)), r"^output: the array is read-only$"),
+])
+def test_a_wrong_output_buffer_is_refused(bad, message):
+    from einjit.atl import OutputError
+    f = func("Axc")
+    with pytest.raises(OutputError, match=message):
+        f.jit_exec(*args_of("Axc", "C"), backend="einjit", output=bad)
+    with pytest.raises(OutputError, match=r"^output: expected shape \[1\] for an R result, got \[\]$"):
+        func("tr").jit_exec(args_of("tr", "C")[0], backend="einjit", output=np.zeros(()))

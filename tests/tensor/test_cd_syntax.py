@@ -140,3 +140,19 @@ def test_array_literal_errors(text, col, fragment):
     with pytest.raises(syn.CdSyntaxError) as err:
         syn.parse(text)
     assert f"column {col}:" in str(err.value) and fragment in str(err.value)
+
+
+def test_prefix_relu_operator_of_seed_004():
+    """Seed 004, Preliminaries: `Relu` gets the operator `!/`; it binds like prefix minus."""
+    st = one('"r" =: !/ v')
+    assert isinstance(st.lhs, syn.Decl) and st.rhs == syn.Apply(ops.Unop.RELU, (syn.Ref("v", None, 11),), 8)
+    nested = one("r =: !/ -v + 1.0").rhs
+    assert nested.op is ops.Binop.ADD
+    assert nested.args[0].op is ops.Unop.RELU and nested.args[0].args[0].op is ops.Unop.NEG
+    with pytest.raises(syn.CdSyntaxError, match="column 9: expected a tensor"):
+        syn.parse("r =: !/ ;")
+
+
+def test_relu_gate_accumulation_with_initialization():
+    st = one('"s" =:?/ v * w ~logic:"i;i=>0"')
+    assert (st.initialize_neutral, st.accum, st.logic) == (True, ops.Binop.RELU_GATE, "i;i=>0")

@@ -39,7 +39,7 @@ class InferenceState:
     maps each variable and unlabelled axis id to the shapes whose rows mention it. `log`, when
     a list, records every constraint added (projection inference reads it)."""
 
-    __slots__ = ("env", "items", "shapes", "watch", "spec_rows", "steps", "log")
+    __slots__ = ("env", "items", "shapes", "watch", "spec_rows", "steps", "log", "leaves")
 
     def __init__(self) -> None:
         self.env = Env()
@@ -49,12 +49,16 @@ class InferenceState:
         self.spec_rows: list[Row] = []
         self.steps: list[UpdateStep] = []
         self.log: list[Constraint] | None = None
+        #: The shapes of leaf tensors (`track`): an output row nothing constrains gives them
+        #: one axis of dimension 1. Results of operations take their axes from their arguments.
+        self.leaves: set[int] = set()
 
     def copy(self) -> InferenceState:
         st = InferenceState()
         st.env, st.items, st.shapes, st.watch = self.env.copy(), list(self.items), dict(self.shapes), dict(self.watch)
         st.spec_rows, st.steps = list(self.spec_rows), list(self.steps)
         st.log = None if self.log is None else list(self.log)
+        st.leaves = set(self.leaves)
         return st
 
     def rows(self) -> list[Row]:
@@ -124,13 +128,16 @@ class InferenceState:
             self.settle()
 
     def whole_outputs(self) -> set[RowVar]:
-        """The row variables that are all of some shape's output row and not tied, directly or
+        """The row variables that are all of a leaf's output row (a parameter's, an inline
+        declaration's: `leaves`) and not tied, directly or
         through bounds, to the leading axes of a longer row: closing gives them an axis. (The
         rest of a reduction's argument, `...->...c => ...->...`, closes to no axes, and so do
         the results computed from the reduced tensor: one axis there would reach the argument
         as an axis no one asked for, `[1, c]` for `[c]`.)"""
-        outputs = (subst_row(self.env, sh.output) for sh in self.shapes.values())
+        outputs = (subst_row(self.env, self.shapes[key].output) for key in self.leaves)
         whole = {r.bcast for r in outputs if not r.dims and isinstance(r.bcast, RowVar)}
+        if not whole:
+            return whole
         tied = {r.bcast for r in (subst_row(self.env, r) for r in self.rows())
                 if r.dims and isinstance(r.bcast, RowVar)}
         while True:
@@ -176,12 +183,13 @@ def propagate_shapes(update_step: UpdateStep) -> None:
 
 
 def track(shape: Shape) -> None:
-    """Put a shape under inference with no constraint yet (a parameter, an inline declaration),
-    so that the next closing reaches it even if no operation ever constrains it."""
-    if id(shape) not in _state.shapes:
-        trial = _state.copy()
-        trial.add(Generated(), (shape,))
-        _commit(trial)
+    """Put the shape of a leaf tensor (a parameter, an inline declaration, a file-mapped
+    constant) under inference, so that the next closing reaches it even if no operation ever
+    constrains it, and gives an output row nothing constrains one axis (seed 003)."""
+    trial = _state.copy()
+    trial.add(Generated(), (shape,))
+    trial.leaves.add(id(shape))
+    _commit(trial)
 
 
 def add_shape_equation(shape: Shape, k1: Kind, k2: Kind) -> None:

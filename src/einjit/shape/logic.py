@@ -252,7 +252,11 @@ class FixedItem(Item):
         return isinstance(r.bcast, Broadcastable) and len(r.dims) < -pos
 
     def lower_bounds(self, env: Env) -> list[tuple[Var, int, AxisRef]]:
-        return [(d, self.index + 1, self.where) for d in dict.fromkeys(self._axes(env)) if isinstance(d, Var)]
+        """The argument's own axis when it has one (the spec's follows it by broadcasting, and
+        may not be bounded apart from it: a larger bound from elsewhere would then conflict),
+        else the spec's."""
+        d = self._axes(env)[-1]
+        return [(d, self.index + 1, self.where)] if isinstance(d, Var) else []
 
     def waiting(self, env: Env) -> set[Var]:
         return {d for d in self._axes(env) if isinstance(d, Var)}

@@ -196,10 +196,9 @@ def _terminal(lbl: list[str], op_label: str, shape: sh.Shape, grad_spec: GradSpe
     """A leaf tensor; `scope`, the configuration labels ending `lbl`, puts its nodes' labels in
     display order (see `Tensor`)."""
     p = default_prec() if prec is None else ops.as_prec(prec)
+    sh.track(shape)
     if init is not None:
         sh.propagate_shapes(sh.UpdateStep(shape, sh.Terminal(init)))
-    else:
-        sh.track(shape)
     diff = grad_spec is GradSpec.REQUIRE_GRAD
     path = [*scope, *lbl[:len(lbl) - len(scope)]]
     t = Tensor(label=lbl, op_label=op_label, shape=shape, update_step=None, children=(),
@@ -342,6 +341,7 @@ def file_mapped(path: str, *, label: str | None = None, prec: ops.Prec | str | n
                                 f"of {p.name} ({itemsize} bytes each) need {expected} bytes")
     lbl = new_label(label, "file_mapped")
     shape = sh.Shape.make(batch_dims=batch, input_dims=inp, output_dims=out, debug_name=label or path)
+    sh.track(shape)
     sh.propagate_shapes(sh.UpdateStep(shape, sh.Terminal(sh.FileMapped(path, itemsize))))
     t = Tensor(label=lbl, op_label="file_mapped", shape=shape, update_step=None, children=(),
                value_tn=Tnode(lbl, lambda: _map_file(t, shape, path, p), p), grad_tn=None, projections=None)
