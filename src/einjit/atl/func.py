@@ -18,9 +18,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .interpret import interpret
 from einjit.errors import EinjitError
 
+from .interpret import interpret
 from .ir import Expr, Name, TNum, Type, tensor_shape
 from .normalize import NormalForm, normal_form_of
 from .typecheck import TypedFunc, typecheck

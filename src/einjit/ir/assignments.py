@@ -305,7 +305,8 @@ def to_doc(asgns: Asgns, indent: str = "") -> str:
                 continue
             case _:
                 raise TypeError(f"not an assignment: {a!r}")
-        asgn = "=" + (":" if init else "") + ("" if accum is ops.Binop.ARG2 else _ACCUM_SPELLING.get(accum, accum.infix))
+        spelling = "" if accum is ops.Binop.ARG2 else _ACCUM_SPELLING.get(accum, accum.infix)
+        asgn = "=" + (":" if init else "") + spelling
         lines.append(f"{indent}{lhs.name} {asgn} {rhs};\n")
     return "".join(lines)
 

@@ -21,6 +21,7 @@ from einjit.ir.indexing import FixedIdx, Iterator
 from einjit.shape.einsum import Anonymous, ConvAxis, FixedIndex, Label, SlotSpec
 from einjit.shape.errors import ShapeError
 from einjit.shape.row import (
+    AnyDim,
     AxisRef,
     Bounds,
     Broadcastable,
