@@ -92,17 +92,28 @@ def test_result_takes_the_least_upper_bound_of_its_uses():
     assert str(p) == "5|3"
 
 
-def test_closing_defaults_to_dimension_one_and_one_output_axis():
-    """Seed 003: a fully inferred shape has non-empty output axes (scalars are 1-D), so an
-    output row nothing constrains closes to one axis of dimension 1; other rows to none."""
+def test_closing_defaults_to_dimension_one_and_no_axes_for_results():
+    """Rows nothing constrains close to no further axes (the result of an operation takes its
+    axes from its arguments)..."""
     p, q = unknown("p"), unknown("q")
     propagate(q, sh.PointwiseUn(), p)
     sh.finish_inference()
-    assert str(p) == str(q) == "1" and sh.to_dims(p) == sh.to_dims(q) == (1,)
+    assert str(p) == "" and sh.to_dims(p) == ()
     v = sh.Shape.make(batch_dims=[], input_dims=[], output_dims=[None], debug_name="v")
     propagate(unknown(), sh.PointwiseUn(), v)
     sh.finish_inference()
     assert sh.to_dims(v) == (1,)
+
+
+def test_a_leaf_output_row_nothing_constrains_closes_to_one_axis():
+    """... but seed 003 says a fully inferred shape has non-empty output axes (scalars are 1-D):
+    a leaf (`track`: a parameter, an inline declaration) gets one output axis of dimension 1,
+    and so does the result built from it; its other rows close to none."""
+    p, q = unknown("p"), unknown("q")
+    sh.track(p)
+    propagate(q, sh.PointwiseUn(), p)
+    sh.finish_inference()
+    assert (str(p), str(q)) == ("1", "1") and sh.to_dims(p) == sh.to_dims(q) == (1,)
 
 
 def test_input_equals_output_is_deduced_within_a_shape():
