@@ -93,7 +93,8 @@ def layer(x):
 
 
 def labels_of(t):
-    return {".".join(s.label) for s in t.subtree()}
+    """The displayed labels (scope first, `hooked.hidden`; the label lists are name first)."""
+    return {s.label_str for s in t.subtree()}
 
 
 def test_op_label_capture_chains_to_a_python_profile_hook():
