@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from einjit.tensor.activations import rsqrt as rsqrt
     from einjit.tensor.activations import softplus as softplus
     from einjit.tensor.cd_syntax import CdSyntaxError as CdSyntaxError
+    from einjit.tensor.gather import take as take
     from einjit.tensor.inputs import input as input
     from einjit.tensor.inputs import scalar as scalar
     from einjit.tensor.notation import CdError as CdError
@@ -108,6 +109,7 @@ _ACTIVATIONS = ("abs", "clip", "gelu", "leaky_relu", "rsqrt", "softplus")
 _PUBLIC: dict[str, tuple[str, str | None]] = {
     **{name: ("einjit.tensor.reductions", name) for name in _REDUCTIONS},
     **{name: ("einjit.tensor.activations", name) for name in _ACTIVATIONS},
+    "take": ("einjit.tensor.gather", "take"),
     "uniform": ("einjit.tensor.random", "uniform"),
     "normal": ("einjit.tensor.random", "normal"),
     "cd": ("einjit.tensor.notation", "cd"),
