@@ -47,6 +47,8 @@ if TYPE_CHECKING:
     from einjit.tensor.activations import softplus as softplus
     from einjit.tensor.cd_syntax import CdSyntaxError as CdSyntaxError
     from einjit.tensor.gather import take as take
+    from einjit.tensor.indexed_write import buffer as buffer
+    from einjit.tensor.indexed_write import write_at as write_at
     from einjit.tensor.inputs import input as input
     from einjit.tensor.inputs import scalar as scalar
     from einjit.tensor.notation import CdError as CdError
@@ -110,6 +112,8 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     **{name: ("einjit.tensor.reductions", name) for name in _REDUCTIONS},
     **{name: ("einjit.tensor.activations", name) for name in _ACTIVATIONS},
     "take": ("einjit.tensor.gather", "take"),
+    "buffer": ("einjit.tensor.indexed_write", "buffer"),
+    "write_at": ("einjit.tensor.indexed_write", "write_at"),
     "uniform": ("einjit.tensor.random", "uniform"),
     "normal": ("einjit.tensor.random", "normal"),
     "cd": ("einjit.tensor.notation", "cd"),
