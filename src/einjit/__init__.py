@@ -44,12 +44,12 @@ if TYPE_CHECKING:
     from einjit.tensor.cd_syntax import CdSyntaxError as CdSyntaxError
     from einjit.tensor.gather import take as take
     from einjit.tensor.indexed_write import buffer as buffer
-    from einjit.tensor.masks import causal_mask as causal_mask
-    from einjit.tensor.masks import causal_mask_fill as causal_mask_fill
-    from einjit.tensor.masks import masked_softmax as masked_softmax
     from einjit.tensor.indexed_write import write_at as write_at
     from einjit.tensor.inputs import input as input
     from einjit.tensor.inputs import scalar as scalar
+    from einjit.tensor.masks import causal_mask as causal_mask
+    from einjit.tensor.masks import causal_mask_fill as causal_mask_fill
+    from einjit.tensor.masks import masked_softmax as masked_softmax
     from einjit.tensor.notation import CdError as CdError
     from einjit.tensor.notation import Code as Code
     from einjit.tensor.notation import Template as Template

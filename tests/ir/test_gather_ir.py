@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from einjit.backends.c_syntax import render_program
-from einjit.backends.cuda_syntax import render_program as render_cuda
+from einjit.backends.gpu.cuda_syntax import render_program as render_cuda
+from einjit.backends.parallel_loops import is_parallel
 from einjit.ir import assignments as asg
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import FixedIdx, GatherIdx, Iterator, get_symbol, subst_index
 from einjit.ir.optimize import optimize_proc
-from einjit.ir.parallel_loops import is_parallel
 from einjit.ir.provenance import RUN_TIME_INDEX
 from test_pipeline import node, proj, run_four_ways
 
