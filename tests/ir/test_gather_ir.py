@@ -5,6 +5,8 @@ virtualization decide for the nodes involved; and what the renderers print."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -130,3 +132,23 @@ def test_rendered_c_and_cuda_read_the_ids_through_the_clamping_helper():
     cuda = render_cuda([("gather", llc)]).source
     assert "__device__ inline long long einjit_clamp_index" in cuda
     assert "einjit_clamp_index(ids[" in cuda
+
+
+def test_cuda_renders_the_indexed_write_and_the_causal_mask():
+    prec = ops.single
+    cache, new, out = node("cache", (2, 7, 3), prec), node("knew", (2, 1, 3), prec), node("masked", (4, 7), prec)
+    pos = get_static_symbol(7, name="pos")
+    b, i, e = get_symbol(), get_symbol(), get_symbol()
+    at_pos = Affine(((1, i), (1, pos.symbol)))
+    write = proj({b: 2, i: 1, e: 3}, (2, 7, 3), [(2, 1, 3)], [Iterator(b), at_pos, Iterator(e)],
+                 [[Iterator(b), Iterator(i), Iterator(e)]])
+    code = asg.sequence(asg.AccumUnop(False, ops.Binop.ARG2, ops.Unop.IDENTITY, cache, asg.Node(new), write),
+                        asg.Fetch(out, asg.CausalMask(0, 1, 0, pos)))
+    llc = asg.to_low_level(code)
+    cuda = render_cuda([("decode", llc)], bindings=[pos]).source
+    assert "int pos" in cuda
+    assert re.search(r"cache\[\w+ \* 21 \+ \(\w+ \+ pos\w*\) \* 3 \+ \w+\] = knew\[", cuda)
+    assert re.search(r"masked\[\w+ \* 7 \+ \w+\] = \(\(\(float\)\w+\) < \(\(float\)\(\w+ \+ pos\w* \+ 1\)\)\);", cuda)
+    arrays = interpret.run(llc, {new: np.ones((2, 1, 3), np.float32)}, {pos.symbol: 2})
+    np.testing.assert_array_equal(arrays[out], (np.arange(7)[None, :] <= np.arange(4)[:, None] + 2).astype(np.float32))
+    np.testing.assert_array_equal(arrays[cache][:, 2], 1.0)
