@@ -4,7 +4,8 @@ against.
 It executes one scalar at a time, in the precision of the node being computed, with NumPy
 scalar arithmetic. Slow by design: it has to be obviously right, not fast. Reads are
 bounds-checked (NumPy would silently wrap negative indices), and reading a node that has no
-array — a virtual node whose computation was not inlined — is an error.
+array — a virtual node whose computation was not inlined — is an error. A run-time index
+(`GatherIdx`) is clamped into its range, as every backend clamps it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from einjit import memory
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir import ops
-from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, SubAxis, Symbol
+from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, GatherIdx, Iterator, SubAxis, Symbol
 from einjit.ir.precision import combine_prec
 from einjit.ir.tnode import Tnode
 
@@ -44,6 +45,10 @@ class _Machine:
                 return offset + sum(c * self._sym(s) for c, s in symbols)
             case SubAxis():
                 return 0
+            case GatherIdx(ids, idcs, size):
+                arr = self.array(ids)
+                value = int(arr[self.position(ids, arr, idcs)])
+                return min(max(value, 0), size - 1)
         raise TypeError(idx)
 
     def _sym(self, s: Symbol) -> int:
