@@ -41,6 +41,8 @@ _BINARY = {
     "Mul": ("*", "t =: t1 * t2", "g1 =+ g * t2; g2 =+ t1 * g"),
     "Div": ("/", "t =: t1 / t2", "g1 =+ g / t2; g2 =- (g * t) / t2"),
     "Pow": ("**", "t =: t1 ** t2", "g1 =+ (t2 * t1 ** (t2 - 1)) * g; g2 =+ (t * log(t1)) * g"),
+    "Max": ("max", "t =: max(t1, t2)", "g1 =+ where(t1 < t2, 0, g); g2 =+ where(t1 < t2, g, 0)"),
+    "Min": ("min", "t =: min(t1, t2)", "g1 =+ where(t2 < t1, 0, g); g2 =+ where(t2 < t1, g, 0)"),
 }
 _UNARY = {
     "Relu": ("t =: relu(t1)", "g1 =+ t -?/ g"),
@@ -50,6 +52,7 @@ _UNARY = {
     "Tanh": ("t =: tanh(t1)", "g1 =+ g * (1 - t * t)"),
     "Sigmoid": ("t =: recip(1 + exp(-t1))", "g1 =+ g * (t * (1 - t))"),
     "Neg": ("t =: -t1", "g1 =- g"),
+    "Reciprocal": ("t =: recip(t1)", "g1 =- g * (t * t)"),
     "Identity": ("t =: t1", "g1 =+ g"),
 }
 _CONTRACT = ("t =:+ t1 * t2", "g1 =+ g * t2; g2 =+ t1 * g")
@@ -212,7 +215,8 @@ def _binary(imp: _Importer, node, attrs) -> None:
     va, vb = imp.values[a], imp.values[b]
     if isinstance(va, np.ndarray) and isinstance(vb, np.ndarray) and a not in imp.initializers \
             and b not in imp.initializers:
-        fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power}[node.op_type]
+        fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power,
+              "Max": np.maximum, "Min": np.minimum}[node.op_type]
         res = fn(va, vb)
         imp.set(node.output[0], res, tuple(res.shape) or (1,))
         return
@@ -529,6 +533,41 @@ def _concat(imp: _Importer, node, attrs) -> None:
         imp.set(node.output[0], imp.values[total], out)
 
 
+def _einsum(imp: _Importer, node, attrs) -> None:
+    equation = attrs["equation"]
+    equation = equation.decode() if isinstance(equation, bytes) else str(equation)
+    if "->" not in equation or "..." in equation or len(node.input) > 2:
+        raise imp.error("Einsum", f"equation {equation!r}: only explicit '->' equations of one or two operands "
+                                  f"without '...' are supported")
+    lhs, out_text = equation.replace(" ", "").split("->")
+    terms = lhs.split(",")
+    sizes: dict[str, int] = {}
+    for term, name in zip(terms, node.input, strict=True):
+        shape = imp.shapes[name]
+        if len(term) != len(shape) or len(set(term)) != len(term):
+            raise imp.error("Einsum", f"term {term!r} does not fit operand {name!r} of shape {list(shape)}")
+        for c, d in zip(term, shape, strict=True):
+            sizes.setdefault(c, d)
+    out = tuple(sizes[c] for c in out_text)
+    spec = "; ".join(_slot([f"e{c}" for c in term]) for term in terms) + " => " + _slot([f"e{c}" for c in out_text])
+    templates = _CONTRACT if len(terms) == 2 else _PERMUTE
+    children = [imp.tensor(n) for n in node.input]
+    imp.set(node.output[0], _op("einsum", children, spec, templates, out or (1,), node.output[0]), out or (1,))
+
+
+def _reduce_max(imp: _Importer, node, attrs) -> None:
+    x = node.input[0]
+    shape = imp.shapes[x]
+    axes = {int(a) % len(shape) for a in attrs.get("axes", range(len(shape)))}
+    keep = bool(attrs.get("keepdims", 1))
+    names = _labels(shape)
+    kept = [("0" if keep else None) if k in axes else n for k, n in enumerate(names)]
+    out = tuple(1 if k in axes else d for k, d in enumerate(shape) if keep or k not in axes)
+    entries = [e for e in kept if e is not None]
+    spec = f"{_slot(names)} => {_slot(entries) if entries else '0,'}"
+    imp.set(node.output[0], reductions.max(imp.tensor(x), spec, label=node.output[0]), out or (1,))
+
+
 def _constant(imp: _Importer, node, attrs) -> None:
     if "value" not in attrs:
         raise imp.error("Constant", f"only the 'value' attribute is supported, got {sorted(attrs)}")
@@ -541,7 +580,7 @@ HANDLERS: dict[str, Callable[[_Importer, object, dict], None]] = {
     "Gelu": _gelu, "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "MaxPool": _pool, "AveragePool": _pool,
     "GlobalAveragePool": _global_average_pool, "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose,
     "Softmax": _softmax, "LayerNormalization": _layer_norm, "Gather": _gather, "Concat": _concat,
-    "Constant": _constant,
+    "Constant": _constant, "Einsum": _einsum, "ReduceMax": _reduce_max,
 }
 
 
