@@ -10,9 +10,9 @@ import subprocess
 
 import numpy as np
 import pytest
-from digits_models import build, images, run_main, trained
 
 import einjit as ej
+from digits_models import build, images, run_main, trained
 from einjit import fit, train
 from einjit.export import ExportError, export_c
 

@@ -11,7 +11,6 @@ onnx = pytest.importorskip("onnx", reason="ONNX import tests need the onnx packa
 ort = pytest.importorskip("onnxruntime", reason="ONNX import tests need onnxruntime")
 
 import onnx_graphs  # noqa: E402
-
 from einjit.export import ExportError, export_c, onnx_load  # noqa: E402
 
 RNG_SEED = 0
@@ -53,8 +52,8 @@ def test_model_matches_onnxruntime_then_exports_to_c(tmp_path, which):
 
 def test_imported_mlp_fine_tunes(tmp_path):
     """Parameters are einjit parameters: a few SGD steps lower the loss of the imported MLP."""
-    from einjit import fit, nn, train
     import einjit as ej
+    from einjit import fit, nn, train
     m, values = onnx_graphs.mlp(np.random.default_rng(RNG_SEED))
     path = tmp_path / "mlp.onnx"
     onnx.save(m, path)

@@ -10,9 +10,8 @@ import pytest
 onnx = pytest.importorskip("onnx", reason="ONNX export tests need the onnx package (extra 'onnx')")
 ort = pytest.importorskip("onnxruntime", reason="ONNX export tests need onnxruntime")
 
-from digits_models import images, trained  # noqa: E402
-
 import einjit as ej  # noqa: E402
+from digits_models import images, trained  # noqa: E402
 from einjit import fit  # noqa: E402
 from einjit.export import ExportError, export_onnx, onnx_load  # noqa: E402
 

@@ -19,11 +19,9 @@ in the renderer's order), so exporting twice gives the same bytes.
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -177,13 +175,13 @@ def _values(arrays: list[_Array]) -> dict[Tnode, np.ndarray]:
     return out
 
 
-def _literal(v: np.generic) -> str:
+def _literal(v: np.floating | np.integer) -> str:
     if v.dtype.kind != "f":
         return str(int(v)) + ("LL" if v.dtype.itemsize == 8 else "")
     if math.isnan(v):
         return "NAN"
     if math.isinf(v):
-        return "INFINITY" if v > 0 else "-INFINITY"
+        return "INFINITY" if float(v) > 0 else "-INFINITY"
     text = str(v)
     return text + "f" if v.dtype == np.float32 else text
 
@@ -411,7 +409,10 @@ static int {p}_value(const char *header, const unsigned char *data, unsigned lon
   unsigned long long begin = strtoull(at + 1, &next, 10);
   while (*next == ' ' || *next == ',') next++;
   unsigned long long stop = strtoull(next, &next, 10);
-  if (begin > stop || stop > data_size || stop - begin != nbytes) {{ {p}_fail("wrong byte range for ", key); return -1; }}
+  if (begin > stop || stop > data_size || stop - begin != nbytes) {{
+    {p}_fail("wrong byte range for ", key);
+    return -1;
+  }}
   memcpy(dst, data + begin, nbytes);
   return 0;
 }}
@@ -420,7 +421,10 @@ static int {p}_load_values({p} *m, const char *header, const unsigned char *data
 
 static int {p}_load({p} *m, const char *path) {{
   const uint16_t probe = 1;
-  if (*(const unsigned char *)&probe != 1) {{ {p}_fail("safetensors data is little-endian; this host is not", ""); return -1; }}
+  if (*(const unsigned char *)&probe != 1) {{
+    {p}_fail("safetensors data is little-endian; this host is not", "");
+    return -1;
+  }}
   FILE *f = fopen(path, "rb");
   if (!f) {{ {p}_fail("cannot open values file ", path); return -1; }}
   unsigned char len[8];
@@ -460,7 +464,7 @@ def _loader(prefix: str, arrays: list[_Array], values: dict[Tnode, np.ndarray]) 
             continue
         arr = values[a.tn]
         shape = ", ".join(f"{d}LL" for d in arr.shape) or "0LL"
-        lines += [f"  {{", f"    static const long long shape[] = {{{shape}}};",
+        lines += ["  {", f"    static const long long shape[] = {{{shape}}};",
                   f"    if ({prefix}_value(header, data, data_size, \"{a.key}\", \"{_SAFETENSORS_DTYPES[arr.dtype]}\", "
                   f"shape, {arr.ndim}, m->{a.name}, {arr.nbytes}ULL) != 0) return -1;", "  }"]
     lines += ["  return 0;", "}", ""]

@@ -21,6 +21,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ _PERMUTES = ("einsum", "sum", "T", "transpose")
 
 
 class _Writer:
-    def __init__(self, helper, numpy_helper):
+    def __init__(self, helper: Any, numpy_helper: Any):
         self.helper, self.numpy_helper = helper, numpy_helper
         self.nodes: list = []
         self.inits: list = []
