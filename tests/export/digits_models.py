@@ -1,4 +1,4 @@
-"""The digits MLP and the digits convnet (`einjit.demo_digits.make_model`), trained a few steps
+"""The digits MLP and the digits convnet (`einjit.demos.digits.make_model`), trained a few steps
 on synthetic 8x8 images (scikit-learn's digits need not be installed), then put in evaluation
 mode; and the helpers that build and run an exported C library."""
 
@@ -11,7 +11,7 @@ import numpy as np
 
 import einjit as ej
 from einjit import data, fit, nn, train
-from einjit.demo_digits import make_model
+from einjit.demos.digits import make_model
 
 N_CLASSES = 10
 

@@ -27,16 +27,16 @@ from pathlib import Path
 
 import numpy as np
 
-from einjit import checkpoint, fit
-from einjit.backends import cc
 from einjit.backends.c_syntax import C_SYNTAX, ParamKind, render_program
+from einjit.backends.cc import toolchain as cc
 from einjit.backends.interface import lower_assignments, read_first
 from einjit.export.errors import ExportError
 from einjit.ir import low_level as ll
-from einjit.ir.local_storage import localize
 from einjit.ir.naming import stable_names
+from einjit.ir.passes.local_storage import localize
 from einjit.ir.tnode import Tnode
 from einjit.tensor.tensor import Tensor
+from einjit.training import checkpoint, fit
 
 #: Values up to this many bytes are embedded as C arrays by `weights="auto"`; larger ones go to
 #: a safetensors file (a C array literal takes about ten bytes of source per value).

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from einjit import fit
 from einjit.export.errors import ExportError
 from einjit.tensor import activations, reductions
 from einjit.tensor.inputs import input as new_input
 from einjit.tensor.notation import Template, make_op
 from einjit.tensor.operation import ndarray, param
 from einjit.tensor.tensor import Tensor
+from einjit.training import fit
 
 Shape = tuple[int, ...]
 Value = Tensor | np.ndarray
