@@ -78,6 +78,22 @@ def single_ops(rng) -> dict[str, tuple[onnx.ModelProto, dict[str, np.ndarray]]]:
     add("Constant", [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(rand(rng, 4), "c")),
                      helper.make_node("Add", ["x", "c"], ["y"])], [("x", [2, 3, 4])], [("y", [2, 3, 4])],
         values={"x": x})
+    add("Slice", [helper.make_node("Slice", ["x", "starts", "ends", "axes"], ["y"])], [("x", [2, 3, 4])],
+        [("y", [2, 3, 2])], [("starts", np.array([1], np.int64)), ("ends", np.array([3], np.int64)),
+                             ("axes", np.array([-1], np.int64))], {"x": x})
+    add("Unsqueeze-Squeeze", [helper.make_node("Unsqueeze", ["x", "axes"], ["u"]),
+                              helper.make_node("Squeeze", ["u", "axes"], ["y"])],
+        [("x", [2, 3, 4])], [("y", [2, 3, 4])], [("axes", np.array([1], np.int64))], {"x": x})
+    add("Shape-Cast-Mod", [helper.make_node("Shape", ["x"], ["s"]),
+                           helper.make_node("Cast", ["s"], ["f"], to=TensorProto.FLOAT),
+                           helper.make_node("Cast", ["f"], ["i"], to=TensorProto.INT64),
+                           helper.make_node("Mod", ["i", "three"], ["m"]),
+                           helper.make_node("Slice", ["m", "zero", "one"], ["lead"]),
+                           helper.make_node("Concat", ["lead", "minus1"], ["target"], axis=0),
+                           helper.make_node("Reshape", ["x", "target"], ["y"])],
+        [("x", [2, 3, 4])], [("y", [2, 12])],
+        [("three", np.array([3], np.int64)), ("minus1", np.array([-1], np.int64)),
+         ("zero", np.array([0], np.int64)), ("one", np.array([1], np.int64))], {"x": x})
     return out
 
 

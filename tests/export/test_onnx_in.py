@@ -91,3 +91,44 @@ def test_symbolic_dims_and_unreadable_file(tmp_path):
     (tmp_path / "bad.onnx").write_bytes(b"not a model")
     with pytest.raises(ExportError, match="cannot read"):
         onnx_load(tmp_path / "bad.onnx")
+
+
+def _torch_models():
+    torch = pytest.importorskip("torch", reason="the PyTorch-exported models need torch")
+    torch.manual_seed(0)
+    nn = torch.nn
+    mlp = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    conv = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    layer = nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, dropout=0.0, activation="gelu",
+                                       batch_first=True)
+    encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+    return torch, {"mlp": (mlp, (2, 1, 8, 8)), "convnet": (conv, (2, 1, 8, 8)), "transformer": (encoder, (1, 5, 8))}
+
+
+@pytest.mark.parametrize("which", ["mlp", "convnet", "transformer"])
+def test_pytorch_exported_model(tmp_path, which):
+    """torch.onnx.export's TorchScript exporter (the dynamo one needs onnxscript): the graphs
+    it writes — with Shape/Slice/Cast/Unsqueeze shape computations for the encoder — import,
+    match ONNX Runtime to 1e-5 and export to C."""
+    import warnings
+    torch, models = _torch_models()
+    module, shape = models[which]
+    x = torch.randn(*shape)
+    path = tmp_path / f"{which}.onnx"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module.eval(), (x,), str(path), dynamo=False, opset_version=17)
+    except (ImportError, RuntimeError, TypeError) as e:
+        pytest.skip(f"torch.onnx.export cannot run here: {e}")
+    m = onnx.load(path)
+    values = {m.graph.input[0].name: x.numpy()}
+    want = _ort(m, values)
+    imported = onnx_load(path)
+    step = imported.forward_step(f"torch_{which}")
+    got = step(x.numpy())
+    np.testing.assert_allclose(got.reshape(want[0].shape), want[0], rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        np.testing.assert_allclose(got.reshape(want[0].shape), module(x).numpy(), rtol=1e-4, atol=1e-5)
+    export_c(step, tmp_path / "c", name=f"torch_{which}")

@@ -8,7 +8,9 @@ a split of it, a concatenation a sum of pieces, each its input read at an offset
 (the padding of a window axis). Float initializers become
 parameters (labelled by their ONNX names, split at dots, so `ej.save`/`ej.load` key them as ONNX
 does); other initializers and `Constant` outputs are NumPy values the operators that need
-constants (shapes, indices, axes) read at load time.
+constants (shapes, indices, axes) read at load time. The shape computations exporters write
+(`Shape`, `Cast`, `Gather`, `Slice`, `Unsqueeze`, `Concat`, `Mod` and arithmetic on constants,
+as in PyTorch's transformer encoder) are folded at load time into such constants.
 
 Symbolic dims (a dynamic batch axis) are fixed at load (`dims=`; by default 1), since einjit
 compiles for fixed sizes. `Gather` takes constant indices only (einjit has no gather operation
@@ -213,8 +215,7 @@ def _pointwise(imp: _Importer, kind: str, templates: tuple[str, str | None], nam
 def _binary(imp: _Importer, node, attrs) -> None:
     a, b = node.input
     va, vb = imp.values[a], imp.values[b]
-    if isinstance(va, np.ndarray) and isinstance(vb, np.ndarray) and a not in imp.initializers \
-            and b not in imp.initializers:
+    if _is_const(imp, a) and _is_const(imp, b):
         fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power,
               "Max": np.maximum, "Min": np.minimum}[node.op_type]
         res = fn(va, vb)
@@ -225,6 +226,9 @@ def _binary(imp: _Importer, node, attrs) -> None:
 
 
 def _unary(imp: _Importer, node, attrs) -> None:
+    if node.op_type == "Identity" and _is_const(imp, node.input[0]):
+        imp.set(node.output[0], imp.values[node.input[0]], imp.shapes[node.input[0]])
+        return
     fwd, bwd = _UNARY[node.op_type]
     _pointwise(imp, node.op_type.lower(), (fwd, bwd), [node.input[0]], node.output[0], node.op_type)
 
@@ -376,7 +380,8 @@ def _reshape_to(imp: _Importer, name: str, out: Shape, out_name: str, op: str) -
         imp.set(out_name, imp.values[name], out)
         return
     v = imp.values[name]
-    if isinstance(v, np.ndarray) and name not in imp.initializers:
+    if _is_const(imp, name):
+        assert isinstance(v, np.ndarray)  # _is_const says so
         imp.set(out_name, v.reshape(out), out)
         return
 
@@ -425,7 +430,8 @@ def _transpose(imp: _Importer, node, attrs) -> None:
     perm = list(attrs.get("perm", list(reversed(range(len(shape))))))
     out = tuple(shape[p] for p in perm)
     v = imp.values[x]
-    if isinstance(v, np.ndarray) and x not in imp.initializers:
+    if _is_const(imp, x):
+        assert isinstance(v, np.ndarray)  # _is_const says so
         imp.set(node.output[0], np.transpose(v, perm), out)
         return
     names = _labels(shape)
@@ -489,8 +495,9 @@ def _gather(imp: _Importer, node, attrs) -> None:
     indices = np.where(indices < 0, indices + n, indices)
     out = (*shape[:axis], *indices.shape, *shape[axis + 1:])
     dv = imp.values[data]
-    if isinstance(dv, np.ndarray) and data not in imp.initializers:
-        imp.set(node.output[0], np.take(dv, indices, axis=axis), out)
+    if _is_const(imp, data):
+        assert isinstance(dv, np.ndarray)  # _is_const says so
+        _set_const(imp, node.output[0], np.take(dv, indices, axis=axis))
         return
     onehot = np.zeros((*indices.shape, n), np.float32)
     onehot.reshape(-1, n)[np.arange(indices.size), indices.reshape(-1)] = 1.0
@@ -504,6 +511,10 @@ def _gather(imp: _Importer, node, attrs) -> None:
 
 def _concat(imp: _Importer, node, attrs) -> None:
     names = list(node.input)
+    if all(_is_const(imp, n) for n in names):
+        _set_const(imp, node.output[0], np.concatenate([np.asarray(imp.values[n]) for n in names],
+                                                       axis=int(attrs["axis"])))
+        return
     shapes = [imp.shapes[n] for n in names]
     axis = int(attrs["axis"]) % len(shapes[0])
     out = (*shapes[0][:axis], sum(s[axis] for s in shapes), *shapes[0][axis + 1:])
@@ -568,6 +579,99 @@ def _reduce_max(imp: _Importer, node, attrs) -> None:
     imp.set(node.output[0], reductions.max(imp.tensor(x), spec, label=node.output[0]), out or (1,))
 
 
+def _is_const(imp: _Importer, name: str) -> bool:
+    """A NumPy value shape computations fold: not a float initializer (those are parameters)."""
+    v = imp.values.get(name)
+    return isinstance(v, np.ndarray) and (name not in imp.initializers or v.dtype.kind in "iub")
+
+
+def _set_const(imp: _Importer, name: str, arr: np.ndarray) -> None:
+    imp.set(name, arr, tuple(arr.shape) or (1,))
+
+
+def _shape_op(imp: _Importer, node, attrs) -> None:
+    shape = np.array(imp.shapes[node.input[0]], np.int64)
+    _set_const(imp, node.output[0], shape[int(attrs.get("start", 0)):attrs.get("end")])
+
+
+def _cast(imp: _Importer, node, attrs) -> None:
+    from onnx import TensorProto, helper
+    x, to = node.input[0], int(attrs["to"])
+    if _is_const(imp, x):
+        _set_const(imp, node.output[0], np.asarray(imp.values[x]).astype(helper.tensor_dtype_to_np_dtype(to)))
+    elif to == TensorProto.FLOAT:
+        imp.set(node.output[0], imp.values[x], imp.shapes[x])
+    else:
+        raise imp.error("Cast", f"a cast of tensor {x!r} to element type {to}: einjit computes in float")
+
+
+def _mod(imp: _Importer, node, attrs) -> None:
+    a, b = node.input
+    if not (_is_const(imp, a) and _is_const(imp, b)):
+        raise imp.error("Mod", "only constant operands (shape computations) are supported")
+    fn = np.fmod if attrs.get("fmod", 0) else np.mod
+    _set_const(imp, node.output[0], fn(imp.values[a], imp.values[b]))
+
+
+def _axes(imp: _Importer, node, attrs, op: str) -> list[int] | None:
+    if len(node.input) > 1 and node.input[1]:
+        return [int(a) for a in imp.const(node.input[1], op)]
+    return [int(a) for a in attrs["axes"]] if "axes" in attrs else None
+
+
+def _unsqueeze(imp: _Importer, node, attrs) -> None:
+    x = node.input[0]
+    axes = _axes(imp, node, attrs, "Unsqueeze") or []
+    if _is_const(imp, x):
+        _set_const(imp, node.output[0], np.expand_dims(imp.values[x], [a for a in axes]))
+        return
+    rank = len(imp.shapes[x]) + len(axes)
+    picked = {a % rank for a in axes}
+    dims = iter(imp.shapes[x])
+    _reshape_to(imp, x, tuple(1 if k in picked else next(dims) for k in range(rank)), node.output[0], "Unsqueeze")
+
+
+def _squeeze(imp: _Importer, node, attrs) -> None:
+    x = node.input[0]
+    shape = imp.shapes[x]
+    axes = _axes(imp, node, attrs, "Squeeze")
+    picked = {a % len(shape) for a in axes} if axes is not None else {k for k, d in enumerate(shape) if d == 1}
+    if any(shape[a] != 1 for a in picked):
+        raise imp.error("Squeeze", f"axes {sorted(picked)} of shape {list(shape)} are not all of size 1")
+    if _is_const(imp, x):
+        _set_const(imp, node.output[0], np.squeeze(imp.values[x], tuple(sorted(picked))))
+        return
+    out = tuple(d for k, d in enumerate(shape) if k not in picked) or (1,)
+    _reshape_to(imp, x, out, node.output[0], "Squeeze")
+
+
+def _slice(imp: _Importer, node, attrs) -> None:
+    x = node.input[0]
+    shape = imp.shapes[x]
+    starts = [int(v) for v in imp.const(node.input[1], "Slice")]
+    ends = [int(v) for v in imp.const(node.input[2], "Slice")]
+    axes = [int(v) % len(shape) for v in imp.const(node.input[3], "Slice")] if len(node.input) > 3 and \
+        node.input[3] else list(range(len(starts)))
+    steps = [int(v) for v in imp.const(node.input[4], "Slice")] if len(node.input) > 4 and node.input[4] \
+        else [1] * len(starts)
+    ranges = {a: slice(b, e, st).indices(shape[a]) for a, b, e, st in zip(axes, starts, ends, steps, strict=True)}
+    if _is_const(imp, x):
+        index = tuple(slice(*ranges[k]) if k in ranges else slice(None) for k in range(len(shape)))
+        _set_const(imp, node.output[0], np.asarray(imp.values[x])[index])
+        return
+    if any(r[2] != 1 for r in ranges.values()):
+        raise imp.error("Slice", f"steps {steps}: only step 1 is supported on tensors")
+    out = tuple(len(range(*ranges[k])) if k in ranges else d for k, d in enumerate(shape))
+    names = _labels(shape)
+    # Each sliced axis reads `o + start` through the 2-tap kernel (0, 1), as Concat does.
+    source = [f"{n}+k{ranges[k][0] - 1:+d}" if k in ranges else n for k, n in enumerate(names)]
+    tap = ndarray(np.array([0.0, 1.0], np.float32), label=f"{node.output[0]}.tap")
+    if len(ranges) != 1:
+        raise imp.error("Slice", f"a slice along {len(ranges)} axes of a tensor: only one axis is supported")
+    imp.set(node.output[0], _op("slice", [imp.tensor(x), tap], f"{_slot(source)}; k, => {_slot(names)}", _CONTRACT,
+                                out, node.output[0]), out)
+
+
 def _constant(imp: _Importer, node, attrs) -> None:
     if "value" not in attrs:
         raise imp.error("Constant", f"only the 'value' attribute is supported, got {sorted(attrs)}")
@@ -580,7 +684,8 @@ HANDLERS: dict[str, Callable[[_Importer, object, dict], None]] = {
     "Gelu": _gelu, "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "MaxPool": _pool, "AveragePool": _pool,
     "GlobalAveragePool": _global_average_pool, "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose,
     "Softmax": _softmax, "LayerNormalization": _layer_norm, "Gather": _gather, "Concat": _concat,
-    "Constant": _constant, "Einsum": _einsum, "ReduceMax": _reduce_max,
+    "Constant": _constant, "Einsum": _einsum, "ReduceMax": _reduce_max, "Shape": _shape_op, "Cast": _cast,
+    "Mod": _mod, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Slice": _slice,
 }
 
 
