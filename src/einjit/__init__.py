@@ -42,8 +42,14 @@ if TYPE_CHECKING:
     from einjit.tensor.activations import rsqrt as rsqrt
     from einjit.tensor.activations import softplus as softplus
     from einjit.tensor.cd_syntax import CdSyntaxError as CdSyntaxError
+    from einjit.tensor.gather import take as take
+    from einjit.tensor.indexed_write import buffer as buffer
+    from einjit.tensor.indexed_write import write_at as write_at
     from einjit.tensor.inputs import input as input
     from einjit.tensor.inputs import scalar as scalar
+    from einjit.tensor.masks import causal_mask as causal_mask
+    from einjit.tensor.masks import causal_mask_fill as causal_mask_fill
+    from einjit.tensor.masks import masked_softmax as masked_softmax
     from einjit.tensor.notation import CdError as CdError
     from einjit.tensor.notation import Code as Code
     from einjit.tensor.notation import Template as Template
@@ -111,6 +117,12 @@ _ACTIVATIONS = ("abs", "clip", "gelu", "leaky_relu", "rsqrt", "softplus")
 _PUBLIC: dict[str, tuple[str, str | None]] = {
     **{name: ("einjit.tensor.reductions", name) for name in _REDUCTIONS},
     **{name: ("einjit.tensor.activations", name) for name in _ACTIVATIONS},
+    "take": ("einjit.tensor.gather", "take"),
+    "buffer": ("einjit.tensor.indexed_write", "buffer"),
+    "write_at": ("einjit.tensor.indexed_write", "write_at"),
+    "causal_mask": ("einjit.tensor.masks", "causal_mask"),
+    "causal_mask_fill": ("einjit.tensor.masks", "causal_mask_fill"),
+    "masked_softmax": ("einjit.tensor.masks", "masked_softmax"),
     "uniform": ("einjit.tensor.random", "uniform"),
     "normal": ("einjit.tensor.random", "normal"),
     "cd": ("einjit.tensor.notation", "cd"),

@@ -50,6 +50,7 @@ from einjit.ir.provenance import (
     NON_VIRTUAL_REASONS,
     READ_ONLY,
     RECURRENT_NODE,
+    RUN_TIME_INDEX,
     TENSOR_CALLS,
     TOO_MANY_VISITS,
 )
@@ -115,6 +116,8 @@ def decide_from_trace(trace: Trace, settings: VirtualizeSettings, name: str = ""
     """Step 1 of the decision (see the module docstring)."""
     for ta in trace.traced_store.values():
         tn = ta.tn
+        if ta.run_time_indexed and not tn.is_materialized_known():
+            refuse(tn, NonVirtual(RUN_TIME_INDEX), name)
         if ta.read_only:
             if not tn.is_virtual() and narrow_mode(tn, MATERIALIZED, READ_ONLY):
                 log_decision(name, tn, "is materialized: only read here (provenance 37)")
