@@ -4,6 +4,8 @@ export to C."""
 
 from __future__ import annotations
 
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ onnx = pytest.importorskip("onnx", reason="ONNX import tests need the onnx packa
 ort = pytest.importorskip("onnxruntime", reason="ONNX import tests need onnxruntime")
 
 import onnx_graphs  # noqa: E402
+from digits_models import build  # noqa: E402
 from einjit.export import ExportError, export_c, onnx_load  # noqa: E402
 
 RNG_SEED = 0
@@ -132,3 +135,32 @@ def test_pytorch_exported_model(tmp_path, which):
     with torch.no_grad():
         np.testing.assert_allclose(got.reshape(want[0].shape), module(x).numpy(), rtol=1e-4, atol=1e-5)
     export_c(step, tmp_path / "c", name=f"torch_{which}")
+
+
+def test_gather_of_input_ids_is_an_embedding_lookup(tmp_path):
+    """Token ids as an int64 graph input: Gather becomes ej.take; the result matches ONNX
+    Runtime, and the C export takes the ids as its integer input."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(RNG_SEED)
+    table = rng.standard_normal((7, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["embed.weight", "ids"], ["e"], axis=0), helper.make_node("Relu", ["e"], ["y"])],
+        "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])], [numpy_helper.from_array(table,
+                                                                                                    "embed.weight")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    ids = np.array([[1, 6, 0], [3, 3, 5]], np.int64)
+    want = _ort(m, {"ids": ids})[0]
+    path = tmp_path / "embed.onnx"
+    onnx.save(m, path)
+    imported = onnx_load(path)
+    step = imported.forward_step()
+    np.testing.assert_array_equal(step(ids).reshape(want.shape), want)
+    lib = export_c(step, tmp_path / "c", name="embed")
+    assert lib.inputs[0].c_type == "int" and lib.inputs[0].dims == (2, 3, 1)
+    build(lib.directory)
+    ids.astype(np.int32).tofile(lib.directory / "ids.bin")
+    subprocess.run(["./main", "ids.bin", "y.bin"], cwd=lib.directory, check=True)
+    np.testing.assert_array_equal(np.fromfile(lib.directory / "y.bin", np.float32).reshape(want.shape), want)

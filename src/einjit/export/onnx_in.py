@@ -13,8 +13,9 @@ constants (shapes, indices, axes) read at load time. The shape computations expo
 as in PyTorch's transformer encoder) are folded at load time into such constants.
 
 Symbolic dims (a dynamic batch axis) are fixed at load (`dims=`; by default 1), since einjit
-compiles for fixed sizes. `Gather` takes constant indices only (einjit has no gather operation
-yet): it becomes a contraction with a one-hot matrix, which selects rows exactly.
+compiles for fixed sizes. `Gather` of ids given as an integer graph input is `ej.take` (an
+embedding lookup); of constant ids, a contraction with a one-hot matrix, which selects rows
+exactly.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 
 from einjit.export.errors import ExportError
 from einjit.tensor import activations, reductions
+from einjit.tensor.gather import take
 from einjit.tensor.inputs import input as new_input
 from einjit.tensor.notation import Template, make_op
 from einjit.tensor.operation import ndarray, param
@@ -105,6 +107,7 @@ class _Importer:
         self.shapes: dict[str, Shape] = {}
         self.params: dict[str, Tensor] = {}
         self.initializers: set[str] = set()
+        self.index_inputs: set[str] = set()
         self.node_name = ""
 
     # -- values
@@ -115,6 +118,9 @@ class _Importer:
     def tensor(self, name: str) -> Tensor:
         """`name` as a tensor: a float initializer becomes a parameter on first use."""
         v = self.values[name]
+        if name in self.index_inputs:
+            raise ExportError(f"einjit: onnx_load: node {self.node_name!r} reads the integer input {name!r}; integer "
+                              f"inputs can only be the indices of a Gather")
         if isinstance(v, Tensor):
             return v
         arr = np.array(v, dtype=np.float32).reshape(self.shapes[name])
@@ -158,11 +164,17 @@ class _Importer:
             if vi.name in self.values:
                 continue
             ttype = vi.type.tensor_type
-            if ttype.elem_type != 1:
-                raise ExportError(f"einjit: onnx_load: graph input {vi.name!r} has element type {ttype.elem_type}; "
-                                  f"only float inputs are supported (constant indices go in initializers)")
             shape = tuple(self.fixed(d, f"graph input {vi.name!r}") for d in ttype.shape.dim) or (1,)
-            t = new_input(vi.name, batch_dims=[], output_dims=list(shape))
+            if ttype.elem_type in (6, 7):
+                # Integer ids: int32 for `ej.take`, with a trailing size-1 axis to line up with the
+                # table's gathered axis (a step takes arrays of the ONNX shape all the same).
+                t = new_input(vi.name, batch_dims=[], output_dims=[*shape, 1], prec="int32")
+                self.index_inputs.add(vi.name)
+            elif ttype.elem_type == 1:
+                t = new_input(vi.name, batch_dims=[], output_dims=list(shape))
+            else:
+                raise ExportError(f"einjit: onnx_load: graph input {vi.name!r} has element type {ttype.elem_type}; "
+                                  f"only float inputs and int32/int64 ids (Gather indices) are supported")
             inputs[vi.name] = t
             self.set(vi.name, t, shape)
         for node in self.graph.node:
@@ -483,11 +495,20 @@ def _layer_norm(imp: _Importer, node, attrs) -> None:
 def _gather(imp: _Importer, node, attrs) -> None:
     data, idx = node.input
     v = imp.values.get(idx)
-    if not isinstance(v, np.ndarray):
-        raise imp.error("Gather", f"indices {idx!r} are not constant: einjit has no gather operation yet, so only "
-                                  f"constant indices are supported")
     shape = imp.shapes[data]
     axis = int(attrs.get("axis", 0)) % len(shape)
+    if idx in imp.index_inputs:
+        ids = imp.values[idx]
+        assert isinstance(ids, Tensor)  # graph inputs are tensors
+        ishape = imp.shapes[idx]
+        names, inames = _labels(shape), [f"i{k}" for k in range(len(ishape))]
+        spec = (f"{_slot(names[:axis] + ['g'] + names[axis + 1:])}; {_slot(inames + ['g'])} => "
+                f"{_slot(names[:axis] + inames + names[axis + 1:])}")
+        out = (*shape[:axis], *ishape, *shape[axis + 1:])
+        imp.set(node.output[0], take(imp.tensor(data), ids, spec=spec, label=node.output[0]), out)
+        return
+    if not isinstance(v, np.ndarray):
+        raise imp.error("Gather", f"indices {idx!r} are neither a graph input nor constant")
     indices = np.asarray(v, np.int64)
     n = shape[axis]
     if indices.size and (indices.min() < -n or indices.max() >= n):
