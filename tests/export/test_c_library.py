@@ -113,7 +113,7 @@ def test_output_names_and_refusals(tmp_path):
     lib = export_c(y, tmp_path / "lib", name="tiny", inputs=[x])
     assert [p.name for p in lib.inputs] == ["pixels"] and [p.name for p in lib.outputs] == ["scores"]
     header = (lib.directory / "tiny.h").read_text()
-    assert "void tiny_run(tiny *m, const float *pixels, float *scores);" in header
+    assert "void tiny_run(tiny *model_, const float *pixels, float *scores);" in header
     assert "#define TINY_PIXELS_SIZE 6" in header
     with pytest.raises(ExportError, match="not a C identifier"):
         export_c(y, tmp_path / "x", name="my model", inputs=[x])
@@ -121,3 +121,18 @@ def test_output_names_and_refusals(tmp_path):
         export_c(y, tmp_path / "x", name="tiny")
     with pytest.raises(ExportError, match="weights must be"):
         export_c(y, tmp_path / "x", name="tiny", inputs=[x], weights="inline")
+
+
+def test_labels_that_are_c_keywords_or_library_locals(tmp_path):
+    """Inputs labelled `in` and `model`, an output labelled `int`: sanitized names that compile
+    beside the library's and the example's own names."""
+    a = ej.input("in", batch_dims=[2], output_dims=[3])
+    b = ej.input("model", batch_dims=[2], output_dims=[3])
+    y = ej.add(a, b, label="int")
+    lib = export_c(y, tmp_path / "lib", name="kw", inputs=[a, b])
+    assert [p.name for p in lib.inputs + lib.outputs] == ["in", "model", "int_"]
+    build(lib.directory)
+    xs = np.arange(12, dtype=np.float32).reshape(2, 6)
+    records = np.concatenate([xs[:, :3].reshape(1, 6), xs[:, 3:].reshape(1, 6)], axis=1)
+    got = run_main(lib.directory, records, 6)
+    np.testing.assert_array_equal(got.reshape(2, 3), xs[:, :3] + xs[:, 3:])

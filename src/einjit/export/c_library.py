@@ -32,6 +32,7 @@ from einjit.backends.cc import toolchain as cc
 from einjit.backends.interface import lower_assignments, read_first
 from einjit.export.errors import ExportError
 from einjit.ir import low_level as ll
+from einjit.ir.c_names import c_name
 from einjit.ir.naming import stable_names
 from einjit.ir.passes.local_storage import localize
 from einjit.ir.tnode import Tnode
@@ -85,11 +86,13 @@ class _Array:
 
 def identifier(text: str, default: str) -> str:
     """`text` as a C identifier of `[A-Za-z0-9_]` (runs of other characters become one `_`),
-    `default` when nothing is left."""
+    `default` when nothing is left; a C keyword or library name is mangled (`c_name`: `int_`).
+    Names never end in `_` unless mangled, so the library's own locals, which do (`model_`),
+    cannot collide with them."""
     clean = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")
     if not clean:
         return default
-    return "n" + clean if clean[0].isdigit() else clean
+    return c_name("n" + clean if clean[0].isdigit() else clean)
 
 
 def _unique(names: list[str]) -> list[str]:
@@ -328,33 +331,33 @@ def _api(prefix: str, routine: str, arrays: list[_Array], ins: tuple[Port, ...],
     parts += [f"static void *{prefix}_fail(const char *what, const char *detail) {{",
               f"  snprintf({prefix}_error_text, sizeof {prefix}_error_text, \"%s%s\", what, detail);",
               "  return NULL;", "}", ""]
-    parts += [f"void {prefix}_destroy({prefix} *m) {{", "  if (!m) return;"]
-    parts += [f"  free(m->{a.name});" for a in fields]
-    parts += ["  free(m);", "}", ""]
+    parts += [f"void {prefix}_destroy({prefix} *model_) {{", "  if (!model_) return;"]
+    parts += [f"  free(model_->{a.name});" for a in fields]
+    parts += ["  free(model_);", "}", ""]
     if not embed:
         parts += [_reader(prefix), _loader(prefix, arrays, values)]
     head = f"{prefix} *{prefix}_create(void)" if embed else f"{prefix} *{prefix}_create(const char *weights_path)"
-    parts += [head + " {", f"  {prefix} *m = ({prefix} *)calloc(1, sizeof *m);",
-              f"  if (!m) return ({prefix} *){prefix}_fail(\"out of memory\", \"\");"]
+    parts += [head + " {", f"  {prefix} *model_ = ({prefix} *)calloc(1, sizeof *model_);",
+              f"  if (!model_) return ({prefix} *){prefix}_fail(\"out of memory\", \"\");"]
     for a in fields:
-        parts += [f"  m->{a.name} = ({_c_type(a.tn)} *)calloc({a.tn.size}, sizeof *m->{a.name});",
-                  f"  if (!m->{a.name}) {{ {prefix}_destroy(m); return ({prefix} *){prefix}_fail(\"out of memory "
-                  f"for \", \"{a.name}\"); }}"]
+        parts += [f"  model_->{a.name} = ({_c_type(a.tn)} *)calloc({a.tn.size}, sizeof *model_->{a.name});",
+                  f"  if (!model_->{a.name}) {{ {prefix}_destroy(model_); return ({prefix} *){prefix}_fail(\"out of "
+                  f"memory for \", \"{a.name}\"); }}"]
     if embed:
-        parts += [f"  memcpy(m->{a.name}, {prefix}_{a.name}_init, sizeof {prefix}_{a.name}_init);"
+        parts += [f"  memcpy(model_->{a.name}, {prefix}_{a.name}_init, sizeof {prefix}_{a.name}_init);"
                   for a in fields if a.role == "state"]
     else:
-        parts += ["  if (!weights_path) { " + f"{prefix}_destroy(m); return ({prefix} *){prefix}_fail(\"no "
+        parts += ["  if (!weights_path) { " + f"{prefix}_destroy(model_); return ({prefix} *){prefix}_fail(\"no "
                   "weights file given\", \"\"); }",
-                  f"  if ({prefix}_load(m, weights_path) != 0) {{ {prefix}_destroy(m); return NULL; }}"]
-    parts += ["  return m;", "}", ""]
+                  f"  if ({prefix}_load(model_, weights_path) != 0) {{ {prefix}_destroy(model_); return NULL; }}"]
+    parts += ["  return model_;", "}", ""]
     args = ", ".join([f"const {p.c_type} *{p.name}" for p in ins] + [f"{p.c_type} *{p.name}" for p in outs])
-    parts += [f"void {prefix}_run({prefix} *m, {args}) {{"]
+    parts += [f"void {prefix}_run({prefix} *model_, {args}) {{"]
     used = {a.name for a in arrays if a.role in ("input", "output")}
     parts += [f"  (void){p.name};" for p in ins if p.name not in used]
     if not fields:
-        parts.append("  (void)m;")
-    call = [a.name if a.role in ("input", "output") or (a.role == "constant" and embed) else f"m->{a.name}"
+        parts.append("  (void)model_;")
+    call = [a.name if a.role in ("input", "output") or (a.role == "constant" and embed) else f"model_->{a.name}"
             for a in arrays]
     parts += [f"  {routine}({', '.join(call)});", "}", ""]
     return "\n".join(parts)
@@ -417,9 +420,10 @@ static int {p}_value(const char *header, const unsigned char *data, unsigned lon
   return 0;
 }}
 
-static int {p}_load_values({p} *m, const char *header, const unsigned char *data, unsigned long long data_size);
+static int {p}_load_values({p} *model_, const char *header, const unsigned char *data,
+                           unsigned long long data_size);
 
-static int {p}_load({p} *m, const char *path) {{
+static int {p}_load({p} *model_, const char *path) {{
   const uint16_t probe = 1;
   if (*(const unsigned char *)&probe != 1) {{
     {p}_fail("safetensors data is little-endian; this host is not", "");
@@ -446,7 +450,7 @@ static int {p}_load({p} *m, const char *path) {{
     goto done;
   }}
   header[n] = '\\0';
-  status = {p}_load_values(m, header, data, data_size);
+  status = {p}_load_values(model_, header, data, data_size);
 done:
   free(header);
   free(data);
@@ -457,7 +461,7 @@ done:
 
 
 def _loader(prefix: str, arrays: list[_Array], values: dict[Tnode, np.ndarray]) -> str:
-    lines = [f"static int {prefix}_load_values({prefix} *m, const char *header, const unsigned char *data, "
+    lines = [f"static int {prefix}_load_values({prefix} *model_, const char *header, const unsigned char *data, "
              f"unsigned long long data_size) {{"]
     for a in arrays:
         if a.tn not in values:
@@ -466,7 +470,7 @@ def _loader(prefix: str, arrays: list[_Array], values: dict[Tnode, np.ndarray]) 
         shape = ", ".join(f"{d}LL" for d in arr.shape) or "0LL"
         lines += ["  {", f"    static const long long shape[] = {{{shape}}};",
                   f"    if ({prefix}_value(header, data, data_size, \"{a.key}\", \"{_SAFETENSORS_DTYPES[arr.dtype]}\", "
-                  f"shape, {arr.ndim}, m->{a.name}, {arr.nbytes}ULL) != 0) return -1;", "  }"]
+                  f"shape, {arr.ndim}, model_->{a.name}, {arr.nbytes}ULL) != 0) return -1;", "  }"]
     lines += ["  return 0;", "}", ""]
     return "\n".join(lines)
 
@@ -524,10 +528,10 @@ def _header(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], arrays: 
         create,
         "",
         "/* Compute the outputs from the inputs. */",
-        f"void {prefix}_run({prefix} *m, {args});",
+        f"void {prefix}_run({prefix} *model_, {args});",
         "",
         "/* Free an instance (NULL is ignored). */",
-        f"void {prefix}_destroy({prefix} *m);",
+        f"void {prefix}_destroy({prefix} *model_);",
         "",
         f"/* Why the last {prefix}_create of this process failed (not thread-safe). */",
         f"const char *{prefix}_last_error(void);",
@@ -564,39 +568,39 @@ def _main(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], embed: boo
         f"    fprintf(stderr, \"usage: %s INPUT OUTPUT{'' if embed else ' [WEIGHTS]'}\\n\", argv[0]);",
         "    return 2;",
         "  }",
-        f"  {prefix} *m = {prefix}_create({create_arg});",
-        "  if (!m) {",
+        f"  {prefix} *model_ = {prefix}_create({create_arg});",
+        "  if (!model_) {",
         f"    fprintf(stderr, \"%s: %s\\n\", argv[0], {prefix}_last_error());",
         "    return 1;",
         "  }",
-        "  FILE *in = fopen(argv[1], \"rb\");",
-        "  FILE *out = fopen(argv[2], \"wb\");",
-        "  if (!in || !out) {",
-        "    fprintf(stderr, \"%s: cannot open %s\\n\", argv[0], !in ? argv[1] : argv[2]);",
+        "  FILE *input_file_ = fopen(argv[1], \"rb\");",
+        "  FILE *output_file_ = fopen(argv[2], \"wb\");",
+        "  if (!input_file_ || !output_file_) {",
+        "    fprintf(stderr, \"%s: cannot open %s\\n\", argv[0], !input_file_ ? argv[1] : argv[2]);",
         "    return 1;",
         "  }",
     ]
     for p in ins + outs:
-        lines.append(f"  static {p.c_type} {p.name}[{prefix.upper()}_{p.name.upper()}_SIZE];")
-    lines += ["  long records = 0;", "  for (;;) {"]
+        lines.append(f"  static {p.c_type} {p.name}_values_[{prefix.upper()}_{p.name.upper()}_SIZE];")
+    lines += ["  long records_ = 0;", "  for (;;) {"]
     for k, p in enumerate(ins):
         size = f"{prefix.upper()}_{p.name.upper()}_SIZE"
-        lines.append(f"    size_t got_{p.name} = fread({p.name}, sizeof({p.c_type}), {size}, in);")
+        lines.append(f"    size_t {p.name}_got_ = fread({p.name}_values_, sizeof({p.c_type}), {size}, input_file_);")
         if k == 0:
-            lines += [f"    if (got_{p.name} == 0) break;"]
-        lines += [f"    if (got_{p.name} != {size}) {{",
+            lines += [f"    if ({p.name}_got_ == 0) break;"]
+        lines += [f"    if ({p.name}_got_ != {size}) {{",
                   f"      fprintf(stderr, \"%s: record %ld of %s is incomplete (a record is %zu bytes)\\n\", "
-                  f"argv[0], records, argv[1], (size_t)({in_sizes}));",
+                  f"argv[0], records_, argv[1], (size_t)({in_sizes}));",
                   "      return 1;", "    }"]
-    call = ", ".join(p.name for p in ins + outs)
-    lines.append(f"    {prefix}_run(m, {call});")
+    call = ", ".join(f"{p.name}_values_" for p in ins + outs)
+    lines.append(f"    {prefix}_run(model_, {call});")
     for p in outs:
         size = f"{prefix.upper()}_{p.name.upper()}_SIZE"
-        lines += [f"    if (fwrite({p.name}, sizeof({p.c_type}), {size}, out) != {size}) {{",
+        lines += [f"    if (fwrite({p.name}_values_, sizeof({p.c_type}), {size}, output_file_) != {size}) {{",
                   "      fprintf(stderr, \"%s: cannot write %s\\n\", argv[0], argv[2]);", "      return 1;", "    }"]
-    lines += ["    records++;", "  }", "  fclose(in);", "  if (fclose(out) != 0) {",
+    lines += ["    records_++;", "  }", "  fclose(input_file_);", "  if (fclose(output_file_) != 0) {",
               "    fprintf(stderr, \"%s: cannot write %s\\n\", argv[0], argv[2]);", "    return 1;", "  }",
-              f"  {prefix}_destroy(m);", "  return 0;", "}", ""]
+              f"  {prefix}_destroy(model_);", "  return 0;", "}", ""]
     return "\n".join(lines)
 
 
