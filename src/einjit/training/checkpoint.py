@@ -58,17 +58,23 @@ def save(what: Tensor | Iterable[Tensor] | Mapping[str, Tensor], path: str | os.
     of tensors — parameters, scalars, optimizer state; or a `{name: tensor}` dict)."""
     sh.finish_inference()
     named = _named(what)
+    write({name: named[name].value.read() for name in named}, path, metadata)
+
+
+def write(arrays: Mapping[str, np.ndarray], path: str | os.PathLike, metadata: Mapping[str, str] | None = None) -> None:
+    """Write named arrays as a safetensors file (sorted by name, so the bytes depend only on
+    names and values), atomically."""
     header: dict[str, object] = {}
-    arrays = []
+    blobs = []
     offset = 0
-    for name in sorted(named):
-        arr = np.ascontiguousarray(named[name].value.read())
+    for name in sorted(arrays):
+        arr = np.ascontiguousarray(arrays[name])
         code = _CODES.get(arr.dtype)
         if code is None:
             raise CheckpointError(f"einjit: cannot save {name!r}: dtype {arr.dtype} has no safetensors code here")
         le = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
         header[name] = {"dtype": code, "shape": list(arr.shape), "data_offsets": [offset, offset + le.nbytes]}
-        arrays.append(le)
+        blobs.append(le)
         offset += le.nbytes
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -80,7 +86,7 @@ def save(what: Tensor | Iterable[Tensor] | Mapping[str, Tensor], path: str | os.
         with os.fdopen(fd, "wb") as f:
             f.write(struct.pack("<Q", len(text)))
             f.write(text)
-            for arr in arrays:
+            for arr in blobs:
                 f.write(arr.tobytes())
             f.flush()
             os.fsync(f.fileno())

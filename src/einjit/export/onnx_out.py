@@ -1,0 +1,328 @@
+"""`export_onnx`: an einjit forward graph as an ONNX model (opset 17).
+
+Each computed tensor is translated from its operation and its projections — how the
+operation's loops index the result and the arguments — so the translation does not depend on
+which layer or helper built it: iterated axes become einsum letters, a fixed index 0 a size-1
+axis reshaped away, affine window axes (`stride*o+k-pad`) the strides, dilations and pads of a
+`Conv`, `MaxPool` or `AveragePool`. Contractions are written as `Gemm` or `MatMul` when their
+letters match (`w @ x` of a linear layer is `Gemm(x, w, transB=1)`) and as `Einsum` otherwise;
+sums as `Einsum`, maxima as `ReduceMax`, pointwise operations as the ONNX operator after the
+operands are permuted (`Transpose`) and reshaped to broadcast as NumPy does. Softmax, layer and
+batch norms are einjit compositions of these and are written as such. Leaves (parameters,
+constants, and inputs other than the exported ones, such as a layer's train/eval
+mode) become initializers with their current values; inputs and outputs are named after
+their labels. An operation with no ONNX form (a random draw, a dropout in training mode) is
+refused naming the tensor and the operation.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from einjit.export.c_library import identifier, resolve_step
+from einjit.export.errors import ExportError
+from einjit.ir import assignments as asg
+from einjit.ir.indexing import Affine, FixedIdx, Iterator, Projections
+from einjit.tensor.tensor import Tensor
+
+OPSET = 17
+_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_BINARY = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "**": "Pow"}
+_UNARY = {"relu": "Relu", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "tanh": "Tanh", "sigmoid": "Sigmoid",
+          "neg": "Neg", "recip": "Reciprocal", "abs": "Abs", "sin": "Sin", "cos": "Cos"}
+_CONTRACTIONS = ("@", "einsum", "conv", "gather")
+_PERMUTES = ("einsum", "sum", "T", "transpose")
+
+
+class _Writer:
+    def __init__(self, helper: Any, numpy_helper: Any):
+        self.helper, self.numpy_helper = helper, numpy_helper
+        self.nodes: list = []
+        self.inits: list = []
+        self.names: dict[int, str] = {}
+        self.used: set[str] = set()
+        self.count = 0
+
+    def fresh(self, base: str) -> str:
+        name = identifier(base, "t")
+        out, k = name, 1
+        while out in self.used:
+            k += 1
+            out = f"{name}_{k}"
+        self.used.add(out)
+        return out
+
+    def node(self, op: str, inputs: list[str], base: str, **attrs) -> str:
+        out = self.fresh(base)
+        self.count += 1
+        self.nodes.append(self.helper.make_node(op, inputs, [out], name=f"{op}_{self.count}", **attrs))
+        return out
+
+    def const(self, arr: np.ndarray, base: str) -> str:
+        name = self.fresh(base)
+        self.inits.append(self.numpy_helper.from_array(np.ascontiguousarray(arr), name))
+        return name
+
+    def reshape(self, value: str, dims: Sequence[int], base: str) -> str:
+        return self.node("Reshape", [value, self.const(np.array(list(dims), np.int64), f"{base}_shape")], base)
+
+
+def _projections(t: Tensor) -> Projections:
+    if t.projections is None:
+        raise ExportError(f"einjit: export_onnx: tensor {t.describe()} ({t.op_label}) has no projections")
+    return t.projections.force()
+
+
+def _error(t: Tensor, why: str) -> ExportError:
+    return ExportError(f"einjit: export_onnx: tensor {t.describe()}, operation {t.op_label!r}: {why}")
+
+
+class _Exporter:
+    def __init__(self, w: _Writer):
+        self.w = w
+
+    def letters(self, proj: Projections) -> dict:
+        if len(proj.product_iterators) > len(_LETTERS):
+            raise ExportError("einjit: export_onnx: an operation with more than 52 loops has no Einsum form")
+        return {s: _LETTERS[k] for k, s in enumerate(proj.product_iterators)}
+
+    def operand(self, t: Tensor, k: int, proj: Projections, letters: dict) -> tuple[str, str]:
+        """Child `k` with its fixed (size-1) axes reshaped away, and its einsum letters."""
+        child = t.children[k]
+        name = self.w.names[child.id]
+        idcs, dims = proj.project_rhs[k], proj.rhs_dims[k]
+        keep, text = [], ""
+        for idx, d in zip(idcs, dims, strict=True):
+            match idx:
+                case Iterator(s):
+                    keep.append(d)
+                    text += letters[s]
+                case FixedIdx(0) if d == 1:
+                    pass
+                case _:
+                    raise _error(t, f"argument {child.describe()} is indexed by {idx!r}, which has no ONNX form here")
+        if len(set(text)) != len(text):
+            raise _error(t, f"argument {child.describe()} is read along a diagonal, which has no ONNX form here")
+        if len(keep) != len(dims):
+            name = self.w.reshape(name, keep, f"{child.label_str}_squeezed")
+        return name, text
+
+    def lhs(self, t: Tensor, proj: Projections, letters: dict) -> str:
+        text = ""
+        for idx, d in zip(proj.project_lhs, proj.lhs_dims, strict=True):
+            match idx:
+                case Iterator(s):
+                    text += letters[s]
+                case FixedIdx(0) if d == 1:
+                    pass
+                case _:
+                    raise _error(t, f"the result is indexed by {idx!r}, which has no ONNX form here")
+        return text
+
+    def finish(self, t: Tensor, value: str, proj: Projections) -> str:
+        """`value` (the result without its size-1 fixed axes) reshaped to the tensor's dims."""
+        if any(isinstance(i, FixedIdx) for i in proj.project_lhs):
+            return self.w.reshape(value, proj.lhs_dims, t.label_str)
+        return value
+
+    def aligned(self, t: Tensor, k: int, proj: Projections, letters: dict, out: str) -> str:
+        """Child `k` permuted to the result's letter order, with size-1 axes where it lacks
+        one of the result's letters (NumPy broadcasting does the rest)."""
+        name, text = self.operand(t, k, proj, letters)
+        missing = [c for c in text if c not in out]
+        if missing:
+            raise _error(t, f"argument {t.children[k].describe()} has axes the pointwise result lacks")
+        order = [c for c in out if c in text]
+        if order != list(text):
+            name = self.w.node("Transpose", [name], f"{t.label_str}_perm", perm=[text.index(c) for c in order])
+        if len(order) != len(out):
+            sizes = {letters[s]: n for s, n in proj.iterator_dims().items()}
+            dims = [sizes[c] if c in text else 1 for c in out]
+            name = self.w.reshape(name, dims, f"{t.label_str}_bcast")
+        return name
+
+    def tensor(self, t: Tensor) -> str:
+        op = t.op_label
+        proj = _projections(t)
+        letters = self.letters(proj)
+        if any(isinstance(i, Affine) for row in proj.project_rhs for i in row) \
+                or any(isinstance(i, Affine) for i in proj.project_lhs):
+            return self.windowed(t, proj)
+        out = self.lhs(t, proj, letters)
+        base = t.label_str
+        n = len(t.children)
+        if op in _BINARY and n == 2:
+            args = [self.aligned(t, k, proj, letters, out) for k in range(2)]
+            return self.finish(t, self.w.node(_BINARY[op], args, base), proj)
+        if op in ("max", "min") and n == 2:
+            args = [self.aligned(t, k, proj, letters, out) for k in range(2)]
+            return self.finish(t, self.w.node(op.capitalize(), args, base), proj)
+        if op in _UNARY and n == 1:
+            return self.finish(t, self.w.node(_UNARY[op], [self.aligned(t, 0, proj, letters, out)], base), proj)
+        if op == "rsqrt" and n == 1:
+            root = self.w.node("Sqrt", [self.aligned(t, 0, proj, letters, out)], f"{base}_sqrt")
+            return self.finish(t, self.w.node("Reciprocal", [root], base), proj)
+        if op == "gelu" and n == 1:
+            return self.finish(t, self.gelu(self.aligned(t, 0, proj, letters, out), base), proj)
+        if op == "dropout" and n == 3:
+            mode = t.children[2].value_tn.array
+            if mode is None or float(np.asarray(mode).reshape(-1)[0]) != 0.0:
+                raise _error(t, "a dropout in training mode draws random masks, which have no ONNX form: call "
+                                "model.eval() before exporting")
+            return self.finish(t, self.w.node("Identity", [self.aligned(t, 0, proj, letters, out)], base), proj)
+        if op in ("max", "min") and n == 1:
+            name, text = self.operand(t, 0, proj, letters)
+            axes = [k for k, c in enumerate(text) if c not in out]
+            kept = [c for c in text if c in out]
+            red = self.w.node(f"Reduce{op.capitalize()}", [name], base, axes=axes, keepdims=0) if axes else name
+            if kept != list(out):
+                red = self.w.node("Transpose", [red], f"{base}_perm", perm=[kept.index(c) for c in out])
+            return self.finish(t, red, proj)
+        if op in _PERMUTES and n == 1:
+            name, text = self.operand(t, 0, proj, letters)
+            return self.finish(t, self.w.node("Einsum", [name], base, equation=f"{text}->{out}"), proj)
+        if op in _CONTRACTIONS and n == 2:
+            return self.finish(t, self.contraction(t, proj, letters, out), proj)
+        raise _error(t, "no ONNX form for this operation")
+
+    def gelu(self, x: str, base: str) -> str:
+        half = self.w.const(np.array(0.5, np.float32), f"{base}_half")
+        one = self.w.const(np.array(1.0, np.float32), f"{base}_one")
+        sqrt2 = self.w.const(np.array(math.sqrt(2.0), np.float32), f"{base}_sqrt2")
+        erf = self.w.node("Erf", [self.w.node("Div", [x, sqrt2], f"{base}_scaled")], f"{base}_erf")
+        phi = self.w.node("Mul", [self.w.node("Add", [erf, one], f"{base}_cdf2"), half], f"{base}_cdf")
+        return self.w.node("Mul", [x, phi], base)
+
+    def contraction(self, t: Tensor, proj: Projections, letters: dict, out: str) -> str:
+        (a, ta), (b, tb) = self.operand(t, 0, proj, letters), self.operand(t, 1, proj, letters)
+        base = t.label_str
+        if len(ta) == 2 and len(tb) == 2 and len(out) == 2:
+            k = set(ta) & set(tb)
+            if len(k) == 1 and k.isdisjoint(out):
+                (kk,) = k
+                # w @ x of a linear layer: w (o, k), x (b, k) -> (b, o).
+                if out == tb[0] + ta[0] and ta[1] == kk and tb[1] == kk:
+                    return self.w.node("Gemm", [b, a], base, transB=1)
+                if out == ta[0] + tb[1] and ta[1] == kk and tb[0] == kk:
+                    return self.w.node("MatMul", [a, b], base)
+                if out == tb[0] + ta[1] and tb[1] == kk and ta[0] == kk:
+                    return self.w.node("MatMul", [b, a], base)
+        return self.w.node("Einsum", [a, b], base, equation=f"{ta},{tb}->{out}")
+
+    def windowed(self, t: Tensor, proj: Projections) -> str:
+        """Conv, MaxPool, AveragePool over (N, C, H, W) with affine window axes, and the
+        row-major flatten (an affine result axis)."""
+        op = t.op_label
+        base = t.label_str
+        if op == "flatten" and len(t.children) == 1:
+            return self.w.reshape(self.w.names[t.children[0].id], proj.lhs_dims, base)
+        if op not in ("conv", "einsum", "maxpool", "avgpool") or len(t.children) != 2:
+            raise _error(t, "an affine (window) index outside a convolution or pooling has no ONNX form here")
+        x_idx, k_idx = proj.project_rhs
+        x_dims = proj.rhs_dims[0]
+        if len(x_idx) != 4 or not all(isinstance(i, Affine) for i in x_idx[2:]) \
+                or not all(isinstance(i, Iterator) or (i == FixedIdx(0) and d == 1)
+                           for i, d in zip(x_idx[:2], x_dims[:2], strict=True)):
+            raise _error(t, f"window indices {x_idx} are not (N, C, H, W) with affine H and W")
+        strides, dilations, pads_begin, pads_end = [], [], [], []
+        sizes = proj.iterator_dims()
+        for axis, idx in enumerate(x_idx[2:]):
+            assert isinstance(idx, Affine)
+            out_sym = proj.project_lhs[2 + axis]
+            terms = dict((s, c) for c, s in idx.symbols)
+            stride = terms.pop(out_sym.symbol, None) if isinstance(out_sym, Iterator) else None
+            if stride is None or len(terms) > 1:
+                raise _error(t, f"window index {idx!r} is not stride*out+dilation*kernel-pad")
+            dil, ksize = (next(iter(terms.values())), sizes[next(iter(terms))]) if terms else (1, 1)
+            begin = -idx.offset
+            end = (proj.lhs_dims[2 + axis] - 1) * stride + dil * (ksize - 1) + 1 - x_dims[2 + axis] - begin
+            strides.append(stride)
+            dilations.append(dil)
+            pads_begin.append(begin)
+            pads_end.append(max(end, 0))
+        x = self.w.names[t.children[0].id]
+        pads = pads_begin + pads_end
+        if op in ("maxpool", "avgpool"):
+            kernel = list(proj.rhs_dims[1])
+            if any(pads) or dilations != [1, 1]:
+                raise _error(t, "pooling with padding or dilation (einjit pads with zeros) has no ONNX form here")
+            return self.w.node("MaxPool" if op == "maxpool" else "AveragePool", [x], base, kernel_shape=kernel,
+                               strides=strides)
+        w = self.w.names[t.children[1].id]
+        if len(k_idx) != 4:
+            raise _error(t, f"kernel indices {k_idx} are not (C_out, C_in, KH, KW)")
+        return self.w.node("Conv", [x, w], base, kernel_shape=list(proj.rhs_dims[1][2:]), strides=strides,
+                           dilations=dilations, pads=pads)
+
+
+def _leaf_values(t: Tensor) -> np.ndarray:
+    """A leaf's values: its host array, or the constant its code fills it with (numbers)."""
+    arr = t.value_tn.array
+    if arr is not None:
+        return np.asarray(arr, np.float32).reshape(t.dims)
+    match t.own_forward:
+        case asg.Fetch(_, asg.FetchConstant() as fill):
+            return np.full(t.dims, fill.number(), np.float32)
+        case asg.Fetch(_, asg.ConstantFill(values, _)):
+            return np.resize(np.asarray(values, np.float32), t.dims)
+    raise ExportError(f"einjit: export_onnx: {t.describe()} ({t.op_label}) has no values (initialize the parameters "
+                      f"first) and no constant form")
+
+
+def _graph_order(outputs: list[Tensor]) -> list[Tensor]:
+    """The tensors the outputs need, in creation (topological) order; a dropout's random draw
+    is not needed (an exported dropout is the identity)."""
+    seen: dict[int, Tensor] = {}
+    stack = list(outputs)
+    while stack:
+        t = stack.pop()
+        if t.id in seen:
+            continue
+        seen[t.id] = t
+        stack.extend(c for k, c in enumerate(t.children) if not (t.op_label == "dropout" and k == 1))
+    return [seen[k] for k in sorted(seen)]
+
+
+def export_onnx(model: object, path: str | os.PathLike, *, inputs: Sequence[Tensor] | None = None,
+                batch_dims: Sequence[int] = (1,), input_dims: Sequence[int] = (), output_dims: Sequence[int] = (1,),
+                graph_name: str = "einjit") -> object:
+    """Write `model` (what `export_c` takes: a forward step, output tensors with `inputs=`, or
+    a model with its input dims) as an ONNX model at `path`; returns the `onnx.ModelProto`."""
+    try:
+        import onnx
+        from onnx import helper, numpy_helper
+    except ImportError:
+        raise ExportError("einjit: export_onnx needs the onnx package: pip install 'einjit[onnx]'") from None
+    outputs, ins = resolve_step(model, inputs, batch_dims, input_dims, output_dims)
+    w = _Writer(helper, numpy_helper)
+    ex = _Exporter(w)
+    graph_inputs = []
+    for t in ins:
+        name = w.fresh(t.label_str)
+        w.names[t.id] = name
+        graph_inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(t.dims)))
+    for t in _graph_order(outputs):
+        if t.id in w.names:
+            continue
+        if not t.children:
+            w.names[t.id] = w.const(_leaf_values(t), t.label_str)
+            continue
+        w.names[t.id] = ex.tensor(t)
+    graph_outputs = []
+    for k, t in enumerate(outputs):
+        name = identifier(t.label_str, f"output{k}")
+        if name in w.used or name != w.names[t.id]:
+            name = w.node("Identity", [w.names[t.id]], name if name not in w.used else f"output{k}")
+        graph_outputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(t.dims)))
+    graph = helper.make_graph(w.nodes, graph_name, graph_inputs, graph_outputs, w.inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="einjit")
+    proto.ir_version = 8
+    onnx.checker.check_model(proto)
+    Path(path).write_bytes(proto.SerializeToString())
+    return proto

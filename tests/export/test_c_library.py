@@ -1,0 +1,138 @@
+"""`export_c`: the digits MLP and convnet, trained a few steps, exported, built with the system
+gcc under `-Wall -Wextra -Werror`, run on inputs from a file: the outputs are einjit's bit for bit
+(the library is compiled with the C backend's flags); `nm` shows only the documented API."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import einjit as ej
+from digits_models import build, images, run_main, trained
+from einjit import fit, train
+from einjit.export import ExportError, export_c
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("nm") is None,
+                                reason="needs make and nm (binutils)")
+
+API = {"create", "run", "destroy", "last_error"}
+#: What the library may leave undefined: libc's memory, string and stdio calls, libm, OpenMP.
+LIBC = {"calloc", "malloc", "free", "abort", "memcpy", "memset", "memmove", "snprintf", "strstr", "strchr", "strlen",
+        "strncmp", "strtoll", "strtoull", "fopen", "fclose", "fread", "fseek", "ftell"}
+
+
+def _symbols(lib) -> tuple[set[str], set[str]]:
+    out = subprocess.run(["nm", "-g", str(lib)], capture_output=True, text=True, check=True).stdout
+    defined, undefined = set(), set()
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "U":
+            undefined.add(parts[1])
+        elif len(parts) == 3:
+            defined.add(parts[2])
+    return defined, undefined
+
+
+def _check_symbols(directory, name: str) -> None:
+    defined, undefined = _symbols(directory / f"lib{name}.a")
+    assert defined == {f"{name}_{f}" for f in API}
+    libm = {s for s in undefined if re.fullmatch(r"(exp|log|sqrt|tanh|erf|pow|fmax|fmin|fabs|sin|cos)f?", s)}
+    openmp = {s for s in undefined if s.startswith(("GOMP_", "omp_"))}
+    assert undefined - libm - openmp <= LIBC, undefined - libm - openmp - LIBC
+
+
+@pytest.mark.parametrize("kind", ["mlp", "convnet"])
+@pytest.mark.parametrize("weights", ["embed", "file"])
+def test_exported_model_matches_einjit(tmp_path, kind, weights):
+    model = trained(kind)
+    batch = 4
+    step = fit.predictor(model, batch_dims=[batch], output_dims=[1, 8, 8])
+    lib = export_c(step, tmp_path / "lib", name=f"digits_{kind}", weights=weights)
+    build(lib.directory)
+    _check_symbols(lib.directory, lib.name)
+    xs, _ = images(3 * batch, seed=1)
+    got = run_main(lib.directory, xs, batch * 10)
+    want = np.stack([step(xs[k * batch:(k + 1) * batch]).reshape(-1) for k in range(3)])
+    np.testing.assert_array_equal(got, want)
+    assert np.abs(want).max() > 0.1  # a trained model's logits, not zeros
+    assert (lib.weights_file is not None) == (weights == "file")
+
+
+def test_export_is_byte_stable(tmp_path):
+    model = trained("mlp", steps=2)
+    step = fit.predictor(model, batch_dims=[1], output_dims=[1, 8, 8])
+    first = export_c(step, tmp_path / "a", name="mlp", weights="file")
+    second = export_c(step, tmp_path / "b", name="mlp", weights="file")
+    for a, b in zip(first.files, second.files, strict=True):
+        assert a.name == b.name and a.read_bytes() == b.read_bytes(), a.name
+
+
+def test_model_with_input_dims_and_threads(tmp_path):
+    """A model (not a step) with its input dims; two OpenMP threads: the same outputs."""
+    model = trained("convnet", steps=2)
+    lib = export_c(model, tmp_path / "lib", name="convnet", batch_dims=[2], output_dims=[1, 8, 8], threads=2)
+    assert "-fopenmp" in (lib.directory / "Makefile").read_text()
+    build(lib.directory)
+    _check_symbols(lib.directory, "convnet")
+    xs, _ = images(2, seed=2)
+    got = run_main(lib.directory, xs, 20)
+    want = fit.predictor(model, batch_dims=[2], output_dims=[1, 8, 8])(xs)
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-6, atol=1e-6)
+
+
+def test_swapped_values_file_and_bad_file(tmp_path):
+    """New values in the safetensors file change the outputs without recompiling; a file that
+    does not fit is refused by create with a message."""
+    model = trained("mlp", steps=2)
+    step = fit.predictor(model, batch_dims=[1], output_dims=[1, 8, 8])
+    lib = export_c(step, tmp_path / "lib", name="mlp", weights="file")
+    build(lib.directory)
+    xs, _ = images(1, seed=3)
+    before = run_main(lib.directory, xs, 10)
+    fc2_b = next(p for p in model.params() if p.label_str == "fc2.b")
+    fc2_b.set_values(fc2_b.numpy() + 1.0)
+    ej.save(model.params(), lib.directory / "swapped.safetensors")
+    after = run_main(lib.directory, xs, 10, "swapped.safetensors")
+    np.testing.assert_allclose(after, before + 1.0, rtol=1e-6)
+    (lib.directory / "bad.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}              ")
+    proc = subprocess.run(["./main", "in.bin", "out.bin", "bad.safetensors"], cwd=lib.directory,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 1 and "values file lacks fc1.w" in proc.stderr
+
+
+def test_output_names_and_refusals(tmp_path):
+    x = ej.input("pixels", batch_dims=[2], output_dims=[3])
+    w = ej.param("w", output_dims=[2], input_dims=[3])
+    y = ej.relu(w @ x, label="scores")
+
+    train.init_params(y, seed=0)
+    lib = export_c(y, tmp_path / "lib", name="tiny", inputs=[x])
+    assert [p.name for p in lib.inputs] == ["pixels"] and [p.name for p in lib.outputs] == ["scores"]
+    header = (lib.directory / "tiny.h").read_text()
+    assert "void tiny_run(tiny *model_, const float *pixels, float *scores);" in header
+    assert "#define TINY_PIXELS_SIZE 6" in header
+    with pytest.raises(ExportError, match="not a C identifier"):
+        export_c(y, tmp_path / "x", name="my model", inputs=[x])
+    with pytest.raises(ExportError, match="needs inputs"):
+        export_c(y, tmp_path / "x", name="tiny")
+    with pytest.raises(ExportError, match="weights must be"):
+        export_c(y, tmp_path / "x", name="tiny", inputs=[x], weights="inline")
+
+
+def test_labels_that_are_c_keywords_or_library_locals(tmp_path):
+    """Inputs labelled `in` and `model`, an output labelled `int`: sanitized names that compile
+    beside the library's and the example's own names."""
+    a = ej.input("in", batch_dims=[2], output_dims=[3])
+    b = ej.input("model", batch_dims=[2], output_dims=[3])
+    y = ej.add(a, b, label="int")
+    lib = export_c(y, tmp_path / "lib", name="kw", inputs=[a, b])
+    assert [p.name for p in lib.inputs + lib.outputs] == ["in", "model", "int_"]
+    build(lib.directory)
+    xs = np.arange(12, dtype=np.float32).reshape(2, 6)
+    records = np.concatenate([xs[:, :3].reshape(1, 6), xs[:, 3:].reshape(1, 6)], axis=1)
+    got = run_main(lib.directory, records, 6)
+    np.testing.assert_array_equal(got.reshape(2, 3), xs[:, :3] + xs[:, 3:])
