@@ -7,10 +7,18 @@ unsolved variables take their least upper bound, else dimension 1 / no further a
 starts a fresh state: the shapes are fully known from then on.
 
 Every update is solved on a copy of the state and committed only on success, so a
-`ShapeError` leaves inference exactly as it was before the failing call.
+`ShapeError` leaves inference exactly as it was before the failing call. A conflict found only
+when closing belongs to constraints committed earlier: the state records every call as an
+*entry*, and closing that fails replays the entries to find the expression whose entry first
+makes its group of connected shapes impossible to close, and withdraws it with the entries of
+that group after it (their operations rejoin inference when a routine uses them again). The
+other groups, and the tensors built before the conflicting expression, stay under inference
+unchanged.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from einjit.shape.errors import ShapeError
 from einjit.shape.logic import Generated, Item, constraints_of, fixed_bounds
@@ -31,7 +39,34 @@ from einjit.shape.row import (
     subst_row,
     unsolved_vars,
 )
-from einjit.shape.shape import Shape, UpdateStep, logic_args
+from einjit.shape.shape import Shape, Terminal, UpdateStep, logic_args
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Leaf:
+    """`track`: a leaf tensor's shape joins inference."""
+
+    shape: Shape
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Equation:
+    """`add_shape_equation`: two rows of one shape are equal."""
+
+    shape: Shape
+    k1: Kind
+    k2: Kind
+
+
+Entry = UpdateStep | Leaf | Equation
+
+
+def _shapes_of(entry: Entry) -> tuple[Shape, ...]:
+    match entry:
+        case UpdateStep(shape, logic):
+            return (shape, *logic_args(logic))
+        case Leaf(shape) | Equation(shape, _, _):
+            return (shape,)
 
 
 class InferenceState:
@@ -39,7 +74,7 @@ class InferenceState:
     maps each variable and unlabelled axis id to the shapes whose rows mention it. `log`, when
     a list, records every constraint added (projection inference reads it)."""
 
-    __slots__ = ("env", "items", "shapes", "watch", "spec_rows", "steps", "log", "leaves")
+    __slots__ = ("env", "items", "shapes", "watch", "spec_rows", "steps", "log", "leaves", "entries")
 
     def __init__(self) -> None:
         self.env = Env()
@@ -52,6 +87,9 @@ class InferenceState:
         #: The shapes of leaf tensors (`track`): an output row nothing constrains gives them
         #: one axis of dimension 1. Results of operations take their axes from their arguments.
         self.leaves: set[int] = set()
+        #: Every call that put something under inference, in order: what closing replays to
+        #: withdraw the expression a conflict comes from.
+        self.entries: list[Entry] = []
 
     def copy(self) -> InferenceState:
         st = InferenceState()
@@ -59,7 +97,22 @@ class InferenceState:
         st.spec_rows, st.steps = list(self.spec_rows), list(self.steps)
         st.log = None if self.log is None else list(self.log)
         st.leaves = set(self.leaves)
+        st.entries = list(self.entries)
         return st
+
+    def apply(self, entry: Entry) -> None:
+        """Add one entry's constraints and solve them (in place: callers work on a copy)."""
+        match entry:
+            case UpdateStep(shape, logic):
+                args = logic_args(logic)
+                self.add(constraints_of(logic, shape, args), (shape, *args))
+                self.steps.append(entry)
+            case Leaf(shape):
+                self.add(Generated(), (shape,))
+                self.leaves.add(id(shape))
+            case Equation(shape, k1, k2):
+                self.add(Generated(constraints=[RowEq(shape.row(k1), shape.row(k2))]), (shape,))
+        self.entries.append(entry)
 
     def rows(self) -> list[Row]:
         return [r for sh in self.shapes.values() for r in sh.rows()] + self.spec_rows
@@ -172,31 +225,50 @@ def _commit(trial: InferenceState) -> None:
     _state = trial
 
 
+#: The operations `_withdraw` took out, by the id of their result shape (the step keeps the
+#: shape alive, so the id is not reused): a result used again brings its operation back first,
+#: so the conflict is raised again rather than the result closing as if unconstrained.
+_withdrawn: dict[int, UpdateStep] = {}
+
+
+def _add(entry: Entry) -> None:
+    for sh in _shapes_of(entry):
+        step = _withdrawn.pop(id(sh), None)
+        if step is not None and step is not entry:
+            _add(step)
+    trial = _state.copy()
+    trial.apply(entry)
+    _commit(trial)
+
+
 def propagate_shapes(update_step: UpdateStep) -> None:
     """Add the constraints of one operation and solve what they determine, updating the shapes
     of all operations under inference in place."""
-    trial = _state.copy()
-    args = logic_args(update_step.logic)
-    trial.add(constraints_of(update_step.logic, update_step.shape, args), (update_step.shape, *args))
-    trial.steps.append(update_step)
-    _commit(trial)
+    _add(update_step)
 
 
 def track(shape: Shape) -> None:
     """Put the shape of a leaf tensor (a parameter, an inline declaration, a file-mapped
     constant) under inference, so that the next closing reaches it even if no operation ever
     constrains it, and gives an output row nothing constrains one axis (seed 003)."""
-    trial = _state.copy()
-    trial.add(Generated(), (shape,))
-    trial.leaves.add(id(shape))
-    _commit(trial)
+    _add(Leaf(shape))
 
 
 def add_shape_equation(shape: Shape, k1: Kind, k2: Kind) -> None:
     """Equate two rows of one shape (e.g. `InputEqualsOutput`)."""
+    _add(Equation(shape, k1, k2))
+
+
+def _closed() -> InferenceState:
+    """The current state closed, on a copy. On a conflict, withdraws the conflicting
+    expression from the global state (`_withdraw`) before raising."""
     trial = _state.copy()
-    trial.add(Generated(constraints=[RowEq(shape.row(k1), shape.row(k2))]), (shape,))
-    _commit(trial)
+    try:
+        trial.close()
+    except ShapeError:
+        _withdraw()
+        raise
+    return trial
 
 
 def provisional_row(shape: Shape, kind: Kind) -> Row:
@@ -204,22 +276,78 @@ def provisional_row(shape: Shape, kind: Kind) -> Row:
     a layer that must know sizes still being derived (a convolution's output extent, found only
     when closing) to build its own operation. Later operations may still change the answer, so
     the caller pins what it builds on."""
-    trial = _state.copy()
-    trial.close()
-    return subst_row(trial.env, shape.row(kind))
+    return subst_row(_closed().env, shape.row(kind))
 
 
 def finish_inference() -> None:
     """Close every still-unsolved variable of the shapes under inference, then start afresh."""
     global _state
-    trial = _state.copy()
-    trial.close()
+    trial = _closed()
     trial.update_shapes()
     unsolved = [sh for sh in trial.shapes.values() if not sh.is_solved()]
     if unsolved:
         raise ShapeError(f"internal error of shape inference (please report): {unsolved[0]!r} is still "
                          "unsolved after closing")
     _state = InferenceState()
+
+
+def _replay(entries: list[Entry]) -> InferenceState:
+    st = InferenceState()
+    for e in entries:
+        st.apply(e)
+    return st
+
+
+def _closes(entries: list[Entry]) -> bool:
+    try:
+        _replay(entries).close()
+    except ShapeError:
+        return False
+    return True
+
+
+def _groups(entries: list[Entry]) -> list[list[Entry]]:
+    """The entries split by connected shapes (no constraint relates two groups), in order."""
+    parent: dict[int, int] = {}
+
+    def find(k: int) -> int:
+        while parent.setdefault(k, k) != k:
+            k = parent[k]
+        return k
+    for e in entries:
+        first, *rest = (find(id(sh)) for sh in _shapes_of(e))
+        for r in rest:
+            parent[r] = first
+    groups: dict[int, list[Entry]] = {}
+    for e in entries:
+        groups.setdefault(find(id(_shapes_of(e)[0])), []).append(e)
+    return list(groups.values())
+
+
+def _withdraw() -> None:
+    """Rebuild the global state without the expression a closing conflict comes from: in each
+    group of connected shapes that cannot close, the longest prefix of its entries that closes
+    stays (found by bisection: adding constraints only takes solutions away), and of the rest
+    only the leaves and their terminal data, which concern a shape that nothing kept relates
+    to the prefix. Shapes keep what commits taught them, so the replay starts from there.
+    The operations left out are remembered in `_withdrawn`."""
+    global _state
+    kept: set[int] = set()
+    for group in _groups(_state.entries):
+        if _closes(group):
+            kept |= {id(e) for e in group}
+            continue
+        lo, hi = 0, len(group)  # group[:lo] closes, group[:hi] does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if _closes(group[:mid]) else (lo, mid)
+        later: list[Entry] = [e for e in group[hi:]
+                              if isinstance(e, Leaf) or (isinstance(e, UpdateStep) and isinstance(e.logic, Terminal))]
+        keep = group[:lo] + later if _closes(group[:lo] + later) else group[:lo]
+        kept |= {id(e) for e in keep}
+    _withdrawn.update((id(e.shape), e) for e in _state.entries if id(e) not in kept and isinstance(e, UpdateStep))
+    _state = _replay([e for e in _state.entries if id(e) in kept])
+    _state.update_shapes()
 
 
 def is_active(update_step: UpdateStep) -> bool:
