@@ -129,11 +129,11 @@ def schedule_llc(stmt: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocki
 
 
 def _default_chooser() -> TileChooser:
-    """The cost model, or under `EINJIT_SEARCH=1` the measuring search (which compiles and
-    runs code, so it is imported only then)."""
+    """The cost model, or under `EINJIT_SEARCH=1` the measuring search (with the timer the
+    backend layer installed in it)."""
     if os.environ.get("EINJIT_SEARCH", "").strip() in ("", "0"):
         return choose_tile
-    from einjit.ir.sched import search  # the search compiles with the C backend, which imports ir
+    from einjit.ir.sched import search  # it builds its candidates with this module
 
     return search.tile_for if search.enabled() else choose_tile
 
