@@ -42,7 +42,6 @@ CUDA_SYNTAX = CSyntax(
     stack_limit_bytes=PRIVATE_LIMIT_BYTES,
     local_scratch_decl=None,
     zero_out_memset=False,
-    interchange_loops=False,
 )
 
 _PRELUDE = """\
