@@ -52,13 +52,13 @@ os.environ.setdefault("EINJIT_CACHE_DIR", os.path.join(tempfile.gettempdir(), "e
 import numpy as np  # noqa: E402  (after the thread settings)
 
 from einjit import backends  # noqa: E402
-from einjit.backends.c_syntax import CSyntax  # noqa: E402
 from einjit.backends.cc import toolchain as cc  # noqa: E402
 from einjit.backends.interface import default_context  # noqa: E402
 from einjit.ir import low_level as ll  # noqa: E402
 from einjit.ir import ops  # noqa: E402
 from einjit.ir.indexing import IntRef, Iterator, get_static_symbol, get_symbol  # noqa: E402
 from einjit.ir.passes.tracing import VirtualizeSettings  # noqa: E402
+from einjit.ir.sched.interchange import interchange_loops  # noqa: E402
 from einjit.ir.sched.schedule import schedule_llc  # noqa: E402
 from einjit.ir.tnode import Tnode, hosted  # noqa: E402
 
@@ -158,16 +158,15 @@ def bench_matmul(n: int, rng: np.random.Generator) -> None:
     flops = 2 * n**3
     t_np = best_time(lambda: A @ B)
     cells = [f"matmul n={n:<5d} numpy {flops / t_np / 1e9:6.1f} GFLOP/s"]
-    interchanged = CSyntax(interchange_loops=True)
-    variants = (("i-j-k", False, CSyntax()), ("i-k-j", False, interchanged), ("i-k-j+fma", True, interchanged),
-                ("scheduled", True, CSyntax()))
-    for label, fma, syntax in variants:
+    variants = (("i-j-k", False, None), ("i-k-j", False, interchange_loops), ("i-k-j+fma", True, interchange_loops),
+                ("scheduled", True, lambda code: schedule_llc(code, VirtualizeSettings())))
+    for label, fma, stage in variants:
         code, a, b, c = lowered_matmul(n, fma)
-        if label == "scheduled":
-            code = schedule_llc(code, VirtualizeSettings())
+        if stage is not None:
+            code = stage(code)
         a.host_array()[...], b.host_array()[...] = A, B
         c.host_array()
-        routine = link(code, "matmul", cc.CcOptions(syntax=syntax))
+        routine = link(code, "matmul", cc.CcOptions())
         routine()
         np.testing.assert_allclose(c.host_array(), A @ B, rtol=1e-3, atol=1e-3 * np.sqrt(n))
         t_c = best_time(routine, min_time=0.3 if n < 1024 or label != "i-j-k" else 0.0, repeats=3)

@@ -18,8 +18,9 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    # What `__getattr__` serves, spelled out for type checkers (keep in step with `_PUBLIC` and
-    # the public functions and classes of `einjit.tensor.operation`).
+    # What `__getattr__` serves, spelled out for type checkers: `_PUBLIC` and the public functions
+    # and classes of `einjit.tensor.operation` are the list; tests/test_public_api.py holds this
+    # block to it name by name.
     from einjit import nn as nn
     from einjit.backends.interface import BackendError as BackendError
     from einjit.backends.interface import NodeNotInContextError as NodeNotInContextError

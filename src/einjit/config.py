@@ -1,4 +1,5 @@
-"""Process-wide settings read from the environment: debug level and cache location.
+"""Process-wide settings read from the environment: debug level and cache location (with the
+content keys and atomic writes of cached files).
 
 Every layer may import this module; it imports nothing from einjit.
 
@@ -14,8 +15,10 @@ what a compiler sees is always something a person can open.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -45,6 +48,24 @@ def cache_dir() -> Path:
     path = Path(base) if base else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "einjit"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def cache_key(*parts: str) -> str:
+    """The content hash naming a cached file: 32 hex digits of SHA-256 over the parts."""
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same directory, so a concurrent
+    reader sees the old file or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def dumping() -> bool:

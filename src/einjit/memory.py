@@ -127,13 +127,11 @@ def report(obj: Any) -> MemoryReport:
 
 
 def _routine_report(classes: Any) -> MemoryReport:
-    from einjit.backends.c_syntax import local_placement  # the renderer's rule (it imports this module)
-
     by_class: dict[str, int] = {}
     arrays: list[tuple[str, str, int]] = []
     locals_ = [tn for tn, cls in classes.items() if cls.value == "Local_only"]
-    cpu = not any(type(cls).__name__ == "CudaMemClass" for cls in classes.values())
-    on_stack = local_placement(locals_).on_stack if cpu else set(locals_)
+    # a backend's memory class knows where its routine-local nodes live (stack or scratch)
+    on_stack = type(classes[locals_[0]]).locals_on_stack(locals_) if locals_ else set()
     for tn, cls in classes.items():
         name = cls.value
         if name == "Local_only" and tn not in on_stack:

@@ -16,7 +16,6 @@ from einjit.backends.c_syntax import (
     RenderError,
     constant_literal,
     flat_index,
-    interchange_loops,
     render_program,
     render_routine,
 )
@@ -195,37 +194,6 @@ def test_flat_index():
     assert flat_index((3, 16), (FixedIdx(1), Iterator(j))) == f"{n(j)} + 16"
     assert flat_index((9,), (Affine(((2, i), (1, j)), -1),)) == f"2*{n(i)} + {n(j)} - 1"
     assert flat_index((9, 4), (Affine(((2, i), (-1, j)), 1), Iterator(k))) == f"(2*{n(i)} - {n(j)} + 1) * 4 + {n(k)}"
-
-
-def _matmul(n=8):
-    a, b, c = Tnode("a", (n, n)), Tnode("b", (n, n)), Tnode("c", (n, n))
-    i, j, k = get_symbol(), get_symbol(), get_symbol()
-    acc = ll.Set(c, it(i, j), ll.Binop(ops.Binop.ADD, ll.Get(c, it(i, j)),
-                                        ll.Binop(ops.Binop.MUL, ll.Get(a, it(i, k)), ll.Get(b, it(k, j)))))
-    return ll.ForLoop(i, 0, n - 1, ll.ForLoop(j, 0, n - 1, ll.ForLoop(k, 0, n - 1, acc))), (i, j, k)
-
-
-def _loop_order(code):
-    return [s.index for s in ll.iter_stmts(code) if isinstance(s, ll.ForLoop)]
-
-
-def test_interchange_moves_unit_stride_lhs_loop_innermost():
-    code, (i, j, k) = _matmul()
-    assert _loop_order(interchange_loops(code)) == [i, k, j]
-
-
-def test_interchange_keeps_row_reduction_and_unsafe_nests():
-    a, s, o = Tnode("a", (8, 8)), Tnode("s", (8,)), Tnode("o", (8, 8))
-    i, k = get_symbol(), get_symbol()
-    row_sum = ll.ForLoop(i, 0, 7, ll.ForLoop(k, 0, 7, ll.Set(s, it(i), ll.Binop(
-        ops.Binop.ADD, ll.Get(s, it(i)), ll.Get(a, it(i, k))))))
-    assert _loop_order(interchange_loops(row_sum)) == [i, k]
-    col_sum = ll.ForLoop(i, 0, 7, ll.ForLoop(k, 0, 7, ll.Set(s, it(i), ll.Binop(
-        ops.Binop.ADD, ll.Get(s, it(i)), ll.Get(a, it(k, i))))))
-    assert _loop_order(interchange_loops(col_sum)) == [k, i]
-    shifted = ll.ForLoop(i, 0, 7, ll.ForLoop(k, 1, 7, ll.Set(o, it(k, i), ll.Binop(
-        ops.Binop.ADD, ll.Get(o, (Affine(((1, k),), -1), Iterator(i))), ll.Get(a, it(i, k))))))
-    assert _loop_order(interchange_loops(shifted)) == [i, k]
 
 
 def test_routine_names_are_checked():

@@ -7,17 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from einjit.backends.c_syntax import CSyntax, ParamKind
+from einjit.backends.c_syntax import ParamKind
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.ir import interpret, ops, tnode
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Affine, FixedIdx, IntRef, Iterator, get_static_symbol, get_symbol
+from einjit.ir.sched.interchange import interchange_loops
 from einjit.ir.tnode import Tnode
 
 B, U, T = ll.Binop, ll.Unop, ll.Ternop
-NO_INTERCHANGE = cc.CcOptions(syntax=CSyntax(interchange_loops=False))
-INTERCHANGE = cc.CcOptions(syntax=CSyntax(interchange_loops=True))
 
 
 def it(*syms):
@@ -82,11 +81,11 @@ def test_matmul_and_interchange_is_bit_identical(run_c):
     code, a, b, c = matmul_code(33, 17, 40)
     rng = np.random.default_rng(3)
     x, y = rng.standard_normal((33, 17)).astype(np.float32), rng.standard_normal((17, 40)).astype(np.float32)
-    fast = run_c(code, {a: x, b: y}, options=INTERCHANGE).array(c)
-    plain = run_c(code, {a: x, b: y}, options=NO_INTERCHANGE).array(c)
+    fast = run_c(interchange_loops(code), {a: x, b: y}).array(c)
+    plain = run_c(code, {a: x, b: y}).array(c)
     np.testing.assert_allclose(fast, x @ y, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(fast, plain)
-    src = cc.compile_proc(code, name="routine", options=INTERCHANGE).source
+    src = cc.compile_proc(interchange_loops(code), name="routine").source
     inner = [line.strip() for line in src.splitlines() if line.strip().startswith("for")][-1]
     assert "< 40;" in inner, "the unit-stride lhs loop should be innermost"
 
@@ -351,7 +350,7 @@ def test_interchange_preserves_results(dims, perm, n_lhs, seed):
     rng = np.random.default_rng(seed)
     inputs = {x: rng.standard_normal(x.dims).astype(np.float32), y: rng.standard_normal(y.dims).astype(np.float32)}
     runs = []
-    for options in (INTERCHANGE, NO_INTERCHANGE):
-        runs.append(run_once(body, inputs, options=options, name="nest").array(out).copy())
+    for nest in (interchange_loops(body), body):
+        runs.append(run_once(nest, inputs, name="nest").array(out).copy())
     np.testing.assert_array_equal(runs[0], runs[1])
     np.testing.assert_array_equal(runs[0], interpreted(body, inputs)[out])

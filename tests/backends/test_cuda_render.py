@@ -17,7 +17,8 @@ import backend_programs as bp
 from einjit.backends.c_syntax import RenderError
 from einjit.backends.cc.backend import CcBackend
 from einjit.backends.gpu import cuda
-from einjit.backends.gpu.cuda_syntax import PRIVATE_LIMIT_BYTES, plan_kernel, render_program
+from einjit.backends.gpu.cuda_syntax import render_program
+from einjit.backends.gpu.plan import PRIVATE_LIMIT_BYTES, plan_kernel
 from einjit.backends.interface import CudaMemClass, WrongBackendError, low_level_of, lower_assignments
 from einjit.ir import interpret, ops, tnode
 from einjit.ir import low_level as ll

@@ -9,6 +9,9 @@ printed forms after each pass with the notebook's, so the precedence levels belo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from .ir import (
     Access,
     Add,
@@ -91,38 +94,61 @@ def pred_str(p: Pred, prec: int = 0) -> str:
     raise TypeError(f"not a predicate: {p!r}")
 
 
-def expr_str(e: Expr, prec: int = 0, indent: str = "") -> str:
+@dataclass(frozen=True)
+class _Notation:
+    """How one printer writes each construct; `_print` walks the expression once for both.
+    Templates take the printed parts by name; precedence levels are the module's."""
+
+    name: Callable[[object], str]
+    const: Callable[[object], str]
+    index: Callable[[Index], str]
+    pred: Callable[[Pred], str]
+    paren: str
+    mul: str
+    pair: str
+    proj: str
+    gen: str
+    sum: str
+    indicate: str
+    let: str
+    annotate_let: bool
+
+
+def _print(e: Expr, prec: int, n: _Notation, indent: str = "") -> str:
     def sub(x: Expr, p: int) -> str:
-        return expr_str(x, p, indent)
+        return _print(x, p, n, indent)
 
     def paren(s: str, level: int) -> str:
-        return f"({s})" if prec > level else s
+        return n.paren.format(s) if prec > level else s
 
     match e:
         case Var(name):
-            return str(name)
+            return n.name(name)
         case Const(val):
-            return str(val)
+            return n.const(val)
         case Add(lhs, rhs):
             return paren(f"{sub(lhs, 2)} + {sub(rhs, 2)}", 2)
         case Mul(lhs, rhs):
-            return paren(f"{sub(lhs, 3)} * {sub(rhs, 3)}", 3)
+            return paren(n.mul.format(sub(lhs, 3), sub(rhs, 3)), 3)
         case Pair(lhs, rhs):
-            return f"({sub(lhs, 0)},{sub(rhs, 0)})"
+            return n.pair.format(sub(lhs, 0), sub(rhs, 0))
         case Proj(idx, arg):
-            return paren(f"{sub(arg, 4)}.{idx}", 4)
+            return paren(n.proj.format(idx=idx, arg=sub(arg, 4)), 4)
         case Gen(i, rng, body) | Sum(i, rng, body):
-            op = "Gen" if isinstance(e, Gen) else "+"
-            return paren(f"{op}({i}:{rng}) {sub(body, 1)}", 1)
+            template = n.gen if isinstance(e, Gen) else n.sum
+            return paren(template.format(i=n.name(i), rng=rng, body=sub(body, 1)), 1)
         case Access(base, idx):
-            return paren(f"{sub(base, 5)}[{index_str(idx)}]", 5)
+            return paren(f"{sub(base, 5)}[{n.index(idx)}]", 5)
         case Indicate(pred, body):
-            return paren(f"[{pred_str(pred)}]*{sub(body, 3)}", 3)
+            return paren(n.indicate.format(pred=n.pred(pred), body=sub(body, 3)), 3)
         case Let(name, rhs, body):
-            ann = "" if rhs.typ is None else f" : {rhs.typ}"
-            s = f"let {name}{ann} = {sub(rhs, 0)} in\n{indent}{sub(body, 0)}"
-            return paren(s, 0)
+            ann = f" : {rhs.typ}" if n.annotate_let and rhs.typ is not None else ""
+            return paren(n.let.format(name=n.name(name), ann=ann, rhs=sub(rhs, 0), indent=indent, body=sub(body, 0)), 0)
     raise TypeError(f"not an ATL expression: {e!r}")
+
+
+def expr_str(e: Expr, prec: int = 0, indent: str = "") -> str:
+    return _print(e, prec, _TEXT, indent)
 
 
 def func_str(args, body: Expr) -> str:
@@ -182,31 +208,15 @@ def _pred_tex(p: Pred) -> str:
 
 def latex(e: Expr, prec: int = 0) -> str:
     """LaTeX for an expression, with the same precedence scheme as ``expr_str``."""
-    def paren(s: str, level: int) -> str:
-        return rf"\left({s}\right)" if prec > level else s
+    return _print(e, prec, _LATEX)
 
-    match e:
-        case Var(name):
-            return _name_tex(name)
-        case Const(val):
-            return repr(val)
-        case Add(lhs, rhs):
-            return paren(f"{latex(lhs, 2)} + {latex(rhs, 2)}", 2)
-        case Mul(lhs, rhs):
-            return paren(rf"{latex(lhs, 3)} \cdot {latex(rhs, 3)}", 3)
-        case Pair(lhs, rhs):
-            return rf"\left({latex(lhs)}, {latex(rhs)}\right)"
-        case Proj(idx, arg):
-            return paren(rf"\pi_{idx}\, {latex(arg, 4)}", 4)
-        case Gen(i, rng, body) | Sum(i, rng, body):
-            op = r"\boxplus" if isinstance(e, Gen) else r"\sum"
-            return paren(rf"{op}_{{{_name_tex(i)} < {rng}}}\, {latex(body, 1)}", 1)
-        case Access(base, idx):
-            return f"{latex(base, 5)}[{_index_tex(idx)}]"
-        case Indicate(pred, body):
-            return paren(rf"[{_pred_tex(pred)}] \cdot {latex(body, 3)}", 3)
-        case Let(name, rhs, body):
-            s = (rf"\textrm{{let }} {_name_tex(name)} = {latex(rhs)} \textrm{{ in }} "
-                 rf"{latex(body)}")
-            return paren(s, 0)
-    raise TypeError(f"not an ATL expression: {e!r}")
+
+_TEXT = _Notation(
+    name=str, const=str, index=index_str, pred=pred_str, paren="({})", mul="{} * {}", pair="({},{})",
+    proj="{arg}.{idx}", gen="Gen({i}:{rng}) {body}", sum="+({i}:{rng}) {body}", indicate="[{pred}]*{body}",
+    let="let {name}{ann} = {rhs} in\n{indent}{body}", annotate_let=True)
+_LATEX = _Notation(
+    name=_name_tex, const=repr, index=_index_tex, pred=_pred_tex, paren=r"\left({}\right)", mul=r"{} \cdot {}",
+    pair=r"\left({}, {}\right)", proj=r"\pi_{idx}\, {arg}", gen=r"\boxplus_{{{i} < {rng}}}\, {body}",
+    sum=r"\sum_{{{i} < {rng}}}\, {body}", indicate=r"[{pred}] \cdot {body}",
+    let=r"\textrm{{let }} {name} = {rhs} \textrm{{ in }} {body}", annotate_let=False)

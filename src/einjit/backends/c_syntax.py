@@ -41,7 +41,6 @@ from einjit.ir.indexing import (
 )
 from einjit.ir.passes.local_storage import is_routine_local
 from einjit.ir.precision import combine_prec
-from einjit.ir.sched.interchange import interchange_loops
 from einjit.ir.tnode import Tnode
 
 _INT_MAX = 2**31 - 1
@@ -114,7 +113,6 @@ class CSyntax:
     local_stack_decl: str = "{t} {name}[{size}] = {{0}};"
     local_scratch_decl: str | None = "{t} *{restrict} {name}"
     zero_out_memset: bool = True
-    interchange_loops: bool = False
     unroll_pragma: str = "#pragma GCC unroll {n}"
     num_threads: int = 1
     parallel_pragma: str = "#pragma omp parallel for schedule(dynamic) num_threads({n}){private}"
@@ -632,8 +630,6 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     if not isinstance(name, str) or not _IDENT.match(name):
         raise RenderError(f"einjit: routine name {name!r} is not a C identifier (letters, digits, _)")
     name = c_name(name)
-    if syntax.interchange_loops:
-        llc = interchange_loops(llc)
     itype = index_type(name, llc)
     w = _Writer(syntax, tuple(bindings), itype)
     placement = local_placement([tn for tn in ll.nodes_of(llc) if tn.is_local()], syntax)

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from einjit import config
+from einjit.config import atomic_write, cache_key
 
-__all__ = ["CacheStats", "CompiledObject", "cache_key", "get_or_build", "read_object"]
+__all__ = ["CacheStats", "CompiledObject", "atomic_write", "cache_key", "get_or_build", "read_object"]
 
 _MAGIC = b"\nEINJIT-OBJECT-SHA256\n"
 _TRAILER = len(_MAGIC) + 32
@@ -50,27 +51,10 @@ class CompiledObject:
     hit: bool
 
 
-def cache_key(*parts: str) -> str:
-    """The content hash naming an object: 32 hex digits of SHA-256 over the parts."""
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
-
-
 def _directory(kind: str) -> Path:
     path = config.cache_dir() / kind
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same directory."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _valid(path: Path) -> bool:

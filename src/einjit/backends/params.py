@@ -27,6 +27,14 @@ class MemClass(enum.Enum):
     CONSTANT_FROM_HOST = "Constant_from_host"
     """A constant hosted node the routine only reads: read from the host array."""
 
+    @staticmethod
+    def locals_on_stack(local_nodes: Iterable[Tnode]) -> set[Tnode]:
+        """Which routine-local nodes live on the C stack; the others live in scratch arrays
+        (the renderer's placement rule, `c_syntax.local_placement`)."""
+        from einjit.backends.c_syntax import local_placement  # the renderer imports this module
+
+        return local_placement(local_nodes).on_stack
+
 
 class CudaMemClass(enum.Enum):
     """How the CUDA backend stores a node (seed 001)."""
@@ -35,6 +43,11 @@ class CudaMemClass(enum.Enum):
     """Only needed within one thread's share of a computation: a per-thread local array."""
     GLOBAL = "Global"
     """Computed directly in the device's global memory (one array per context)."""
+
+    @staticmethod
+    def locals_on_stack(local_nodes: Iterable[Tnode]) -> set[Tnode]:
+        """Every routine-local node lives in a thread's local memory: none needs scratch."""
+        return set(local_nodes)
 
 
 class ParamKind(enum.Enum):

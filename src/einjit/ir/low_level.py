@@ -255,6 +255,20 @@ def scalar_children(sc: LLScalar) -> tuple[LLScalar, ...]:
             return ()
 
 
+def map_operands(sc: LLScalar, f: Callable[[LLScalar], LLScalar]) -> LLScalar:
+    """`sc` rebuilt with `f` applied to each operand of an operation (left to right, so passes
+    with effects see operands in program order); any other scalar as it is. The one place a
+    pass rebuilds an operation from its rewritten children."""
+    match sc:
+        case Unop(op, a):
+            return Unop(op, f(a))
+        case Binop(op, a, b):
+            return Binop(op, f(a), f(b))
+        case Ternop(op, a, b, c):
+            return Ternop(op, f(a), f(b), f(c))
+    return sc
+
+
 def block_statements(stmt: LLStmt) -> PyIterator[LLStmt]:
     """The statements of a block and of its loops (loops included), not those inside local
     scopes — which only ever set locals."""

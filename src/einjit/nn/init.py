@@ -1,6 +1,8 @@
-"""Initializers in PyTorch's conventions (gain sqrt(2) for kaiming, 1 for xavier), drawn either
-on the host from `train.init_params`' seeded generator once fan-in and fan-out are inferred, or
-inside a compiled routine (`init_code`) from the in-graph random numbers of `einjit.uniform`."""
+"""Initializers in PyTorch's conventions (gain sqrt(2) for kaiming, 1 for xavier), written once
+(`SCHEMES`) and drawn either on the host from `train.init_params`' seeded generator once fan-in
+and fan-out are inferred (the one front door of initialization), or inside a compiled routine
+(`init_code`) from the in-graph random numbers of `einjit.uniform`: the same distributions, from
+two generators (the host's NumPy stream, the routine's counter-based hash)."""
 
 from __future__ import annotations
 
@@ -15,43 +17,7 @@ from einjit.tensor.tensor import Tensor, TensorError
 Fans = Callable[[Tensor], tuple[int, int]]
 
 
-def _kaiming_uniform(rng, dims, fan_in, fan_out):
-    bound = math.sqrt(6.0 / max(1, fan_in))
-    return rng.uniform(-bound, bound, dims)
-
-
-def _kaiming_normal(rng, dims, fan_in, fan_out):
-    return rng.standard_normal(dims) * math.sqrt(2.0 / max(1, fan_in))
-
-
-def _xavier_uniform(rng, dims, fan_in, fan_out):
-    bound = math.sqrt(6.0 / max(1, fan_in + fan_out))
-    return rng.uniform(-bound, bound, dims)
-
-
-def _xavier_normal(rng, dims, fan_in, fan_out):
-    return rng.standard_normal(dims) * math.sqrt(2.0 / max(1, fan_in + fan_out))
-
-
-def _bias_uniform(rng, dims, fan_in, fan_out):
-    bound = 1.0 / math.sqrt(max(1, fan_in))
-    return rng.uniform(-bound, bound, dims)
-
-
-INITIALIZERS = {
-    "kaiming_uniform": _kaiming_uniform,
-    "kaiming_normal": _kaiming_normal,
-    "xavier_uniform": _xavier_uniform,
-    "xavier_normal": _xavier_normal,
-    "bias_uniform": _bias_uniform,
-    "zeros": lambda rng, dims, fan_in, fan_out: np.zeros(dims),
-    "ones": lambda rng, dims, fan_in, fan_out: np.ones(dims),
-}
-
-
-# The in-graph form of each initializer: (distribution, scale from fan_in and fan_out), the
-# scale being a uniform bound or a normal standard deviation.
-_IN_GRAPH: dict[str, tuple[str, Callable[[int, int], float]]] = {
+SCHEMES: dict[str, tuple[str, Callable[[int, int], float]]] = {
     "kaiming_uniform": ("uniform", lambda fi, fo: math.sqrt(6.0 / max(1, fi))),
     "kaiming_normal": ("normal", lambda fi, fo: math.sqrt(2.0 / max(1, fi))),
     "xavier_uniform": ("uniform", lambda fi, fo: math.sqrt(6.0 / max(1, fi + fo))),
@@ -60,15 +26,33 @@ _IN_GRAPH: dict[str, tuple[str, Callable[[int, int], float]]] = {
     "zeros": ("constant", lambda fi, fo: 0.0),
     "ones": ("constant", lambda fi, fo: 1.0),
 }
+"""Each initializer once: its distribution and its scale from fan-in and fan-out (a uniform
+bound, a normal standard deviation, or the constant). The host draws (`draw`, for
+`train.init_params`) and the in-routine code (`init_code`) both read it, so the two agree on
+every distribution by construction."""
+
+
+def draw(name: str, rng: np.random.Generator, dims: tuple[int, ...], fan_in: int, fan_out: int) -> np.ndarray:
+    """Initializer `name`'s values for `dims`, drawn on the host from `rng`."""
+    kind, scale_of = SCHEMES[name]
+    scale = scale_of(fan_in, fan_out)
+    match kind:
+        case "uniform":
+            return rng.uniform(-scale, scale, dims)
+        case "normal":
+            return rng.standard_normal(dims) * scale
+        case _:
+            return np.full(dims, scale)
+
+
 _chosen: dict[int, tuple[str, Fans]] = {}
 
 
 def set_init(p: Tensor, name: str, fans: Fans) -> None:
     """Give parameter `p` the initializer `name`; `fans(p)` is called once dims are inferred."""
-    if name not in INITIALIZERS:
-        raise TensorError(f"einjit: unknown initializer {name!r} for {p.label_str}; use one of {sorted(INITIALIZERS)}")
-    fn = INITIALIZERS[name]
-    p.init = lambda rng: fn(rng, p.dims, *fans(p))
+    if name not in SCHEMES:
+        raise TensorError(f"einjit: unknown initializer {name!r} for {p.label_str}; use one of {sorted(SCHEMES)}")
+    p.init = lambda rng: draw(name, rng, p.dims, *fans(p))
     _chosen[p.id] = (name, fans)
 
 
@@ -85,7 +69,7 @@ def init_code(params: Tensor | Iterable[Tensor], *, seed: int = 0) -> asg.Asgns:
             raise TensorError(f"einjit: parameter {p.label_str} has no einjit.nn initializer to run in a routine; "
                               f"give it one with einjit.nn.init.set_init")
         name, fans = _chosen[p.id]
-        kind, scale_of = _IN_GRAPH[name]
+        kind, scale_of = SCHEMES[name]
 
         def scale_value(p=p, fans=fans, scale_of=scale_of):
             return scale_of(*fans(p))

@@ -1,6 +1,6 @@
-"""Optimizers as objects over a model's parameters. `update()` is `%cd` code (from
-`einjit.train` where it exists) that goes into the same routine as the gradient code, so one
-compiled call does forward, backprop and the update. The learning rate is a hosted scalar that
+"""Optimizers as objects over a model's parameters. `update()` is the `%cd` code of
+`einjit.train` (the one home of each optimizer's update), which goes into the same routine as
+the gradient code, so one compiled call does forward, backprop and the update. The learning rate is a hosted scalar that
 `step()` sets from the schedule before each call: changing it needs no recompilation. Adam's
 step count is a state tensor that the routine increments itself.
 """
@@ -69,21 +69,9 @@ class Adam(Optimizer):
     def update(self) -> asg.Asgns:
         b1, b2 = self.betas
         tick = cd("n =+ 1", n=self.count.value).asgns
-        if self.decoupled or self.weight_decay == 0.0:
-            body = train.adam_update(self.params, self.lr, step=self.count, beta1=b1, beta2=b2, eps=self.eps,
-                                     weight_decay=self.weight_decay)
-            return asg.sequence(tick, body)
-        out = [tick]
-        for p in self.params:
-            out.append(cd(f'~~("adam {p.label_str}"; '
-                          '"adam_g" =: p.grad + wd * p; '
-                          '"adam_m" =: b1 * adam_m + (1 - b1) * adam_g; '
-                          '"adam_v" =: b2 * adam_v + (1 - b2) * (adam_g * adam_g); '
-                          '"m_hat" =: adam_m / (1 - b1 ** n); '
-                          '"v_hat" =: adam_v / (1 - b2 ** n); '
-                          'p =- lr * (m_hat / (sqrt(v_hat) + eps)) ~logic:".")',
-                          p=p, lr=self.lr, b1=b1, b2=b2, eps=self.eps, wd=self.weight_decay, n=self.count).asgns)
-        return asg.sequence(*out)
+        return asg.sequence(tick, train.adam_update(self.params, self.lr, step=self.count, beta1=b1, beta2=b2,
+                                                    eps=self.eps, weight_decay=self.weight_decay,
+                                                    decoupled=self.decoupled))
 
 
 class AdamW(Adam):

@@ -33,11 +33,12 @@ import numpy as np
 
 from einjit.ir import assignments as asg
 from einjit.ir import ops
-from einjit.ir.tnode import MemoryModeError, Tnode
+from einjit.ir.tnode import Tnode
 from einjit.tensor.inputs import input as new_input
 from einjit.tensor.notation import Code
 from einjit.tensor.tensor import Tensor, TensorError, computes_in_host_array
 from einjit.training import data, train
+from einjit.training.step import forward_code, to_routine
 
 Update = Code | asg.Asgns
 
@@ -155,32 +156,14 @@ class ForwardStep(Step):
         return outs[0] if len(outs) == 1 else outs
 
 
-def forward_code(*outputs: Tensor) -> asg.Asgns:
-    """The forward code of `outputs`' subtrees, every tensor recomputed once, without
-    consuming it; the outputs become hosted (readable)."""
-    for t in outputs:
-        try:
-            t.hosted()
-        except MemoryModeError:
-            raise TensorError(
-                f"einjit: tensor {t.describe()} cannot be read after its routine: the routine compiled first kept "
-                f"it only inside itself ({t.value_tn.memory_mode}). Build the prediction on a new input "
-                f"(`model(ej.input(...))`), or call `.hosted()` on it before compiling that routine") from None
-    seen: dict[int, Tensor] = {}
-    for t in outputs:
-        seen.update((x.id, x) for x in t.subtree())
-    body = asg.sequence(*[seen[k].own_forward for k in sorted(seen)])
-    return asg.BlockComment(f"forward {', '.join(t.label_str for t in outputs)}", body)
-
-
 def forward_step(outputs: Tensor | Sequence[Tensor], *, inputs: Sequence[Tensor], name: str = "forward",
                  backend: object = None, context: object = None) -> ForwardStep:
     """Compile (once) a routine computing `outputs` from the inputs' current values (on
-    `backend` / in `context` as `train.to_routine` takes them; default: the C backend's
+    `backend` / in `context` as `to_routine` takes them; default: the C backend's
     context computing in the host arrays)."""
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     _check_params_set(outs)
-    routine = train.to_routine(forward_code(*outs), name=name, backend=backend, context=context)
+    routine = to_routine(forward_code(*outs), name=name, backend=backend, context=context)
     return ForwardStep(routine, inputs, name, outs)
 
 
@@ -211,7 +194,7 @@ def train_step(loss: Tensor, update: Update | list[Update] | tuple[Update, ...],
     _check_params_set([loss])
     updates: list[Update] = list(update) if isinstance(update, (list, tuple)) else [update]
     code = [train.grad_update(loss), *updates]
-    routine = train.to_routine(code, name=name, backend=backend, context=context)
+    routine = to_routine(code, name=name, backend=backend, context=context)
     return TrainStep(routine, inputs, name, loss)
 
 

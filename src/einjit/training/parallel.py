@@ -38,16 +38,16 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from einjit import backends
-from einjit import shape as sh
 from einjit.backends.interface import BackendUsageError, Compiled, load_inputs
 from einjit.ir import assignments as asg
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.naming import stable_names
 from einjit.ir.tnode import Tnode
-from einjit.tensor.notation import Code, as_asgns, cd
+from einjit.tensor.notation import Code, cd
 from einjit.tensor.tensor import Tensor, TensorError
 from einjit.training import train
 from einjit.training.comm import Communicator
+from einjit.training.step import compile_code
 
 __all__ = ["CommDataParallel", "DataParallel", "StepCode", "comm_parallel_update", "compile_step", "parallel_update"]
 
@@ -74,15 +74,14 @@ def _refs(bindings: Bindings) -> dict[StaticSymbol, IntRef]:
 
 def compile_step(backend: Any, loss: Tensor, update_code: "Code | asg.Asgns", *, bindings: Sequence[StaticSymbol],
                  shard: StaticSymbol, name: str = "data_parallel") -> StepCode:
-    """Compile `grad_update(loss)` and `update_code` separately, relocatably, with `backend`."""
+    """Compile `grad_update(loss)` and `update_code` separately, relocatably, with `backend`
+    (through `step.compile_code`, the compile path of every training step)."""
     params = tuple(loss.params())
     if not params:
         raise TensorError(f"einjit: data parallelism needs parameters; loss {loss.label_str} has none")
     symbols = tuple(dict.fromkeys([*bindings, shard]))
-    grad_asgns = train.grad_update(loss)
-    sh.finish_inference()
-    grad = backend.compile(symbols, grad_asgns, shared=True, name=f"{name}_grad")
-    update = backend.compile(symbols, as_asgns(update_code), shared=True, name=f"{name}_update")
+    grad, _ = compile_code(train.grad_update(loss), bindings=symbols, name=f"{name}_grad", backend=backend)
+    update, _ = compile_code(update_code, bindings=symbols, name=f"{name}_update", backend=backend)
     return StepCode(loss, params, grad, update, symbols, shard, name)
 
 

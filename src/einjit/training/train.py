@@ -1,40 +1,32 @@
-"""Training: gradient and update code, parameter initialization, compiling to routines, loops.
+"""Training code: gradients, the optimizers' updates, parameter initialization, small loops.
 
 Everything a step needs — forward, zeroing gradients, backprop, the optimizer update — is
-assignments, so `to_routine` compiles a whole training step into one routine of a backend
-(`einjit.backends.get`): on the C backend, one ctypes call per step, no Python in the loop body.
+assignments, so `to_routine` (the one compile path, `training/step.py`) compiles a whole
+training step into one routine of a backend (`einjit.backends.get`): on the C backend, one
+ctypes call per step, no Python in the loop body. This module owns each optimizer's update
+code (`sgd_update`, `adam_update`); `einjit.nn.optim` wraps them as objects.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import time
-from typing import Any, Callable, Iterable, Mapping, Sequence, cast
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from einjit import backends, config
 from einjit import shape as sh
-from einjit.backends.interface import (
-    Routine,
-    default_context,
-    load_inputs,
-    low_level_of,
-    lower_assignments,
-)
+from einjit.backends.interface import Routine
 from einjit.ir import assignments as asg
-from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol
-from einjit.ir.naming import node_base, stable_names
-from einjit.ir.optimize import VirtualizeSettings
-from einjit.tensor.notation import Code, as_asgns, cd
+from einjit.ir.naming import node_base
+from einjit.tensor.notation import Code, cd
 from einjit.tensor.tensor import (
     Tensor,
     TensorError,
     consume_backprop_code,
     consume_forward_code,
 )
+from einjit.training.step import to_routine
 
 Asgns = asg.Asgns
 
@@ -91,20 +83,32 @@ def sgd_update(loss_or_params: "Tensor | Iterable[Tensor]", learning_rate: Tenso
                                   nesterov=nesterov).asgns for p in _params_of(loss_or_params)])
 
 
+def adam_one(p: Tensor, learning_rate: Tensor | float, *, step: Tensor, beta1: float = 0.9, beta2: float = 0.999,
+             eps: float = 1e-8, weight_decay: float = 0.0, decoupled: bool = True) -> Code:
+    """One parameter's Adam step in `%cd`. Weight decay is decoupled (`p -= lr * wd * p`, AdamW)
+    or, with `decoupled=False`, added to the gradient as L2 (PyTorch's Adam)."""
+    coupled = not decoupled and weight_decay != 0.0
+    grad = "adam_g" if coupled else "p.grad"
+    text = ['"adam_g" =: p.grad + wd * p'] if coupled else []
+    text += [f'"adam_m" =: b1 * adam_m + (1 - b1) * {grad}',
+             f'"adam_v" =: b2 * adam_v + (1 - b2) * ({grad} * {grad})',
+             '"m_hat" =: adam_m / (1 - b1 ** step)',
+             '"v_hat" =: adam_v / (1 - b2 ** step)',
+             'p =- lr * (m_hat / (sqrt(v_hat) + eps)) ~logic:"."' if coupled
+             else 'p =- lr * (m_hat / (sqrt(v_hat) + eps) + wd * p) ~logic:"."']
+    body = "; ".join(text)
+    return cd(f'~~("adam {p.label_str}"; {body})', p=p, lr=learning_rate, b1=beta1, b2=beta2, eps=eps,
+              wd=weight_decay, step=step)
+
+
 def adam_update(loss_or_params: "Tensor | Iterable[Tensor]", learning_rate: Tensor | float, *, step: Tensor,
-                beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0) -> Asgns:
-    """Adam (with decoupled weight decay when `weight_decay` > 0); `step` counts from 1."""
-    out = []
-    for p in _params_of(loss_or_params):
-        c = cd(f'~~("adam {p.label_str}"; '
-               '"adam_m" =: b1 * adam_m + (1 - b1) * p.grad; '
-               '"adam_v" =: b2 * adam_v + (1 - b2) * (p.grad * p.grad); '
-               '"m_hat" =: adam_m / (1 - b1 ** step); '
-               '"v_hat" =: adam_v / (1 - b2 ** step); '
-               'p =- lr * (m_hat / (sqrt(v_hat) + eps) + wd * p) ~logic:".")',
-               p=p, lr=learning_rate, b1=beta1, b2=beta2, eps=eps, wd=weight_decay, step=step)
-        out.append(c.asgns)
-    return asg.sequence(*out)
+                beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
+                decoupled: bool = True) -> Asgns:
+    """Adam over all parameters under a loss (or the given parameters); `step` counts from 1.
+    Weight decay as in `adam_one`."""
+    return asg.sequence(*[adam_one(p, learning_rate, step=step, beta1=beta1, beta2=beta2, eps=eps,
+                                   weight_decay=weight_decay, decoupled=decoupled).asgns
+                          for p in _params_of(loss_or_params)])
 
 
 def init_params(t: "Tensor | Iterable[Tensor]", *, seed: int = 0) -> None:
@@ -116,59 +120,6 @@ def init_params(t: "Tensor | Iterable[Tensor]", *, seed: int = 0) -> None:
         values = np.asarray(p.init(rng), dtype=p.value_tn.prec.dtype)
         host = p.value_tn.host_array()
         host[...] = values.reshape(host.shape)
-
-
-def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *,
-               bindings: Mapping[StaticSymbol, IntRef] | Sequence[StaticSymbol] = (), name: str = "routine",
-               backend: Any = None, context: Any = None, settings: VirtualizeSettings | None = None,
-               options: Any = None) -> Routine:
-    """Compile assignments into one routine linked into `context`.
-
-    The backend is `backend` (an object or a registered name), else the context's, else
-    `$EINJIT_BACKEND` or the C backend; the context defaults to the backend's default context
-    (for the C backend, one computing in the host arrays). `options` are the C compiler's
-    `CcOptions`. Calling the routine runs it to completion, and the host then sees the hosted
-    nodes it wrote (on a context with its own arrays they are copied back); `schedule()` is
-    the asynchronous form of the seed, which copies nothing.
-    """
-    if isinstance(code, (list, tuple)):
-        code = asg.sequence(*[as_asgns(c) for c in code])
-    one_code = cast("Code | Asgns", code)  # a list or tuple was sequenced just above
-    refs = dict(bindings) if isinstance(bindings, Mapping) else {s: IntRef(0) for s in bindings}
-    if backend is None and context is not None:
-        backend = context.backend
-    base = backends.resolve(backend)
-    compiler = base if options is None else backends.with_options(base, options)
-    start = time.perf_counter()
-    with stable_names():
-        _, lowered = lower_assignments(tuple(refs), as_asgns(one_code), name, settings=settings)
-        compiled = compiler.compile(tuple(refs), lowered, shared=True, name=name)
-    context = context if context is not None else default_context(base)
-    load_inputs(context, compiled.inputs)
-    routine = compiler.link(context, compiled, refs)
-    if not getattr(context, "share_host_arrays", False):
-        routine = _syncing_host(routine, lowered)
-    config.debug(1, f"to_routine {name}: {1000 * (time.perf_counter() - start):.1f} ms")
-    return routine
-
-
-def _syncing_host(routine: Routine, lowered: Any) -> Routine:
-    """On a context with its own arrays, calling the routine also copies the hosted nodes it
-    writes back to the host, so `routine()` means the same on every backend: afterwards the
-    host sees the results. `routine.schedule()` stays asynchronous and copies nothing."""
-    written = {s.tn: None for s in ll.iter_stmts(low_level_of(lowered))
-               if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_hosted()}
-    if not written:
-        return routine
-    context, wait = routine.context, routine.await_
-
-    def await_and_sync() -> None:
-        if wait is not None:
-            wait()
-        for tn in written:
-            context.to_host(tn)
-
-    return dataclasses.replace(routine, await_=await_and_sync, run_now=None)
 
 
 def run(routine: Routine) -> None:

@@ -29,6 +29,7 @@ import numpy as np
 from einjit import memory
 from einjit.backends.c_syntax import CSyntax, MemClass, Param, ParamKind, render_routine
 from einjit.backends.cc import toolchain as cc
+from einjit.backends.cc.timer import CcTimer
 from einjit.backends.interface import (
     BackendUsageError,
     Compiled,
@@ -53,6 +54,7 @@ from einjit.ir import naming
 from einjit.ir.c_names import c_name
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.passes.local_storage import is_routine_local, local_to
+from einjit.ir.sched import search
 from einjit.ir.tnode import Tnode, host_arrays_replaced
 
 _BODY_SUFFIX = "_body"
@@ -379,3 +381,6 @@ def run_once(code: Any, arrays: Mapping[Tnode, Any] | None = None, *, bindings: 
         context.array(tn)
     backend.link(context, compiled, refs)()
     return context
+
+
+search.set_timer(CcTimer())  # the tile search (`EINJIT_SEARCH=1`) measures with gcc

@@ -143,11 +143,7 @@ def _scalar(cx: _Cleanup, sc: ll.LLScalar, scope: frozenset[Symbol]) -> ll.LLSca
         case ll.EmbedIndex(idx):
             _check_scope((idx,), scope, "an embedded index")
             return sc
-        case ll.Unop(op, a):
-            return ll.Unop(op, _scalar(cx, a, scope))
-        case ll.Binop(op, a, b):
-            return ll.Binop(op, _scalar(cx, a, scope), _scalar(cx, b, scope))
-        case ll.Ternop(op, a, b, c):
-            return ll.Ternop(op, _scalar(cx, a, scope), _scalar(cx, b, scope), _scalar(cx, c, scope))
+        case ll.Unop() | ll.Binop() | ll.Ternop():
+            return ll.map_operands(sc, lambda x: _scalar(cx, x, scope))
     return sc
 

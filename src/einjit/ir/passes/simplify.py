@@ -388,12 +388,8 @@ def _substitute(sc: ll.LLScalar, sid: ll.ScopeId, value: ll.LLScalar) -> ll.LLSc
     match sc:
         case ll.GetLocal(s) if s == sid:
             return value
-        case ll.Unop(op, a):
-            return ll.Unop(op, _substitute(a, sid, value))
-        case ll.Binop(op, a, b):
-            return ll.Binop(op, _substitute(a, sid, value), _substitute(b, sid, value))
-        case ll.Ternop(op, a, b, c):
-            return ll.Ternop(op, _substitute(a, sid, value), _substitute(b, sid, value), _substitute(c, sid, value))
+        case ll.Unop() | ll.Binop() | ll.Ternop():
+            return ll.map_operands(sc, lambda x: _substitute(x, sid, value))
         case ll.LocalScope(s, body, orig):
             return ll.LocalScope(s, _substitute_stmt(body, sid, value), orig)
     return sc

@@ -452,15 +452,8 @@ def _walk(state: VirtualState, stmt: ll.LLStmt, process_for: frozenset[Tnode], w
                 return ll.LocalScope(sid, PENDING, idcs)
             case ll.LocalScope(sid, body, orig):
                 return ll.LocalScope(sid, _walk(state, body, process_for | {sid.tn}, writing, ()), orig)
-            case ll.Unop(op, a):
-                return ll.Unop(op, scalar(a, process_for, writing, written_cell))
-            case ll.Binop(op, a, b):
-                return ll.Binop(op, scalar(a, process_for, writing, written_cell),
-                                scalar(b, process_for, writing, written_cell))
-            case ll.Ternop(op, a, b, c):
-                return ll.Ternop(op, scalar(a, process_for, writing, written_cell),
-                                 scalar(b, process_for, writing, written_cell),
-                                 scalar(c, process_for, writing, written_cell))
+            case ll.Unop() | ll.Binop() | ll.Ternop():
+                return ll.map_operands(sc, lambda x: scalar(x, process_for, writing, written_cell))
         return sc
 
     return ll.seq(*(one(s) for s in ll.flatten(stmt)))
@@ -634,11 +627,6 @@ def _inline_scalar(cx: _Inline, sc: ll.LLScalar, env: dict[Symbol, AxisIndex],
             return ll.LocalScope(new, ll.Noop() if inner is None else inner, _subst(env, orig))
         case ll.EmbedIndex(idx):
             return ll.EmbedIndex(subst_index(env, idx))
-        case ll.Unop(op, a):
-            return ll.Unop(op, _inline_scalar(cx, a, env, renames))
-        case ll.Binop(op, a, b):
-            return ll.Binop(op, _inline_scalar(cx, a, env, renames), _inline_scalar(cx, b, env, renames))
-        case ll.Ternop(op, a, b, c):
-            return ll.Ternop(op, _inline_scalar(cx, a, env, renames), _inline_scalar(cx, b, env, renames),
-                             _inline_scalar(cx, c, env, renames))
+        case ll.Unop() | ll.Binop() | ll.Ternop():
+            return ll.map_operands(sc, lambda x: _inline_scalar(cx, x, env, renames))
     return sc

@@ -39,12 +39,8 @@ def subst(sc: ll.LLScalar, env: dict[Symbol, AxisIndex]) -> ll.LLScalar:
             return ll.GetMergeBuffer(tn, tuple(subst_index(env, i) for i in idcs))
         case ll.EmbedIndex(idx):
             return ll.EmbedIndex(subst_index(env, idx))
-        case ll.Unop(op, a):
-            return ll.Unop(op, subst(a, env))
-        case ll.Binop(op, a, b):
-            return ll.Binop(op, subst(a, env), subst(b, env))
-        case ll.Ternop(op, a, b, c):
-            return ll.Ternop(op, subst(a, env), subst(b, env), subst(c, env))
+        case ll.Unop() | ll.Binop() | ll.Ternop():
+            return ll.map_operands(sc, lambda x: subst(x, env))
     return sc
 
 

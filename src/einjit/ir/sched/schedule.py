@@ -73,6 +73,7 @@ from einjit.ir.indexing import (
 from einjit.ir.passes.tracing import VirtualizeSettings
 from einjit.ir.sched import cost_model, nests, schedule_conv
 from einjit.ir.sched.interchange import best_order, perfect_nest, reorderable, rewrap, unit_stride_symbol
+from einjit.ir.tnode import Tnode
 
 
 @dataclass(frozen=True)
@@ -129,11 +130,11 @@ def schedule_llc(stmt: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocki
 
 
 def _default_chooser() -> TileChooser:
-    """The cost model, or under `EINJIT_SEARCH=1` the measuring search (which compiles and
-    runs code, so it is imported only then)."""
+    """The cost model, or under `EINJIT_SEARCH=1` the measuring search (with the timer the
+    backend layer installed in it)."""
     if os.environ.get("EINJIT_SEARCH", "").strip() in ("", "0"):
         return choose_tile
-    from einjit.ir.sched import search  # the search compiles with the C backend, which imports ir
+    from einjit.ir.sched import search  # it builds its candidates with this module
 
     return search.tile_for if search.enabled() else choose_tile
 
@@ -273,93 +274,152 @@ def _span(step: int, block: Symbol | None, inner: Symbol, offset: int = 0) -> Ax
     return make_affine(((step, block), (1, inner)) if block is not None else ((1, inner),), offset)
 
 
-def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.LLStmt:
-    """The contraction as column panels × row blocks × k chunks, with narrower tail blocks
-    where `tile` does not divide an extent (see the module docstring)."""
-    st, i, j, extent = c.st, c.i, c.j, c.extent
+@dataclass(frozen=True)
+class _Layout:
+    """How `_blocked` cuts one contraction: the tile, the packed panel and the accumulator
+    block, the loop symbols of the blocks (`j0` panels, `i0` row blocks, `kt` k chunks, `a` /
+    `b` rows and columns inside a block, `kp` the summed loops), how many full blocks and how
+    large the tails are along each axis, and which loops run on threads."""
+
+    c: _Contraction
+    mb: int
+    nb: int
+    kc: int
+    pack: Tnode
+    accum: Tnode
+    j0: Symbol
+    i0: Symbol
+    kt: Symbol
+    a: Symbol
+    b: Symbol
+    kp: dict[Symbol, Symbol]
+    n_cols: int
+    tail_cols: int
+    n_rows: int
+    tail_rows: int
+    n_chunks: int
+    tail_chunk: int
+    unrolled: frozenset[Symbol]
+    batch: Symbol | None
+    inner_threads: bool
+    by_panels: bool
+
+    @property
+    def k1(self) -> Symbol:
+        return self.c.summed[0]
+
+    @property
+    def rest(self) -> tuple[Symbol, ...]:
+        return self.c.summed[1:]
+
+    def pack_at(self) -> tuple[AxisIndex, ...]:
+        return (Iterator(self.kp[self.k1]), *(Iterator(self.kp[k]) for k in self.rest), Iterator(self.b))
+
+    def k_loops(self, depth: int) -> list[tuple[Symbol, int]]:
+        return [(self.kp[self.k1], depth), *((self.kp[k], self.c.extent[k]) for k in self.rest)]
+
+    def k_env(self, k_at: AxisIndex) -> dict[Symbol, AxisIndex]:
+        return {self.k1: k_at, **{k: Iterator(self.kp[k]) for k in self.rest}}
+
+
+def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layout:
+    extent, prec = c.extent, c.st.tn.prec
     mb, nb, kc = tile.mb, tile.nb, tile.kc
-    k1, rest = c.summed[0], c.summed[1:]
-    prec = st.tn.prec
-    pack = nests.scheduler_local("pack", (kc, *(extent[k] for k in rest), nb), prec)
+    pack = nests.scheduler_local("pack", (kc, *(extent[k] for k in c.summed[1:]), nb), prec)
     accum = nests.scheduler_local("acc", (mb, nb), prec)
     j0, i0, kt, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("kt"), get_symbol("ir"), get_symbol("jr")
     kp = {k: get_symbol(k.name) for k in c.summed}
-    pack_at = (Iterator(kp[k1]), *(Iterator(kp[k]) for k in rest), Iterator(b))
-    n_cols, tail_cols = divmod(extent[j], nb)
-    n_rows, tail_rows = divmod(extent[i], mb)
-    n_chunks, tail_chunk = divmod(extent[k1], kc)
+    n_cols, tail_cols = divmod(extent[c.j], nb)
+    n_rows, tail_rows = divmod(extent[c.i], mb)
+    n_chunks, tail_chunk = divmod(extent[c.summed[0]], kc)
     small = math.prod(extent.values()) < blocking.min_unroll_work
     unrolled = frozenset() if small and (tail_cols or tail_rows) else frozenset({a})
-
-    def kernel(row: AxisIndex, height: int, col: AxisIndex, width: int, k_at: AxisIndex, depth: int) -> ll.LLStmt:
-        """One block; in a tail panel (`width < nb`) it still updates all `nb` columns (the
-        padding columns hold zeros and are never stored), since gcc keeps only full-width
-        blocks in registers."""
-        block = (Iterator(a) if height > 1 else FixedIdx(0), Iterator(b))
-        cell = tuple(subst_index({i: row, j: col}, idx) for idx in st.idcs)
-        k_env: dict[Symbol, AxisIndex] = {k1: k_at, **{k: Iterator(kp[k]) for k in rest}}
-        a_read = nests.subst(c.a_op, {i: row, **k_env})
-        x, y = (ll.Get(pack, pack_at), a_read) if c.b_first else (a_read, ll.Get(pack, pack_at))
-        update = ll.Set(accum, block, ll.Ternop(ops.Ternop.FMA, x, y, ll.Get(accum, block)), st.debug)
-        rows = [(a, height)] if height > 1 else []
-        k_loops = [(kp[k1], depth), *((kp[k], extent[k]) for k in rest)]
-        load = [nests.nest([*rows, (b, width)], ll.Set(accum, block, ll.Get(st.tn, cell)), unrolled)]
-        if width < nb:
-            zero_tail = ll.ForLoop(b, width, nb - 1, ll.Set(accum, block, ll.Constant(0.0)))
-            load.append(nests.nest(rows, zero_tail, unrolled))
-        return ll.seq(*load, nests.nest([*k_loops, *rows, (b, nb)], update, unrolled),
-                      nests.nest([*rows, (b, width)], ll.Set(st.tn, cell, ll.Get(accum, block)), unrolled))
-
-    def panel(col: AxisIndex, width: int, k_at: AxisIndex, depth: int, threaded_rows: bool) -> ll.LLStmt:
-        k_env: dict[Symbol, AxisIndex] = {j: col, k1: k_at, **{k: Iterator(kp[k]) for k in rest}}
-        k_loops = [(kp[k1], depth), *((kp[k], extent[k]) for k in rest)]
-        # read B along its own unit stride: rows of `w` in the dense layer's `w @ x`
-        order = [(b, width), *k_loops] if c.b_along_k else [*k_loops, (b, width)]
-        fill = ll.Set(pack, pack_at, nests.subst(c.b_op, k_env), "pack a panel of the unit-stride operand")
-        parts = [nests.nest(order, fill)]
-        if width < nb:
-            parts.append(nests.nest(k_loops, ll.ForLoop(b, width, nb - 1, ll.Set(pack, pack_at, ll.Constant(0.0)))))
-        if n_rows == 1:
-            parts.append(kernel(Iterator(a) if mb > 1 else FixedIdx(0), mb, col, width, k_at, depth))
-        elif n_rows:
-            row = _span(mb, i0, a) if mb > 1 else Iterator(i0)
-            parts.append(ll.ForLoop(i0, 0, n_rows - 1, kernel(row, mb, col, width, k_at, depth),
-                                    parallel=threaded_rows))
-        if tail_rows:
-            row = _span(mb, None, a, mb * n_rows) if tail_rows > 1 else FixedIdx(mb * n_rows)
-            parts.append(ll.Comment(f"the last {tail_rows} of {extent[i]} rows"))
-            parts.append(kernel(row, tail_rows, col, width, k_at, depth))
-        return ll.seq(*parts)
-
     batch = next((s for s in c.outer if extent[s] > 1), None) if _threaded(c, blocking) else None
     inner_threads = batch is None and _threaded(c, blocking)
     by_panels = inner_threads and n_cols >= 2 * blocking.min_panels_per_thread
-    by_rows = inner_threads and not by_panels
+    return _Layout(c, mb, nb, kc, pack, accum, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, tail_rows,
+                   n_chunks, tail_chunk, unrolled, batch, inner_threads, by_panels)
 
-    def chunk(k_at: AxisIndex, depth: int) -> ll.LLStmt:
-        parts = []
-        if n_cols == 1:
-            parts.append(panel(Iterator(b), nb, k_at, depth, inner_threads))
-        elif n_cols:
-            parts.append(ll.ForLoop(j0, 0, n_cols - 1, panel(_span(nb, j0, b), nb, k_at, depth, by_rows),
-                                    parallel=by_panels))
-        if tail_cols:
-            start = nb * n_cols
-            parts.append(ll.Comment(f"the last {tail_cols} of {extent[j]} columns, padded to {nb}"))
-            parts.append(panel(_span(nb, None, b, start), tail_cols, k_at, depth, inner_threads))
-        return ll.seq(*parts)
 
+def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.LLStmt:
+    """The contraction as column panels × row blocks × k chunks, with narrower tail blocks
+    where `tile` does not divide an extent (see the module docstring)."""
+    lay = _layout(c, tile, blocking)
     chunks = []
-    if n_chunks:
-        k_at = _span(kc, kt, kp[k1]) if n_chunks > 1 else Iterator(kp[k1])
-        body = chunk(k_at, kc)
-        chunks.append(ll.ForLoop(kt, 0, n_chunks - 1, body) if n_chunks > 1 else body)
-    if tail_chunk:
-        chunks.append(chunk(_span(kc, None, kp[k1], kc * n_chunks), tail_chunk))
-    tiles = f"{mb}x{nb}" + (f", {kc}-step k chunks" if kc < extent[k1] else "")
-    kind = "register-blocked" if unrolled else "blocked (rows not unrolled: a small nest)"
-    body = ll.seq(ll.Comment(f"{kind} {tiles} contraction into {st.tn.name}"), *chunks)
-    return nests.nest([(s, extent[s]) for s in c.outer], body, parallel=batch)
+    if lay.n_chunks:
+        k_at = _span(lay.kc, lay.kt, lay.kp[lay.k1]) if lay.n_chunks > 1 else Iterator(lay.kp[lay.k1])
+        body = _chunk(lay, k_at, lay.kc)
+        chunks.append(ll.ForLoop(lay.kt, 0, lay.n_chunks - 1, body) if lay.n_chunks > 1 else body)
+    if lay.tail_chunk:
+        chunks.append(_chunk(lay, _span(lay.kc, None, lay.kp[lay.k1], lay.kc * lay.n_chunks), lay.tail_chunk))
+    tiles = f"{lay.mb}x{lay.nb}" + (f", {lay.kc}-step k chunks" if lay.kc < c.extent[lay.k1] else "")
+    kind = "register-blocked" if lay.unrolled else "blocked (rows not unrolled: a small nest)"
+    body = ll.seq(ll.Comment(f"{kind} {tiles} contraction into {c.st.tn.name}"), *chunks)
+    return nests.nest([(s, c.extent[s]) for s in c.outer], body, parallel=lay.batch)
+
+
+def _chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
+    """One k chunk: every full column panel, then the tail panel."""
+    b, nb = lay.b, lay.nb
+    parts = []
+    if lay.n_cols == 1:
+        parts.append(_panel(lay, Iterator(b), nb, k_at, depth, lay.inner_threads))
+    elif lay.n_cols:
+        by_rows = lay.inner_threads and not lay.by_panels
+        parts.append(ll.ForLoop(lay.j0, 0, lay.n_cols - 1, _panel(lay, _span(nb, lay.j0, b), nb, k_at, depth, by_rows),
+                                parallel=lay.by_panels))
+    if lay.tail_cols:
+        start = nb * lay.n_cols
+        parts.append(ll.Comment(f"the last {lay.tail_cols} of {lay.c.extent[lay.c.j]} columns, padded to {nb}"))
+        parts.append(_panel(lay, _span(nb, None, b, start), lay.tail_cols, k_at, depth, lay.inner_threads))
+    return ll.seq(*parts)
+
+
+def _panel(lay: _Layout, col: AxisIndex, width: int, k_at: AxisIndex, depth: int,
+           threaded_rows: bool) -> ll.LLStmt:
+    """One column panel: pack it (zero-padded to `nb` columns), then every row block."""
+    c, b, mb, nb, a = lay.c, lay.b, lay.mb, lay.nb, lay.a
+    k_env: dict[Symbol, AxisIndex] = {c.j: col, **lay.k_env(k_at)}
+    k_loops = lay.k_loops(depth)
+    # read B along its own unit stride: rows of `w` in the dense layer's `w @ x`
+    order = [(b, width), *k_loops] if c.b_along_k else [*k_loops, (b, width)]
+    fill = ll.Set(lay.pack, lay.pack_at(), nests.subst(c.b_op, k_env), "pack a panel of the unit-stride operand")
+    parts = [nests.nest(order, fill)]
+    if width < nb:
+        parts.append(nests.nest(k_loops, ll.ForLoop(b, width, nb - 1, ll.Set(lay.pack, lay.pack_at(),
+                                                                               ll.Constant(0.0)))))
+    if lay.n_rows == 1:
+        parts.append(_kernel(lay, Iterator(a) if mb > 1 else FixedIdx(0), mb, col, width, k_at, depth))
+    elif lay.n_rows:
+        row = _span(mb, lay.i0, a) if mb > 1 else Iterator(lay.i0)
+        parts.append(ll.ForLoop(lay.i0, 0, lay.n_rows - 1, _kernel(lay, row, mb, col, width, k_at, depth),
+                                parallel=threaded_rows))
+    if lay.tail_rows:
+        row = _span(mb, None, a, mb * lay.n_rows) if lay.tail_rows > 1 else FixedIdx(mb * lay.n_rows)
+        parts.append(ll.Comment(f"the last {lay.tail_rows} of {c.extent[c.i]} rows"))
+        parts.append(_kernel(lay, row, lay.tail_rows, col, width, k_at, depth))
+    return ll.seq(*parts)
+
+
+def _kernel(lay: _Layout, row: AxisIndex, height: int, col: AxisIndex, width: int, k_at: AxisIndex,
+            depth: int) -> ll.LLStmt:
+    """One block; in a tail panel (`width < nb`) it still updates all `nb` columns (the
+    padding columns hold zeros and are never stored), since gcc keeps only full-width
+    blocks in registers."""
+    c, st, a, b, accum, unrolled = lay.c, lay.c.st, lay.a, lay.b, lay.accum, lay.unrolled
+    block = (Iterator(a) if height > 1 else FixedIdx(0), Iterator(b))
+    cell = tuple(subst_index({c.i: row, c.j: col}, idx) for idx in st.idcs)
+    a_read = nests.subst(c.a_op, {c.i: row, **lay.k_env(k_at)})
+    packed = ll.Get(lay.pack, lay.pack_at())
+    x, y = (packed, a_read) if c.b_first else (a_read, packed)
+    update = ll.Set(accum, block, ll.Ternop(ops.Ternop.FMA, x, y, ll.Get(accum, block)), st.debug)
+    rows = [(a, height)] if height > 1 else []
+    load = [nests.nest([*rows, (b, width)], ll.Set(accum, block, ll.Get(st.tn, cell)), unrolled)]
+    if width < lay.nb:
+        zero_tail = ll.ForLoop(b, width, lay.nb - 1, ll.Set(accum, block, ll.Constant(0.0)))
+        load.append(nests.nest(rows, zero_tail, unrolled))
+    return ll.seq(*load, nests.nest([*lay.k_loops(depth), *rows, (b, lay.nb)], update, unrolled),
+                  nests.nest([*rows, (b, width)], ll.Set(st.tn, cell, ll.Get(accum, block)), unrolled))
 
 
 def _threaded(c: _Contraction, blocking: Blocking) -> bool:

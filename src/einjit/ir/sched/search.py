@@ -5,8 +5,9 @@ machine. With `EINJIT_SEARCH=1`, the scheduling stage instead times candidates o
 at hand: for each contraction of at least `SEARCH_MIN_WORK` multiply-adds, the cost model's
 `EINJIT_SEARCH_CANDIDATES` (default 6) cheapest tiles (the cheapest of each width first),
 plus the best one with the summed loop cut into 256-step chunks (panel in L1 rather than
-L2), each compiled with the C backend and run on random data as a stand-alone contraction of
-the same shape and precision. The fastest tile wins.
+L2), each timed as a stand-alone contraction of the same shape and precision on random data.
+The fastest tile wins. The timing is the backend layer's: the C backend installs its timer
+(`backends/cc/timer.py`) with `set_timer` when it loads, so this module imports no backend.
 
 Winners are stored on disk in the compiled-object cache, `<cache>/search/<key>.json`, beside
 `<cache>/cc/`, keyed by the shape, the candidates, the compiler, its flags and the host CPU.
@@ -20,15 +21,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-
-import numpy as np
+from typing import Protocol
 
 from einjit import config
-from einjit.backends import cache
-from einjit.backends.cc import toolchain as cc
-from einjit.backends.cc.backend import CcBackend
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir import ops
@@ -39,7 +36,7 @@ from einjit.ir.sched.cost_model import Shape, Tile
 from einjit.ir.sched.schedule import Blocking, choose_tile, schedule_llc
 from einjit.ir.tnode import Tnode, hosted
 
-__all__ = ["SEARCH_MIN_WORK", "SearchStats", "enabled", "stats", "tile_for"]
+__all__ = ["SEARCH_MIN_WORK", "SearchStats", "Timer", "enabled", "set_timer", "stats", "tile_for"]
 
 SEARCH_MIN_WORK = 1 << 20
 """Contractions of fewer multiply-adds keep the cost model's tile: timing them is noise."""
@@ -54,6 +51,26 @@ class SearchStats:
 
 
 stats = SearchStats()
+
+
+class Timer(Protocol):
+    """What the backend layer gives the search: `timer(code, inputs)` compiles the stand-alone
+    routine `code`, fills `inputs` with random values and returns its best time in seconds;
+    `identity()` names what the times depend on (compiler, flags, host CPU), part of the key
+    under which winners are kept."""
+
+    def __call__(self, code: ll.LLStmt, inputs: Sequence[Tnode]) -> float: ...
+
+    def identity(self) -> str: ...
+
+
+_timer: Timer | None = None
+
+
+def set_timer(timer: Timer) -> None:
+    """Install the timer the search measures candidates with (the C backend's, when it loads)."""
+    global _timer
+    _timer = timer
 
 
 def enabled() -> bool:
@@ -91,9 +108,12 @@ def tile_for(shape: Shape, blocking: Blocking) -> Tile | None:
     tiles = candidates(shape, blocking)
     if len(tiles) < 2:
         return tiles[0] if tiles else None
-    options = cc.CcOptions()
-    key = cache.cache_key("search", _VERSION, cc.target_identity(options), repr(shape), repr(tiles),
-                          repr(blocking.parallel_min_work))
+    if _timer is None:
+        raise EinjitError("einjit: EINJIT_SEARCH=1 needs a timer from the backend layer; load the C backend "
+                          "(`einjit.backends.get('cc')`) before compiling")
+    timer = _timer
+    key = config.cache_key("search", _VERSION, timer.identity(), repr(shape), repr(tiles),
+                           repr(blocking.parallel_min_work))
     path = config.cache_dir() / "search" / f"{key}.json"
     try:
         won = json.loads(path.read_text())
@@ -102,20 +122,19 @@ def tile_for(shape: Shape, blocking: Blocking) -> Tile | None:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     stats.searches += 1
-    times = {t: _time(shape, t, blocking, options) for t in tiles}
+    times = {t: _time(shape, t, blocking, timer) for t in tiles}
     best = min(tiles, key=lambda t: times[t])
     config.debug(1, f"search: {shape}: " + ", ".join(f"{t.mb}x{t.nb}/{t.kc}: {times[t] * 1e3:.3f} ms"
                                                      for t in tiles))
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"shape": shape.__dict__, "tile": best.__dict__,
               "seconds": {f"{t.mb}x{t.nb}/{t.kc}": times[t] for t in tiles}}
-    cache.atomic_write(path, json.dumps(record, indent=1).encode())
+    config.atomic_write(path, json.dumps(record, indent=1).encode())
     return best
 
 
-def _time(shape: Shape, tile: Tile, blocking: Blocking, options: cc.CcOptions) -> float:
-    """Best time of a few runs of `C[rows, cols] = A[rows, depth] @ B[depth, cols]`
-    scheduled with `tile`."""
+def _time(shape: Shape, tile: Tile, blocking: Blocking, timer: Timer) -> float:
+    """`timer`'s time of `C[rows, cols] = A[rows, depth] @ B[depth, cols]` scheduled with `tile`."""
     prec = ops.double if shape.itemsize == 8 else ops.single
     a, b, c = (Tnode(n, d, prec) for n, d in (("a", (shape.rows, shape.depth)), ("b", (shape.depth, shape.cols)),
                                                 ("c", (shape.rows, shape.cols))))
@@ -130,19 +149,4 @@ def _time(shape: Shape, tile: Tile, blocking: Blocking, options: cc.CcOptions) -
     chunk = replace(tile, kc=tile.kc * (shape.depth // shape.outer_depth))
     code = schedule_llc(ll.seq(ll.ZeroOut(c), nest), VirtualizeSettings(),
                         replace(blocking, min_work=1, tile=chunk), tile_for=choose_tile)
-    backend = CcBackend(options)
-    ctx = backend.init("search")
-    rng = np.random.default_rng(0)
-    for tn in (a, b):
-        ctx.array(tn)[...] = rng.standard_normal(tn.dims).astype(prec.dtype)
-    routine = backend.link(ctx, backend.compile((), code, shared=True, name="search"))
-    routine()
-    best = float("inf")
-    deadline = time.perf_counter() + 0.2
-    for _ in range(20):
-        t = time.perf_counter()
-        routine()
-        best = min(best, time.perf_counter() - t)
-        if time.perf_counter() > deadline:
-            break
-    return best
+    return timer(code, (a, b))

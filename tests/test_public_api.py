@@ -1,0 +1,39 @@
+"""The public names of `einjit` are listed once, in `einjit/__init__.py` (`_PUBLIC` and the
+public functions of `einjit.tensor.operation`); the `TYPE_CHECKING` block that spells them out
+for type checkers is held to that list here, name by name and source by source."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import einjit
+
+INIT = Path(einjit.__file__)
+
+
+def type_checking_names() -> dict[str, tuple[str, str | None]]:
+    """API name -> (module, attribute or None for a module) of the `if TYPE_CHECKING:` block."""
+    tree = ast.parse(INIT.read_text())
+    [block] = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    names: dict[str, tuple[str, str | None]] = {}
+    for node in block.body:
+        assert isinstance(node, ast.ImportFrom) and node.module, ast.unparse(node)
+        for a in node.names:
+            full = f"{node.module}.{a.name}"
+            is_module = (INIT.parent.parent / (full.replace(".", "/") + ".py")).is_file() or \
+                (INIT.parent.parent / full.replace(".", "/") / "__init__.py").is_file()
+            names[a.asname or a.name] = (full, None) if is_module else (node.module, a.name)
+    return names
+
+
+def test_type_checking_block_matches_the_public_list():
+    assert type_checking_names() == einjit._public()
+
+
+def test_public_list_serves_every_name():
+    assert einjit.__all__ == sorted(einjit._public())
+    for name in ("train", "fit", "data", "datasets", "checkpoint", "save", "load", "Tensor", "relu", "range"):
+        assert name in einjit.__all__ and getattr(einjit, name) is not None, name
+    from einjit.training import train
+    assert einjit.train is train
