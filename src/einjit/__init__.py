@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from einjit.tensor.operation import einsum as einsum
     from einjit.tensor.operation import embed_symbol as embed_symbol
     from einjit.tensor.operation import exp as exp
+    from einjit.tensor.operation import file_mapped as file_mapped
     from einjit.tensor.operation import log as log
     from einjit.tensor.operation import matmul as matmul
     from einjit.tensor.operation import maximum as maximum
