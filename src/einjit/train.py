@@ -91,20 +91,23 @@ def sgd_update(loss_or_params: "Tensor | Iterable[Tensor]", learning_rate: Tenso
                                   nesterov=nesterov).asgns for p in _params_of(loss_or_params)])
 
 
+def adam_one(p: Tensor, learning_rate: Tensor | float, *, step: Tensor, beta1: float = 0.9, beta2: float = 0.999,
+             eps: float = 1e-8, weight_decay: float = 0.0) -> Code:
+    """One parameter's Adam step in `%cd` (its moments are the code's `adam_m`, `adam_v`)."""
+    return cd(f'~~("adam {p.label_str}"; '
+              '"adam_m" =: b1 * adam_m + (1 - b1) * p.grad; '
+              '"adam_v" =: b2 * adam_v + (1 - b2) * (p.grad * p.grad); '
+              '"m_hat" =: adam_m / (1 - b1 ** step); '
+              '"v_hat" =: adam_v / (1 - b2 ** step); '
+              'p =- lr * (m_hat / (sqrt(v_hat) + eps) + wd * p) ~logic:".")',
+              p=p, lr=learning_rate, b1=beta1, b2=beta2, eps=eps, wd=weight_decay, step=step)
+
+
 def adam_update(loss_or_params: "Tensor | Iterable[Tensor]", learning_rate: Tensor | float, *, step: Tensor,
                 beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0) -> Asgns:
     """Adam (with decoupled weight decay when `weight_decay` > 0); `step` counts from 1."""
-    out = []
-    for p in _params_of(loss_or_params):
-        c = cd(f'~~("adam {p.label_str}"; '
-               '"adam_m" =: b1 * adam_m + (1 - b1) * p.grad; '
-               '"adam_v" =: b2 * adam_v + (1 - b2) * (p.grad * p.grad); '
-               '"m_hat" =: adam_m / (1 - b1 ** step); '
-               '"v_hat" =: adam_v / (1 - b2 ** step); '
-               'p =- lr * (m_hat / (sqrt(v_hat) + eps) + wd * p) ~logic:".")',
-               p=p, lr=learning_rate, b1=beta1, b2=beta2, eps=eps, wd=weight_decay, step=step)
-        out.append(c.asgns)
-    return asg.sequence(*out)
+    return asg.sequence(*[adam_one(p, learning_rate, step=step, beta1=beta1, beta2=beta2, eps=eps,
+                                   weight_decay=weight_decay).asgns for p in _params_of(loss_or_params)])
 
 
 def init_params(t: "Tensor | Iterable[Tensor]", *, seed: int = 0) -> None:
