@@ -124,6 +124,16 @@ def _tensor(t: object, name: str) -> Tensor:
     return t
 
 
+def _path(path: object) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise CheckpointError(f"einjit: a checkpoint path is a str or os.PathLike, got {type(path).__name__} "
+                              f"{str(path)[:100]!r}")
+    p = Path(path)
+    if "\0" in str(p):
+        raise CheckpointError(f"einjit: checkpoint path {str(p)[:200]!r} contains a NUL byte")
+    return p
+
+
 def _io_error(action: str, path: Path, e: OSError) -> CheckpointError:
     cause = e.strerror or str(e)
     return CheckpointError(f"einjit: cannot {action} checkpoint {path}: {cause} (errno {e.errno})"
@@ -135,6 +145,7 @@ def save(what: Saveable, path: str | os.PathLike, *, optimizer: Stateful | Itera
     """Write the state of `what` — a loss or model output (every parameter and buffer under
     it), a layer, a list of tensors (parameters, scalars, optimizer state) or a `{name:
     tensor}` dict — and of `optimizer` (one or several) to `path`, atomically."""
+    path = _path(path)
     sh.finish_inference()
     named = _named(what, optimizer)
     header: dict[str, object] = {}
@@ -153,7 +164,6 @@ def save(what: Saveable, path: str | os.PathLike, *, optimizer: Stateful | Itera
         header[_RESERVED] = {str(k): str(v) for k, v in metadata.items()}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    path = Path(path)
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".einjit-", suffix=".tmp")
     except OSError as e:
@@ -191,7 +201,7 @@ def _read_exactly(f: BinaryIO, n: int, path: Path, what: str) -> bytes:
 
 def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """The arrays of a safetensors file, validated (a corrupted file raises `CheckpointError`)."""
-    path = Path(path)
+    path = _path(path)
     try:
         with open(path, "rb") as f:
             info = os.fstat(f.fileno())

@@ -18,7 +18,7 @@ import pytest
 import einjit as ej
 from einjit import checkpoint, nn, train
 from einjit.checkpoint import CheckpointError
-from mlp_model import build, params_of
+from mlp_model import build
 
 HERE = Path(__file__).parent
 
@@ -185,7 +185,8 @@ def test_a_missing_directory_a_directory_at_the_path_and_a_long_name(tmp_path):
         ej.save(loss, long)
     with pytest.raises(CheckpointError, match=r"cannot read checkpoint .*File name too long"):
         ej.load(loss, long)
-    with pytest.raises(CheckpointError, match=r"cannot read checkpoint .*dir.safetensors: (not a regular file|Is a directory)"):
+    with pytest.raises(CheckpointError,
+                       match=r"cannot read checkpoint .*dir.safetensors: (not a regular file|Is a directory)"):
         ej.load(loss, tmp_path / "dir.safetensors")
     with pytest.raises(CheckpointError, match=r"cannot read checkpoint .*absent.*No such file"):
         ej.load(loss, tmp_path / "absent.safetensors")
@@ -257,3 +258,12 @@ def test_the_optimizer_round_trips_in_process(tmp_path):
     ej.load(model, tmp_path / "s.safetensors", optimizer=opt2)
     assert opt2.steps == 3 and opt2.lr.numpy()[0] == opt.lr.numpy()[0] == nn.schedules.cosine(0.1, 10)(2)
     np.testing.assert_array_equal(opt2.state_tensors()["adam.l1.w.adam_m"].numpy(), np.full((4, 2), 0.25))
+
+
+@pytest.mark.parametrize("bad", ["with\0nul.safetensors", 42, None])
+def test_a_path_that_is_no_path_is_a_checkpoint_error(tmp_path, bad):
+    _, _, loss, _ = build(4, seed=1)
+    with pytest.raises(CheckpointError, match=r"NUL byte|a checkpoint path is a str"):
+        ej.save(loss, bad)
+    with pytest.raises(CheckpointError, match=r"NUL byte|a checkpoint path is a str"):
+        ej.load(loss, bad)

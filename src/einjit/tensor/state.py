@@ -35,7 +35,7 @@ _drivers: dict[int, weakref.WeakMethod] = {}
 def drive(t: Tensor, before_run: Callable[[], None]) -> None:
     """`before_run` (a bound method) sets `t` before every run of a step whose code reads it:
     an optimizer's learning rate follows its schedule in every loop that runs such steps."""
-    _drivers[t.value_tn.id] = weakref.WeakMethod(before_run)  # type: ignore[arg-type]
+    _drivers[t.value_tn.id] = weakref.WeakMethod(before_run)
 
 
 def drivers(code: asg.Asgns) -> list[Callable[[], None]]:
