@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from einjit import shape as sh
-from einjit import train
 from einjit.ir import assignments as asg
 from einjit.ir import ops
 from einjit.nn.schedules import Schedule, constant
@@ -23,6 +22,7 @@ from einjit.tensor.inputs import scalar
 from einjit.tensor.notation import Code, cd
 from einjit.tensor.state import drive, state
 from einjit.tensor.tensor import Tensor, TensorError
+from einjit.training import train
 
 
 class Optimizer:

@@ -17,7 +17,7 @@ import pytest
 
 import einjit as ej
 from einjit import checkpoint, nn, train
-from einjit.checkpoint import CheckpointError
+from einjit.training.checkpoint import CheckpointError
 from mlp_model import build
 
 HERE = Path(__file__).parent
