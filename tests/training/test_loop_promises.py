@@ -186,3 +186,23 @@ def test_batchnorm_of_one_sample_in_eval_predicts_and_keeps_its_statistics():
     step(np.array([[5.0, 6.0, 7.0]]))
     np.testing.assert_array_equal(bn.running_var.numpy(), [4.0, 1.0, 0.25])
     np.testing.assert_array_equal(bn.running_mean.numpy(), [1.0, 2.0, 3.0])
+
+
+def test_data_parallel_steps_follow_the_schedule():
+    from einjit.ir.indexing import get_static_symbol
+    from einjit.training import parallel
+    devices, shard, n_batches = 2, 3, 4
+    batch_n = get_static_symbol(n_batches, "dp_batch")
+    x = ej.batch_slice(ej.ndarray(np.ones((n_batches, shard, 1)), batch_axes=2), batch_n)
+    p = ej.param("dp_p", values=[0.0])
+    loss = ej.div(ej.sum(p + 0 * x, "...|... => 0"), devices * shard)  # summed over replicas: gradient 1
+    schedule = schedules.cosine(0.4, 6, 0.02)
+    opt = nn.SGD([p], lr=schedule)
+    seen = []
+    with parallel.parallel_update(loss, opt.update(), num_devices=devices, bindings=[batch_n], shard=batch_n) as dp:
+        for k in range(6):
+            dp.bindings[batch_n].value = k % (n_batches // devices)
+            dp.step()
+            dp.sync()
+            seen.append(p.numpy()[0])
+    np.testing.assert_allclose(-np.diff([0.0, *seen]), [schedule(k) for k in range(6)], rtol=0, atol=1e-12)
