@@ -12,7 +12,12 @@ import pytest
 from einjit.__main__ import main
 
 
+def _needs_digits() -> None:
+    pytest.importorskip("sklearn", reason="the digits data set needs scikit-learn: pip install 'einjit[datasets]'")
+
+
 def test_digits_demo_json_short_run(capsys):
+    _needs_digits()
     assert main(["demo", "digits", "--epochs", "2", "--batch-size", "32", "--seed", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["test_accuracy"] >= 0.9
@@ -25,6 +30,7 @@ def test_digits_demo_json_short_run(capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_digits_demo_defaults_reach_the_accuracy_with_margin(seed):
+    _needs_digits()
     from einjit.demos.digits import run_digits
     result = run_digits(seed=seed, quiet=True)
     assert result.test_accuracy >= 0.985

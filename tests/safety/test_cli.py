@@ -45,6 +45,7 @@ def test_bad_arguments_name_their_flag(capsys, argv, message):
 
 
 def test_plot_is_checked_before_training(capsys, tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot asks for matplotlib (einjit[plot]) before it checks the path")
     missing = tmp_path / "no" / "such" / "plot.png"
     assert f"--plot {missing}: the folder {missing.parent} does not exist" in usage_error(
         capsys, "demo", "moons", "--plot", str(missing))

@@ -104,6 +104,25 @@ class Layer:
     def params(self) -> list[Tensor]:
         return list(self._params)
 
+    def buffers(self) -> list[Tensor]:
+        """The state tensors this layer keeps between calls (none unless it says so)."""
+        return []
+
+    def state_tensors(self) -> dict[str, Tensor]:
+        """Parameters and buffers by label: what `einjit.save(layer, path)` writes. A label
+        met again (a Dropout in a training and a prediction graph has a random counter in
+        each) is numbered in the order the graphs were built: `drop.uniform.counter.1`."""
+        named: dict[str, Tensor] = {}
+        for t in [*self.params(), *self.buffers()]:
+            if any(t is u for u in named.values()):
+                continue
+            name, k = t.label_str, 0
+            while name in named:
+                k += 1
+                name = f"{t.label_str}.{k}"
+            named[name] = t
+        return named
+
     def _own_param(self, name: str, n: int, init: str) -> Tensor:
         """A parameter of this instance outside any `@op` definition (normalization scales)."""
         found = [p for p in self._params if p.label == [self.label, name]]
@@ -372,11 +391,17 @@ class Dropout(Layer):
         if not 0.0 <= p < 1.0:
             raise TensorError(f"einjit: Dropout {self.label}: p must be in [0, 1), got {p}")
         self.p, self.seed = float(p), seed
+        self._counters: list[Tensor] = []
+
+    def buffers(self) -> list[Tensor]:
+        """The random counters of the masks of every graph this layer is in."""
+        return list(self._counters)
 
     def __call__(self, x: Tensor) -> Tensor:
         if self.p == 0.0:
             return x
         u = rnd.uniform(x, seed=self.seed, label=f"{self.label}.uniform")
+        self._counters.append(rnd.counter(u))
         fwd, bwd = _dropout_templates(self.p)
         return make_op("dropout", [x, u, self.mode_tensor()], logic=None, forward=fwd, backprop=bwd,
                        label=self.label)
@@ -395,6 +420,9 @@ class BatchNorm(Layer):
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.running_mean = state([self.label, "running_mean"], np.zeros(num_features))
         self.running_var = state([self.label, "running_var"], np.ones(num_features))
+
+    def buffers(self) -> list[Tensor]:
+        return [self.running_mean, self.running_var]
 
     def _specs(self, x: Tensor) -> tuple[str, str]:
         dims, _ = _output_dims(x)
@@ -420,24 +448,38 @@ class BatchNorm(Layer):
         inv_std = activations.rsqrt(var_eps)
         normed = reductions.broadcast_op("*", centered, inv_std * gamma, bspec)
         y = reductions.broadcast_op("+", normed, beta, bspec, label=self.label)
-        y.own_forward = _with_running_update(y.own_forward, self, batch_mean, batch_var_eps, _count_tensor(x, mean))
+        y.own_forward = _with_running_update(y.own_forward, self, batch_mean, batch_var_eps, x, mean)
         return y
 
+    def values_per_channel(self, x: Tensor, stat: Tensor) -> int:
+        """Cells of `x` per channel, known once shapes are inferred. One value per channel in
+        training (a batch of one, no spatial axes) has no variance: refused when the routine
+        is compiled, as PyTorch refuses it in the forward pass."""
+        n = int(np.prod(x.dims)) // int(np.prod(stat.dims))
+        if n <= 1 and self.training:
+            raise ShapeError(f"einjit: BatchNorm {self.label}: Expected more than 1 value per channel when training, "
+                             f"got input {x.label_str} of dims {x.dims}; call .eval() on the model for a batch of one")
+        return n
 
-def _count_tensor(x: Tensor, stat: Tensor) -> Tensor:
-    """Cells per channel, known once shapes are inferred (for the unbiased running variance)."""
-    return _lazy_number(asg.Lazy(lambda: float(np.prod(x.dims)) / float(np.prod(stat.dims))))
 
-
-def _with_running_update(forward: asg.Asgns, layer: BatchNorm, mean: Tensor, var_eps: Tensor,
-                         count: Tensor) -> asg.Asgns:
-    """In training (mode 1) the running statistics move towards the batch's; in evaluation
-    (mode 0) they stay as they are."""
+def _with_running_update(forward: asg.Asgns, layer: BatchNorm, mean: Tensor, var_eps: Tensor, x: Tensor,
+                         stat: Tensor) -> asg.Asgns:
+    """In training (mode 1) the running statistics move towards the batch's, the variance
+    unbiased (`n / (n - 1)`); in evaluation (mode 0) they stay as they are, and so they do in a
+    graph of one value per channel (compiled in evaluation, switched to training later)."""
     m = layer.momentum
-    update = cd(f"rm =: where(0.5 < t, {1 - m!r} * rm + {m!r} * bm, rm); "
-                f"rv =: where(0.5 < t, {1 - m!r} * rv + {m!r} * ((bv - {layer.eps!r}) * (n / (n - 1))), rv)",
-                rm=layer.running_mean.value, rv=layer.running_var.value, bm=mean.value, bv=var_eps.value, n=count,
-                t=layer.mode_tensor().value)
+
+    def unbiased() -> float:
+        n = layer.values_per_channel(x, stat)
+        return n / (n - 1) if n > 1 else 0.0
+
+    def moves() -> float:
+        return 1.0 if layer.values_per_channel(x, stat) > 1 else 0.0
+
+    update = cd(f"rm =: where(0.5 < t * ok, {1 - m!r} * rm + {m!r} * bm, rm); "
+                f"rv =: where(0.5 < t * ok, {1 - m!r} * rv + {m!r} * ((bv - {layer.eps!r}) * u), rv)",
+                rm=layer.running_mean.value, rv=layer.running_var.value, bm=mean.value, bv=var_eps.value,
+                u=_lazy_number(asg.Lazy(unbiased)), ok=_lazy_number(asg.Lazy(moves)), t=layer.mode_tensor().value)
     return asg.sequence(forward, asg.BlockComment(f"{layer.label} running statistics", update.asgns))
 
 
@@ -522,6 +564,9 @@ class Sequential(Layer):
 
     def params(self) -> list[Tensor]:
         return [p for layer in self.layers if isinstance(layer, Layer) for p in layer.params()]
+
+    def buffers(self) -> list[Tensor]:
+        return [b for layer in self.layers if isinstance(layer, Layer) for b in layer.buffers()]
 
 
 

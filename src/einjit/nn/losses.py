@@ -61,6 +61,19 @@ def _class_count(logits: Tensor, axis: int) -> int:
     return int(d.d)
 
 
+def _labels_for(logits: Tensor, arr: np.ndarray) -> np.ndarray:
+    """Integer labels shaped like the logits' batch axes (trailing axes of size 1 allowed)."""
+    batch = [d.d if isinstance(d, Dim) else None for d in logits.shape.batch.dims]
+    n = len(batch)
+    fits = arr.ndim >= n and all(d == 1 for d in arr.shape[n:]) and all(
+        b is None or b == a for a, b in zip(arr.shape[:n], batch, strict=False))
+    if not fits:
+        raise TensorError(f"einjit: cross_entropy: integer labels of shape {arr.shape} do not fit the batch axes "
+                          f"{[b if b is not None else '?' for b in batch]} of the logits {logits.label_str}: give one "
+                          f"label per sample")
+    return arr.reshape(arr.shape[:n])
+
+
 def cross_entropy(logits: Tensor, target: Like, *, axis: int = -1, reduction: str = "mean",
                   label: str | None = None) -> Tensor:
     """Softmax cross-entropy along the class axis, as `F.cross_entropy`. `target` is one of:
@@ -71,9 +84,9 @@ def cross_entropy(logits: Tensor, target: Like, *, axis: int = -1, reduction: st
     target's logit is read, not summed against one-hot rows — so the loss costs one
     `logsumexp` per row, and its gradient `softmax(z) - onehot(target)` is scattered."""
     if isinstance(target, (np.ndarray, list, tuple)):
-        arr = np.asarray(target)
+        arr = _labels_for(logits, np.asarray(target))
         n_batch = len(logits.shape.batch.dims)
-        ids = class_ids(arr.reshape(arr.shape[:n_batch]), _class_count(logits, axis))
+        ids = class_ids(arr, _class_count(logits, axis))
         target = ndarray(ids, batch_axes=n_batch, prec=ops.int32, label="targets")
     y = as_tensor(target)
     full, reduced, _ = reductions.axis_specs(logits, axis, False)

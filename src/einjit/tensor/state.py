@@ -4,9 +4,13 @@ sets between runs through the shared host array."""
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
+
 import numpy as np
 
 from einjit import shape as sh
+from einjit.ir import assignments as asg
 from einjit.ir import ops, provenance
 from einjit.ir.tnode import MemoryType, hosted
 from einjit.tensor.tensor import Tensor, default_prec, make_node
@@ -23,3 +27,18 @@ def state(label: list[str], values, *, prec: ops.Prec | None = None) -> Tensor:
     t.value_tn.array = np.ascontiguousarray(arr, dtype=p.dtype)
     t._fwd_done = True
     return t
+
+
+_drivers: dict[int, weakref.WeakMethod] = {}
+
+
+def drive(t: Tensor, before_run: Callable[[], None]) -> None:
+    """`before_run` (a bound method) sets `t` before every run of a step whose code reads it:
+    an optimizer's learning rate follows its schedule in every loop that runs such steps."""
+    _drivers[t.value_tn.id] = weakref.WeakMethod(before_run)
+
+
+def drivers(code: asg.Asgns) -> list[Callable[[], None]]:
+    """What must run before each call of a routine compiled from `code`, in order of first use."""
+    found = [_drivers[tn.id]() for tn in asg.guessed_nodes(code) if tn.id in _drivers]
+    return [f for f in found if f is not None]

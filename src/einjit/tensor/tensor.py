@@ -278,8 +278,20 @@ class NodeView:
 
     def assign(self, values: object) -> None:
         """Set every cell (see `converted_values` for what is accepted)."""
-        self._writable()[...] = converted_values(self.tensor, self.tn, values)
-        self.written()
+        self.staged(values)()
+
+    def staged(self, values: object) -> Callable[[], None]:
+        """Check that `values` can be written into every cell, without writing them: the
+        returned function writes them. Checking a batch of writes before making any (a
+        checkpoint's) makes the batch all or nothing."""
+        host = self._writable()
+        arr = converted_values(self.tensor, self.tn, values)
+
+        def write() -> None:
+            host[...] = arr
+            self.written()
+
+        return write
 
     def __setitem__(self, key, values) -> None:
         if key is Ellipsis or (isinstance(key, slice) and key == slice(None)):

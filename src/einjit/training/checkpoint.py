@@ -1,69 +1,161 @@
-"""Checkpoints: parameter values in the safetensors format, keyed by tensor labels.
+"""Checkpoints: a model's state in the safetensors format, keyed by tensor labels.
+
+A model's state is what a PyTorch `state_dict` holds: its parameters *and* its buffers, the
+state tensors its layers keep between calls (`nn.BatchNorm`'s running statistics, random-number
+counters). An optimizer's state — learning rate, schedule position, step count, moments — is
+saved and loaded with it through `optimizer=`, so a resumed run repeats an uninterrupted one
+bit for bit.
 
 einjit writes and reads the format itself with NumPy (an 8-byte little-endian header length,
 a JSON header `{name: {"dtype", "shape", "data_offsets"}}`, then the raw little-endian data),
 so checkpoints need no extra package; files are interchangeable with the `safetensors`
-package (extra `checkpoint`, with which the tests check compatibility both ways).
+package (extra `checkpoint`, with which the tests check compatibility both ways). The header
+key `__metadata__` is the format's own, so no tensor may be named so.
 
 Saving is atomic (a temporary file in the same directory, flushed, then renamed), so a crash
-never leaves a half-written checkpoint under the real name. Loading checks everything —
-header, sizes, names, dims, dtypes — before writing anything, so a refused file leaves the
-model as it was; values are written in place with `set_values`, so routines already compiled
-continue from them (training resumes bit for bit).
+or a full disk never leaves a half-written checkpoint under the real name, and the old file
+stays as it was. Reading looks at the header and the file's size before allocating anything,
+so an absurd header or an endless file (a device, a pipe) is refused cheaply. Loading checks
+everything — header, sizes, names, dims, dtypes, and that every target can be written —
+before writing anything, so a refused file leaves the model as it was; values are written in
+place, so routines already compiled continue from them. Every failure is a `CheckpointError`
+naming the path and the cause.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
+import stat
 import struct
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 
 from einjit import shape as sh
 from einjit.errors import EinjitError
-from einjit.tensor.tensor import Tensor
+from einjit.tensor import random as rnd
+from einjit.tensor.tensor import Tensor, TensorError
 
 _DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "U8": np.uint8, "I32": np.int32,
            "I64": np.int64}
 _CODES = {np.dtype(v): k for k, v in _DTYPES.items()}
 _MAX_HEADER = 100_000_000
+_RESERVED = "__metadata__"
 
 
 class CheckpointError(EinjitError, ValueError):
     """A checkpoint that cannot be written, read, or does not fit the model."""
 
 
-def _named(what: Tensor | Iterable[Tensor] | Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Tensors by checkpoint name: a tensor's parameters, a list of tensors, or a mapping."""
-    if isinstance(what, Mapping):
-        return dict(what)
-    tensors = what.params() if isinstance(what, Tensor) else list(what)
+@runtime_checkable
+class Stateful(Protocol):
+    """Anything that keeps state in tensors: layers and optimizers (`state_tensors()`)."""
+
+    def state_tensors(self) -> dict[str, Tensor]: ...
+
+
+Saveable = Tensor | Stateful | Iterable["Tensor | Stateful"] | Mapping[str, Tensor]
+
+
+def state_of(t: Tensor) -> dict[str, Tensor]:
+    """The state under a loss or model output: its parameters and buffers (state tensors such
+    as running statistics and random counters), by label."""
+    found: dict[str, Tensor] = {}
+    for x in t.subtree():
+        if x.is_param or x.op_label == "state":
+            _add(found, x.label_str, x)
+        elif x.op_label == "uniform":
+            c = rnd.counter(x)
+            _add(found, c.label_str, c)
+    return found
+
+
+def _add(named: dict[str, Tensor], name: str, t: Tensor) -> None:
+    if not isinstance(name, str):
+        raise CheckpointError(f"einjit: checkpoint names are strings, got {name!r} for {t.describe()}")
+    if name == _RESERVED:
+        raise CheckpointError(f"einjit: tensor {t.describe()} cannot be checkpointed under the name {name!r}: the "
+                              f"safetensors format reserves it for the file's metadata; give it another label, or "
+                              f"pass a dict {{name: tensor}}")
+    other = named.setdefault(name, t)
+    if other is not t:
+        raise CheckpointError(f"einjit: two tensors are named {name!r} ({other.describe()} and {t.describe()}); "
+                              f"checkpoints are keyed by label: give them distinct labels, or pass a dict "
+                              f"{{name: tensor}}")
+
+
+def _named(what: Saveable, optimizer: Stateful | Iterable[Stateful] | None) -> dict[str, Tensor]:
+    """Tensors by checkpoint name: a tensor's parameters and buffers, a layer's or an
+    optimizer's state, a list of tensors (each itself) and such objects, or a mapping; then
+    the optimizers' state."""
     named: dict[str, Tensor] = {}
-    for t in tensors:
-        other = named.setdefault(t.label_str, t)
-        if other is not t:
-            raise CheckpointError(f"einjit: two tensors are labelled {t.label_str!r}; checkpoints are keyed by label: "
-                                  f"give them distinct labels, or pass a dict {{name: tensor}}")
+    parts: list[Tensor | Stateful] | None = None
+    if isinstance(what, Mapping):
+        for name, t in what.items():
+            _add(named, name, _tensor(t, name))
+    elif isinstance(what, Tensor):
+        for name, t in state_of(what).items():
+            _add(named, name, t)
+    elif isinstance(what, Stateful):
+        parts = [what]
+    else:
+        parts = list(what)
+    optimizers = [] if optimizer is None else [optimizer] if isinstance(optimizer, Stateful) else list(optimizer)
+    for part in [*(parts or []), *optimizers]:
+        if isinstance(part, Tensor):
+            _add(named, part.label_str, part)
+        elif isinstance(part, Stateful):
+            for name, t in part.state_tensors().items():
+                _add(named, name, t)
+        else:
+            raise CheckpointError(f"einjit: cannot checkpoint {part!r}: expected tensors, layers or optimizers")
     return named
 
 
-def save(what: Tensor | Iterable[Tensor] | Mapping[str, Tensor], path: str | os.PathLike,
+def _tensor(t: object, name: str) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise CheckpointError(f"einjit: checkpoint entry {name!r} is {type(t).__name__}, not a tensor")
+    return t
+
+
+def _path(path: object) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise CheckpointError(f"einjit: a checkpoint path is a str or os.PathLike, got {type(path).__name__} "
+                              f"{str(path)[:100]!r}")
+    p = Path(path)
+    if "\0" in str(p):
+        raise CheckpointError(f"einjit: checkpoint path {str(p)[:200]!r} contains a NUL byte")
+    return p
+
+
+def _io_error(action: str, path: Path, e: OSError) -> CheckpointError:
+    cause = e.strerror or str(e)
+    return CheckpointError(f"einjit: cannot {action} checkpoint {path}: {cause} (errno {e.errno})"
+                           if e.errno is not None else f"einjit: cannot {action} checkpoint {path}: {cause}")
+
+
+def save(what: Saveable, path: str | os.PathLike, *, optimizer: Stateful | Iterable[Stateful] | None = None,
          metadata: Mapping[str, str] | None = None) -> None:
-    """Write the values of `what` (a loss or model output: all parameters under it; or a list
-    of tensors — parameters, scalars, optimizer state; or a `{name: tensor}` dict)."""
+    """Write the state of `what` — a loss or model output (every parameter and buffer under
+    it), a layer, a list of tensors (parameters, scalars, optimizer state) or a `{name:
+    tensor}` dict — and of `optimizer` (one or several) to `path`, atomically."""
+    path = _path(path)
     sh.finish_inference()
-    named = _named(what)
+    named = _named(what, optimizer)
     write({name: named[name].value.read() for name in named}, path, metadata)
 
 
 def write(arrays: Mapping[str, np.ndarray], path: str | os.PathLike, metadata: Mapping[str, str] | None = None) -> None:
     """Write named arrays as a safetensors file (sorted by name, so the bytes depend only on
-    names and values), atomically."""
+    names and values), atomically; an I/O failure is a `CheckpointError` and leaves an old file
+    at `path` intact."""
+    path = _path(path)
     header: dict[str, object] = {}
     blobs = []
     offset = 0
@@ -77,11 +169,13 @@ def write(arrays: Mapping[str, np.ndarray], path: str | os.PathLike, metadata: M
         blobs.append(le)
         offset += le.nbytes
     if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+        header[_RESERVED] = {str(k): str(v) for k, v in metadata.items()}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".einjit-", suffix=".tmp")
+    except OSError as e:
+        raise _io_error("write", path, e) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(struct.pack("<Q", len(text)))
@@ -91,74 +185,116 @@ def write(arrays: Mapping[str, np.ndarray], path: str | os.PathLike, metadata: M
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        _remove(tmp)
+        raise _io_error("write", path, e) from None
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _remove(tmp)
         raise
+
+
+def _remove(tmp: str) -> None:
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+
+
+def _read_exactly(f: BinaryIO, n: int, path: Path, what: str) -> bytes:
+    blob = f.read(n)
+    if len(blob) != n:
+        raise CheckpointError(f"einjit: {path} is truncated: {what} needs {n} bytes, the file has {len(blob)} left")
+    return blob
 
 
 def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """The arrays of a safetensors file, validated (a corrupted file raises `CheckpointError`)."""
-    path = Path(path)
+    path = _path(path)
     try:
-        blob = path.read_bytes()
+        with open(path, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise CheckpointError(f"einjit: cannot read checkpoint {path}: not a regular file (a directory, "
+                                      f"device or pipe has no size to check before reading)")
+            return _parse(f, info.st_size, path)
     except OSError as e:
-        raise CheckpointError(f"einjit: cannot read checkpoint {path}: {e}") from None
-    if len(blob) < 8:
-        raise CheckpointError(f"einjit: {path} is not a safetensors checkpoint: {len(blob)} bytes, no header")
-    (n,) = struct.unpack("<Q", blob[:8])
-    if n > min(_MAX_HEADER, len(blob) - 8):
+        raise _io_error("read", path, e) from None
+
+
+def _parse(f: BinaryIO, size: int, path: Path) -> dict[str, np.ndarray]:
+    if size < 8:
+        raise CheckpointError(f"einjit: {path} is not a safetensors checkpoint: {size} bytes, no header")
+    (n,) = struct.unpack("<Q", _read_exactly(f, 8, path, "the header length"))
+    if n > min(_MAX_HEADER, size - 8):
         raise CheckpointError(f"einjit: {path} is corrupted or not a safetensors file: header length {n} "
-                              f"exceeds the file's {len(blob)} bytes")
+                              f"exceeds the file's {size} bytes (or the limit of {_MAX_HEADER})")
     try:
-        header = json.loads(blob[8:8 + n].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"einjit: {path} is corrupted: its header is not JSON ({e})") from None
+        header = json.loads(_read_exactly(f, n, path, "the header").decode())
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise CheckpointError(f"einjit: {path} is corrupted: its header is not JSON ({type(e).__name__})") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"einjit: {path} is corrupted: its header is not a JSON object")
-    data = memoryview(blob)[8 + n:]
-    out: dict[str, np.ndarray] = {}
-    ends = []
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype = np.dtype(_DTYPES[info["dtype"]]).newbyteorder("<")
-            shape = tuple(int(d) for d in info["shape"])
-            begin, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"einjit: {path}: entry {name!r} is malformed or has an unsupported dtype: "
-                                  f"{info!r}") from None
-        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if not 0 <= begin <= end <= len(data) or end - begin != size:
-            raise CheckpointError(f"einjit: {path} is corrupted: {name!r} ({info['dtype']} {list(shape)}) needs "
-                                  f"{size} bytes at {begin}..{end} of {len(data)} data bytes")
-        out[name] = np.frombuffer(data[begin:end], dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
-        ends.append((begin, end))
-    ends.sort()
-    if ends and (ends[0][0] != 0 or ends[-1][1] != len(data)
-                 or any(a[1] != b[0] for a, b in itertools.pairwise(ends))):
+    data_size = size - 8 - n
+    entries = {name: _entry(path, name, info, data_size) for name, info in header.items() if name != _RESERVED}
+    spans = sorted((begin, end) for _, _, begin, end in entries.values())
+    if spans and (spans[0][0] != 0 or spans[-1][1] != data_size
+                  or any(a[1] != b[0] for a, b in itertools.pairwise(spans))):
         raise CheckpointError(f"einjit: {path} is corrupted: its data is not one contiguous block "
-                              f"({len(data)} bytes, entries at {ends[:4]}...)")
-    return out
+                              f"({data_size} bytes, entries at {spans[:4]}...)")
+    if not entries and data_size:
+        raise CheckpointError(f"einjit: {path} is corrupted: {data_size} data bytes but no entries")
+    data = _read_exactly(f, data_size, path, "the data")
+    view = memoryview(data)
+    return {name: np.frombuffer(view[begin:end], dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
+            for name, (dtype, shape, begin, end) in entries.items()}
 
 
-def load(what: Tensor | Iterable[Tensor] | Mapping[str, Tensor], path: str | os.PathLike) -> None:
-    """Write a checkpoint's values into the tensors of `what` (named as in `save`), refusing —
-    and changing nothing — unless names, dims and dtypes all match."""
+def _entry(path: Path, name: str, info: object, data_size: int) -> tuple[np.dtype, tuple[int, ...], int, int]:
+    """One header entry, checked against the data's size with Python integers (an absurd shape
+    cannot overflow or allocate)."""
+    malformed = CheckpointError(f"einjit: {path}: entry {name!r} is malformed or has an unsupported dtype: "
+                                f"{str(info)[:200]}")
+    if not isinstance(info, dict):
+        raise malformed
+    try:
+        dtype = np.dtype(_DTYPES[info["dtype"]]).newbyteorder("<")
+        shape = tuple(info["shape"])
+        begin, end = info["data_offsets"]
+    except (KeyError, TypeError, ValueError):
+        raise malformed from None
+    if not all(type(d) is int and d >= 0 for d in (*shape, begin, end)):
+        raise malformed
+    size = math.prod(shape) * dtype.itemsize
+    if not begin <= end <= data_size or end - begin != size:
+        raise CheckpointError(f"einjit: {path} is corrupted: {name!r} ({info['dtype']} {list(shape)[:8]}) needs "
+                              f"{size} bytes at {begin}..{end} of {data_size} data bytes")
+    return dtype, shape, begin, end
+
+
+def load(what: Saveable, path: str | os.PathLike, *,
+         optimizer: Stateful | Iterable[Stateful] | None = None) -> None:
+    """Write a checkpoint's values into the tensors of `what` and `optimizer` (named as in
+    `save`), refusing — and changing nothing — unless names, dims and dtypes all match and
+    every target can be written."""
     sh.finish_inference()
-    named = _named(what)
+    named = _named(what, optimizer)
     arrays = read(path)
     problems = [f"missing from the file: {name!r}" for name in sorted(set(named) - set(arrays))]
     problems += [f"in the file but not in the model: {name!r}" for name in sorted(set(arrays) - set(named))]
+    writes = []
     for name in sorted(set(named) & set(arrays)):
         t, arr = named[name], arrays[name]
         if tuple(arr.shape) != t.dims:
             problems.append(f"{name!r}: dims {t.dims} in the model, {tuple(arr.shape)} in the file")
-        if arr.dtype != t.dtype:
+        elif arr.dtype != t.dtype:
             problems.append(f"{name!r}: dtype {t.dtype} in the model, {arr.dtype} in the file")
+        else:
+            try:
+                writes.append(t.value.staged(arr))
+            except TensorError as e:
+                problems.append(f"{name!r}: {e}")
     if problems:
         raise CheckpointError(f"einjit: checkpoint {path} does not fit the model (nothing was loaded):\n  "
                               + "\n  ".join(problems))
-    for name, t in named.items():
-        t.set_values(arrays[name])
+    for write in writes:
+        write()

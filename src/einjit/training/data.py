@@ -38,14 +38,19 @@ class Loader:
         if len(lengths) != 1:
             raise DataError(f"einjit: Loader arrays differ in length (first axis): "
                             f"{[len(a) for a in self.arrays]}; they must hold one row per sample")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+            raise DataError(f"einjit: batch_size must be an integer, got {batch_size!r}")
         if batch_size < 1:
             raise DataError(f"einjit: batch_size must be positive, got {batch_size}")
         if weights and drop_last:
             raise DataError("einjit: weights=True pads the last partial batch, so it needs drop_last=False")
         self.n = lengths.pop()
-        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.batch_size, self.shuffle, self.seed = int(batch_size), shuffle, seed
         self.drop_last, self.weights = drop_last, weights
         self.epochs_started = 0
+        if drop_last and 0 < self.n < batch_size:
+            raise DataError(f"einjit: batch_size {batch_size} with drop_last=True drops all {self.n} rows: the loader "
+                            f"would yield no batch; use a smaller batch_size or drop_last=False")
 
     def __len__(self) -> int:
         """Batches per epoch."""

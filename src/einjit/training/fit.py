@@ -35,7 +35,8 @@ from einjit.ir import assignments as asg
 from einjit.ir import ops
 from einjit.ir.tnode import Tnode
 from einjit.tensor.inputs import input as new_input
-from einjit.tensor.notation import Code
+from einjit.tensor.notation import Code, as_asgns
+from einjit.tensor.state import drivers
 from einjit.tensor.tensor import Tensor, TensorError, computes_in_host_array
 from einjit.training import data, train
 from einjit.training.step import forward_code, to_routine
@@ -124,13 +125,25 @@ class Step:
 
 
 class TrainStep(Step):
-    """`step(*batch)`: one training step on a batch; `step.loss_value()` reads the loss."""
+    """`step(*batch)`: one training step on a batch; `step.loss_value()` reads the loss.
 
-    def __init__(self, routine: Callable[[], None], inputs: Sequence[Tensor], name: str, loss: Tensor):
+    Before each run it calls `before_run` — the optimizers whose learning rate the step reads
+    advance their schedules — so every loop over the step, `fit.fit` or a hand-written one,
+    follows the schedules it was configured with."""
+
+    def __init__(self, routine: Callable[[], None], inputs: Sequence[Tensor], name: str, loss: Tensor,
+                 before_run: Sequence[Callable[[], None]] = ()):
         super().__init__(routine, inputs, name)
         self.loss = loss
         self._loss_cell = loss.value_tn.host_array().reshape(-1)
         self._pull = _transfer(routine, loss.value_tn, "to_host")
+        self.before_run = tuple(before_run)
+
+    def __call__(self, *arrays: np.ndarray) -> None:
+        self.write(*arrays)
+        for f in self.before_run:
+            f()
+        self.routine()
 
     def loss_value(self) -> float:
         self._pull()
@@ -193,9 +206,9 @@ def train_step(loss: Tensor, update: Update | list[Update] | tuple[Update, ...],
     `forward_step`."""
     _check_params_set([loss])
     updates: list[Update] = list(update) if isinstance(update, (list, tuple)) else [update]
-    code = [train.grad_update(loss), *updates]
+    code = asg.sequence(train.grad_update(loss), *[as_asgns(u) for u in updates])
     routine = to_routine(code, name=name, backend=backend, context=context)
-    return TrainStep(routine, inputs, name, loss)
+    return TrainStep(routine, inputs, name, loss, drivers(code))
 
 
 # ---------------------------------------------------------------- loops
@@ -233,6 +246,7 @@ class _Gather:
             raise TensorError(f"einjit: {step.name} takes {len(step.inputs)} arrays (for "
                               f"{[t.label_str for t in step.inputs]}) but the loader yields {n_arrays}")
         self.step, self.loader, self.routine = step, loader, step.routine
+        self.before_run = step.before_run if isinstance(step, TrainStep) else ()
         self.size = step._hosts[0].shape[0] if step._hosts[0].ndim else 1
         self.writers = [self._writer(k, a) for k, a in enumerate(loader.arrays)]
         self.weights = self._writer(len(step.inputs) - 1, None) if loader.weights else None
@@ -267,13 +281,20 @@ class _Gather:
             write(rows)
         if self.weights is not None:
             self.weights(self.loader.row_weights(real))
+        for f in self.before_run:
+            f()
         self.routine()
 
 
 def fit(step: TrainStep, loader: data.Loader, *, epochs: int, start_epoch: int = 0, progress: bool | None = None,
         on_epoch: Callable[[int, float], None] | None = None) -> History:
     """Train `epochs` epochs (numbered from `start_epoch`, which fixes their shuffles, so a
-    resumed run repeats exactly the batches of an uninterrupted one)."""
+    resumed run repeats exactly the batches of an uninterrupted one). Every step advances the
+    learning-rate schedules of the optimizers it updates with. A loader that yields no batch
+    is refused: an epoch without a step would report a loss of 0 for training nothing."""
+    if len(loader) == 0:
+        raise data.DataError(f"einjit: the loader yields no batch: {loader.n} rows, batch_size {loader.batch_size}"
+                             f"{', drop_last=True drops them all' if loader.drop_last else ''}; nothing to train on")
     history = History()
     for epoch in range(start_epoch, start_epoch + epochs):
         bar = _progress_bar(len(loader), progress, f"epoch {epoch + 1}")
@@ -301,6 +322,11 @@ def predict(step: ForwardStep, *arrays: np.ndarray) -> np.ndarray:
     size (the last one padded by repeating rows, its padding results dropped)."""
     if len(step.outputs) != 1:
         raise TensorError(f"einjit: predict needs a forward step with one output, {step.name} has {len(step.outputs)}")
+    if len(arrays) != len(step.inputs):
+        raise TensorError(f"einjit: predict: {step.name} takes {len(step.inputs)} arrays (for "
+                          f"{[t.label_str for t in step.inputs]}), got {len(arrays)}")
+    if not step.inputs:
+        raise TensorError(f"einjit: predict: {step.name} has no inputs to batch over; call the step itself")
     batch = step.inputs[0].dims[0] if step.inputs[0].dims else 1
     out = step.outputs[0]
     if not out.dims or out.dims[0] != batch:

@@ -33,7 +33,7 @@ Two ways of summing:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -43,7 +43,8 @@ from einjit.ir import assignments as asg
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.naming import stable_names
 from einjit.ir.tnode import Tnode
-from einjit.tensor.notation import Code, cd
+from einjit.tensor.notation import Code, as_asgns, cd
+from einjit.tensor.state import drivers
 from einjit.tensor.tensor import Tensor, TensorError
 from einjit.training import train
 from einjit.training.comm import Communicator
@@ -66,6 +67,7 @@ class StepCode:
     bindings: tuple[StaticSymbol, ...]
     shard: StaticSymbol
     name: str
+    before_update: tuple[Callable[[], None], ...] = ()
 
 
 def _refs(bindings: Bindings) -> dict[StaticSymbol, IntRef]:
@@ -82,7 +84,7 @@ def compile_step(backend: Any, loss: Tensor, update_code: "Code | asg.Asgns", *,
     symbols = tuple(dict.fromkeys([*bindings, shard]))
     grad, _ = compile_code(train.grad_update(loss), bindings=symbols, name=f"{name}_grad", backend=backend)
     update, _ = compile_code(update_code, bindings=symbols, name=f"{name}_update", backend=backend)
-    return StepCode(loss, params, grad, update, symbols, shard, name)
+    return StepCode(loss, params, grad, update, symbols, shard, name, tuple(drivers(as_asgns(update_code))))
 
 
 def _shard_values(code: StepCode, given: Mapping[StaticSymbol, IntRef], mine: Mapping[StaticSymbol, IntRef],
@@ -102,7 +104,8 @@ class DataParallel:
 
     Set the caller's `bindings` (the shard symbol's union-batch index, a step counter, ...) and
     call `step()` to schedule one step; `sync()` makes the parameters and the devices' losses
-    readable on the host and reports any failure.
+    readable on the host and reports any failure. Each `step()` advances the learning-rate
+    schedules of the optimizers whose update it runs, as a `fit.train_step` does.
     """
 
     def __init__(self, loss: Tensor, update_code: "Code | asg.Asgns", *, num_devices: int, bindings: Bindings,
@@ -164,6 +167,8 @@ class DataParallel:
             for p, merge in zip(self.code.params, self._merges, strict=True):
                 be.device_to_device(p.grad_tn, ctx0, ctx, into_merge_buffer=True)
                 merge()
+        for advance in self.code.before_update:
+            advance()
         self._update()
         for ctx in self.contexts[1:]:
             for p in self.code.params:
@@ -213,6 +218,9 @@ class CommDataParallel:
     all-reduces directly, so ranks that are threads of one process, sharing the tensors' host
     arrays, do not race. All gradients and the loss travel in one buffer per dtype: one
     collective per step. After `step()`, `loss()` is the union batch's loss on every rank.
+    Unlike `DataParallel.step()`, `step()` does not advance the update's learning-rate
+    schedules, since ranks that are threads share one optimizer: call `opt.step()` once per
+    step in every process (once in all for thread ranks), before the ranks' `step()`.
     """
 
     def __init__(self, code: StepCode, comm: Communicator, *, backend: Any = None,
