@@ -98,5 +98,12 @@ def test_outlined_source_is_stable_and_small_routines_are_not_outlined():
     hidden = r'^__attribute__\(\(visibility\("hidden"\)\)\) void step_nest0\('
     assert re.search(hidden + r".*\);$", units[0], re.M)
     assert sum(bool(re.search(hidden + r".*\{$", u, re.M)) for u in units[1:]) == 1
-    default = rendered_step(1, c_syntax.CSyntax(outline_min_nests=cc.CcOptions().outline_min_nests)).source
-    assert "_nest" not in default and UNIT_MARK not in default
+    w = ej.param("w", input_dims=[3], output_dims=[2])
+    x = ej.ndarray(np.ones((4, 3), np.float32), batch_axes=1, label="x")
+    loss = ej.sum(ej.relu(w @ x))
+    train.init_params(loss)
+    _, lowered = lower_assignments((), train.grad_update(loss), "small")
+    default = c_syntax.CSyntax(outline_min_nests=cc.CcOptions().outline_min_nests)
+    source = c_syntax.render_program([("small", lowered.llc)], (), default).source
+    assert source == c_syntax.render_program([("small", lowered.llc)], (), c_syntax.C_SYNTAX).source
+    assert "_nest" not in source and UNIT_MARK not in source

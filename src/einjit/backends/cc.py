@@ -113,6 +113,13 @@ class CcOptions:
     pass took a third of gcc's time (0.94 -> 0.72 s). It finds nothing left to do in the
     scheduled nests (loop-invariant motion still runs): matmuls, the MLP and convnet steps ran
     at the same speed side by side with and without it.
+
+    `outline_min_nests`: a routine of at least this many top-level loop nests is rendered as
+    one function per nest, nests that differ only in their arrays as one function
+    (`c_outline`), spread over `jobs` translation units that gcc compiles at once (default:
+    one per core). gcc's time on one function grows faster than the function; the MLP and
+    convnet steps (55 and 66 nests) stay one function, a transformer step (a hundred nests
+    or more per block) is outlined. 0 never outlines.
     """
 
     compiler: str = field(default_factory=_default_compiler)
@@ -123,7 +130,7 @@ class CcOptions:
     vector_math: bool = True
     syntax: CSyntax = C_SYNTAX
     threads: int = field(default_factory=lambda: default_threads())
-    outline_min_nests: int = 48
+    outline_min_nests: int = 96
     jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
 
     def effective_syntax(self) -> CSyntax:
