@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence, cast
 
 import numpy as np
 
 from einjit import backends, config
+from einjit.backends import profile
 from einjit import shape as sh
 from einjit.backends.interface import (
     Routine,
@@ -145,7 +147,8 @@ def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *,
         compiled = compiler.compile(tuple(refs), lowered, shared=True, name=name)
     context = context if context is not None else default_context(base)
     load_inputs(context, compiled.inputs)
-    routine = compiler.link(context, compiled, refs)
+    routine = profile.profiled(compiler.link(context, compiled, refs), compiler, refs, lowered, name,
+                               instrumented_now=os.environ.get("EINJIT_PROFILE", "") not in ("", "0"))
     if not getattr(context, "share_host_arrays", False):
         routine = _syncing_host(routine, lowered)
     config.debug(1, f"to_routine {name}: {1000 * (time.perf_counter() - start):.1f} ms")
