@@ -93,7 +93,7 @@ class Machine:
 
 
 def _library(threads: int) -> ctypes.CDLL:
-    from einjit.backends import cc
+    from einjit.backends.cc import toolchain as cc
 
     flags = ("-O2", "-march=native", "-fPIC", "-shared", "-ffp-contract=fast")
     options = cc.CcOptions(flags=flags, libs=(), vector_math=False, threads=threads)

@@ -11,8 +11,9 @@ import pytest
 
 import einjit as ej
 from einjit import train
-from einjit.backends import c_syntax, cc
+from einjit.backends import c_syntax
 from einjit.backends.c_syntax import UNIT_MARK
+from einjit.backends.cc import toolchain as cc
 from einjit.backends.interface import lower_assignments
 from einjit.nn import LayerNorm
 from einjit.nn.losses import cross_entropy

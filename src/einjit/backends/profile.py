@@ -27,7 +27,7 @@ from einjit.backends.c_syntax import CSyntax
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import FixedIdx, IntRef, StaticSymbol
-from einjit.ir.local_storage import is_routine_local
+from einjit.ir.passes.local_storage import is_routine_local
 from einjit.ir.tnode import Tnode, hosted
 
 __all__ = ["NestInfo", "ProfileReport", "instrument", "profiled", "profiling_syntax", "report"]
@@ -165,9 +165,8 @@ def profiled(routine: Any, backend: Any, refs: Mapping[StaticSymbol, IntRef], lo
     returned is the instrumented variant itself, and the table of its calls is printed when
     the process exits (`EINJIT_PROFILE=1`)."""
     from einjit import backends
+    from einjit.backends.cc.backend import CcBackend
     from einjit.backends.interface import load_inputs, low_level_of
-
-    from einjit.backends.cc_backend import CcBackend
 
     if not isinstance(backend, CcBackend):
         return routine
