@@ -134,7 +134,8 @@ def gpt_compile(blocks: int, d: int, heads: int, seq: int, batch: int, vocab: in
 def gpt_compile_seconds(cfg: dict, cache: str) -> tuple[float, float, float]:
     """`gpt_compile` in a fresh process on the cache directory `cache`."""
     env = {**os.environ, "EINJIT_CACHE_DIR": cache, "EINJIT_NUM_THREADS": "1"}
-    code = f"import sys; sys.path.insert(0, {HERE!r}); import bench_compile; print(*bench_compile.gpt_compile(**{cfg!r}))"
+    code = (f"import sys; sys.path.insert(0, {HERE!r}); import bench_compile; "
+            f"print(*bench_compile.gpt_compile(**{cfg!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     wall, python_s, gcc_s = map(float, out.stdout.split()[-3:])
     return wall, python_s, gcc_s

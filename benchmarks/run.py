@@ -85,9 +85,10 @@ MACHINE = None
 def row(name: str, einjit_s: float, peers: dict[str, float | None], flops: float | None = None,
         nbytes: float | None = None, fp64: bool = False) -> dict:
     """One table row. `flops`: the row's arithmetic, shown as GFLOP/s and as a share of the
-    machine's FMA peak (half of the fp32 peak for a float64 row: `fp64`); `nbytes`: the bytes a memory-bound row must move, shown as GB/s and as
-    a share of the bandwidth for its working set (the last-level-cache read bandwidth up to
-    16 MiB, which repeated calls find in the cache, else the memory read bandwidth)."""
+    machine's FMA peak (half of the fp32 peak for a float64 row: `fp64`); `nbytes`: the bytes
+    a memory-bound row must move, shown as GB/s and as a share of the bandwidth for its
+    working set (the last-level-cache read bandwidth up to 16 MiB, which repeated calls find
+    in the cache, else the memory read bandwidth)."""
     out = {"workload": name, "einjit_s": einjit_s}
     if flops:
         out["einjit_gflops"] = flops / einjit_s / 1e9

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -99,7 +100,7 @@ def instrument(llc: ll.LLStmt, routine: str) -> tuple[ll.LLStmt, Tnode, tuple[Ne
     prof = Tnode(f"{routine}_profile", (len(loops) + 1,), ops.double)
     prof.update_memory_mode(hosted(), 0)
     out: list[ll.LLStmt] = [ll.StagedCompilation(lambda: "double einjit_t0;")]
-    infos = []
+    infos: list[NestInfo] = []
     for s in top:
         if not isinstance(s, ll.ForLoop):
             out.append(s)
@@ -107,10 +108,14 @@ def instrument(llc: ll.LLStmt, routine: str) -> tuple[ll.LLStmt, Tnode, tuple[Ne
         k = len(infos)
         infos.append(NestInfo(k, _writes(s), _flops(s, 1), _bytes(s)))
         out += [ll.StagedCompilation(lambda: "einjit_t0 = einjit_now();"), s,
-                ll.StagedCompilation(lambda k=k: f"{prof.name}[{k}] += einjit_now() - einjit_t0;")]
+                ll.StagedCompilation(functools.partial(_add_time, prof, k))]
     last = (FixedIdx(len(loops)),)
     out.append(ll.Set(prof, last, ll.Binop(ops.Binop.ADD, ll.Get(prof, last), ll.Constant(1.0)), "calls"))
     return ll.seq(*out), prof, tuple(infos)
+
+
+def _add_time(prof: Tnode, k: int) -> str:
+    return f"{prof.name}[{k}] += einjit_now() - einjit_t0;"
 
 
 def report(routine: str, prof_values, nests: tuple[NestInfo, ...]) -> ProfileReport:
@@ -170,7 +175,7 @@ def profiled(routine: Any, backend: Any, refs: Mapping[StaticSymbol, IntRef], lo
 
     if not isinstance(backend, CcBackend):
         return routine
-    options = backend.simple.options
+    options = backend.simple.options  # type: ignore[attr-defined]  # a CcBackend's simple backend is CcSimpleBackend
     code, prof, nests = instrument(low_level_of(lowered), name)
     variant: list[Any] = []
     context = routine.context

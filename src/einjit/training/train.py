@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, cast
 import numpy as np
 
 from einjit import backends, config
-from einjit.backends import profile
 from einjit import shape as sh
+from einjit.backends import profile
 from einjit.backends.interface import (
     Routine,
     default_context,
