@@ -20,7 +20,7 @@ import atexit
 import dataclasses
 import functools
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,11 +164,12 @@ def _scalar_flops(sc: ll.LLScalar, trips: int) -> int:
     return total
 
 
-def profiled(routine: Any, backend: Any, refs: Mapping[StaticSymbol, IntRef], lowered: Any, name: str,
+def profiled(routine: Any, backend: Any, refs: Mapping[StaticSymbol, IntRef], lowered: Callable[[], Any], name: str,
              *, instrumented_now: bool) -> Any:
     """`routine` with a profiler (`Routine.profile`); with `instrumented_now`, the routine
     returned is the instrumented variant itself, and the table of its calls is printed when
-    the process exits (`EINJIT_PROFILE=1`)."""
+    the process exits (`EINJIT_PROFILE=1`). `lowered()` gives the routine's optimized code
+    (a routine from the program cache has none until asked)."""
     from einjit import backends
     from einjit.backends.cc.backend import CcBackend
     from einjit.backends.interface import load_inputs, low_level_of
@@ -176,11 +177,17 @@ def profiled(routine: Any, backend: Any, refs: Mapping[StaticSymbol, IntRef], lo
     if not isinstance(backend, CcBackend):
         return routine
     options = backend.simple.options  # type: ignore[attr-defined]  # a CcBackend's simple backend is CcSimpleBackend
-    code, prof, nests = instrument(low_level_of(lowered), name)
     variant: list[Any] = []
     context = routine.context
+    instrumented: list[tuple[ll.LLStmt, Tnode, tuple[NestInfo, ...]]] = []
+
+    def parts() -> tuple[ll.LLStmt, Tnode, tuple[NestInfo, ...]]:
+        if not instrumented:
+            instrumented.append(instrument(low_level_of(lowered()), name))
+        return instrumented[0]
 
     def build() -> Any:
+        code = parts()[0]
         if not variant:
             compiler = backends.with_options(backend, dataclasses.replace(
                 options, syntax=profiling_syntax(options.syntax)))
@@ -190,11 +197,13 @@ def profiled(routine: Any, backend: Any, refs: Mapping[StaticSymbol, IntRef], lo
         return variant[0]
 
     def counters() -> ProfileReport:
+        _, prof, nests = parts()
         context.to_host(prof)
         return report(name, prof.host_array(), nests)
 
     def profile(runs: int) -> ProfileReport:
         run = build()
+        prof = parts()[1]
         if not instrumented_now:
             prof.host_array()[...] = 0.0
             context.from_host(prof)

@@ -18,6 +18,7 @@ import numpy as np
 from einjit import backends, config
 from einjit import shape as sh
 from einjit.backends import profile
+from einjit.backends.cc import program_cache
 from einjit.backends.interface import (
     Routine,
     default_context,
@@ -29,6 +30,7 @@ from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.naming import node_base, stable_names
+from einjit.ir.tnode import Tnode, id_watermark
 from einjit.ir.optimize import VirtualizeSettings
 from einjit.tensor.notation import Code, as_asgns, cd
 from einjit.tensor.tensor import (
@@ -142,25 +144,47 @@ def to_routine(code: "Code | Asgns | Sequence[Code | Asgns]", *,
     base = backends.resolve(backend)
     compiler = base if options is None else backends.with_options(base, options)
     start = time.perf_counter()
+    instrumented = os.environ.get("EINJIT_PROFILE", "") not in ("", "0")
+    asgns = as_asgns(one_code)
     with stable_names():
-        _, lowered = lower_assignments(tuple(refs), as_asgns(one_code), name, settings=settings)
-        compiled = compiler.compile(tuple(refs), lowered, shared=True, name=name)
+        sh.finish_inference()
+        key = None if instrumented else program_cache.key(asgns, tuple(refs), name, settings, compiler)
+        hit = program_cache.load(key, asgns, tuple(refs), name, compiler) if key else None
+        if hit is None:
+            watermark = id_watermark()
+            _, lowered = lower_assignments(tuple(refs), asgns, name, settings=settings)
+            compiled = compiler.compile(tuple(refs), lowered, shared=True, name=name)
+            if key:
+                program_cache.store(key, asgns, tuple(refs), lowered, compiled, watermark)
+            written = _written_hosted(lowered)
+        else:
+            compiled, written = hit.compiled, hit.written_hosted
     context = context if context is not None else default_context(base)
     load_inputs(context, compiled.inputs)
-    routine = profile.profiled(compiler.link(context, compiled, refs), compiler, refs, lowered, name,
-                               instrumented_now=os.environ.get("EINJIT_PROFILE", "") not in ("", "0"))
+
+    def lowered_code() -> Any:
+        return lowered if hit is None else lower_assignments(tuple(refs), asgns, name, settings=settings)[1]
+
+    routine = profile.profiled(compiler.link(context, compiled, refs), compiler, refs, lowered_code, name,
+                               instrumented_now=instrumented)
     if not getattr(context, "share_host_arrays", False):
-        routine = _syncing_host(routine, lowered)
+        routine = _syncing_host(routine, written)
     config.debug(1, f"to_routine {name}: {1000 * (time.perf_counter() - start):.1f} ms")
     return routine
 
 
-def _syncing_host(routine: Routine, lowered: Any) -> Routine:
-    """On a context with its own arrays, calling the routine also copies the hosted nodes it
-    writes back to the host, so `routine()` means the same on every backend: afterwards the
-    host sees the results. `routine.schedule()` stays asynchronous and copies nothing."""
+def _written_hosted(lowered: Any) -> tuple[Tnode, ...]:
+    """The hosted nodes the code writes, in order of first write."""
     written = {s.tn: None for s in ll.iter_stmts(low_level_of(lowered))
                if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_hosted()}
+    return tuple(written)
+
+
+def _syncing_host(routine: Routine, written: Sequence[Tnode]) -> Routine:
+    """On a context with its own arrays, calling the routine also copies the hosted nodes it
+    writes (`written`) back to the host, so `routine()` means the same on every backend:
+    afterwards the host sees the results. `routine.schedule()` stays asynchronous and copies
+    nothing."""
     if not written:
         return routine
     context, wait = routine.context, routine.await_
