@@ -30,8 +30,8 @@ from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.naming import node_base, stable_names
-from einjit.ir.tnode import Tnode, id_watermark
 from einjit.ir.optimize import VirtualizeSettings
+from einjit.ir.tnode import Tnode, id_watermark
 from einjit.tensor.notation import Code, as_asgns, cd
 from einjit.tensor.tensor import (
     Tensor,

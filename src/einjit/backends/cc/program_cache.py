@@ -99,8 +99,9 @@ def key(asgns: asg.Asgns, bindings: Sequence[StaticSymbol], name: str, settings:
         ) -> str | None:
     """The program's key, or None when it is not cached: on a backend other than the plain C
     one, and when the passes' output was asked for (`EINJIT_DUMP_DIR`, `EINJIT_DEBUG` 2 and
-    up), which only running them gives. Call inside `naming.stable_names()` after shape inference, before lowering: names,
-    symbols and projections then print the same in every process."""
+    up), which only running them gives. Call inside `naming.stable_names()` after shape
+    inference, before lowering: names, symbols and projections then print the same in every
+    process."""
     if type(backend) is not CcBackend or config.dumping() or config.debug_level() >= 2:
         return None
     options = backend.simple.options  # type: ignore[attr-defined]  # CcBackend's simple backend is CcSimpleBackend
@@ -196,7 +197,8 @@ def load(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], n
         local_storage.mark_local(node(r), routine)
     for r in record["kept"]:
         local_storage.mark_kept(node(r))
-    params = tuple(Param(kind, c_name, None if r is None else node(r), mem, None if static is None else bindings[static])
+    params = tuple(Param(kind, c_name, None if r is None else node(r), mem,
+                         None if static is None else bindings[static])
                    for kind, c_name, r, mem, static in record["params"])
     fn = ctypes.CDLL(str(built.path))[record["c_name"]]
     fn.restype = None
