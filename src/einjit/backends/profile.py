@@ -213,6 +213,5 @@ def profiled(routine: Any, backend: Any, refs: Mapping[StaticSymbol, IntRef], lo
 
     if not instrumented_now:
         return dataclasses.replace(routine, profiler=profile)
-    instrumented = dataclasses.replace(build(), profiler=profile)
     atexit.register(lambda: print(counters(), file=sys.stderr))
-    return instrumented
+    return dataclasses.replace(build(), profiler=profile)
