@@ -143,8 +143,8 @@ C_SYNTAX = CSyntax()
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RenderedRoutine:
-    """`code` is the routine's own function; `nests` the definitions of the nest functions it
-    calls when it was outlined (`c_outline`), each preceded by its prototype line."""
+    """`code` is the routine's own function; `nests` the definitions (without storage class)
+    of the nest functions it calls when it was outlined (`c_outline`)."""
 
     name: str
     code: str
@@ -156,7 +156,7 @@ class RenderedRoutine:
 
 
 UNIT_MARK = "/* einjit: translation unit */\n"
-"""Starts every translation unit after the first in a program's source (`CProgram.units`)."""
+"""Starts every translation unit after the first in a program's source."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -166,10 +166,6 @@ class CProgram:
 
     source: str
     routines: tuple[RenderedRoutine, ...]
-
-    @property
-    def units(self) -> list[str]:
-        return self.source.split(UNIT_MARK)
 
 
 # ---------------------------------------------------------------- helpers emitted on demand
