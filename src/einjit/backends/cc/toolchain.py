@@ -247,8 +247,9 @@ def compile_source(source: str, *, label: str, options: CcOptions | None = None)
 def _compile(so_path: Path, c_path: Path, kept: Path, label: str, options: CcOptions) -> None:
     """Run the compiler on the source at `c_path` into `so_path`; on failure raise with the
     diagnostics, naming `kept`, where the cache keeps the source. A source of several
-    translation units (separated by `c_syntax.UNIT_MARK`) is compiled unit by unit, all at once (gcc is one
-    process per unit: the jobs run on as many cores as there are units), then linked."""
+    translation units (separated by `c_syntax.UNIT_MARK`) is compiled unit by unit, all at
+    once (gcc is one process per unit: the jobs run on as many cores as there are units),
+    then linked."""
     start = time.perf_counter()
     units = c_path.read_text(encoding="utf-8").split(UNIT_MARK)
     if len(units) == 1:
