@@ -263,7 +263,7 @@ def gpt_compile_rows(blocks: tuple[int, ...]) -> list[dict]:
             continue
         with tempfile.TemporaryDirectory() as cache:
             for kind in ("cold", "warm"):
-                wall, python_s, gcc_s = bench_compile.gpt_compile_seconds(cfg, cache)
+                _, wall, python_s, gcc_s = bench_compile.gpt_compile_seconds(cfg, cache)
                 rows.append(row(f"{label} {kind} compile ({wall / cfg['blocks']:.2f} s/block; CPU einjit "
                                 f"{python_s:.1f} s, gcc {gcc_s:.1f} s)", wall, {}))
     return rows

@@ -42,7 +42,7 @@ from einjit.backends.interface import Compiled
 from einjit.backends.params import Param
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import StaticSymbol, Symbol
+from einjit.ir.indexing import Projections, StaticSymbol, Symbol
 from einjit.ir.passes import local_storage
 from einjit.ir.tnode import Tnode
 
@@ -84,7 +84,9 @@ def _canonical(x: Any) -> str:
     if isinstance(x, Tnode):
         return x.name
     if isinstance(x, asg.Lazy):
-        return _canonical(x.force())
+        value = x.force()
+        # Projections hold symbols, dims and indices only: their repr is already canonical.
+        return repr(value) if isinstance(value, Projections) else _canonical(value)
     if isinstance(x, np.ndarray):
         return f"array {x.dtype} {x.shape} {hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()}"
     if isinstance(x, (tuple, list)):
