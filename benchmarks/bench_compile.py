@@ -23,6 +23,20 @@ include the imports): the nn convnet step went from 1.72 s wall (Python 0.43 s, 
 0.91 s (Python 0.34 s, gcc 0.74 s): small contractions with tails no longer unroll their
 blocks, gcc runs without its PRE pass (`cc.CcOptions`), tracing's nest limit went from 125 to
 25 iterations. The einsum convnet: 0.98 -> 0.65 s; the moons step: 0.15 -> 0.14 s.
+
+GPT-like steps (`gpt_step`, cold: empty cache; warm: a second fresh process on that cache),
+CPU seconds because the wall clock measured a load of 9-11 on the 2 cores (issue 21):
+- before (the issue's figures): one C function per step; the 2-block step took gcc 9.9 s, 4 blocks 32 s (3.2x the
+  time for 2x the layers), the warm compile 1.8 s (einjit's passes ran again);
+- outlined (one function per nest, 448 nests of the 4-block step as 84 functions, spread over
+  one unit per core): a 1-block d=32 step's gcc time 5.75 -> 2.56 s; 2 blocks: einjit 2.2 s,
+  gcc 3.9 s; 4 blocks: einjit 3.6-4.3 s, gcc 4.9-5.8 s; 12 blocks at d=768, T=128: einjit
+  10.7-12.5 s, gcc 7.0-7.2 s (gcc per block 1.95 -> 1.2 -> 0.6 s, einjit's about 1 s);
+- warm, with the program cache: the 4-block `to_routine` 0.4-0.6 s CPU (0.2 s of it the
+  projections the key needs), 2.5 s wall under that load;
+- `-O1` instead of `-O2` on the outlined 2-block step: gcc 2.34 instead of 3.54 s, but the
+  step ran 611 instead of 130 ms (no vectorization), so `-O2` stays; the outlined step ran
+  73.4 ms against 70.9 ms as one function, side by side.
 """
 
 from __future__ import annotations
