@@ -31,7 +31,8 @@ CPU seconds because the wall clock measured a load of 9-11 on the 2 cores (issue
 - outlined (one function per nest, 448 nests of the 4-block step as 84 functions, spread over
   one unit per core): a 1-block d=32 step's gcc time 5.75 -> 2.56 s; 2 blocks: einjit 2.2 s,
   gcc 3.9 s; 4 blocks: einjit 3.6-4.3 s, gcc 4.9-5.8 s; 12 blocks at d=768, T=128: einjit
-  10.7-12.5 s, gcc 7.0-7.2 s (gcc per block 1.95 -> 1.2 -> 0.6 s, einjit's about 1 s);
+  10.7-12.5 s, gcc 7.0-7.2 s (gcc per block 1.95 -> 1.2 -> 0.6 s, einjit's about 1 s); the
+  4-block step as one function (`CcOptions(outline_min_nests=0)`) took gcc 123.6 s CPU here;
 - warm, with the program cache: the 4-block `to_routine` 0.4-0.6 s CPU (0.2 s of it the
   projections the key needs), 2.5 s wall under that load;
 - `-O1` instead of `-O2` on the outlined 2-block step: gcc 2.34 instead of 3.54 s, but the
