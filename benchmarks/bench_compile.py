@@ -23,6 +23,21 @@ include the imports): the nn convnet step went from 1.72 s wall (Python 0.43 s, 
 0.91 s (Python 0.34 s, gcc 0.74 s): small contractions with tails no longer unroll their
 blocks, gcc runs without its PRE pass (`cc.CcOptions`), tracing's nest limit went from 125 to
 25 iterations. The einsum convnet: 0.98 -> 0.65 s; the moons step: 0.15 -> 0.14 s.
+
+GPT-like steps (`gpt_step`, cold: empty cache; warm: a second fresh process on that cache),
+CPU seconds because the wall clock measured a load of 9-11 on the 2 cores (issue 21):
+- before (the issue's figures): one C function per step; the 2-block step took gcc 9.9 s, 4 blocks 32 s (3.2x the
+  time for 2x the layers), the warm compile 1.8 s (einjit's passes ran again);
+- outlined (one function per nest, 448 nests of the 4-block step as 84 functions, spread over
+  one unit per core): a 1-block d=32 step's gcc time 5.75 -> 2.56 s; 2 blocks: einjit 2.2 s,
+  gcc 3.9 s; 4 blocks: einjit 3.6-4.3 s, gcc 4.9-5.8 s; 12 blocks at d=768, T=128: einjit
+  10.7-12.5 s, gcc 7.0-7.2 s (gcc per block 1.95 -> 1.2 -> 0.6 s, einjit's about 1 s); the
+  4-block step as one function (`CcOptions(outline_min_nests=0)`) took gcc 123.6 s CPU here;
+- warm, with the program cache: the 4-block `to_routine` 0.4-0.6 s CPU (0.2 s of it the
+  projections the key needs), 2.5 s wall under that load;
+- `-O1` instead of `-O2` on the outlined 2-block step: gcc 2.34 instead of 3.54 s, but the
+  step ran 611 instead of 130 ms (no vectorization), so `-O2` stays; the outlined step ran
+  73.4 ms against 70.9 ms as one function, side by side.
 """
 
 from __future__ import annotations
@@ -37,6 +52,15 @@ import time
 from itertools import pairwise
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+GPT_ROWS = {
+    "GPT step, 2 blocks (d=64)": dict(blocks=2, d=64, heads=4, seq=64, batch=4, vocab=256),
+    "GPT step, 4 blocks (d=64)": dict(blocks=4, d=64, heads=4, seq=64, batch=4, vocab=256),
+    "GPT step, 12 blocks (d=768, T=128)": dict(blocks=12, d=768, heads=12, seq=128, batch=1, vocab=512),
+}
+"""GPT-like training steps for the compile-time-per-depth rows. The 12-block row has GPT-2
+small's width, heads and context; its vocabulary is small because embedding is a one-hot
+contraction here (no gather)."""
 
 STEPS = {
     "moons step (B=10)": "import bench_train; print(bench_train.einjit_step_time(10, 1, {cache!r})[1])",
@@ -67,6 +91,75 @@ def chain_seconds(n: int) -> float:
     return time.perf_counter() - start
 
 
+def gpt_step(blocks: int, d: int, heads: int, seq: int, batch: int, vocab: int):
+    """The loss of a GPT-like model on one batch: token embedding (one-hot contraction, tied
+    with the LM head), `blocks` pre-LayerNorm blocks of causal multi-head attention (heads
+    as an einsum axis, the causal mask a constant) and a GELU MLP, cross-entropy on the next
+    token. Built by hand from einsum and `einjit.nn` pieces: what a transformer layer
+    library would produce, with shapes only this function knows."""
+    import numpy as np
+
+    import einjit as ej
+    from einjit import train
+    from einjit.nn import LayerNorm
+    from einjit.nn.losses import cross_entropy
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, vocab, (batch, seq))
+    eye = np.eye(vocab, dtype=np.float32)
+    x = ej.ndarray(eye[tokens], batch_axes=2, label="tokens")
+    y = ej.ndarray(eye[np.roll(tokens, -1, axis=1)], batch_axes=2, label="targets")
+    mask = ej.ndarray(np.triu(np.full((seq, seq), -1e9, np.float32), 1), label="causal")
+    e = d // heads
+    wte = ej.param("wte", input_dims=[vocab], output_dims=[d])
+    h = ej.einsum("b, t | -> v; v -> d => b, t | -> d", x, wte, label="embed")
+    for k in range(blocks):
+        a = LayerNorm(d, label=f"ln1_{k}")(h)
+        q, kk, v = (ej.einsum("b, t | -> d; d -> h, e => b, t | -> h, e", a,
+                              ej.param(f"w{n}{k}", input_dims=[d], output_dims=[heads, e]), label=f"{n}{k}")
+                    for n in "qkv")
+        s = ej.einsum("b, t | -> h, e; b, s | -> h, e => b | -> h, t, s", q, kk, label=f"scores{k}")
+        s = ej.einsum("b | -> h, t, s; t, s => b | -> h, t, s", s * (1.0 / np.sqrt(e)), mask, label=f"masked{k}")
+        o = ej.einsum("b | -> h, t, s; b, s | -> h, e => b, t | -> h, e", ej.softmax(s, -1), v, label=f"att{k}")
+        wo = ej.param(f"wo{k}", input_dims=[heads, e], output_dims=[d])
+        h = h + ej.einsum("b, t | -> h, e; h, e -> d => b, t | -> d", o, wo, label=f"proj{k}")
+        m = LayerNorm(d, label=f"ln2_{k}")(h)
+        w1 = ej.param(f"fc{k}", input_dims=[d], output_dims=[4 * d])
+        w2 = ej.param(f"out{k}", input_dims=[4 * d], output_dims=[d])
+        h = h + w2 @ ej.gelu(w1 @ m)
+    logits = ej.einsum("b, t | -> d; v -> d => b, t | -> v", LayerNorm(d, label="lnf")(h), wte, label="logits")
+    loss = cross_entropy(logits, y)
+    train.init_params(loss)
+    return loss
+
+
+def gpt_compile(blocks: int, d: int, heads: int, seq: int, batch: int, vocab: int
+                ) -> tuple[float, float, float, float]:
+    """Wall seconds to build the GPT step's graph (with its parameters' initial values), wall
+    seconds to compile it (`to_routine`: einjit's passes, gcc, linking), and the Python and
+    gcc CPU seconds of the compile."""
+    from einjit import train
+
+    t0 = time.perf_counter()
+    loss = gpt_step(blocks, d, heads, seq, batch, vocab)
+    code = [train.grad_update(loss), train.sgd_update(loss, 0.01)]
+    t1, c1 = time.perf_counter(), os.times()
+    train.to_routine(code, name=f"gpt{blocks}")
+    t2, c2 = time.perf_counter(), os.times()
+    return t1 - t0, t2 - t1, c2.user + c2.system - c1.user - c1.system, \
+        c2.children_user + c2.children_system - c1.children_user - c1.children_system
+
+
+def gpt_compile_seconds(cfg: dict, cache: str) -> tuple[float, float, float, float]:
+    """`gpt_compile` in a fresh process on the cache directory `cache`."""
+    env = {**os.environ, "EINJIT_CACHE_DIR": cache, "EINJIT_NUM_THREADS": "1"}
+    code = (f"import sys; sys.path.insert(0, {HERE!r}); import bench_compile; "
+            f"print(*bench_compile.gpt_compile(**{cfg!r}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    build, wall, python_s, gcc_s = map(float, out.stdout.split()[-4:])
+    return build, wall, python_s, gcc_s
+
+
 def cold_compile_seconds(snippet: str) -> tuple[float, float, float]:
     """Wall seconds of graph-to-routine, and the whole process's Python and gcc CPU seconds
     (Python's include the imports)."""
@@ -83,6 +176,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3, help="runs per row (the median is printed)")
     ap.add_argument("--chains", type=int, nargs="*", default=[100, 400, 1600], help="chain lengths")
+    ap.add_argument("--max-blocks", type=int, default=12, help="leave out GPT rows deeper than this")
     args = ap.parse_args()
     previous = None
     for n in args.chains:
@@ -90,6 +184,14 @@ def main() -> None:
         growth = f"  ({t / previous[1]:.1f}x the time for {n / previous[0]:.0f}x the nodes)" if previous else ""
         print(f"optimizer, chain of {n:5d} virtual nodes  {t * 1e3:8.1f} ms{growth}")
         previous = (n, t)
+    for label, cfg in GPT_ROWS.items():
+        if cfg["blocks"] > args.max_blocks:
+            continue
+        with tempfile.TemporaryDirectory() as cache:
+            for kind in ("cold", "warm"):
+                build, wall, python_s, gcc_s = gpt_compile_seconds(cfg, cache)
+                print(f"{kind} compile, {label:34s} {wall:7.2f} s; CPU: einjit {python_s:.2f} s, gcc {gcc_s:.2f} s; "
+                      f"{wall / cfg['blocks']:.2f} s per block (graph built in {build:.2f} s before)")
     for label, snippet in STEPS.items():
         runs = [cold_compile_seconds(snippet) for _ in range(args.repeats)]
         walls = [w for w, _, _ in runs]

@@ -8,17 +8,23 @@ the training steps of an MLP 784→256→256→10 (B=256, SGD with momentum), an
 (B=1024) and the moons MLP (B=10); an MNIST-size convnet step (B=64), written with einsum
 convolutions and built from `einjit.nn` layers (peer: PyTorch only), and their cold compiles;
 ATL matmul and matvec through einjit's backend; the optimizer on a chain of 400 virtual nodes;
-the cold compile of the moons step; the bytes an MLP step keeps with local storage on and off;
-the exported digits MLP's C library at batch 1 and 256 against ONNX Runtime (`bench_deploy.py`).
+the cold compile of the moons step; the bytes an MLP step keeps with local storage on and off.
 Peers: NumPy always, PyTorch eager and tinygrad when installed. Every peer gets einjit's
 thread count (BLAS through its environment variables, set before NumPy is imported;
 `torch.set_num_threads`). A ratio is the peer's time over einjit's: above 1 means einjit is
-faster. `--json` prints the rows as one JSON list, so runs can be compared.
+faster. `--json` prints the machine's figures and the rows as JSON, so runs can be compared.
+
+Every run first measures the machine (`machine.py`: the fp32 FMA peak and the memory
+bandwidth at the run's thread count): a GFLOP/s row also shows its share of that peak, a
+memory-bound row (ATL matvec) its GB/s and share of the bandwidth for its working set. The
+compile group adds the GPT-like step's cold and warm compiles at 2, 4 and 12 blocks
+(`bench_compile.py`; `--quick`: 2 and 4).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -31,7 +37,7 @@ def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     ap.add_argument("--threads", type=int, default=1, help="threads for einjit and every peer")
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions, no n=1024")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions, no n=1024, no 12-block GPT compile")
     ap.add_argument("--only", default="", help="comma-separated row groups to run: matmul, mlp, convnet, atl, "
                     "compile, memory, deploy (default: all)")
     ap.add_argument("--sizes", default="", help="comma-separated matmul sizes (default: 256,512,1000,1024; "
@@ -72,10 +78,27 @@ def best_times(fns, repeats: int = 7, min_time: float = 0.2) -> list[float]:
     return best
 
 
-def row(name: str, einjit_s: float, peers: dict[str, float | None], flops: float | None = None) -> dict:
+MACHINE = None
+"""The machine's measured figures (`machine.measure`), set by `main` before the rows run."""
+
+
+def row(name: str, einjit_s: float, peers: dict[str, float | None], flops: float | None = None,
+        nbytes: float | None = None, fp64: bool = False) -> dict:
+    """One table row. `flops`: the row's arithmetic, shown as GFLOP/s and as a share of the
+    machine's FMA peak (half of the fp32 peak for a float64 row: `fp64`); `nbytes`: the bytes
+    a memory-bound row must move, shown as GB/s and as a share of the bandwidth for its
+    working set (the last-level-cache read bandwidth up to 16 MiB, which repeated calls find
+    in the cache, else the memory read bandwidth)."""
     out = {"workload": name, "einjit_s": einjit_s}
     if flops:
         out["einjit_gflops"] = flops / einjit_s / 1e9
+        if MACHINE is not None:
+            out["share_of_peak"] = out["einjit_gflops"] / (MACHINE.fma_peak_gflops / (2 if fp64 else 1))
+    if nbytes:
+        out["einjit_gbs"] = nbytes / einjit_s / 1e9
+        if MACHINE is not None:
+            bandwidth = MACHINE.cached_read_gbs if nbytes <= 16 << 20 else MACHINE.read_gbs
+            out["share_of_bandwidth"] = out["einjit_gbs"] / bandwidth
     for peer, t in peers.items():
         out[f"{peer}_s"] = t
         out[f"vs_{peer}"] = None if t is None else t / einjit_s
@@ -161,7 +184,10 @@ def atl_rows(n: int = 1024) -> list[dict]:
         fn = f.compiled("einjit")
         np.testing.assert_allclose(fn(*inputs), ref(*inputs), rtol=1e-9, atol=1e-9)
         t_ej, t_np = best_times([lambda fn=fn, inputs=inputs: fn(*inputs), lambda ref=ref, inputs=inputs: ref(*inputs)])
-        rows.append(row(f"ATL {name} n={n} (float64), einjit backend", t_ej, {"numpy": t_np}))
+        memory_bound = name == "matvec"
+        nbytes = 8.0 * (n * n + 2 * n) if memory_bound else None
+        rows.append(row(f"ATL {name} n={n} (float64), einjit backend", t_ej, {"numpy": t_np},
+                        None if memory_bound else 2.0 * n**3, nbytes, fp64=True))
     try:
         import halide  # noqa: F401  (optional: the row is left out without it)
     except ImportError:
@@ -226,28 +252,52 @@ def compile_row() -> dict:
     return row("moons step cold compile (build + optimize + gcc)", cold, {})
 
 
+def gpt_compile_rows(blocks: tuple[int, ...]) -> list[dict]:
+    """Cold and warm compiles of the GPT-like step (`bench_compile.GPT_ROWS`) in fresh
+    processes; the per-block time is what must stay flat as the model deepens."""
+    import bench_compile
+
+    rows = []
+    for label, cfg in bench_compile.GPT_ROWS.items():
+        if cfg["blocks"] not in blocks:
+            continue
+        with tempfile.TemporaryDirectory() as cache:
+            for kind in ("cold", "warm"):
+                _, wall, python_s, gcc_s = bench_compile.gpt_compile_seconds(cfg, cache)
+                rows.append(row(f"{label} {kind} compile ({wall / cfg['blocks']:.2f} s/block; CPU einjit "
+                                f"{python_s:.1f} s, gcc {gcc_s:.1f} s)", wall, {}))
+    return rows
+
+
 def main() -> None:
+    global MACHINE
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import machine
     from bench_deploy import deploy_rows
     from bench_memory import run_row as memory_row
     sizes = ([int(n) for n in ARGS.sizes.split(",")] if ARGS.sizes
              else [256, 512] if ARGS.quick else [256, 512, 1000, 1024])
     groups = {"matmul": lambda: matmul_rows(sizes), "mlp": mlp_step_rows, "convnet": convnet_rows,
-              "atl": lambda: atl_rows(512 if ARGS.quick else 1024), "compile": lambda: [chain_row(), compile_row()],
+              "atl": lambda: atl_rows(512 if ARGS.quick else 1024),
+              "compile": lambda: [chain_row(), compile_row(), *gpt_compile_rows((2, 4) if ARGS.quick else (2, 4, 12))],
               "memory": lambda: [memory_row()], "deploy": lambda: deploy_rows(ARGS.threads, ARGS.quick)}
     only = [g for g in ARGS.only.split(",") if g] or list(groups)
     unknown = sorted(set(only) - set(groups))
     if unknown:
         raise SystemExit(f"run.py: unknown row group(s) {unknown}; choose from {sorted(groups)}")
+    MACHINE = machine.measure(ARGS.threads)
     rows = [r for g in only for r in groups[g]()]
     if ARGS.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"machine": dataclasses.asdict(MACHINE), "rows": rows}, indent=1))
         return
+    print(MACHINE)
     print(f"threads: {ARGS.threads} (einjit and every peer); ratio = peer time / einjit time, > 1: einjit faster")
     for r in rows:
         line = f"{r['workload']:<52} einjit {_fmt(r['einjit_s'])}"
         if "einjit_gflops" in r:
-            line += f" ({r['einjit_gflops']:6.1f} GFLOP/s)"
+            line += f" ({r['einjit_gflops']:6.1f} GFLOP/s, {100 * r['share_of_peak']:3.0f}% of peak)"
+        if "einjit_gbs" in r:
+            line += f" ({r['einjit_gbs']:6.1f} GB/s, {100 * r['share_of_bandwidth']:3.0f}% of bandwidth)"
         for key in r:
             if key.startswith("vs_"):
                 peer = key[3:]

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from einjit.backends import c_outline
 from einjit.backends.params import MemClass, Param, ParamKind, repeated_names
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
@@ -129,6 +130,12 @@ class CSyntax:
     thread then delays only its current iteration, not a fixed share of the loop."""
     loop_head: Callable[[ll.ForLoop, str, str], str | None] | None = None
     classify: Callable[[Tnode, bool], MemClass] | None = None
+    outline_min_nests: int = 0
+    """A routine with at least this many top-level loop nests renders each nest as its own
+    function (`c_outline`), nests identical up to names as one function; 0: never."""
+    units: int = 1
+    """How many translation units the outlined nest functions are spread over, beside the
+    routine's own (gcc compiles them in parallel); 1 keeps everything in one."""
 
 
 C_SYNTAX = CSyntax()
@@ -136,17 +143,26 @@ C_SYNTAX = CSyntax()
 
 @dataclass(frozen=True, slots=True, eq=False)
 class RenderedRoutine:
+    """`code` is the routine's own function; `nests` the definitions (without storage class)
+    of the nest functions it calls when it was outlined (`c_outline`)."""
+
     name: str
     code: str
     params: tuple[Param, ...]
     local_nodes: tuple[Tnode, ...]
     helpers: frozenset[str]
     scratch_bytes: int = 0
+    nests: tuple[str, ...] = ()
+
+
+UNIT_MARK = "/* einjit: translation unit */\n"
+"""Starts every translation unit after the first in a program's source."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class CProgram:
-    """A whole translation unit: prelude, helpers, and the routines in the order given."""
+    """The source of the routines in the order given: one translation unit, or several
+    (outlined nests spread for parallel compilation) separated by `UNIT_MARK` lines."""
 
     source: str
     routines: tuple[RenderedRoutine, ...]
@@ -318,6 +334,7 @@ class _Writer:
         self.guarded = 0
         self.temps = 0
         self.parallel_depth = 0
+        self.nest_owned: set[Tnode] = set()
 
     # -- names and storage
 
@@ -636,7 +653,11 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     w.on_stack = placement.on_stack
     if syntax.num_threads > 1:
         w.region_only = region_only_nodes(llc)
-    w.stmt(llc, "  ")
+    top = list(ll.flatten(llc))
+    outlined = syntax.outline_min_nests and sum(isinstance(s, ll.ForLoop) for s in top) >= syntax.outline_min_nests
+    nest_functions = _render_outlined(w, name, top, bindings, itype) if outlined else ()
+    if not outlined:
+        w.stmt(llc, "  ")
 
     params: list[Param] = []
     decls: list[str] = []
@@ -648,7 +669,7 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
         t = syntax.type_name(tn.prec)
         if mem is MemClass.LOCAL_ONLY:
             local_nodes.append(tn)
-            if tn in w.region_only:
+            if tn in w.region_only or tn in w.nest_owned:
                 continue
             if tn in placement.on_stack:
                 local_decls.append("  " + syntax.local_stack_decl.format(t=t, name=tn.name, size=tn.size))
@@ -681,7 +702,75 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     head = f"{qual}void {name}({', '.join(decls) or 'void'}) {{"
     body = widened + [line for d in local_decls for line in d.split("\n")] + w.lines
     code = "\n".join([head, *body, "}"]) + "\n"
-    return RenderedRoutine(name, code, tuple(params), tuple(local_nodes), frozenset(w.helpers), scratch_bytes)
+    return RenderedRoutine(name, code, tuple(params), tuple(local_nodes), frozenset(w.helpers), scratch_bytes,
+                           nest_functions)
+
+
+def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequence[StaticSymbol],
+                     itype: str) -> tuple[str, ...]:
+    """Render each top-level loop nest with its own writer, as a function that `w`'s body
+    calls; the other statements stay in `w`'s body. Returns the nest functions' definitions.
+
+    A stack local that only one nest touches (the scheduler's register blocks and panels, a
+    temporary of that nest alone) is declared in that nest's function, where gcc sees all of
+    its uses; every other array is a pointer parameter."""
+    rendered: list[tuple[ll.ForLoop, _Writer] | ll.LLStmt] = []
+    users: dict[Tnode, int] = {}
+    for s in top:
+        if not isinstance(s, ll.ForLoop):
+            before = set(w.nodes)
+            w.stmt(s, "  ")
+            for k in set(w.nodes) - before:
+                users[w.nodes[k]] = users.get(w.nodes[k], 0) + 2
+            rendered.append(s)
+            continue
+        nw = _Writer(w.syn, tuple(bindings), itype)
+        nw.on_stack, nw.region_only = w.on_stack, w.region_only
+        nw.stmt(s, "  ")
+        for tn in nw.nodes.values():
+            users[tn] = users.get(tn, 0) + 1
+        rendered.append((s, nw))
+    w.lines = []
+    nests: list[c_outline.Nest] = []
+    for item in rendered:
+        if not isinstance(item, tuple):
+            w.stmt(item, "  ")
+            continue
+        loop, nw = item
+        w.nodes.update(nw.nodes)
+        w.written |= nw.written
+        w.merges.update(nw.merges)
+        w.helpers |= nw.helpers
+        owned = [tn for tn in nw.nodes.values() if users[tn] == 1 and tn in w.on_stack and tn not in w.region_only
+                 and (w.syn.classify or mem_class)(tn, tn.id in nw.written) is MemClass.LOCAL_ONLY]
+        w.nest_owned.update(owned)
+        args = [c_outline.Arg(tn.name, w.syn.type_name(tn.prec), tn.id in nw.written)
+                for tn in sorted(nw.nodes.values(), key=lambda n: n.id)
+                if tn not in owned and tn not in w.region_only]
+        args += [c_outline.Arg(f"merge_{tn.name}", w.syn.type_name(tn.prec), False)
+                 for tn in sorted(nw.merges.values(), key=lambda n: n.id)]
+        decls = [w.syn.local_stack_decl.format(t=w.syn.type_name(tn.prec), name=tn.name, size=tn.size)
+                 for tn in sorted(owned, key=lambda n: n.id)]
+        private = [tn.name for tn in nw.nodes.values() if tn in w.region_only]
+        renamed = [*(tn.name for tn in owned), *private, *_bound_names(loop)]
+        nests.append(c_outline.Nest(args, decls, nw.lines, renamed))
+        w.lines.append(f"  {c_outline.CALL_MARK}{len(nests) - 1}")
+    statics = [(symbol_name(b.symbol), "int" if itype == "int" else "long long") for b in bindings]
+    functions, calls = c_outline.share(name, nests, statics, w.syn.restrict)
+    w.lines = [calls[int(line.strip()[len(c_outline.CALL_MARK):])] if c_outline.CALL_MARK in line else line
+               for line in w.lines]
+    return functions
+
+
+def _bound_names(loop: ll.ForLoop) -> list[str]:
+    """The C names a nest binds itself (loop counters, scalar locals): renamed when comparing
+    nests, like its arrays."""
+    names = [symbol_name(s.index) for s in ll.iter_stmts(loop) if isinstance(s, ll.ForLoop)]
+    for s in ll.iter_stmts(loop):
+        for x in ll.deep_parts(s):
+            if isinstance(x, ll.LocalScope):
+                names.append(local_name(x.id))
+    return names
 
 
 def private_nodes(loop: ll.ForLoop) -> list[Tnode]:
@@ -761,11 +850,36 @@ def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence
     dup = repeated_names(r.name for r in rendered)
     if dup:
         raise RenderError(f"einjit: routine names must be distinct in one program once mangled, repeated: {dup}")
+    nests = [f for r in rendered for f in r.nests]
+    dup = repeated_names([r.name for r in rendered] + [f.split("(", 1)[0].split()[-1] for f in nests])
+    if dup:
+        raise RenderError(f"einjit: routine names must be distinct from the nest functions of other routines, "
+                          f"repeated: {dup}")
     helpers = sorted(set().union(*(r.helpers for r in rendered)))
     parts = ["/* Generated by einjit: C backend. */\n" + "".join(f"#include <{h}>\n" for h in syntax.includes)
              + "#define EINJIT_CLAMP(x, hi) ((x) < 0 ? 0 : ((x) > (hi) ? (hi) : (x)))\n"]
     if syntax.prelude:
         parts.append(syntax.prelude)
     parts += [HELPERS[h].format(q=syntax.helper_qualifier) for h in helpers]
-    parts += [r.code for r in rendered]
-    return CProgram("\n".join(parts), rendered)
+    units = min(syntax.units, len(nests))
+    if units <= 1:
+        parts += [_NEST_STATIC + f for f in nests]
+        parts += [r.code for r in rendered]
+        return CProgram("\n".join(parts), rendered)
+    header = list(parts)
+    spread: list[list[str]] = [[] for _ in range(units)]
+    sizes = [0] * units
+    for f in sorted(nests, key=len, reverse=True):
+        k = sizes.index(min(sizes))
+        spread[k].append(f)
+        sizes[k] += len(f)
+    prototypes = "".join(_NEST_HIDDEN + f.split("\n", 1)[0][:-2] + ";\n" for f in nests)
+    main = "\n".join([*header, prototypes, *(r.code for r in rendered)])
+    others = ["\n".join([*header, *(_NEST_HIDDEN + f for f in sorted(unit, key=nests.index))]) for unit in spread]
+    return CProgram(UNIT_MARK.join([main, *others]), rendered)
+
+
+_NEST_STATIC = "static __attribute__((noinline)) "
+"""Nest functions in the routine's translation unit: not inlined back into one function."""
+_NEST_HIDDEN = '__attribute__((visibility("hidden"))) '
+"""Nest functions in other translation units: linked within the shared object only."""

@@ -145,6 +145,17 @@ class Routine(Generic[Ctx]):
     mem_classes: Mapping[Tnode, enum.Enum] = field(default_factory=dict, repr=False)
     await_: Callable[[], None] | None = field(default=None, repr=False)
     run_now: Callable[[], None] | None = field(default=None, repr=False)
+    profiler: Callable[[int], Any] | None = field(default=None, repr=False)
+
+    def profile(self, runs: int = 10) -> Any:
+        """Run the routine's instrumented variant `runs` times in this context (with the
+        effects of as many calls) and return the time of each loop nest
+        (`backends.profile.ProfileReport`, printable as a table). A routine built under
+        `EINJIT_PROFILE=1` is that variant already: `profile(0)` reports its calls so far."""
+        if self.profiler is None:
+            raise BackendError(f"einjit: routine {self.name!r} has no profiler: routines from train.to_routine "
+                               f"on the C backend have one")
+        return self.profiler(runs)
 
     @property
     def memory(self) -> MemoryReport:

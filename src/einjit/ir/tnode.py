@@ -135,6 +135,11 @@ _tnode_ids = itertools.count(1)
 _replaced = [0]
 
 
+def id_watermark() -> int:
+    """An id above every node made so far (nodes made later have larger ids)."""
+    return next(_tnode_ids)
+
+
 def host_arrays_replaced() -> int:
     """How many times a node's host array was replaced by another. Routines that compute in host
     arrays hold their addresses; one integer compare per call tells them when to look whether

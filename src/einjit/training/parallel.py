@@ -82,8 +82,8 @@ def compile_step(backend: Any, loss: Tensor, update_code: "Code | asg.Asgns", *,
     if not params:
         raise TensorError(f"einjit: data parallelism needs parameters; loss {loss.label_str} has none")
     symbols = tuple(dict.fromkeys([*bindings, shard]))
-    grad, _ = compile_code(train.grad_update(loss), bindings=symbols, name=f"{name}_grad", backend=backend)
-    update, _ = compile_code(update_code, bindings=symbols, name=f"{name}_update", backend=backend)
+    grad = compile_code(train.grad_update(loss), bindings=symbols, name=f"{name}_grad", backend=backend).compiled
+    update = compile_code(update_code, bindings=symbols, name=f"{name}_update", backend=backend).compiled
     return StepCode(loss, params, grad, update, symbols, shard, name, tuple(drivers(as_asgns(update_code))))
 
 

@@ -12,10 +12,14 @@ the forward pass that does not consume the tensors' code (see `einjit.training.f
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
-from typing import Any, Mapping, Sequence, cast
+from typing import Any, Callable, Mapping, Sequence, cast
 
 from einjit import backends, config
+from einjit import shape as sh
+from einjit.backends import profile
+from einjit.backends.cc import program_cache
 from einjit.backends.interface import (
     Compiled,
     Routine,
@@ -29,29 +33,54 @@ from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.naming import stable_names
 from einjit.ir.optimize import VirtualizeSettings
-from einjit.ir.tnode import MemoryModeError
+from einjit.ir.tnode import MemoryModeError, Tnode, id_watermark
 from einjit.tensor.notation import Code, as_asgns
 from einjit.tensor.tensor import Tensor, TensorError
 
-__all__ = ["compile_code", "forward_code", "to_routine"]
+__all__ = ["Program", "compile_code", "forward_code", "to_routine"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """Compiled training code: the relocatable object, the hosted nodes it writes (copied back
+    after a call on a context with its own arrays), and the optimizer's result, which a
+    program-cache hit recomputes only when asked (the profiler needs it; a call does not)."""
+
+    compiled: Compiled
+    written_hosted: tuple[Tnode, ...]
+    lowered: Callable[[], Any]
 
 
 def compile_code(code: "Code | asg.Asgns | Sequence[Code | asg.Asgns]", *, bindings: Sequence[StaticSymbol] = (),
                  name: str = "routine", backend: Any = None, settings: VirtualizeSettings | None = None,
-                 options: Any = None) -> tuple[Compiled, Any]:
+                 options: Any = None, use_program_cache: bool = True) -> Program:
     """Lower and compile `code` (a list or tuple is one sequence) relocatably with `backend` (an
-    object or a registered name; `options`: the C compiler's `CcOptions`). Returns the compiled
-    code and the optimizer's result."""
+    object or a registered name; `options`: the C compiler's `CcOptions`). A program compiled
+    before, in this process or an earlier one, comes from the program cache without running
+    einjit's passes."""
     if isinstance(code, (list, tuple)):
         code = asg.sequence(*[as_asgns(c) for c in code])
-    one_code = cast("Code | asg.Asgns", code)  # a list or tuple was sequenced just above
+    asgns = as_asgns(cast("Code | asg.Asgns", code))  # a list or tuple was sequenced just above
     base = backends.resolve(backend)
     compiler = base if options is None else backends.with_options(base, options)
+    symbols = tuple(bindings)
+
+    def lower() -> Any:
+        return lower_assignments(symbols, asgns, name, settings=settings)[1]
+
     with stable_names():
-        _, lowered = lower_assignments(tuple(bindings), as_asgns(one_code), name, settings=settings)
-        compiled = compiler.compile(tuple(bindings), lowered, shared=True, name=name)
-    assert isinstance(compiled, Compiled)  # compiled now, being shared
-    return compiled, lowered
+        sh.finish_inference()
+        key = program_cache.key(asgns, symbols, name, settings, compiler) if use_program_cache else None
+        hit = program_cache.load(key, asgns, symbols, name, compiler) if key else None
+        if hit is not None:
+            return Program(hit.compiled, hit.written_hosted, lower)
+        watermark = id_watermark()
+        lowered = lower()
+        compiled = compiler.compile(symbols, lowered, shared=True, name=name)
+        assert isinstance(compiled, Compiled)  # compiled now, being shared
+        if key:
+            program_cache.store(key, asgns, symbols, lowered, compiled, watermark)
+    return Program(compiled, _written_hosted(lowered), lambda: lowered)
 
 
 def to_routine(code: "Code | asg.Asgns | Sequence[Code | asg.Asgns]", *,
@@ -65,7 +94,8 @@ def to_routine(code: "Code | asg.Asgns | Sequence[Code | asg.Asgns]", *,
     (for the C backend, one computing in the host arrays). `options` are the C compiler's
     `CcOptions`. Calling the routine runs it to completion, and the host then sees the hosted
     nodes it wrote (on a context with its own arrays they are copied back); `schedule()` is
-    the asynchronous form of the seed, which copies nothing.
+    the asynchronous form of the seed, which copies nothing. With `EINJIT_PROFILE=1` the
+    routine is the profiler's instrumented variant (and the program cache is not used).
     """
     refs = dict(bindings) if isinstance(bindings, Mapping) else {s: IntRef(0) for s in bindings}
     if backend is None and context is not None:
@@ -73,22 +103,31 @@ def to_routine(code: "Code | asg.Asgns | Sequence[Code | asg.Asgns]", *,
     base = backends.resolve(backend)
     compiler = base if options is None else backends.with_options(base, options)
     start = time.perf_counter()
-    compiled, lowered = compile_code(code, bindings=tuple(refs), name=name, backend=compiler, settings=settings)
+    instrumented = os.environ.get("EINJIT_PROFILE", "") not in ("", "0")
+    program = compile_code(code, bindings=tuple(refs), name=name, backend=compiler, settings=settings,
+                           use_program_cache=not instrumented)
     context = context if context is not None else default_context(base)
-    load_inputs(context, compiled.inputs)
-    routine = compiler.link(context, compiled, refs)
+    load_inputs(context, program.compiled.inputs)
+    routine = profile.profiled(compiler.link(context, program.compiled, refs), compiler, refs, program.lowered,
+                               name, instrumented_now=instrumented)
     if not getattr(context, "share_host_arrays", False):
-        routine = _syncing_host(routine, lowered)
+        routine = _syncing_host(routine, program.written_hosted)
     config.debug(1, f"to_routine {name}: {1000 * (time.perf_counter() - start):.1f} ms")
     return routine
 
 
-def _syncing_host(routine: Routine, lowered: Any) -> Routine:
-    """On a context with its own arrays, calling the routine also copies the hosted nodes it
-    writes back to the host, so `routine()` means the same on every backend: afterwards the
-    host sees the results. `routine.schedule()` stays asynchronous and copies nothing."""
+def _written_hosted(lowered: Any) -> tuple[Tnode, ...]:
+    """The hosted nodes the code writes, in order of first write."""
     written = {s.tn: None for s in ll.iter_stmts(low_level_of(lowered))
                if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_hosted()}
+    return tuple(written)
+
+
+def _syncing_host(routine: Routine, written: Sequence[Tnode]) -> Routine:
+    """On a context with its own arrays, calling the routine also copies the hosted nodes it
+    writes (`written`) back to the host, so `routine()` means the same on every backend:
+    afterwards the host sees the results. `routine.schedule()` stays asynchronous and copies
+    nothing."""
     if not written:
         return routine
     context, wait = routine.context, routine.await_

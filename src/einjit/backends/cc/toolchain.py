@@ -21,6 +21,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from einjit import config
 from einjit.backends import cache
 from einjit.backends.c_syntax import (
     C_SYNTAX,
+    UNIT_MARK,
     CSyntax,
     MemClass,
     Param,
@@ -111,6 +113,13 @@ class CcOptions:
     pass took a third of gcc's time (0.94 -> 0.72 s). It finds nothing left to do in the
     scheduled nests (loop-invariant motion still runs): matmuls, the MLP and convnet steps ran
     at the same speed side by side with and without it.
+
+    `outline_min_nests`: a routine of at least this many top-level loop nests is rendered as
+    one function per nest, nests that differ only in their arrays as one function
+    (`c_outline`), spread over `jobs` translation units that gcc compiles at once (default:
+    one per core). gcc's time on one function grows faster than the function; the MLP and
+    convnet steps (55 and 66 nests) stay one function, a transformer step (a hundred nests
+    or more per block) is outlined. 0 never outlines.
     """
 
     compiler: str = field(default_factory=_default_compiler)
@@ -121,9 +130,13 @@ class CcOptions:
     vector_math: bool = True
     syntax: CSyntax = C_SYNTAX
     threads: int = field(default_factory=lambda: default_threads())
+    outline_min_nests: int = 96
+    jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
 
     def effective_syntax(self) -> CSyntax:
         syntax = dataclasses.replace(self.syntax, num_threads=self.threads) if self.threads > 1 else self.syntax
+        if self.outline_min_nests and not syntax.outline_min_nests:
+            syntax = dataclasses.replace(syntax, outline_min_nests=self.outline_min_nests, units=self.jobs)
         if self.vector_math and _has_libmvec():
             return dataclasses.replace(syntax, prelude=syntax.prelude + _VECTOR_MATH_PRELUDE)
         return syntax
@@ -233,23 +246,50 @@ def compile_source(source: str, *, label: str, options: CcOptions | None = None)
 
 def _compile(so_path: Path, c_path: Path, kept: Path, label: str, options: CcOptions) -> None:
     """Run the compiler on the source at `c_path` into `so_path`; on failure raise with the
-    diagnostics, naming `kept`, where the cache keeps the source."""
-    cmd = [options.compiler, *options.flags, "-o", str(so_path), str(c_path), *options.effective_libs()]
-    config.debug(3, f"cc: {' '.join(cmd)}")
+    diagnostics, naming `kept`, where the cache keeps the source. A source of several
+    translation units (separated by `c_syntax.UNIT_MARK`) is compiled unit by unit, all at
+    once (gcc is one process per unit: the jobs run on as many cores as there are units),
+    then linked."""
     start = time.perf_counter()
+    units = c_path.read_text(encoding="utf-8").split(UNIT_MARK)
+    if len(units) == 1:
+        _run([[options.compiler, *options.flags, "-o", str(so_path), str(c_path), *options.effective_libs()]],
+             kept, label, options)
+    else:
+        with tempfile.TemporaryDirectory(dir=c_path.parent, prefix=".units-") as tmp:
+            paths = [Path(tmp) / f"unit{k}.c" for k in range(len(units))]
+            for path, text in zip(paths, units, strict=True):
+                path.write_text(text, encoding="utf-8")
+            flags = [f for f in options.flags if f != "-shared"]
+            _run([[options.compiler, *flags, "-c", "-o", str(p.with_suffix(".o")), str(p)] for p in paths],
+                 kept, label, options)
+            _run([[options.compiler, *options.flags, "-o", str(so_path), *(str(p.with_suffix(".o")) for p in paths),
+                   *options.effective_libs()]], kept, label, options)
+    if not so_path.exists():
+        raise CompileError(f"einjit: {options.compiler} produced no shared object compiling {label}; the generated "
+                           f"source is kept at {kept}")
+    config.debug(1, f"cc: {label}: compiled in {(time.perf_counter() - start) * 1000:.1f} ms")
+
+
+def _run(cmds: list[list[str]], kept: Path, label: str, options: CcOptions) -> None:
+    """Run the compiler commands concurrently; on a failure raise with its diagnostics."""
+    for cmd in cmds:
+        config.debug(3, f"cc: {' '.join(cmd)}")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        running = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for cmd in cmds]
     except OSError as e:
         _compiler_identity.cache_clear()
         raise _missing_compiler(options.compiler, e) from e
-    if proc.returncode != 0 or not so_path.exists():
-        diagnostics = (proc.stderr + proc.stdout).strip()
-        if len(diagnostics) > _MAX_DIAGNOSTICS:
-            diagnostics = diagnostics[:_MAX_DIAGNOSTICS] + "\n... (diagnostics truncated)"
-        raise CompileError(
-            f"einjit: {options.compiler} failed (exit {proc.returncode}) compiling {label}; the generated "
-            f"source is kept at {kept}\ncommand: {' '.join(cmd)}\n{diagnostics}")
-    config.debug(1, f"cc: {label}: compiled in {(time.perf_counter() - start) * 1000:.1f} ms")
+    results = [(cmd, proc.returncode, out + err) for cmd, proc in zip(cmds, running, strict=True)
+               for out, err in [proc.communicate()]]
+    for cmd, code, output in results:
+        if code != 0:
+            diagnostics = output.strip()
+            if len(diagnostics) > _MAX_DIAGNOSTICS:
+                diagnostics = diagnostics[:_MAX_DIAGNOSTICS] + "\n... (diagnostics truncated)"
+            raise CompileError(
+                f"einjit: {options.compiler} failed (exit {code}) compiling {label}; the generated "
+                f"source is kept at {kept}\ncommand: {' '.join(cmd)}\n{diagnostics}")
 
 
 def _unwrap(llc) -> ll.LLStmt:

@@ -39,7 +39,7 @@ from einjit.ir import low_level as ll
 from einjit.ir.provenance import ROUTINE_LOCAL, describe
 from einjit.ir.tnode import LOCAL, MemoryModeError, Tnode
 
-__all__ = ["LocalNodeError", "is_routine_local", "kept_in_context", "local_to", "localize"]
+__all__ = ["LocalNodeError", "is_routine_local", "kept_in_context", "local_to", "localize", "mark_kept", "mark_local"]
 
 
 class LocalNodeError(MemoryModeError):
@@ -97,6 +97,17 @@ def localize(routines: Sequence[tuple[str, Any, frozenset[Tnode]]]) -> None:
         for tn in _touched(lowered):
             if not tn.is_local() and not tn.is_virtual():
                 _kept_in_context.add(tn)
+
+
+def mark_local(tn: Tnode, routine: str) -> None:
+    """Record that `routine` made `tn` routine-local (its memory mode already says Local):
+    what `localize` decided, restored by the program cache without running it."""
+    _local_to[tn] = routine
+
+
+def mark_kept(tn: Tnode) -> None:
+    """Record that a compiled routine keeps `tn` in its context (as `localize` does)."""
+    _kept_in_context.add(tn)
 
 
 def _local_storage_on(lowered: Any) -> bool:

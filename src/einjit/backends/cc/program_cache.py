@@ -1,0 +1,213 @@
+"""The program cache: a routine compiled before, in this process or an earlier one, is
+rebuilt from a record of what einjit's passes decided, without running them.
+
+The compiled-object cache (`cache.py`) skips gcc, but its key is the generated source, so
+every compile still lowered, optimized and rendered the program first: for a GPT training
+step that is seconds of Python before the cache answers. This cache is keyed by the graph
+itself, taken before any pass runs: every assignment (its operation, nodes, projections,
+fetched constants), every node's dims, precision and memory mode, whether an earlier routine
+keeps it, the static bindings, the optimizer settings, the compiler options and target, and
+einjit's own source (a change to a pass must not reuse what the old pass decided). A hit
+restores what the passes changed — each node's memory mode, the routine-local marks, the
+nodes kept in context — and rebuilds the compiled routine from the recorded source (its
+shared object then comes from the object cache) and parameters.
+
+Nodes are recorded by their position in the assignments (`guessed_nodes`); nodes the passes
+create (the scheduler's register blocks and panels) are recorded by label, dims, precision
+and mode and made afresh. A program whose code touches a node that is neither is not
+recorded. Records are pickles in the cache directory, like the shared objects einjit loads
+and runs from there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import hashlib
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+import einjit
+from einjit import config
+from einjit.backends import cache
+from einjit.backends.c_syntax import C_SYNTAX
+from einjit.backends.cc import toolchain as cc
+from einjit.backends.cc.backend import CcBackend, CcProcedure
+from einjit.backends.interface import Compiled
+from einjit.backends.params import Param
+from einjit.ir import assignments as asg
+from einjit.ir import low_level as ll
+from einjit.ir.indexing import Projections, StaticSymbol, Symbol
+from einjit.ir.passes import local_storage
+from einjit.ir.tnode import Tnode
+
+__all__ = ["Hit", "key", "load", "stats", "store"]
+
+_VERSION = "einjit-program-1"
+
+
+@dataclass
+class Stats:
+    hits: int = 0
+    stores: int = 0
+
+
+stats = Stats()
+"""How often the program cache answered, and how many programs it recorded (tests)."""
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A routine rebuilt from the cache: its compiled code and the hosted nodes it writes."""
+
+    compiled: Compiled
+    written_hosted: tuple[Tnode, ...]
+
+
+@functools.cache
+def _einjit_fingerprint() -> str:
+    root = Path(einjit.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _canonical(x: Any) -> str:
+    """A text of an assignment (or a part of one) that names nodes and symbols as the program
+    does, so it is the same in every process for the same model."""
+    if isinstance(x, Tnode):
+        return x.name
+    if isinstance(x, asg.Lazy):
+        value = x.force()
+        # Projections hold symbols, dims and indices only: their repr is already canonical.
+        return repr(value) if isinstance(value, Projections) else _canonical(value)
+    if isinstance(x, np.ndarray):
+        return f"array {x.dtype} {x.shape} {hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()}"
+    if isinstance(x, (tuple, list)):
+        return "(" + ", ".join(_canonical(v) for v in x) + ")"
+    if dataclasses.is_dataclass(x) and not isinstance(x, type) and not isinstance(x, (Symbol, StaticSymbol)):
+        fields = ", ".join(_canonical(getattr(x, f.name)) for f in dataclasses.fields(x))
+        return f"{type(x).__name__}({fields})"
+    return repr(x)
+
+
+def key(asgns: asg.Asgns, bindings: Sequence[StaticSymbol], name: str, settings: Any, backend: Any
+        ) -> str | None:
+    """The program's key, or None when it is not cached: on a backend other than the plain C
+    one, and when the passes' output was asked for (`EINJIT_DUMP_DIR`, `EINJIT_DEBUG` 2 and
+    up), which only running them gives. Call inside `naming.stable_names()` after shape
+    inference, before lowering: names, symbols and projections then print the same in every
+    process."""
+    if type(backend) is not CcBackend or config.dumping() or config.debug_level() >= 2:
+        return None
+    options = backend.simple.options  # type: ignore[attr-defined]  # CcBackend's simple backend is CcSimpleBackend
+    if options.syntax is not C_SYNTAX:
+        return None
+    parts = [_VERSION, _einjit_fingerprint(), name, repr(settings), cc.target_identity(options),
+             repr((options.vector_math, options.keep_source, options.outline_min_nests, options.jobs)),
+             repr([(b, b.static_range) for b in bindings]), asg.to_doc(asgns)]
+    parts += [_canonical(a) for a in asg.flatten_with_comments(asgns)]
+    parts += [f"{tn.name} {tn.dims} {tn.prec.name} {tn.memory_mode} {tn.provenance} "
+              f"{local_storage.kept_in_context(tn)} {local_storage.local_to(tn)}" for tn in asg.guessed_nodes(asgns)]
+    return cache.cache_key(*parts)
+
+
+def _path(program_key: str) -> Path:
+    directory = config.cache_dir() / "program"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"{program_key}.pkl"
+
+
+def store(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], lowered: Any, compiled: Compiled,
+          newest_id: int) -> None:
+    """Record what the passes decided for the program (`newest_id`: the largest node id before
+    lowering; newer nodes are the passes' own)."""
+    graph = asg.guessed_nodes(asgns)
+    index = {tn: ("g", k) for k, tn in enumerate(graph)}
+    fresh: list[Tnode] = []
+    proc: CcProcedure = compiled.procedure
+    llc = ll_of(lowered)
+    touched = set(ll.nodes_of(llc)) | set(proc.mem_classes) | {p.tn for p in proc.procedure.params if p.tn}
+    for tn in sorted(touched, key=lambda t: t.id):
+        if tn in index:
+            continue
+        if tn.id <= newest_id:
+            config.debug(1, f"program cache: {proc.name} touches {tn.debug_name()}, outside its assignments; "
+                            f"not recorded")
+            return
+        index[tn] = ("x", len(fresh))
+        fresh.append(tn)
+
+    def ref(tn: Tnode | None) -> tuple[str, int] | None:
+        return None if tn is None else index[tn]
+
+    bindings = list(bindings)
+    written = sorted({s.tn for s in ll.iter_stmts(llc) if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut))
+                      and s.tn.is_hosted()}, key=lambda t: t.id)
+    record = {
+        "nodes": len(graph),
+        "modes": [(tn.memory_mode, tn.provenance) for tn in graph],
+        "fresh": [(tn.label, tn.dims, tn.prec, tn.memory_mode, tn.provenance) for tn in fresh],
+        "local_to": [(ref(tn), local_storage.local_to(tn)) for tn in touched if local_storage.local_to(tn)],
+        "kept": [ref(tn) for tn in touched if local_storage.kept_in_context(tn)],
+        "params": [(p.kind, p.c_name, ref(p.tn), p.mem, None if p.static is None else bindings.index(p.static))
+                   for p in proc.procedure.params],
+        "mem_classes": [(ref(tn), mem) for tn, mem in proc.mem_classes.items()],
+        "inputs": [ref(tn) for tn in compiled.inputs],
+        "written": [ref(tn) for tn in written],
+        "c_name": proc.procedure.name,
+        "source": proc.procedure.source,
+    }
+    cache.atomic_write(_path(program_key), pickle.dumps(record))
+    stats.stores += 1
+
+
+def ll_of(lowered: Any) -> ll.LLStmt:
+    return getattr(lowered, "llc", lowered)
+
+
+def load(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], name: str, backend: Any
+         ) -> Hit | None:
+    """The routine rebuilt from its record, with the passes' decisions restored; None when
+    there is no usable record."""
+    path = _path(program_key)
+    try:
+        record = pickle.loads(path.read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+        return None
+    graph = asg.guessed_nodes(asgns)
+    if record.get("nodes") != len(graph) or len(graph) != len(set(graph)):
+        return None
+    options = backend.simple.options
+    built = cc.compile_source(record["source"], label=name, options=options)
+    fresh = []
+    for label, dims, prec, mode, provenance in record["fresh"]:
+        fresh.append(Tnode(label, dims, prec, memory_mode=mode, provenance=provenance))
+    for tn, (mode, provenance) in zip(graph, record["modes"], strict=True):
+        tn.memory_mode, tn.provenance = mode, provenance
+
+    def node(r: tuple[str, int]) -> Tnode:
+        return graph[r[1]] if r[0] == "g" else fresh[r[1]]
+
+    for r, routine in record["local_to"]:
+        local_storage.mark_local(node(r), routine)
+    for r in record["kept"]:
+        local_storage.mark_kept(node(r))
+    params = tuple(Param(kind, c_name, None if r is None else node(r), mem,
+                         None if static is None else bindings[static])
+                   for kind, c_name, r, mem, static in record["params"])
+    fn = ctypes.CDLL(str(built.path))[record["c_name"]]
+    fn.restype = None
+    procedure = cc.Procedure(record["c_name"], record["source"], params, tuple(bindings), built.path, fn,
+                             built.source_path)
+    cc_proc = CcProcedure(procedure.name, procedure, {node(r): mem for r, mem in record["mem_classes"]})
+    stats.hits += 1
+    config.debug(1, f"program cache: {name}: hit {path}")
+    return Hit(Compiled(backend.name, cc_proc, tuple(bindings), name, frozenset(node(r) for r in record["inputs"])),
+               tuple(node(r) for r in record["written"]))

@@ -1,0 +1,217 @@
+"""A profiler of compiled routines: the time of each top-level loop nest.
+
+`instrument` wraps every top-level loop nest of optimized code between two reads of the
+monotonic clock and adds the difference to one cell of a hosted `profile` node (one cell per
+nest, and a last one counting calls). The nests themselves are unchanged, so the variant
+computes the same values; the clock costs about 50 ns a nest, which matters only for nests
+of a few hundred operations. `ProfileReport` turns the counters into a table: per nest, the
+tensors it writes, its time per call, its share of the routine's time, and its arithmetic
+and memory rates from operation and byte counts taken from the code (a nest's arithmetic:
+the operations of each assignment times its loops' trip counts, a fused multiply-add
+counting two; its bytes: each array it touches outside its own registers, once).
+
+`train.to_routine` hands out the variant when `EINJIT_PROFILE=1` (the table of all calls
+is printed when the process exits), and `Routine.profile(runs)` compiles it on demand.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import functools
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from einjit.backends.c_syntax import CSyntax
+from einjit.ir import low_level as ll
+from einjit.ir import ops
+from einjit.ir.indexing import FixedIdx, IntRef, StaticSymbol
+from einjit.ir.passes.local_storage import is_routine_local
+from einjit.ir.tnode import Tnode, hosted
+
+__all__ = ["NestInfo", "ProfileReport", "instrument", "profiled", "profiling_syntax", "report"]
+
+_NOW = """\
+static inline double einjit_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+"""
+
+
+def profiling_syntax(syntax: CSyntax) -> CSyntax:
+    """`syntax` with the clock the instrumented code reads."""
+    return dataclasses.replace(syntax, includes=(*syntax.includes, "time.h"), prelude=syntax.prelude + _NOW)
+
+
+@dataclass(frozen=True)
+class NestInfo:
+    """What the table says about a nest besides its time."""
+
+    index: int
+    writes: tuple[str, ...]
+    flops: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ProfileReport:
+    """Seconds per nest summed over `calls` calls of the routine."""
+
+    routine: str
+    nests: tuple[NestInfo, ...]
+    seconds: tuple[float, ...]
+    calls: int
+
+    def rows(self) -> list[dict]:
+        total = sum(self.seconds) or 1.0
+        out = []
+        for nest, sec in zip(self.nests, self.seconds, strict=True):
+            per_call = sec / max(self.calls, 1)
+            out.append({"nest": nest.index, "writes": nest.writes, "seconds": per_call, "share": sec / total,
+                        "gflops": nest.flops / per_call / 1e9 if per_call > 0 and nest.flops else None,
+                        "gbytes": nest.bytes / per_call / 1e9 if per_call > 0 and nest.bytes else None})
+        return out
+
+    def __str__(self) -> str:
+        rows = self.rows()
+        total = sum(r["seconds"] for r in rows)
+        lines = [f"profile of {self.routine}: {len(rows)} nests, {total * 1e3:.3f} ms per call "
+                 f"over {self.calls} calls",
+                 f"{'nest':>5}  {'writes':<32} {'ms/call':>9} {'share':>6} {'GFLOP/s':>8} {'GB/s':>7}"]
+        for r in sorted(rows, key=lambda r: -r["seconds"]):
+            writes = ", ".join(r["writes"]) or "-"
+            writes = writes if len(writes) <= 32 else writes[:29] + "..."
+            rate = "" if r["gflops"] is None else f"{r['gflops']:8.2f}"
+            bw = "" if r["gbytes"] is None else f"{r['gbytes']:7.2f}"
+            lines.append(f"{r['nest']:>5}  {writes:<32} {r['seconds'] * 1e3:9.4f} {r['share'] * 100:5.1f}% "
+                         f"{rate:>8} {bw:>7}")
+        return "\n".join(lines)
+
+
+def instrument(llc: ll.LLStmt, routine: str) -> tuple[ll.LLStmt, Tnode, tuple[NestInfo, ...]]:
+    """The instrumented code, its `profile` node (seconds per nest, then the call count: hosted,
+    so it keeps adding up across calls) and what is known of each nest."""
+    top = list(ll.flatten(llc))
+    loops = [s for s in top if isinstance(s, ll.ForLoop)]
+    prof = Tnode(f"{routine}_profile", (len(loops) + 1,), ops.double)
+    prof.update_memory_mode(hosted(), 0)
+    out: list[ll.LLStmt] = [ll.StagedCompilation(lambda: "double einjit_t0;")]
+    infos: list[NestInfo] = []
+    for s in top:
+        if not isinstance(s, ll.ForLoop):
+            out.append(s)
+            continue
+        k = len(infos)
+        infos.append(NestInfo(k, _writes(s), _flops(s, 1), _bytes(s)))
+        out += [ll.StagedCompilation(lambda: "einjit_t0 = einjit_now();"), s,
+                ll.StagedCompilation(functools.partial(_add_time, prof, k))]
+    last = (FixedIdx(len(loops)),)
+    out.append(ll.Set(prof, last, ll.Binop(ops.Binop.ADD, ll.Get(prof, last), ll.Constant(1.0)), "calls"))
+    return ll.seq(*out), prof, tuple(infos)
+
+
+def _add_time(prof: Tnode, k: int) -> str:
+    return f"{prof.name}[{k}] += einjit_now() - einjit_t0;"
+
+
+def report(routine: str, prof_values, nests: tuple[NestInfo, ...]) -> ProfileReport:
+    return ProfileReport(routine, nests, tuple(float(v) for v in prof_values[:-1]), int(prof_values[-1]))
+
+
+def _writes(loop: ll.ForLoop) -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    for s in ll.iter_stmts(loop):
+        if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and _in_memory(s.tn):
+            seen.setdefault(".".join(s.tn.label) or s.tn.name)
+    return tuple(seen)
+
+
+def _in_memory(tn: Tnode) -> bool:
+    """Arrays in memory, as opposed to the scheduler's register blocks and panels."""
+    return not tn.is_local() or is_routine_local(tn)
+
+
+def _bytes(loop: ll.ForLoop) -> int:
+    nodes = {tn for tn in ll.nodes_of(loop) if _in_memory(tn)}
+    return sum(tn.size * tn.prec.itemsize for tn in nodes)
+
+
+def _flops(stmt: ll.LLStmt, trips: int) -> int:
+    total = 0
+    for s in ll.flatten(stmt):
+        match s:
+            case ll.ForLoop(_, from_, to_, body, _):
+                total += _flops(body, trips * max(to_ - from_ + 1, 0))
+            case ll.Set(_, _, value, _) | ll.SetLocal(_, value):
+                total += _scalar_flops(value, trips)
+    return total
+
+
+def _scalar_flops(sc: ll.LLScalar, trips: int) -> int:
+    total = 0
+    for x in ll.iter_scalars(sc):
+        match x:
+            case ll.Ternop(ops.Ternop.FMA, _, _, _):
+                total += 2 * trips
+            case ll.Binop() | ll.Unop() | ll.Ternop():
+                total += trips
+            case ll.LocalScope(_, body, _):
+                total += _flops(body, trips)
+    return total
+
+
+def profiled(routine: Any, backend: Any, refs: Mapping[StaticSymbol, IntRef], lowered: Callable[[], Any], name: str,
+             *, instrumented_now: bool) -> Any:
+    """`routine` with a profiler (`Routine.profile`); with `instrumented_now`, the routine
+    returned is the instrumented variant itself, and the table of its calls is printed when
+    the process exits (`EINJIT_PROFILE=1`). `lowered()` gives the routine's optimized code
+    (a routine from the program cache has none until asked)."""
+    from einjit import backends
+    from einjit.backends.cc.backend import CcBackend
+    from einjit.backends.interface import load_inputs, low_level_of
+
+    if not isinstance(backend, CcBackend):
+        return routine
+    options = backend.simple.options  # type: ignore[attr-defined]  # a CcBackend's simple backend is CcSimpleBackend
+    variant: list[Any] = []
+    context = routine.context
+    instrumented: list[tuple[ll.LLStmt, Tnode, tuple[NestInfo, ...]]] = []
+
+    def parts() -> tuple[ll.LLStmt, Tnode, tuple[NestInfo, ...]]:
+        if not instrumented:
+            instrumented.append(instrument(low_level_of(lowered()), name))
+        return instrumented[0]
+
+    def build() -> Any:
+        code = parts()[0]
+        if not variant:
+            compiler = backends.with_options(backend, dataclasses.replace(
+                options, syntax=profiling_syntax(options.syntax)))
+            compiled = compiler.compile(tuple(refs), code, shared=True, name=name)
+            load_inputs(context, compiled.inputs)
+            variant.append(compiler.link(context, compiled, refs))
+        return variant[0]
+
+    def counters() -> ProfileReport:
+        _, prof, nests = parts()
+        context.to_host(prof)
+        return report(name, prof.host_array(), nests)
+
+    def profile(runs: int) -> ProfileReport:
+        run = build()
+        prof = parts()[1]
+        if not instrumented_now:
+            prof.host_array()[...] = 0.0
+            context.from_host(prof)
+        for _ in range(runs):
+            run()
+        return counters()
+
+    if not instrumented_now:
+        return dataclasses.replace(routine, profiler=profile)
+    atexit.register(lambda: print(counters(), file=sys.stderr))
+    return dataclasses.replace(build(), profiler=profile)

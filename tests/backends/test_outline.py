@@ -1,0 +1,110 @@
+"""Outlined nests (`backends/c_outline.py`): a large routine as one C function per loop nest,
+repeated blocks sharing their functions, spread over translation units; the values must be
+bit for bit those of the routine compiled as one function."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import einjit as ej
+from einjit import train
+from einjit.backends import c_syntax
+from einjit.backends.c_syntax import UNIT_MARK
+from einjit.backends.cc import toolchain as cc
+from einjit.backends.interface import lower_assignments
+from einjit.nn import LayerNorm
+from einjit.nn.losses import cross_entropy
+
+
+def residual_model(blocks: int, seed: int = 0):
+    """A small transformer-like stack: `blocks` identical blocks (LayerNorm, a two-head
+    attention written with einsum and a causal mask, a tanh MLP), softmax cross-entropy."""
+    rng = np.random.default_rng(seed)
+    batch, seq, d, heads, vocab = 2, 4, 8, 2, 6
+    tokens = rng.integers(0, vocab, (batch, seq))
+    eye = np.eye(vocab, dtype=np.float32)
+    x = ej.ndarray(eye[tokens], batch_axes=2, label="tokens")
+    y = ej.ndarray(eye[np.roll(tokens, -1, axis=1)], batch_axes=2, label="targets")
+    mask = ej.ndarray(np.triu(np.full((seq, seq), -1e9, np.float32), 1), label="causal")
+    wte = ej.param("wte", input_dims=[vocab], output_dims=[d])
+    h = ej.einsum("b, t | -> v; v -> d => b, t | -> d", x, wte, label="embed")
+    for k in range(blocks):
+        a = LayerNorm(d, label=f"ln{k}")(h)
+        q = ej.einsum("b, t | -> d; d -> h, e => b, t | -> h, e", a,
+                      ej.param(f"wq{k}", input_dims=[d], output_dims=[heads, d // heads]), label=f"q{k}")
+        s = ej.einsum("b, t | -> h, e; b, s | -> h, e => b | -> h, t, s", q, q, label=f"scores{k}")
+        s = ej.einsum("b | -> h, t, s; t, s => b | -> h, t, s", s, mask, label=f"masked{k}")
+        o = ej.einsum("b | -> h, t, s; b, s | -> h, e => b, t | -> h, e", ej.softmax(s, -1), q, label=f"att{k}")
+        wo = ej.param(f"wo{k}", input_dims=[heads, d // heads], output_dims=[d])
+        h = h + ej.tanh(ej.einsum("b, t | -> h, e; h, e -> d => b, t | -> d", o, wo, label=f"proj{k}"))
+    loss = cross_entropy(ej.einsum("b, t | -> d; v -> d => b, t | -> v", h, wte, label="logits"), y)
+    train.init_params(loss)
+    return loss
+
+
+def trained(blocks: int, options: cc.CcOptions, steps: int = 3) -> dict[str, np.ndarray]:
+    loss = residual_model(blocks)
+    step = train.to_routine([train.grad_update(loss), train.sgd_update(loss, 0.1)], name="step", options=options)
+    losses = []
+    for _ in range(steps):
+        step()
+        losses.append(float(loss.value_tn.host_array().reshape(-1)[0]))
+    out = {p.label_str: p.value_tn.host_array().copy() for p in train._params_of(loss)}
+    out["losses"] = np.array(losses)
+    return out
+
+
+def rendered_step(blocks: int, syntax: c_syntax.CSyntax) -> c_syntax.CProgram:
+    loss = residual_model(blocks)
+    _, lowered = lower_assignments((), train.grad_update(loss), "step")
+    return c_syntax.render_program([("step", lowered.llc)], (), syntax)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_outlined_and_split_step_is_bit_identical_to_one_function(threads, tmp_path, monkeypatch):
+    monkeypatch.setenv("EINJIT_CACHE_DIR", str(tmp_path))
+    whole = trained(3, cc.CcOptions(threads=threads, outline_min_nests=0))
+    outlined = trained(3, cc.CcOptions(threads=threads, outline_min_nests=1, jobs=1))
+    split = trained(3, cc.CcOptions(threads=threads, outline_min_nests=1, jobs=3))
+    assert whole["losses"][-1] < whole["losses"][0]
+    for name, value in whole.items():
+        np.testing.assert_array_equal(outlined[name], value, err_msg=name)
+        np.testing.assert_array_equal(split[name], value, err_msg=name)
+
+
+def test_repeated_blocks_share_their_nest_functions():
+    syntax = c_syntax.CSyntax(outline_min_nests=1)
+    counts = {}
+    for blocks in (2, 4):
+        source = rendered_step(blocks, syntax).source
+        functions = set(re.findall(r"^static __attribute__\(\(noinline\)\) void (step_nest\d+)\(", source, re.M))
+        calls = re.findall(r"^  (step_nest\d+)\(", source, re.M)
+        assert functions == set(calls)
+        counts[blocks] = (len(functions), len(calls))
+    # Two more blocks add their calls but no new function: every block's nests are the first's.
+    assert counts[4][0] == counts[2][0]
+    assert counts[4][1] > counts[2][1] > counts[2][0]
+
+
+def test_outlined_source_is_stable_and_small_routines_are_not_outlined():
+    syntax = c_syntax.CSyntax(outline_min_nests=1, units=2)
+    first, second = rendered_step(2, syntax).source, rendered_step(2, syntax).source
+    assert first == second
+    units = first.split(UNIT_MARK)
+    # The routine with the prototypes, then the nest functions spread over two more units.
+    assert len(units) == 3 and "void step(" in units[0] and all("void step(" not in u for u in units[1:])
+    hidden = r'^__attribute__\(\(visibility\("hidden"\)\)\) void step_nest0\('
+    assert re.search(hidden + r".*\);$", units[0], re.M)
+    assert sum(bool(re.search(hidden + r".*\{$", u, re.M)) for u in units[1:]) == 1
+    w = ej.param("w", input_dims=[3], output_dims=[2])
+    x = ej.ndarray(np.ones((4, 3), np.float32), batch_axes=1, label="x")
+    loss = ej.sum(ej.relu(w @ x))
+    train.init_params(loss)
+    _, lowered = lower_assignments((), train.grad_update(loss), "small")
+    default = c_syntax.CSyntax(outline_min_nests=cc.CcOptions().outline_min_nests)
+    source = c_syntax.render_program([("small", lowered.llc)], (), default).source
+    assert source == c_syntax.render_program([("small", lowered.llc)], (), c_syntax.C_SYNTAX).source
+    assert "_nest" not in source and UNIT_MARK not in source

@@ -1,0 +1,59 @@
+"""The program cache (`backends/cc/program_cache.py`): a fresh process compiling the same model
+skips einjit's passes and computes the same values; any change to the graph misses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = """
+import json, sys
+sys.path.insert(0, {here!r})
+from test_outline import residual_model
+from einjit import train
+from einjit.backends.cc import program_cache, toolchain
+from einjit.ir import optimize
+runs = []
+original = optimize.optimize_proc
+optimize.optimize_proc = lambda *a, **k: runs.append(1) or original(*a, **k)
+loss = residual_model(2)
+step = train.to_routine([train.grad_update(loss), train.sgd_update(loss, {lr})], name="step")
+losses = []
+for _ in range(3):
+    step()
+    losses.append(float(loss.value_tn.host_array().reshape(-1)[0]))
+profile = step.profile(1)
+print(json.dumps({{"hits": program_cache.stats.hits, "stores": program_cache.stats.stores, "passes": len(runs),
+                  "gcc": toolchain.stats.compiler_invocations, "losses": losses, "kept": step.kept_bytes,
+                  "local": step.local_bytes, "nests": len(profile.rows())}}))
+"""
+
+
+def run(cache: Path, lr: float = 0.1) -> dict:
+    env = {**os.environ, "EINJIT_CACHE_DIR": str(cache), "PYTHONPATH": str(HERE.parents[1] / "src")}
+    for var in ("EINJIT_DUMP_DIR", "EINJIT_DEBUG", "EINJIT_PROFILE"):
+        env.pop(var, None)
+    done = subprocess.run([sys.executable, "-c", SCRIPT.format(here=str(HERE), lr=lr)], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_skips_the_passes_and_computes_the_same(tmp_path):
+    first = run(tmp_path)
+    second = run(tmp_path)
+    assert (first["hits"], first["stores"]) == (0, 1) and first["passes"] >= 1
+    # The hit runs no pass and no gcc for the step; its profiler lowers on demand (one pass run).
+    assert (second["hits"], second["stores"], second["gcc"]) == (1, 0, 1) and second["passes"] == 1
+    assert second["losses"] == first["losses"] and first["losses"][-1] < first["losses"][0]
+    assert (second["kept"], second["local"], second["nests"]) == (first["kept"], first["local"], first["nests"])
+
+
+def test_another_constant_misses(tmp_path):
+    run(tmp_path)
+    other = run(tmp_path, lr=0.05)
+    assert (other["hits"], other["stores"]) == (0, 1)
