@@ -534,3 +534,12 @@ class Activation(Layer):
 
 def ReLU() -> Activation:
     return Activation(relu, label=_auto_label("relu"))
+
+
+def GELU(approximate: str = "none") -> Activation:
+    """`einjit.gelu` as a layer (`approximate="tanh"` for GPT-2's form)."""
+    if approximate not in activations.GELU_APPROXIMATIONS:
+        raise TensorError(f"einjit: GELU: approximate must be one of {activations.GELU_APPROXIMATIONS}, "
+                          f"got {approximate!r}")
+    return Activation(functools.partial(activations.gelu, approximate=approximate), label=_auto_label("gelu"))
+

@@ -20,6 +20,7 @@ _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 _GELU_CUBIC = 0.044715
+GELU_APPROXIMATIONS = ("none", "tanh")
 _GELU_TANH_INNER = f"tanh({_SQRT_2_PI!r} * (t1 + {_GELU_CUBIC!r} * (t1 * t1 * t1)))"
 
 _UNARY = {
