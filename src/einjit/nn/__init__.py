@@ -5,6 +5,7 @@ from einjit.nn import schedules
 from einjit.nn.attention import MLP, MultiHeadAttention, TransformerBlock, causal_bias, scaled_dot_product_attention
 from einjit.nn.init import init_code, set_init
 from einjit.nn.layers import (
+                              GELU,
                               Activation,
                               AvgPool2d,
                               BatchNorm,
@@ -12,7 +13,6 @@ from einjit.nn.layers import (
                               Dropout,
                               Embedding,
                               Flatten,
-                              GELU,
                               Layer,
                               LayerNorm,
                               Linear,

@@ -37,7 +37,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: boo
                                  dropout: Dropout | None = None, label: str | None = None) -> Tensor:
     """`softmax(q kᵀ * scale) v` per head, for `q` of `..., t | -> heads, e` and `k`, `v` of
     `..., s | -> heads, e` (scale defaults to `1/sqrt(e)`). With `causal`, query `t` sees keys
-    `s <= t` (`s <= t + offset` when the queries follow `offset` cached keys); `dropout` (a `Dropout` layer) drops attention weights in training."""
+    `s <= t` (`s <= t + offset` when the queries follow `offset` cached keys); `dropout` (a
+    `Dropout` layer) drops attention weights in training."""
     if scale is None:
         e = q.shape.output.dims[-1] if q.shape.output.dims else None
         if e is None or not hasattr(e, "d"):

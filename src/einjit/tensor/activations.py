@@ -4,7 +4,8 @@
 positive inputs nor loses the linear part; its derivative, the sigmoid, is `recip(1 + exp(-x))`,
 which saturates to 0 or 1 without producing NaN. `gelu` is the exact (erf) form, as PyTorch's
 default, and `gelu(x, approximate="tanh")` the tanh form GPT-2 was trained with
-(`0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, PyTorch's `approximate="tanh"`). Templates with a constant (a slope, clip bounds) are parsed once per constant.
+(`0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, PyTorch's `approximate="tanh"`). Templates
+with a constant (a slope, clip bounds) are parsed once per constant.
 """
 
 from __future__ import annotations
