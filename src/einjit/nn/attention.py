@@ -94,7 +94,7 @@ def _projection(layer: Layer, name: str, out_dims: list[int], in_dims: list[int]
     nn_init.set_init(w, init, lambda p: (fan_in, fan_out))
     b = None
     if bias:
-        b = param([layer.label, name, "b"], output_dims=out_dims)
+        b = param([layer.label, name, "b"], output_dims=out_dims, input_dims=[])
         nn_init.set_init(b, "zeros", lambda p: (fan_in, fan_out))
     layer._keep(*(p for p in (w, b) if p is not None))
     return w, b

@@ -38,7 +38,16 @@ def _bias_uniform(rng, dims, fan_in, fan_out):
     return rng.uniform(-bound, bound, dims)
 
 
+#: GPT-2's weights: a normal of standard deviation 0.02 whatever the fans.
+GPT2_STD = 0.02
+
+
+def _gpt2_normal(rng, dims, fan_in, fan_out):
+    return rng.standard_normal(dims) * GPT2_STD
+
+
 INITIALIZERS = {
+    "gpt2_normal": _gpt2_normal,
     "kaiming_uniform": _kaiming_uniform,
     "kaiming_normal": _kaiming_normal,
     "xavier_uniform": _xavier_uniform,
@@ -52,6 +61,7 @@ INITIALIZERS = {
 # The in-graph form of each initializer: (distribution, scale from fan_in and fan_out), the
 # scale being a uniform bound or a normal standard deviation.
 _IN_GRAPH: dict[str, tuple[str, Callable[[int, int], float]]] = {
+    "gpt2_normal": ("normal", lambda fi, fo: GPT2_STD),
     "kaiming_uniform": ("uniform", lambda fi, fo: math.sqrt(6.0 / max(1, fi))),
     "kaiming_normal": ("normal", lambda fi, fo: math.sqrt(2.0 / max(1, fi))),
     "xavier_uniform": ("uniform", lambda fi, fo: math.sqrt(6.0 / max(1, fi + fo))),
