@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import string
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -116,7 +117,10 @@ class OneHot:
 
 
 def run_gpt(cfg: GPTDemoConfig = GPTDemoConfig(), *, quiet: bool = False, plot: str | None = None,
-            checkpoint_path: str | None = None, sample_chars: int = 200, prompt: str = "The ") -> GPTDemoResult:
+            checkpoint_path: str | None = None, sample_chars: int = 200, prompt: str = "The ",
+            on_init: Callable[[GPT], None] | None = None) -> GPTDemoResult:
+    """Train, validate, save, sample. `on_init(model)` sees the initial weights (a benchmark
+    copies them into PyTorch)."""
     train_ids, val_ids = split(encode(corpus()))
     mcfg = model_config(cfg)
     hot = OneHot(mcfg.vocab_size)
@@ -127,11 +131,13 @@ def run_gpt(cfg: GPTDemoConfig = GPTDemoConfig(), *, quiet: bool = False, plot: 
     loss = nn.cross_entropy(model(x), y, label="loss")
     opt = nn.AdamW(model.params(), cfg.lr, weight_decay=cfg.weight_decay)
     train.init_params(loss, seed=cfg.seed)
+    if on_init is not None:
+        on_init(model)
     step = fit.train_step(loss, opt.update(), inputs=[x, y], name="gpt_train_step")
     xv, yv = ej.input("val_tokens", **shape), ej.input("val_targets", **shape)
     val_loss_t = nn.cross_entropy(model(xv), yv, label="val_loss")
     evaluate = fit.forward_step(val_loss_t, inputs=[xv, yv], name="gpt_val")
-    generator = Generator(model, batch_size=1)
+    generator = Generator(model, batch_size=1) if sample_chars else None
     compile_seconds = time.perf_counter() - t0
 
     offsets = batch_offsets(len(train_ids), cfg.block_size, cfg.batch_size, cfg.epochs * cfg.steps_per_epoch,
@@ -157,8 +163,8 @@ def run_gpt(cfg: GPTDemoConfig = GPTDemoConfig(), *, quiet: bool = False, plot: 
     seconds = time.perf_counter() - t1
     if checkpoint_path:
         checkpoint.save(model.named_params(), checkpoint_path, metadata={"config": json.dumps(asdict(mcfg))})
-    sample = decode(generator.generate(encode(prompt)[None], sample_chars, temperature=0.8, top_k=20,
-                                       seed=cfg.seed)[0])
+    sample = "" if generator is None else decode(
+        generator.generate(encode(prompt)[None], sample_chars, temperature=0.8, top_k=20, seed=cfg.seed)[0])
     steps = cfg.epochs * cfg.steps_per_epoch
     result = GPTDemoResult(val_losses[-1], train_losses[-1], cfg.epochs, steps, model.num_params(), seconds,
                            compile_seconds, seconds / steps, sample, checkpoint_path, train_losses, val_losses)
