@@ -276,7 +276,7 @@ def memory_rows() -> list[dict]:
 
 def val_rows() -> list[dict]:
     """`demo gpt`'s default run, einjit against PyTorch from the same weights and batches."""
-    from einjit import demo_gpt as demo
+    from einjit.demos import gpt as demo
 
     cfg = demo.GPTDemoConfig()
     start: dict = {}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import einjit as ej
-from einjit.backends import cc
+from einjit.backends.cc import toolchain as cc
 from einjit.models import GPT, GPTConfig, gpt2
 from einjit.models.generate import Generator, sample_next
 from np_gpt2 import CONFIG, forward, random_gpt2, write_dir

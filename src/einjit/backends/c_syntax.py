@@ -31,15 +31,17 @@ from einjit.ir.indexing import (
     Affine,
     AxisIndex,
     FixedIdx,
+    GatherIdx,
     Iterator,
     StaticSymbol,
     SubAxis,
     Symbol,
+    gather_indices,
     index_symbols,
 )
-from einjit.ir.interchange import interchange_loops
-from einjit.ir.local_storage import is_routine_local
+from einjit.ir.passes.local_storage import is_routine_local
 from einjit.ir.precision import combine_prec
+from einjit.ir.sched.interchange import interchange_loops
 from einjit.ir.tnode import Tnode
 
 _INT_MAX = 2**31 - 1
@@ -155,6 +157,12 @@ class CProgram:
 # ---------------------------------------------------------------- helpers emitted on demand
 
 HELPERS = {
+    "clamp_index": """\
+/* An index read at run time (gather / scatter), clamped into [0, n): never out of bounds. */
+{q} long long einjit_clamp_index(long long i, long long n) {{
+  return i < 0 ? 0 : (i >= n ? n - 1 : i);
+}}
+""",
     "uniform01": """\
 /* VecUnop.UNIFORM_HASH: splitmix64 of a counter, top 53 bits scaled to [0, 1). */
 {q} double einjit_uniform01(unsigned long long x) {{
@@ -252,6 +260,9 @@ def flat_index(dims: tuple[int, ...], idcs: tuple[AxisIndex, ...]) -> str:
             case Affine(terms, offset):
                 text = f"({_affine_text(terms, offset)})"
                 parts.append(text if st == 1 else f"{text} * {st}")
+            case GatherIdx():
+                text = axis_index_text(idx)
+                parts.append(text if st == 1 else f"{text} * {st}")
     if not parts:
         return str(const)
     if len(parts) == 1 and not const and parts[0].endswith(")") and parts[0].startswith("("):
@@ -282,6 +293,8 @@ def axis_index_text(idx: AxisIndex) -> str:
             return f"({_affine_text(terms, offset)})"
         case SubAxis():
             return "0"
+        case GatherIdx(ids, idcs, size):
+            return f"einjit_clamp_index({ids.name}[{flat_index(ids.dims, idcs)}], {size})"
     raise TypeError(f"not an axis index: {idx!r}")
 
 
@@ -328,6 +341,8 @@ class _Writer:
                 return i, i
             case SubAxis():
                 return 0, 0
+            case GatherIdx(_, _, size):
+                return 0, size - 1
             case Iterator(s):
                 terms, offset = ((1, s),), 0
             case Affine(terms, offset):
@@ -350,6 +365,10 @@ class _Writer:
         if len(idcs) != len(dims):
             raise RenderError(f"einjit: {what} of {tn.debug_name()} uses {len(idcs)} indices {idcs} "
                               f"but the node has dims {dims}")
+        for g in gather_indices(idcs):
+            self.node_name(g.ids)
+            self.index(g.ids, g.idcs, "read")
+            self.helpers.add("clamp_index")
         clamped: list[int] = []
         empty_loop = any(a > b for a, b in self.loops.values())
         for axis, (idx, d) in enumerate(zip(idcs, dims, strict=True)):

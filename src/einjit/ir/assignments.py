@@ -191,7 +191,22 @@ class EmbedSymbol:
     static_sym: StaticSymbol
 
 
-FetchOp = FetchConstant | ConstantFill | RangeOverOffsets | Slice | EmbedSymbol
+@dataclass(frozen=True, slots=True)
+class CausalMask:
+    """Each cell is 1 where its index along `key_axis` is at most its index along `query_axis`
+    plus `offset` (plus the value of `offset_symbol`, a run-time decoding position), else 0.
+    Axes count the node's dims; negative ones from the end.
+
+    Computed from the indices alone, so the optimizer inlines it into its reader as a
+    comparison: no `T x T` array exists in the optimized code."""
+
+    query_axis: int
+    key_axis: int
+    offset: int = 0
+    offset_symbol: StaticSymbol | None = None
+
+
+FetchOp = FetchConstant | ConstantFill | RangeOverOffsets | Slice | EmbedSymbol | CausalMask
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +334,9 @@ def _fetch_doc(fop: FetchOp) -> str:
             return f"{sliced.name}[{sym!r}, ...]"
         case EmbedSymbol(sym):
             return f"embed({sym!r})"
+        case CausalMask(q, k, off, sym):
+            shift = f"{off:+d}" if off else ""
+            return f"causal_mask(axis {k} <= axis {q}{'' if sym is None else f' + {sym!r}'}{shift})"
     raise TypeError(fop)
 
 
@@ -627,6 +645,16 @@ def _lower_fetch(tn: Tnode, fop: FetchOp) -> ll.LLStmt:
             return _loops(syms, dims, ll.Set(tn, idcs, read, f"{tn.name} := {sliced.name}[{sym!r}]"))
         case EmbedSymbol(sym):
             return _fill(tn, ll.EmbedIndex(Iterator(sym.symbol)), f"{tn.name} := {sym!r}")
+        case CausalMask(q, k, off, sym):
+            n = len(dims)
+            if not (-n <= q < n and -n <= k < n) or q % n == k % n:
+                raise LoweringError(f"einjit: causal mask {tn.debug_name()} with dims {dims}: query axis {q} and "
+                                    f"key axis {k} must be two different axes")
+            q, k = q % n, k % n
+            terms = [(1, syms[q])] + ([] if sym is None else [(1, sym.symbol)])
+            limit = ll.EmbedIndex(make_affine(terms, off + 1))
+            keep = ll.Binop(ops.Binop.CMPLT, ll.EmbedIndex(Iterator(syms[k])), limit)
+            return _loops(syms, dims, ll.Set(tn, idcs, keep, f"{tn.name} := {_fetch_doc(fop)}"))
     raise TypeError(fop)
 
 

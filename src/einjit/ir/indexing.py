@@ -12,6 +12,7 @@ from typing import Iterable
 
 from einjit.errors import EinjitError
 from einjit.ir import naming
+from einjit.ir.tnode import Tnode
 
 _symbol_counter = itertools.count(1)
 
@@ -58,6 +59,10 @@ class StaticSymbol:
 
 
 class StaticSymbolError(EinjitError, ValueError):
+    pass
+
+
+class IndexingError(EinjitError, ValueError):
     pass
 
 
@@ -117,7 +122,27 @@ class SubAxis:
         return "_"
 
 
-AxisIndex = FixedIdx | Iterator | Affine | SubAxis
+@dataclass(frozen=True, slots=True)
+class GatherIdx:
+    """An index read at run time from an integer array: `ids[idcs]`, clamped into `[0, size)`.
+
+    A gather reads `table[.., GatherIdx(ids, ..), ..]` and its gradient scatter-adds through
+    the same index. The value is data, not an affine function of loop symbols, so no pass
+    can reason about which cell it names: tracing counts it as cell 0, the nodes indexed
+    through it and `ids` stay stored (`NonVirtual` code 15), and a loop is parallel only over
+    the other axes. Clamping keeps every access inside the array whatever the data holds
+    (the interpreter and every backend clamp alike); the tensor-level `take` documents it.
+    `index_symbols` are the symbols of `idcs`: what the index depends on."""
+
+    ids: Tnode
+    idcs: tuple["AxisIndex", ...]
+    size: int
+
+    def __repr__(self) -> str:
+        return f"{self.ids.name}[{', '.join(repr(i) for i in self.idcs)}]<{self.size}>"
+
+
+AxisIndex = FixedIdx | Iterator | Affine | SubAxis | GatherIdx
 
 
 def index_symbols(idx: AxisIndex) -> tuple[Symbol, ...]:
@@ -126,8 +151,22 @@ def index_symbols(idx: AxisIndex) -> tuple[Symbol, ...]:
             return (s,)
         case Affine(symbols, _):
             return tuple(s for _, s in symbols)
+        case GatherIdx(_, idcs, _):
+            return tuple(s for i in idcs for s in index_symbols(i))
         case _:
             return ()
+
+
+def gather_indices(idcs: tuple[AxisIndex, ...]) -> tuple[GatherIdx, ...]:
+    """The run-time indices among `idcs`, nested ones included (ids read through ids)."""
+    out: list[GatherIdx] = []
+    stack = list(idcs)
+    while stack:
+        idx = stack.pop()
+        if isinstance(idx, GatherIdx):
+            out.append(idx)
+            stack.extend(idx.idcs)
+    return tuple(out)
 
 
 def make_affine(terms: Iterable[tuple[int, Symbol]], offset: int = 0) -> AxisIndex:
@@ -164,7 +203,12 @@ def subst_index(env: dict[Symbol, AxisIndex], idx: AxisIndex) -> AxisIndex:
                         offset += c * inner_off
                     case SubAxis():
                         pass
+                    case GatherIdx():
+                        raise IndexingError(f"einjit: a run-time index cannot replace {s!r} in the affine "
+                                         f"index {idx!r}")
             return make_affine(terms, offset)
+        case GatherIdx(ids, idcs, size):
+            return GatherIdx(ids, tuple(subst_index(env, i) for i in idcs), size)
         case _:
             return idx
 
@@ -224,6 +268,6 @@ class Projections:
             if d > 1 and s not in lhs_syms:
                 return False
         for idx in self.project_lhs:
-            if isinstance(idx, Affine):
+            if isinstance(idx, (Affine, GatherIdx)):
                 return False
         return True

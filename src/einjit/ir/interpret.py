@@ -17,7 +17,7 @@ from einjit import memory
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir import ops
-from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, SubAxis, Symbol
+from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, GatherIdx, Iterator, SubAxis, Symbol
 from einjit.ir.precision import combine_prec
 from einjit.ir.tnode import Tnode
 
@@ -44,6 +44,10 @@ class _Machine:
                 return offset + sum(c * self._sym(s) for c, s in symbols)
             case SubAxis():
                 return 0
+            case GatherIdx(ids, idcs, size):
+                arr = self.array(ids)
+                value = int(arr[self.position(ids, arr, idcs)])
+                return min(max(value, 0), size - 1)
         raise TypeError(idx)
 
     def _sym(self, s: Symbol) -> int:

@@ -19,7 +19,7 @@ from typing import Callable
 from typing import Iterator as PyIterator
 
 from einjit.ir import naming, ops
-from einjit.ir.indexing import AxisIndex, Symbol
+from einjit.ir.indexing import AxisIndex, Symbol, gather_indices
 from einjit.ir.tnode import Tnode
 
 RECURSION_LIMIT = 20_000
@@ -323,7 +323,11 @@ def nodes_of(stmt: LLStmt) -> list[Tnode]:
     seen: dict[int, Tnode] = {}
     for x in deep_parts(stmt):
         match x:
-            case Set(tn=tn) | SetFromVec(tn=tn) | ZeroOut(tn) | Get(tn, _) | GetMergeBuffer(tn, _):
+            case Set(tn=tn, idcs=idcs) | SetFromVec(tn=tn, idcs=idcs) | Get(tn, idcs) | GetMergeBuffer(tn, idcs):
+                for g in gather_indices(idcs):
+                    seen.setdefault(g.ids.id, g.ids)
+                seen.setdefault(tn.id, tn)
+            case ZeroOut(tn):
                 seen.setdefault(tn.id, tn)
             case LocalScope(id=sid):
                 seen.setdefault(sid.tn.id, sid.tn)

@@ -13,6 +13,7 @@ UNSET = 0
 TOO_MANY_VISITS = 1
 COMPLEX_COMPUTATION = 2
 INLINED = 15
+RUN_TIME_INDEX = 16
 KEPT = 17
 CONSTANT_TENSOR = 30
 PARAM_VALUE = 31
@@ -48,6 +49,7 @@ NON_VIRTUAL_REASONS: dict[int, str] = {
     131: "a node its computation reads is overwritten before the node is read",
     132: "its computation sits in a loop of another computation, which repeats it",
     140: "vector assignments cannot be inlined as scalars",
+    RUN_TIME_INDEX: "it is accessed at an index read at run time (gather / scatter), or holds such indices",
 }
 """The optimizer's `NonVirtual` diagnostics (seed 001): why a node could not be virtual."""
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from einjit import fit
 from einjit.models.gpt import GPT
 from einjit.tensor.inputs import input as new_input
 from einjit.tensor.tensor import TensorError
+from einjit.training import fit
 
 
 def sample_next(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator) -> np.ndarray:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from einjit.checkpoint import CheckpointError, read
 from einjit.models.gpt import GPT, GPTConfig
+from einjit.training.checkpoint import CheckpointError, read
 
 _ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 

@@ -27,11 +27,13 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from einjit.ir import assignments as asg
+from einjit.ir import ops
 from einjit.nn import init as nn_init
 from einjit.shape import Dim, Kind, RowVar, ShapeError, Var
 from einjit.shape.inference import provisional_row
 from einjit.tensor import activations, reductions
 from einjit.tensor import random as rnd
+from einjit.tensor.gather import check_ids, take
 from einjit.tensor.inputs import scalar
 from einjit.tensor.notation import Template, cd, make_op
 from einjit.tensor.op_scope import op
@@ -467,8 +469,11 @@ class LayerNorm(Layer):
 
 
 class Embedding(Layer):
-    """Rows of a `num_embeddings x embedding_dim` table picked by integer indices (given as a NumPy
-    array, checked against the table size) or by one-hot rows (a tensor)."""
+    """Rows of a `num_embeddings x embedding_dim` table picked by integer ids — a tensor of an
+    integer precision (`ej.input("ids", batch_dims=[B, T], prec="int32")`), or a NumPy array,
+    checked against the table size — read by a gather (`ej.take`: one row per id, gradient
+    scatter-added), or by one-hot rows (a float tensor, a matmul). Ids in a tensor outside the
+    table are clamped into it (`ej.take`); NumPy ids out of range are an error."""
 
     kind = "Embedding"
 
@@ -478,22 +483,23 @@ class Embedding(Layer):
         self._definition = op(_embedding)
 
     def __call__(self, indices) -> Tensor:
-        from einjit.nn.losses import one_hot
         if not isinstance(indices, Tensor):
-            arr = np.asarray(indices)
-            indices = ndarray(one_hot(arr, self.num), batch_axes=arr.ndim, label=f"{self.label}.indices")
+            arr = check_ids(indices, self.num, f"{self.kind} {self.label}")
+            indices = ndarray(arr, batch_axes=arr.ndim, prec=ops.int32, label=f"{self.label}.indices")
         dims, _ = _output_dims(indices)
-        if dims and dims[-1] is not None and dims[-1] != self.num:
-            raise self._error("the one-hot axis", dims[-1], f"num_embeddings={self.num}", indices)
+        is_ids = not indices.value_tn.prec.is_float
+        if dims and dims[-1] is not None and dims[-1] != (1 if is_ids else self.num):
+            raise self._error("the id axis" if is_ids else "the one-hot axis", dims[-1],
+                              "1 (one id per batch cell)" if is_ids else f"num_embeddings={self.num}", indices)
         y = self._definition(indices, self.num, self.dim, label=self.label)
         self._keep(*self._definition.params(self.label))
         return y
 
 
-def _embedding(onehot: Tensor, num: int, dim: int) -> Tensor:
+def _embedding(indices: Tensor, num: int, dim: int) -> Tensor:
     table = param("table", output_dims=[dim], input_dims=[num])
     nn_init.set_init(table, "xavier_normal", lambda p: (1, 1))
-    return table @ onehot
+    return table @ indices if indices.value_tn.prec.is_float else take(table, indices)
 
 
 class Sequential(Layer):

@@ -1,16 +1,19 @@
 """Losses, each reduced to one cell (`reduction="mean"` or `"sum"`) or left per cell (`"none"`).
 
-All are compositions of stable pieces: cross-entropy is `logsumexp(z) - sum(target * z)` with
-the max subtracted inside `logsumexp`, and `bce_with_logits` is `softplus(z) - z * y`, so
-logits of 1e4 give finite losses and finite gradients.
+All are compositions of stable pieces: cross-entropy is `logsumexp(z) - z[target]` (or
+`- sum(target * z)` for one-hot or probability targets) with the max subtracted inside
+`logsumexp`, and `bce_with_logits` is `softplus(z) - z * y`, so logits of 1e4 give finite
+losses and finite gradients.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from einjit.ir import ops
 from einjit.shape import Dim, ShapeError
 from einjit.tensor import activations, reductions
+from einjit.tensor.gather import take
 from einjit.tensor.operation import Like, as_tensor, einsum, ndarray, relu
 from einjit.tensor.tensor import Tensor, TensorError
 
@@ -19,6 +22,12 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 def one_hot(labels, num_classes: int, *, dtype=np.float32) -> np.ndarray:
     """Integer class labels as one-hot rows; a label outside `0 .. num_classes-1` is an error."""
+    return np.eye(num_classes, dtype=dtype)[class_ids(labels, num_classes)]
+
+
+def class_ids(labels, num_classes: int) -> np.ndarray:
+    """Integer class labels as an int32 array; a label outside `0 .. num_classes-1` is an error
+    naming it and where it is."""
     arr = np.asarray(labels)
     if arr.dtype.kind not in "iu" and not (arr.dtype.kind == "f" and np.all(arr == np.round(arr))):
         raise TensorError(f"einjit: class labels must be integers, got dtype {arr.dtype}")
@@ -28,7 +37,7 @@ def one_hot(labels, num_classes: int, *, dtype=np.float32) -> np.ndarray:
         where = tuple(int(i) for i in np.argwhere(bad)[0])
         raise TensorError(f"einjit: class label {int(arr[where])} at index {where} is outside the class range "
                           f"0..{num_classes - 1}")
-    return np.eye(num_classes, dtype=dtype)[arr]
+    return arr.astype(np.int32)
 
 
 def _reduce(per_cell: Tensor, reduction: str, label: str) -> Tensor:
@@ -54,16 +63,24 @@ def _class_count(logits: Tensor, axis: int) -> int:
 
 def cross_entropy(logits: Tensor, target: Like, *, axis: int = -1, reduction: str = "mean",
                   label: str | None = None) -> Tensor:
-    """Softmax cross-entropy along the class axis. `target` is a tensor of one-hot rows (or class
-    probabilities) of the logits' shape, or a NumPy array of integer labels (checked)."""
+    """Softmax cross-entropy along the class axis, as `F.cross_entropy`. `target` is one of:
+    a tensor of class ids in an integer precision, one per batch cell of the logits
+    (`ej.input("y", batch_dims=[B, T], prec="int32")`; ids outside the classes are clamped,
+    see `ej.take`); a NumPy array of integer labels (checked on the host); or a float tensor of
+    one-hot rows or class probabilities of the logits' shape. Class ids are gathered — the
+    target's logit is read, not summed against one-hot rows — so the loss costs one
+    `logsumexp` per row, and its gradient `softmax(z) - onehot(target)` is scattered."""
     if isinstance(target, (np.ndarray, list, tuple)):
         arr = np.asarray(target)
         n_batch = len(logits.shape.batch.dims)
-        hot = one_hot(arr.reshape(arr.shape[:n_batch]), _class_count(logits, axis), dtype=logits.value_tn.prec.dtype)
-        target = ndarray(hot, batch_axes=n_batch, label="targets")
+        ids = class_ids(arr.reshape(arr.shape[:n_batch]), _class_count(logits, axis))
+        target = ndarray(ids, batch_axes=n_batch, prec=ops.int32, label="targets")
     y = as_tensor(target)
     full, reduced, _ = reductions.axis_specs(logits, axis, False)
-    picked = einsum(f"{full}; {full} => {reduced}", y, logits, label="target_logit")
+    if y.value_tn.prec.is_float:
+        picked = einsum(f"{full}; {full} => {reduced}", y, logits, label="target_logit")
+    else:
+        picked = take(logits, y, spec=f"{full}; {full} => {reduced}", label="target_logit")
     per_sample = reductions.logsumexp(logits, axis) - picked
     return _reduce(per_sample, reduction, label or "cross_entropy")
 

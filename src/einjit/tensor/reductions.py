@@ -141,7 +141,7 @@ def broadcast_op(op: str, full: Tensor, reduced: Tensor, spec: str, *, label=Non
     return make_op(op, [full, reduced], logic=spec, forward=fwd, backprop=bwd, label=label)
 
 
-def _stable_parts(x: Tensor, axis: int) -> tuple[Tensor, str, str]:
+def stable_parts(x: Tensor, axis: int) -> tuple[Tensor, str, str]:
     """`x - max(x)` over `axis`, the reduce spec and the broadcast spec."""
     full, reduced, spec = axis_specs(x, axis, False)
     m = _extremum(_MAX, x, spec, None, False, None, GradSpec.PROHIBIT_GRAD)
@@ -152,7 +152,7 @@ def _stable_parts(x: Tensor, axis: int) -> tuple[Tensor, str, str]:
 def logsumexp(a: Like, axis: int = -1, *, label=None) -> Tensor:
     """`log(sum(exp(x)))` over `axis` (removed), computed as `m + log(sum(exp(x - m)))`."""
     x = as_tensor(a)
-    shifted, spec, _ = _stable_parts(x, axis)
+    shifted, spec, _ = stable_parts(x, axis)
     m = shifted.children[1]
     return binop("+", m, log(einsum(spec, exp(shifted))), label=label or "logsumexp")
 
@@ -160,7 +160,7 @@ def logsumexp(a: Like, axis: int = -1, *, label=None) -> Tensor:
 def softmax(a: Like, axis: int = -1, *, label=None) -> Tensor:
     """`exp(x - max) / sum(exp(x - max))` along `axis`: finite for any finite logits."""
     x = as_tensor(a)
-    shifted, spec, bspec = _stable_parts(x, axis)
+    shifted, spec, bspec = stable_parts(x, axis)
     e = exp(shifted)
     return broadcast_op("/", e, einsum(spec, e), bspec, label=label or "softmax")
 
@@ -168,6 +168,6 @@ def softmax(a: Like, axis: int = -1, *, label=None) -> Tensor:
 def log_softmax(a: Like, axis: int = -1, *, label=None) -> Tensor:
     """`(x - max) - log(sum(exp(x - max)))` along `axis`."""
     x = as_tensor(a)
-    shifted, spec, bspec = _stable_parts(x, axis)
+    shifted, spec, bspec = stable_parts(x, axis)
     return broadcast_op("-", shifted, log(einsum(spec, exp(shifted))), bspec, label=label or "log_softmax")
 

@@ -44,16 +44,17 @@ from einjit import config
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import AxisIndex, FixedIdx, Iterator, Symbol, get_symbol, index_symbols, subst_index
 from einjit.ir.mode_provenance import virtual_by
+from einjit.ir.passes.tracing import RECURRENT, Trace, TracedArray, VirtualizeSettings
 from einjit.ir.provenance import (
     COMPLEX_COMPUTATION,
     NON_VIRTUAL_REASONS,
     READ_ONLY,
     RECURRENT_NODE,
+    RUN_TIME_INDEX,
     TENSOR_CALLS,
     TOO_MANY_VISITS,
 )
 from einjit.ir.tnode import MATERIALIZED, NEVER_VIRTUAL, MemoryModeError, Mode, Tnode
-from einjit.ir.tracing import RECURRENT, Trace, TracedArray, VirtualizeSettings
 
 
 class NonVirtual(Exception):
@@ -115,6 +116,8 @@ def decide_from_trace(trace: Trace, settings: VirtualizeSettings, name: str = ""
     """Step 1 of the decision (see the module docstring)."""
     for ta in trace.traced_store.values():
         tn = ta.tn
+        if ta.run_time_indexed and not tn.is_materialized_known():
+            refuse(tn, NonVirtual(RUN_TIME_INDEX), name)
         if ta.read_only:
             if not tn.is_virtual() and narrow_mode(tn, MATERIALIZED, READ_ONLY):
                 log_decision(name, tn, "is materialized: only read here (provenance 37)")

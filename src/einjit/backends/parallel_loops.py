@@ -12,7 +12,7 @@ from collections.abc import Iterator as PyIterator
 from dataclasses import dataclass
 
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import AxisIndex, Iterator
+from einjit.ir.indexing import AxisIndex, Iterator, gather_indices
 from einjit.ir.tnode import Tnode
 
 __all__ = ["Access", "accesses", "is_parallel", "opaque", "parallel_chain", "reads"]
@@ -28,13 +28,15 @@ class Access:
 
 def accesses(stmt: ll.LLStmt) -> PyIterator[Access]:
     """Array accesses in execution order (a statement's reads before its write). Merge
-    buffers are read-only during a routine and are left out."""
+    buffers are read-only during a routine and are left out. The ids array of a run-time
+    index is read where the index is used."""
     for s in ll.flatten(stmt):
         match s:
             case ll.ForLoop(body=body):
                 yield from accesses(body)
             case ll.Set(tn, idcs, sc, _):
                 yield from reads(sc)
+                yield from _index_reads(idcs)
                 yield Access(tn, idcs, True)
             case ll.SetFromVec(tn, idcs, _, _, arg, _):
                 yield from reads(arg)
@@ -49,9 +51,15 @@ def reads(sc: ll.LLScalar) -> PyIterator[Access]:
     for x in ll.iter_scalars(sc):
         match x:
             case ll.Get(tn, idcs):
+                yield from _index_reads(idcs)
                 yield Access(tn, idcs, False)
             case ll.LocalScope(body=body):
                 yield from accesses(body)
+
+
+def _index_reads(idcs: tuple[AxisIndex, ...]) -> PyIterator[Access]:
+    for g in gather_indices(idcs):
+        yield Access(g.ids, g.idcs, False)
 
 
 def is_parallel(loop: ll.ForLoop, private: set[Tnode]) -> bool:

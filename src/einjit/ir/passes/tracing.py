@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from einjit.ir import low_level as ll
 from einjit.ir import ops
-from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, SubAxis, Symbol, index_symbols
+from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, Symbol, gather_indices, index_symbols
 from einjit.ir.tnode import Tnode
 
 Position = tuple[int, ...]
@@ -64,14 +64,14 @@ class VirtualizeSettings:
     `TracedArray.is_local_reduction`).
     `virtualize` / `simplify`: switch the two transformations off, to compare with the
     unoptimized program.
-    `schedule` / `interchange`: the CPU loop stages (`ir/schedule.py`, `ir/interchange.py`);
+    `schedule` / `interchange`: the CPU loop stages (`ir/sched/schedule.py`, `ir/sched/interchange.py`);
     backends that map loops to threads themselves (CUDA) use the code before them.
     `reassociate`: the scheduling stage may split a float reduction into independent partial
     sums (vector lanes, blocked summation), which changes rounding — usually for the better —
     but makes results differ from sequential summation in the last bits. Only that stage ever
     reassociates; turn it off for results bit-identical to the unscheduled program.
     `local_storage`: a stored node that one routine writes before reading, and that no other
-    routine compiled so far uses, becomes routine-local (`ir/local_storage.py`): declared in
+    routine compiled so far uses, becomes routine-local (`ir/passes/local_storage.py`): declared in
     the generated function instead of kept in the context between calls.
     """
 
@@ -118,7 +118,9 @@ class TracedArray:
     every read. `is_local_reduction`: in every reduction computing the node, a single node varies
     along the reduction loops (no contraction `a[i,k] * b[k,j]`), and the innermost reduction
     loop walks the last axis of size above one of what it reads (unit stride): inlined into its
-    one consumer, the loop stays as cheap as stored.
+    one consumer, the loop stays as cheap as stored. `run_time_indexed`: some access of the
+    node goes through a `GatherIdx`, or the node holds the indices of one: which cells are
+    touched is data, so the node cannot be inlined.
     """
 
     tn: Tnode
@@ -134,6 +136,7 @@ class TracedArray:
     is_complex: bool = False
     is_simple: bool = True
     is_local_reduction: bool = True
+    run_time_indexed: bool = False
 
     def is_written(self, pos: Position) -> bool:
         """Whether the code traced so far has written (or zeroed) the cell at `pos`."""
@@ -202,11 +205,24 @@ def _compile(idcs: tuple[AxisIndex, ...]) -> _Spec:
 
 
 def _position(st: _State, env: Env, idcs: tuple[AxisIndex, ...]) -> Position:
-    """`lookup` on compiled indices, cached per index tuple of the code."""
+    """`lookup` on compiled indices, cached per index tuple of the code. A run-time index
+    counts as cell 0 of its axis."""
     hit = st.specs.get(id(idcs))
     if hit is None:
         hit = st.specs[id(idcs)] = (idcs, _compile(idcs))
     return _evaluate(env, hit[1])
+
+
+def _gathered(st: _State, tn: Tnode, idcs: tuple[AxisIndex, ...], env: Env) -> None:
+    """Record an access of `tn` at `idcs` that goes through run-time indices: `tn` and the
+    ids arrays are marked, and each read of an ids array is counted as a read."""
+    found = gather_indices(idcs)
+    if not found:
+        return
+    st.node(tn).run_time_indexed = True
+    for g in found:
+        _visit(st, g.ids, _position(st, env, g.idcs), None)
+        st.node(g.ids).run_time_indexed = True
 
 
 def _evaluate(env: Env, spec: _Spec) -> Position:
@@ -235,7 +251,7 @@ def lookup(env: dict[Symbol, int], idcs: tuple[AxisIndex, ...]) -> Position:
                 pos.append(env.get(s, 0))
             case Affine(symbols, offset):
                 pos.append(offset + sum(c * env.get(s, 0) for c, s in symbols))
-            case SubAxis():
+            case _:
                 pos.append(0)
     return tuple(pos)
 
@@ -280,6 +296,7 @@ def _stmt(st: _State, stmt: ll.LLStmt, env: Env, loops: tuple[tuple[Symbol, int]
                 ta.zeroed_out = True
             case ll.Set(tn, idcs, llsc, _):
                 pos = _position(st, env, idcs)
+                _gathered(st, tn, idcs, env)
                 _scalar(st, llsc, env, (tn, pos))
                 ta = st.node(tn)
                 if not ta.assignments and not ta.accesses and _is_scalar_dims(tn):
@@ -437,6 +454,7 @@ def _visit(st: _State, tn: Tnode, pos: Position, own: tuple[Tnode, Position] | N
 def _scalar(st: _State, sc: ll.LLScalar, env: Env, own: tuple[Tnode, Position] | None) -> None:
     match sc:
         case ll.Get(tn, idcs):
+            _gathered(st, tn, idcs, env)
             _visit(st, tn, _position(st, env, idcs), own)
         case ll.GetMergeBuffer(tn, _):
             if st.merge_node is not None and st.merge_node is not tn:

@@ -22,10 +22,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 import einjit as ej
-from einjit import checkpoint, fit, nn, train
-from einjit.demo_cli import EpochProgress
+from einjit import nn
+from einjit.demos.cli import EpochProgress
 from einjit.models import GPT, GPTConfig
 from einjit.models.generate import Generator
+from einjit.training import checkpoint, fit, train
 
 ALPHABET = "\n" + string.printable[:95]
 UNKNOWN = "?"

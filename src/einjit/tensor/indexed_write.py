@@ -1,0 +1,99 @@
+"""Indexed write: a slice of a buffer overwritten in place at a position known only at run time.
+
+A KV cache is the case in point: the decode routine computes the keys and values of one new
+token and stores them at position `pos` of a `[B, T_max, H, Dh]` buffer that persists between
+calls, then attends over the buffer. `pos` is a static symbol (`ej.get_static_symbol()`), an
+argument of the compiled routine, so one compilation serves every position — the routine is
+called with `IntRef` values, never recompiled.
+
+`write_at(cache, value, pos, axis=1)` lowers to `cache[.., pos + i, ..] := value[.., i, ..]`:
+an affine index whose static part is the symbol. Bounds are checked twice: lowering gives the
+symbol the range `0 .. T_max - n` (`StaticSymbol.infer_range`), so a call with a position
+outside it is refused before any code runs (`StaticRangeError`), and the renderers check that
+every index stays inside the buffer over that range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from einjit import shape as sh
+from einjit.ir import assignments as asg
+from einjit.ir import ops, provenance
+from einjit.ir.indexing import Affine, Iterator, Projections, StaticSymbol, get_symbol
+from einjit.ir.tnode import MemoryType, hosted
+from einjit.tensor.notation import infer_projections
+from einjit.tensor.tensor import Tensor, TensorError, default_prec, make_node, new_label, register
+
+
+def buffer(label: str, *, batch_dims: Sequence[int] = (), output_dims: Sequence[int] = (1,),
+           input_dims: Sequence[int] = (), prec: ops.Prec | str | np.dtype | type | None = None) -> Tensor:
+    """A zero-filled, hosted, non-differentiable tensor that routines update in place and that
+    keeps its values between calls (a KV cache): write into it with `write_at`. Its values are
+    readable and settable from the host (`.value.numpy()`, `.set_values`)."""
+    lbl = new_label(label, "buffer")
+    if any(int(d) < 1 for row in (batch_dims, output_dims, input_dims) for d in row):
+        raise sh.ShapeError(f"einjit: buffer {label!r}: dims must be positive, got batch {list(batch_dims)}, "
+                            f"output {list(output_dims)}, input {list(input_dims)}")
+    shape = sh.Shape.make(batch_dims=[int(d) for d in batch_dims], output_dims=[int(d) for d in output_dims],
+                          input_dims=[int(d) for d in input_dims], debug_name=label)
+    p = default_prec() if prec is None else ops.as_prec(prec)
+    t = Tensor(label=lbl, op_label="buffer", shape=shape, update_step=None, children=(),
+               value_tn=make_node(lbl, shape, p), grad_tn=None, projections=None)
+    t.value_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.STATE)
+    t.value_tn.host_array()
+    t._fwd_done = True
+    return t
+
+
+def write_at(cache: Tensor, value: Tensor, pos: StaticSymbol, *, axis: int, label=None) -> Tensor:
+    """Overwrite `cache[.., pos : pos + n, ..]` (along layout axis `axis`) with `value`, whose
+    dims equal the cache's except along `axis`, where it has `n` cells; returns the cache as
+    updated, a tensor to read it through (its code runs the write first).
+
+    `cache` must be a stored non-differentiable tensor (`buffer`); `pos` a static symbol, bound
+    per call (`to_routine(..., bindings={pos: ref})`, then `ref.value = t`). `axis` counts the
+    cache's axes in memory order (batch, output, input); negative counts from the end. A
+    position past `T_max - n` is refused when the routine is called (`StaticRangeError`).
+    """
+    if not isinstance(cache, Tensor) or not isinstance(value, Tensor):
+        raise TensorError("einjit: write_at: the cache and the value must be tensors")
+    if not isinstance(pos, StaticSymbol):
+        raise TensorError(f"einjit: write_at: the position must be a static symbol (ej.get_static_symbol()), got "
+                          f"{type(pos).__name__}")
+    if cache.grad_tn is not None:
+        raise TensorError(f"einjit: write_at: the cache {cache.label_str} is differentiable; write only into "
+                          f"non-differentiable buffers (ej.buffer)")
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TensorError(f"einjit: write_at: axis must be an int, got {axis!r}")
+    lbl = new_label(label, "write_at")
+    where = f"write_at ({'.'.join(lbl)})"
+    shape = sh.Shape.make(debug_name=".".join(lbl))
+    same = infer_projections(shape, None, [cache.shape], where)
+    out = Tensor(label=lbl, op_label="write_at", shape=shape, update_step=None, children=(cache, value),
+                 value_tn=cache.value_tn, grad_tn=None, projections=same)
+
+    def projections() -> Projections:
+        dims, vdims = cache.value_tn.dims, value.value_tn.dims
+        if not -len(dims) <= axis < len(dims):
+            raise TensorError(f"einjit: {where}: axis {axis} is out of range for the cache {cache.label_str} "
+                              f"with dims {dims}")
+        k = axis % len(dims)
+        if len(vdims) != len(dims) or any(a != b for j, (a, b) in enumerate(zip(dims, vdims, strict=True))
+                                          if j != k) or vdims[k] > dims[k]:
+            raise sh.ShapeError(f"einjit: {where}: the value {value.label_str} has dims {vdims}; the cache "
+                                f"{cache.label_str} has {dims}: they must be equal except along axis {k}, where "
+                                f"the value may be shorter")
+        pos.infer_range(dims[k] - vdims[k] + 1)
+        its = tuple(get_symbol() for _ in vdims)
+        rhs = tuple(Iterator(s) for s in its)
+        lhs = tuple(Affine(((1, s), (1, pos.symbol))) if j == k else Iterator(s) for j, s in enumerate(its))
+        return Projections(vdims, its, dims, (vdims,), lhs, (rhs,),
+                           f"{cache.value_tn.name}[{pos!r} + ..] := {value.value_tn.name}")
+
+    out.own_forward = asg.AccumUnop(False, ops.Binop.ARG2, ops.Unop.IDENTITY, cache.value_tn,
+                                    asg.Node(value.value_tn), asg.Lazy(projections))
+    register(out)
+    return out
