@@ -176,3 +176,33 @@ def test_gelu_layer():
         got = train.forward_once(nn.GELU(approximate)(ej.ndarray(v)))
         want = ref if ref is not None else train.forward_once(ej.gelu(ej.ndarray(v)))
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_mha_key_padding_matches_torch_and_numpy():
+    rng = np.random.default_rng(10)
+    xv = rng.standard_normal((B, T, D))
+    pad = np.zeros((B, T))
+    pad[0, 3:] = 1  # the first sequence has 3 tokens, the second all 5
+    layer = MultiHeadAttention(D, H, label="mha_pad")
+    with ej.default_precision("double"):
+        x = ej.input("x", batch_dims=[B, T], output_dims=[D])
+        m = ej.input("pad", batch_dims=[B], output_dims=[T])
+        y = layer(x, key_padding_mask=m)
+        train.init_params(y, seed=4)
+        got = fit.forward_step(y, inputs=[x, m])(xv, pad)
+    p = {name: (w.value.numpy(), b.value.numpy()) for name, (w, b) in layer.proj.items()}
+    q, k, v = (np.einsum("hed,btd->bthe", p[n][0], xv) + p[n][1] for n in "qkv")
+    s = np.einsum("bthe,bshe->bths", q, k) / np.sqrt(D // H)
+    s = np.where(pad[:, None, None, :] > 0, -np.inf, s)
+    want = np.einsum("dhe,bthe->btd", p["out"][0], np.einsum("bths,bshe->bthe", _np_softmax(s), v)) + p["out"][1]
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    torch = pytest.importorskip("torch")
+    ref = torch.nn.MultiheadAttention(D, H, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.tensor(np.concatenate([p[n][0].reshape(D, D) for n in "qkv"])))
+        ref.in_proj_bias.copy_(torch.tensor(np.concatenate([p[n][1].reshape(D) for n in "qkv"])))
+        ref.out_proj.weight.copy_(torch.tensor(p["out"][0].reshape(D, D)))
+        ref.out_proj.bias.copy_(torch.tensor(p["out"][1]))
+        xt = torch.tensor(xv)
+        tw, _ = ref(xt, xt, xt, key_padding_mask=torch.tensor(pad > 0), need_weights=False)
+    np.testing.assert_allclose(got, tw.numpy(), rtol=1e-10, atol=1e-12)

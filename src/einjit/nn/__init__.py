@@ -2,7 +2,7 @@
 einjit's notation so a model's whole training step compiles into one routine."""
 
 from einjit.nn import schedules
-from einjit.nn.attention import MLP, MultiHeadAttention, TransformerBlock, causal_bias, scaled_dot_product_attention
+from einjit.nn.attention import MLP, MultiHeadAttention, TransformerBlock, scaled_dot_product_attention
 from einjit.nn.init import init_code, set_init
 from einjit.nn.layers import (
                               GELU,
@@ -25,5 +25,5 @@ from einjit.nn.optim import SGD, Adam, AdamW, Optimizer
 
 __all__ = ["GELU", "MLP", "SGD", "Activation", "Adam", "AdamW", "AvgPool2d", "BatchNorm", "Conv2d", "Dropout",
            "Embedding", "Flatten", "Layer", "LayerNorm", "Linear", "MaxPool2d", "MultiHeadAttention", "Optimizer",
-           "ReLU", "Sequential", "TransformerBlock", "bce_with_logits", "causal_bias", "cross_entropy", "hinge",
+           "ReLU", "Sequential", "TransformerBlock", "bce_with_logits", "cross_entropy", "hinge",
            "init_code", "mse", "one_hot", "scaled_dot_product_attention", "schedules", "set_init"]

@@ -16,28 +16,30 @@ from __future__ import annotations
 
 import math
 
+from einjit.ir.indexing import StaticSymbol
 from einjit.nn import init as nn_init
 from einjit.nn.layers import Dropout, Layer, LayerNorm, _auto_label
 from einjit.shape import Dim, Kind, ShapeError
 from einjit.shape.inference import provisional_row
 from einjit.tensor import activations, reductions
-from einjit.tensor.notation import Template, make_op
-from einjit.tensor.operation import einsum, param, range_
-from einjit.tensor.tensor import GradSpec, Tensor
+from einjit.tensor.masks import causal_mask, masked_softmax
+from einjit.tensor.operation import einsum, param
+from einjit.tensor.tensor import Tensor
 
 SCORES = "...,t|->h,e; ...,s|->h,e => ...,t|->h,s"
 MIX = "...,t|->h,s; ...,s|->h,e => ...,t|->h,e"
-#: What a hidden score becomes before the softmax: exp of it underflows to exactly 0 in float32
-#: and float64, and it stays finite (no inf - inf = NaN when a row is all hidden).
-MASKED = -1e30
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
-                                 offset: Tensor | None = None, scale: float | None = None,
+                                 offset: int | StaticSymbol | None = None, key_padding_mask: Tensor | None = None,
+                                 scale: float | None = None,
                                  dropout: Dropout | None = None, label: str | None = None) -> Tensor:
     """`softmax(q kᵀ * scale) v` per head, for `q` of `..., t | -> heads, e` and `k`, `v` of
     `..., s | -> heads, e` (scale defaults to `1/sqrt(e)`). With `causal`, query `t` sees keys
-    `s <= t` (`s <= t + offset` when the queries follow `offset` cached keys); `dropout` (a
+    `s <= t + offset`, where `offset` (an int, or a static symbol bound per call: the decoding
+    position) defaults to the number of keys before the queries. `key_padding_mask`, a
+    `..., | -> s` tensor (one row of keys per sequence, PyTorch's convention: non-zero = padding),
+    hides padded keys from every query; a query that sees no key gets zeros. `dropout` (a
     `Dropout` layer) drops attention weights in training."""
     if scale is None:
         e = q.shape.output.dims[-1] if q.shape.output.dims else None
@@ -47,15 +49,13 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: boo
         scale = 1.0 / math.sqrt(e.d)
     scores = einsum(SCORES, q, k, label=f"{label}.scores" if label else "scores")
     scores = scores * float(scale)
-    weights = _causal_softmax(scores, q, k, offset) if causal else reductions.softmax(scores, axis=-1)
+    if causal or key_padding_mask is not None:
+        weights = _masked_weights(scores, q, k, causal, offset, key_padding_mask)
+    else:
+        weights = reductions.softmax(scores, axis=-1)
     if dropout is not None:
         weights = dropout(weights)
     return einsum(MIX, weights, v, label=label or "attention")
-
-
-_NO_GRAD = GradSpec.PROHIBIT_GRAD
-_POSITION_GAP = (Template("t =: t1 - t2"), None)
-_HIDDEN_BIAS = (Template(f"t =: where(t1 < -0.5, {MASKED!r}, 0)"), None)
 
 
 def _last_batch_size(x: Tensor, what: str) -> int:
@@ -68,23 +68,22 @@ def _last_batch_size(x: Tensor, what: str) -> int:
     return row.dims[-1].d
 
 
-def causal_bias(n_queries: int, n_keys: int, offset: Tensor | None = None) -> Tensor:
-    """`0` where key `s` is visible from query `t` (`s <= t + offset`), a large negative number
-    elsewhere, as a `t | -> s` tensor computed inside the routine from two index ranges (no
-    stored `T x T` constant). `offset` (a one-cell tensor, e.g. the decoding position) places
-    the queries after that many earlier keys; without it the queries are the last `n_queries`
-    of the keys."""
-    queries = range_(n_queries, label="query_pos")
-    queries = queries + (offset if offset is not None else float(n_keys - n_queries))
-    gap = make_op("-", [queries, range_(n_keys, label="key_pos")], logic="t; s => t|->s", forward=_POSITION_GAP[0],
-                  backprop=None, grad_spec=_NO_GRAD, label="position_gap")
-    return make_op("causal_bias", [gap], logic=None, forward=_HIDDEN_BIAS[0], backprop=None, grad_spec=_NO_GRAD)
-
-
-def _causal_softmax(scores: Tensor, q: Tensor, k: Tensor, offset: Tensor | None) -> Tensor:
-    bias = causal_bias(_last_batch_size(q, "queries"), _last_batch_size(k, "keys"), offset)
-    masked = reductions.broadcast_op("+", scores, bias, "...,t|->h,s; t|->s => ...,t|->h,s", label="masked_scores")
-    return reductions.softmax(masked, axis=-1)
+def _masked_weights(scores: Tensor, q: Tensor, k: Tensor, causal: bool, offset: int | StaticSymbol | None,
+                    key_padding_mask: Tensor | None) -> Tensor:
+    """The masked softmax of `..., t | -> h, s` scores. Causal: key `s` is seen from query `t`
+    when `s <= t + offset` (`ej.causal_mask` compares loop indices inside the routine); without
+    causality the same mask with an offset of the key count keeps every key. Padding: keys
+    where `key_padding_mask` (`..., | -> s`) is non-zero are hidden from every query."""
+    n_keys = _last_batch_size(k, "keys")
+    if not causal:
+        offset = n_keys
+    elif offset is None:
+        offset = n_keys - _last_batch_size(q, "queries")
+    keep = causal_mask(scores, query_axis=-3, key_axis=-1, offset=offset, label="causal")
+    if key_padding_mask is not None:
+        kept_keys = 1.0 - key_padding_mask
+        keep = einsum("...,t|->h,s; ...|->s => ...,t|->h,s", keep, kept_keys, label="attention_mask")
+    return masked_softmax(scores, keep, axis=-1, label="attention_weights")
 
 
 def _projection(layer: Layer, name: str, out_dims: list[int], in_dims: list[int], init: str,
@@ -126,14 +125,15 @@ class MultiHeadAttention(Layer):
         self.proj = {name: _projection(self, name, heads, [d_model], init, bias) for name in "qkv"}
         self.proj["out"] = _projection(self, "out", [d_model], heads, init, bias)
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """`key_padding_mask`: `batch | -> time`, non-zero where a token is padding (PyTorch's)."""
         dims = self._expect_axes(x, ("features",))
         if dims[-1] is not None and dims[-1] != self.d_model:
             raise self._error("the feature axis", dims[-1], f"d_model={self.d_model}", x)
         proj = self.proj
         q, k, v = (_apply(*proj[name], x) for name in "qkv")
-        y = scaled_dot_product_attention(q, k, v, causal=self.causal, dropout=self.attn_dropout,
-                                         label=f"{self.label}.heads")
+        y = scaled_dot_product_attention(q, k, v, causal=self.causal, key_padding_mask=key_padding_mask,
+                                         dropout=self.attn_dropout, label=f"{self.label}.heads")
         return _apply(*proj["out"], y)
 
     def train(self, mode: bool = True) -> MultiHeadAttention:
