@@ -95,7 +95,7 @@ def batch_offsets(n_ids: int, block_size: int, batch_size: int, steps: int, seed
 def windows(ids: np.ndarray, offsets: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Inputs and next-character targets `(batch, block_size)` at `offsets`."""
     idx = offsets[:, None] + np.arange(block_size)[None, :]
-    return ids[idx], ids[idx + 1]
+    return ids[idx].astype(np.int32), ids[idx + 1].astype(np.int32)
 
 
 def val_offsets(n_ids: int, cfg: GPTDemoConfig) -> np.ndarray:
@@ -107,16 +107,6 @@ def model_config(cfg: GPTDemoConfig) -> GPTConfig:
                      d_model=cfg.d_model)
 
 
-class OneHot:
-    """Token ids as the one-hot rows the model's inputs take."""
-
-    def __init__(self, vocab: int):
-        self.eye = np.eye(vocab, dtype=np.float32)
-
-    def __call__(self, ids: np.ndarray) -> np.ndarray:
-        return self.eye[ids]
-
-
 def run_gpt(cfg: GPTDemoConfig = GPTDemoConfig(), *, quiet: bool = False, plot: str | None = None,
             checkpoint_path: str | None = None, sample_chars: int = 200, prompt: str = "The ",
             on_init: Callable[[GPT], None] | None = None) -> GPTDemoResult:
@@ -124,10 +114,9 @@ def run_gpt(cfg: GPTDemoConfig = GPTDemoConfig(), *, quiet: bool = False, plot: 
     copies them into PyTorch)."""
     train_ids, val_ids = split(encode(corpus()))
     mcfg = model_config(cfg)
-    hot = OneHot(mcfg.vocab_size)
     t0 = time.perf_counter()
     model = GPT(mcfg, seed=cfg.seed)
-    shape = dict(batch_dims=[cfg.batch_size, cfg.block_size], output_dims=[mcfg.vocab_size])
+    shape = dict(batch_dims=[cfg.batch_size, cfg.block_size], prec="int32")
     x, y = ej.input("tokens", **shape), ej.input("targets", **shape)
     loss = nn.cross_entropy(model(x), y, label="loss")
     opt = nn.AdamW(model.params(), cfg.lr, weight_decay=cfg.weight_decay)
@@ -154,11 +143,11 @@ def run_gpt(cfg: GPTDemoConfig = GPTDemoConfig(), *, quiet: bool = False, plot: 
         for k in range(cfg.steps_per_epoch):
             xb, yb = windows(train_ids, offsets[epoch * cfg.steps_per_epoch + k], cfg.block_size)
             opt.step()
-            step(hot(xb), hot(yb))
+            step(xb, yb)
             total += step.loss_value()
         train_losses.append(total / cfg.steps_per_epoch)
         model.eval()
-        val_losses.append(float(np.mean([evaluate(hot(a), hot(b)).reshape(-1)[0] for a, b in vals])))
+        val_losses.append(float(np.mean([evaluate(a, b).reshape(-1)[0] for a, b in vals])))
         progress.update(epoch, train_losses[-1], val_losses[-1])
     progress.close()
     seconds = time.perf_counter() - t1

@@ -1,11 +1,20 @@
-"""Text generation from a `GPT`: routines compiled once, sampling on the host.
+"""Text generation from a `GPT`: a prefill routine and a KV-cache decode routine, each
+compiled once, and sampling on the host.
 
-`Generator(model, batch_size)` compiles the model's forward pass over a whole block
-(`block_size` positions, `batch_size` sequences) once. A prompt shorter than the block is
-padded at the end: attention is causal, so the padding cannot change the logits of the
-positions before it, and the logits at the prompt's last position are the next token's.
-Every later token and every later prompt up to `block_size` reuses the same routine — the
-compiler never runs during generation (`tests/models/test_generate.py` counts its runs).
+`Generator(model, batch_size)` builds two forward graphs of the model sharing its weights and
+one key / value buffer pair per block (`GPT.kv_caches`):
+
+- prefill: a whole block of `block_size` tokens (a shorter prompt padded at the end: attention
+  is causal, so padding cannot change the logits before it); it writes every position's keys
+  and values into the caches and gives the logits at the prompt's last position;
+- decode: one token per sequence at position `pos`, a static symbol bound per call: its keys
+  and values are written into the caches at `pos` (`ej.write_at`) and it attends over cached
+  positions `<= pos`, so a token costs one token's work, not a block's.
+
+Every token and every prompt up to `block_size` reuses these two routines — the compiler never
+runs during generation (`tests/models/test_generate.py` counts its runs). Past `block_size`
+tokens the context slides (the last `block_size` tokens, as nanoGPT crops): each further token
+is a prefill of that window.
 
 Sampling is PyTorch / nanoGPT's: logits divided by `temperature`, all but the `top_k` largest
 set to -inf, softmax, one draw from a NumPy generator seeded by `seed`; `temperature=0` is
@@ -16,10 +25,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from einjit.ir.indexing import IntRef, StaticSymbol, get_static_symbol
 from einjit.models.gpt import GPT
 from einjit.tensor.inputs import input as new_input
 from einjit.tensor.tensor import TensorError
-from einjit.training import fit
+from einjit.training import fit, train
 
 
 def sample_next(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator) -> np.ndarray:
@@ -36,22 +46,37 @@ def sample_next(logits: np.ndarray, temperature: float, top_k: int | None, rng: 
 
 
 class Generator:
-    """The compiled routines of one model for `batch_size` sequences at a time."""
+    """The compiled prefill and decode routines of one model for `batch_size` sequences."""
 
     def __init__(self, model: GPT, *, batch_size: int = 1):
         self.model, self.batch_size = model, batch_size
         c = model.config
         self.vocab, self.block = c.vocab_size, c.block_size
-        self._eye = np.eye(self.vocab, dtype=np.float32)
-        tokens = new_input(f"{model.label}_prompt", batch_dims=[batch_size, self.block], output_dims=[self.vocab])
-        self.prefill = fit.forward_step(model(tokens), inputs=[tokens], name=f"{model.label}_prefill")
+        name = f"{model.label}_b{batch_size}"
+        caches = model.kv_caches(batch_size, f"{name}.cache")
+        start, self._pos = get_static_symbol(name="prefill_pos"), get_static_symbol(name="pos")
+        prompt = new_input(f"{name}_prompt", batch_dims=[batch_size, self.block], prec="int32")
+        self.prefill = _step(model(prompt, caches=caches, pos=start), [prompt], {start: IntRef(0)}, f"{name}_prefill")
+        token = new_input(f"{name}_token", batch_dims=[batch_size, 1], prec="int32")
+        where = new_input(f"{name}_position", batch_dims=[1, 1], prec="int32")
+        self.decode = _step(model(token, positions=where, caches=caches, pos=self._pos), [token, where],
+                            {self._pos: IntRef(0)}, f"{name}_decode")
+        self._pos_ref = self.decode.routine.bindings[self._pos]
 
     def logits(self, ids: np.ndarray) -> np.ndarray:
-        """The next-token logits `batch x vocab` after `ids` (`batch x n`, `1 <= n <= block_size`)."""
+        """The next-token logits `batch x vocab` after `ids` (`batch x n`, `1 <= n <= block_size`),
+        from the prefill routine, which also fills the caches with the keys and values of `ids`."""
         n = ids.shape[1]
-        padded = np.zeros((self.batch_size, self.block), dtype=np.int64)
+        padded = np.zeros((self.batch_size, self.block), dtype=np.int32)
         padded[:, :n] = ids
-        return self.prefill(self._eye[padded])[:, n - 1]
+        return self.prefill(padded)[:, n - 1]
+
+    def next_logits(self, token: np.ndarray, pos: int) -> np.ndarray:
+        """The logits after `token` (`batch`) placed at position `pos`, the caches holding the
+        positions before it; its keys and values join the caches."""
+        self._pos_ref.value = pos
+        return self.decode(token.astype(np.int32).reshape(self.batch_size, 1),
+                           np.array([[pos]], dtype=np.int32))[:, 0]
 
     def _check(self, ids: np.ndarray, max_new_tokens: int, temperature: float, top_k: int | None) -> None:
         if ids.ndim != 2 or ids.shape[0] != self.batch_size or ids.shape[1] < 1:
@@ -65,8 +90,7 @@ class Generator:
 
     def generate(self, ids, max_new_tokens: int, *, temperature: float = 1.0, top_k: int | None = None,
                  seed: int = 0) -> np.ndarray:
-        """`ids` followed by `max_new_tokens` sampled tokens; the context is the last
-        `block_size` tokens (a longer sequence slides)."""
+        """`ids` followed by `max_new_tokens` sampled tokens."""
         ids = np.asarray(ids)
         self._check(ids, max_new_tokens, temperature, top_k)
         rng = np.random.default_rng(seed)
@@ -74,9 +98,20 @@ class Generator:
         self.model.eval()
         try:
             out = ids.astype(np.int64)
-            for _ in range(max_new_tokens):
-                nxt = sample_next(self.logits(out[:, -self.block:]), temperature, top_k, rng)
+            if max_new_tokens:
+                logits = self.logits(out[:, -self.block:])
+            for k in range(max_new_tokens):
+                nxt = sample_next(logits, temperature, top_k, rng)
                 out = np.concatenate([out, nxt[:, None]], axis=1)
+                if k + 1 == max_new_tokens:
+                    break
+                n = out.shape[1]
+                logits = self.next_logits(nxt, n - 1) if n <= self.block else self.logits(out[:, -self.block:])
         finally:
             self.model.train(was_training)
         return out
+
+
+def _step(logits, inputs, bindings: dict[StaticSymbol, IntRef], name: str) -> fit.ForwardStep:
+    routine = train.to_routine(fit.forward_code(logits), bindings=bindings, name=name)
+    return fit.ForwardStep(routine, inputs, name, [logits])

@@ -1,6 +1,8 @@
 """A GPT (decoder-only transformer) from a small config, in GPT-2's layout.
 
-`GPT(config)(tokens)` maps tokens `batch, time | -> vocab` to logits of the same shape:
+`GPT(config)(tokens)` maps token ids `batch, time | -> 1` (an integer input, e.g.
+`ej.input("ids", batch_dims=[B, T], prec="int32")`; one-hot float rows work too) to logits
+`batch, time | -> vocab`:
 token embedding + position embedding, `n_layer` pre-LayerNorm `TransformerBlock`s (causal
 attention, GELU MLP), a final LayerNorm and the language-model head, which by default is the
 token embedding itself (tied). Parameter labels follow GPT-2's names under the model's label
@@ -17,16 +19,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from einjit.ir.indexing import StaticSymbol
 from einjit.nn import init as nn_init
 from einjit.nn.attention import TransformerBlock
 from einjit.nn.layers import Dropout, Layer, LayerNorm
 from einjit.shape import ShapeError
+from einjit.tensor.gather import take
+from einjit.tensor.indexed_write import buffer
 from einjit.tensor.notation import Template, make_op
 from einjit.tensor.operation import ndarray, param, transpose
 from einjit.tensor.tensor import Tensor, TensorError
 
 POSITIONS = ("learned", "sinusoidal")
 _ROWS = (Template("t =: t1"), Template("g1 =+ g"))
+#: `wte` is `[vocab] x [d_model]`: the gathered axis is its output axis.
+_TOKEN_ROWS = "d->v; ...|->v => ...|->d"
+#: The position table is `[block_size, d_model]` output axes: gathered along the first.
+_POSITION_ROWS = "p,d; ...|->p => ...|->d"
 
 
 @dataclass(frozen=True)
@@ -100,8 +109,12 @@ class GPT(Layer):
     # ---------------------------------------------------------------- pieces
 
     def embed(self, tokens: Tensor) -> Tensor:
-        """Token embeddings `batch, time | -> d_model` of one-hot tokens `batch, time | -> vocab`."""
-        return transpose(self.wte) @ tokens
+        """Token embeddings `batch, time | -> d_model`: rows of `wte` gathered at integer ids
+        (`batch, time | -> 1`, an integer precision; `ej.take`), or one-hot rows (`batch,
+        time | -> vocab`, float) multiplied by the table."""
+        if tokens.value_tn.prec.is_float:
+            return transpose(self.wte) @ tokens
+        return take(self.wte, tokens, spec=_TOKEN_ROWS, label=f"{self.label}.tokens")
 
     def position_table(self, n: int) -> Tensor:
         """The first `n` position embeddings as `time | -> d_model`."""
@@ -118,11 +131,25 @@ class GPT(Layer):
     def head(self, h: Tensor) -> Tensor:
         return (self.wte if self.lm_head is None else self.lm_head) @ h
 
-    def hidden(self, x: Tensor) -> Tensor:
+    def hidden(self, x: Tensor, caches: list[tuple[Tensor, Tensor]] | None = None,
+               pos: StaticSymbol | None = None) -> Tensor:
         """The blocks and the final LayerNorm over embedded tokens `batch, time | -> d_model`."""
-        for block in self.blocks:
-            x = block(x)
+        for k, block in enumerate(self.blocks):
+            x = block(x, cache=None if caches is None else caches[k], pos=pos)
         return self.ln_f(x)
+
+    def kv_caches(self, batch_size: int, prefix: str) -> list[tuple[Tensor, Tensor]]:
+        """One pair of zeroed key / value buffers per block, `batch, block_size | -> heads, head_dim`."""
+        c = self.config
+        dims = dict(batch_dims=[batch_size, c.block_size], output_dims=[c.n_head, c.d_model // c.n_head])
+        return [(buffer(f"{prefix}.h{k}.k", **dims), buffer(f"{prefix}.h{k}.v", **dims)) for k in range(c.n_layer)]
+
+    def position_rows(self, positions: Tensor) -> Tensor:
+        """Position embeddings gathered at integer positions (`..., time | -> 1`)."""
+        c = self.config
+        table = self.wpe if self.wpe is not None else ndarray(sinusoidal_table(c.block_size, c.d_model),
+                                                              label=f"{self.label}.sinusoid")
+        return take(table, positions, spec=_POSITION_ROWS, label=f"{self.label}.position_rows")
 
     def _sequence_length(self, tokens: Tensor) -> int:
         dims = tokens.shape.batch.dims
@@ -131,13 +158,23 @@ class GPT(Layer):
                              f"batch axes `batch, time` of known size")
         return int(dims[-1].d)
 
-    def __call__(self, tokens: Tensor) -> Tensor:
+    def __call__(self, tokens: Tensor, *, positions: Tensor | None = None,
+                 caches: list[tuple[Tensor, Tensor]] | None = None, pos: StaticSymbol | None = None) -> Tensor:
+        """Logits of `tokens`. Without `positions` the tokens are positions `0 .. n-1` (with
+        learned positions, `n` must be `block_size`); `positions` (integer ids, one per token)
+        places them anywhere, e.g. at the decoding position. `caches` / `pos`: KV caches
+        (`kv_caches`) written at the static-symbol position `pos` and attended over."""
         n = self._sequence_length(tokens)
-        if self.wpe is not None and n != self.config.block_size:
+        if positions is not None:
+            where = self.position_rows(positions)
+        elif self.wpe is not None and n != self.config.block_size:
             raise ShapeError(f"einjit: GPT {self.label}: learned positions are read for whole blocks: the time "
-                             f"axis of {tokens.label_str} is {n}, block_size is {self.config.block_size}")
-        x = self.drop(self.embed(tokens) + self.position_table(n))
-        return self.head(self.hidden(x))
+                             f"axis of {tokens.label_str} is {n}, block_size is {self.config.block_size}; pass "
+                             f"positions= for shorter sequences")
+        else:
+            where = self.position_table(n)
+        x = self.drop(self.embed(tokens) + where)
+        return self.head(self.hidden(x, caches, pos))
 
     # ---------------------------------------------------------------- parameters and modes
 

@@ -22,9 +22,10 @@ from einjit.nn.layers import Dropout, Layer, LayerNorm, _auto_label
 from einjit.shape import Dim, Kind, ShapeError
 from einjit.shape.inference import provisional_row
 from einjit.tensor import activations, reductions
+from einjit.tensor.indexed_write import write_at
 from einjit.tensor.masks import causal_mask, masked_softmax
 from einjit.tensor.operation import einsum, param
-from einjit.tensor.tensor import Tensor
+from einjit.tensor.tensor import Tensor, TensorError
 
 SCORES = "...,t|->h,e; ...,s|->h,e => ...,t|->h,s"
 MIX = "...,t|->h,s; ...,s|->h,e => ...,t|->h,e"
@@ -125,15 +126,29 @@ class MultiHeadAttention(Layer):
         self.proj = {name: _projection(self, name, heads, [d_model], init, bias) for name in "qkv"}
         self.proj["out"] = _projection(self, "out", [d_model], heads, init, bias)
 
-    def __call__(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        """`key_padding_mask`: `batch | -> time`, non-zero where a token is padding (PyTorch's)."""
+    def __call__(self, x: Tensor, key_padding_mask: Tensor | None = None, *,
+                 cache: tuple[Tensor, Tensor] | None = None, pos: StaticSymbol | None = None) -> Tensor:
+        """`key_padding_mask`: `batch | -> time`, non-zero where a token is padding (PyTorch's).
+
+        With a KV `cache` (two `ej.buffer`s of `batch, max_time | -> heads, head_dim`) the keys
+        and values of `x`'s tokens are written into it at position `pos` (a static symbol bound
+        per call: `ej.write_at`), and the queries attend over the cache, token `t` seeing cached
+        positions `s <= pos + t`: one compiled routine serves every position."""
         dims = self._expect_axes(x, ("features",))
         if dims[-1] is not None and dims[-1] != self.d_model:
             raise self._error("the feature axis", dims[-1], f"d_model={self.d_model}", x)
         proj = self.proj
         q, k, v = (_apply(*proj[name], x) for name in "qkv")
-        y = scaled_dot_product_attention(q, k, v, causal=self.causal, key_padding_mask=key_padding_mask,
-                                         dropout=self.attn_dropout, label=f"{self.label}.heads")
+        offset: StaticSymbol | None = None
+        if cache is not None:
+            if pos is None:
+                raise TensorError(f"einjit: {self.kind} {self.label}: a KV cache needs the write position `pos`")
+            k = write_at(cache[0], k, pos, axis=-3, label=f"{self.label}.k_cache")
+            v = write_at(cache[1], v, pos, axis=-3, label=f"{self.label}.v_cache")
+            offset = pos
+        y = scaled_dot_product_attention(q, k, v, causal=self.causal or cache is not None, offset=offset,
+                                         key_padding_mask=key_padding_mask, dropout=self.attn_dropout,
+                                         label=f"{self.label}.heads")
         return _apply(*proj["out"], y)
 
     def train(self, mode: bool = True) -> MultiHeadAttention:
@@ -176,8 +191,10 @@ class TransformerBlock(Layer):
         self.mlp = MLP(d_model, mlp_ratio, approximate=approximate, init=init, label=f"{self.label}.mlp")
         self.drops = [Dropout(dropout, seed=seed + k + 1, label=f"{self.label}.drop{k + 1}") for k in range(2)]
 
-    def __call__(self, x: Tensor) -> Tensor:
-        x = x + self.drops[0](self.attn(self.ln1(x)))
+    def __call__(self, x: Tensor, *, cache: tuple[Tensor, Tensor] | None = None,
+                 pos: StaticSymbol | None = None) -> Tensor:
+        """`cache` / `pos`: a KV cache written and read by the attention (`MultiHeadAttention`)."""
+        x = x + self.drops[0](self.attn(self.ln1(x), cache=cache, pos=pos))
         return x + self.drops[1](self.mlp(self.ln2(x)))
 
     def layers(self) -> list[Layer]:
