@@ -4,8 +4,8 @@
 
 - `step`: one training step (forward, backprop, AdamW) of a GPT with 2 and 4 blocks, d=128,
   4 heads, T=64, B=16, a vocabulary of 96; peers PyTorch eager and `torch.compile`.
-- `decode`: per-token latency of generation at batch 1 (block of 64): einjit's compiled block
-  routine against PyTorch eager with a KV cache.
+- `decode`: per-token latency of greedy generation at batch 1 (block of 64): einjit's KV-cache
+  decode routine against PyTorch eager with a KV cache (both include the prompt's prefill).
 - `memory`: the bytes a training step keeps — einjit's memory report of the step routine
   (context arrays: parameters, gradients, AdamW moments, hosted inputs; plus routine-local and
   scratch arrays) against PyTorch's parameters, gradients, AdamW state and the tensors autograd
@@ -139,8 +139,8 @@ def einjit_train_step(n_layer: int):
 
     model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=n_layer, n_head=HEADS, d_model=D),
                 label=f"bench{n_layer}")
-    x = ej.input(f"tokens{n_layer}", batch_dims=[B, T], output_dims=[V])
-    y = ej.input(f"targets{n_layer}", batch_dims=[B, T], output_dims=[V])
+    x = ej.input(f"tokens{n_layer}", batch_dims=[B, T], prec="int32")
+    y = ej.input(f"targets{n_layer}", batch_dims=[B, T], prec="int32")
     loss = nn.cross_entropy(model(x), y)
     opt = nn.AdamW(model.params(), 1e-3)
     train.init_params(loss, seed=0)
@@ -148,9 +148,8 @@ def einjit_train_step(n_layer: int):
     step = fit.train_step(loss, opt.update(), inputs=[x, y], name=f"gpt{n_layer}_step")
     compile_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
-    ids = rng.integers(0, V, (B, T + 1))
-    eye = np.eye(V, dtype=np.float32)
-    return model, step, (ids, eye[ids[:, :-1]], eye[ids[:, 1:]]), compile_s
+    ids = rng.integers(0, V, (B, T + 1)).astype(np.int32)
+    return model, step, (ids, ids[:, :-1].copy(), ids[:, 1:].copy()), compile_s
 
 
 def torch_train_step(model, ids, compiled: bool):
@@ -160,7 +159,7 @@ def torch_train_step(model, ids, compiled: bool):
     net = torch_gpt(model)
     opt = torch.optim.AdamW(net.parameters(), 1e-3)
     fwd = torch.compile(net) if compiled else net
-    x, y = torch.tensor(ids[:, :-1]), torch.tensor(ids[:, 1:])
+    x, y = torch.tensor(ids[:, :-1], dtype=torch.long), torch.tensor(ids[:, 1:], dtype=torch.long)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -180,7 +179,7 @@ def step_rows() -> list[dict]:
     rows = []
     for n_layer in (2, 4):
         model, step, (ids, xb, yb), compile_s = einjit_train_step(n_layer)
-        fns = [lambda: step(xb, yb)]
+        fns = [lambda step=step, xb=xb, yb=yb: step(xb, yb)]
         names = []
         if _torch() is not None:
             fns.append(torch_train_step(model, ids, False))
@@ -237,7 +236,7 @@ def torch_step_bytes(model, ids) -> int:
 
     net = torch_gpt(model)
     opt = torch.optim.AdamW(net.parameters(), 1e-3)
-    x, y = torch.tensor(ids[:, :-1]), torch.tensor(ids[:, 1:])
+    x, y = torch.tensor(ids[:, :-1], dtype=torch.long), torch.tensor(ids[:, 1:], dtype=torch.long)
     saved: dict[int, int] = {}
 
     def pack(t):
@@ -295,13 +294,14 @@ def val_rows() -> list[dict]:
     opt = torch.optim.AdamW(net.parameters(), cfg.lr, weight_decay=cfg.weight_decay)
     t0 = time.perf_counter()
     for o in offsets:
-        xb, yb = (torch.tensor(a) for a in demo.windows(train_ids, o, cfg.block_size))
+        xb, yb = (torch.tensor(a, dtype=torch.long) for a in demo.windows(train_ids, o, cfg.block_size))
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(net(xb).reshape(-1, net.wte.shape[0]), yb.reshape(-1)).backward()
         opt.step()
     torch_s = time.perf_counter() - t0
     with torch.no_grad():
-        losses = [F.cross_entropy(net(torch.tensor(a)).reshape(-1, net.wte.shape[0]), torch.tensor(b).reshape(-1))
+        losses = [F.cross_entropy(net(torch.tensor(a, dtype=torch.long)).reshape(-1, net.wte.shape[0]),
+                                  torch.tensor(b, dtype=torch.long).reshape(-1))
                   for a, b in (demo.windows(val_ids, o, cfg.block_size) for o in demo.val_offsets(len(val_ids), cfg))]
     torch_val = float(np.mean([v.item() for v in losses]))
     return [{"workload": f"demo gpt default run ({result.steps} steps): final validation loss",

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from np_gpt2 import forward
 
 import einjit as ej
 from einjit import fit, nn, train
 from einjit.models import GPT, GPTConfig
 from einjit.models.generate import Generator
 from einjit.models.gpt2 import gpt2_arrays
+from np_gpt2 import forward
 
 CFG = GPTConfig(vocab_size=23, block_size=8, n_layer=2, n_head=2, d_model=8)
 
@@ -28,7 +28,8 @@ def hf_arrays(model: GPT) -> dict[str, np.ndarray]:
                 h + "ln_2.weight": w[g + "ln2.gamma"], h + "ln_2.bias": w[g + "ln2.beta"],
                 h + "attn.c_attn.weight": np.concatenate([w[g + f"attn.{n}.w"].reshape(d, d).T for n in "qkv"], 1),
                 h + "attn.c_attn.bias": np.concatenate([w[g + f"attn.{n}.b"].reshape(d) for n in "qkv"]),
-                h + "attn.c_proj.weight": w[g + "attn.out.w"].reshape(d, d).T, h + "attn.c_proj.bias": w[g + "attn.out.b"],
+                h + "attn.c_proj.weight": w[g + "attn.out.w"].reshape(d, d).T,
+                h + "attn.c_proj.bias": w[g + "attn.out.b"],
                 h + "mlp.c_fc.weight": w[g + "mlp.fc.w"].T, h + "mlp.c_fc.bias": w[g + "mlp.fc.b"],
                 h + "mlp.c_proj.weight": w[g + "mlp.proj.w"].T, h + "mlp.c_proj.bias": w[g + "mlp.proj.b"]}
     return out
