@@ -49,8 +49,7 @@ def _torch():
         import torch
     except ImportError:
         return None
-    if ARGS is not None:
-        torch.set_num_threads(ARGS.threads)
+    torch.set_num_threads(int(os.environ.get("EINJIT_NUM_THREADS", "1")))
     return torch
 
 
