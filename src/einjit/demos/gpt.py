@@ -116,15 +116,16 @@ def run_gpt(cfg: GPTDemoConfig = GPTDemoConfig(), *, quiet: bool = False, plot: 
     mcfg = model_config(cfg)
     t0 = time.perf_counter()
     model = GPT(mcfg, seed=cfg.seed)
-    shape = dict(batch_dims=[cfg.batch_size, cfg.block_size], prec="int32")
-    x, y = ej.input("tokens", **shape), ej.input("targets", **shape)
+    dims = [cfg.batch_size, cfg.block_size]
+    x, y = ej.input("tokens", batch_dims=dims, prec="int32"), ej.input("targets", batch_dims=dims, prec="int32")
     loss = nn.cross_entropy(model(x), y, label="loss")
     opt = nn.AdamW(model.params(), cfg.lr, weight_decay=cfg.weight_decay)
     train.init_params(loss, seed=cfg.seed)
     if on_init is not None:
         on_init(model)
     step = fit.train_step(loss, opt.update(), inputs=[x, y], name="gpt_train_step")
-    xv, yv = ej.input("val_tokens", **shape), ej.input("val_targets", **shape)
+    xv = ej.input("val_tokens", batch_dims=dims, prec="int32")
+    yv = ej.input("val_targets", batch_dims=dims, prec="int32")
     val_loss_t = nn.cross_entropy(model(xv), yv, label="val_loss")
     evaluate = fit.forward_step(val_loss_t, inputs=[xv, yv], name="gpt_val")
     generator = Generator(model, batch_size=1) if sample_chars else None

@@ -59,9 +59,9 @@ class Generator:
         self.prefill = _step(model(prompt, caches=caches, pos=start), [prompt], {start: IntRef(0)}, f"{name}_prefill")
         token = new_input(f"{name}_token", batch_dims=[batch_size, 1], prec="int32")
         where = new_input(f"{name}_position", batch_dims=[1, 1], prec="int32")
+        self._pos_ref = IntRef(0)
         self.decode = _step(model(token, positions=where, caches=caches, pos=self._pos), [token, where],
-                            {self._pos: IntRef(0)}, f"{name}_decode")
-        self._pos_ref = self.decode.routine.bindings[self._pos]
+                            {self._pos: self._pos_ref}, f"{name}_decode")
 
     def logits(self, ids: np.ndarray) -> np.ndarray:
         """The next-token logits `batch x vocab` after `ids` (`batch x n`, `1 <= n <= block_size`),

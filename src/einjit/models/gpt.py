@@ -141,8 +141,9 @@ class GPT(Layer):
     def kv_caches(self, batch_size: int, prefix: str) -> list[tuple[Tensor, Tensor]]:
         """One pair of zeroed key / value buffers per block, `batch, block_size | -> heads, head_dim`."""
         c = self.config
-        dims = dict(batch_dims=[batch_size, c.block_size], output_dims=[c.n_head, c.d_model // c.n_head])
-        return [(buffer(f"{prefix}.h{k}.k", **dims), buffer(f"{prefix}.h{k}.v", **dims)) for k in range(c.n_layer)]
+        batch, heads = [batch_size, c.block_size], [c.n_head, c.d_model // c.n_head]
+        return [(buffer(f"{prefix}.h{k}.k", batch_dims=batch, output_dims=heads),
+                 buffer(f"{prefix}.h{k}.v", batch_dims=batch, output_dims=heads)) for k in range(c.n_layer)]
 
     def position_rows(self, positions: Tensor) -> Tensor:
         """Position embeddings gathered at integer positions (`..., time | -> 1`)."""
