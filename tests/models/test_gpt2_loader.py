@@ -66,3 +66,16 @@ def test_random_transformers_gpt2_gives_the_same_logits(tmp_path):
     with torch.no_grad():
         want = hf(torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_tokenizer_of_a_directory(tmp_path):
+    write_dir(tmp_path / "g", random_gpt2())
+    assert gpt2.tokenizer(tmp_path / "g") is None  # no tokenizer.json: ids in, ids out
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {"[UNK]": 0, "hello": 1, "world": 2}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "g" / "tokenizer.json"))
+    loaded = gpt2.tokenizer(tmp_path / "g")
+    assert loaded.encode("hello world again").ids == [1, 2, 0]
+    assert loaded.decode([2, 1]) == "world hello"
