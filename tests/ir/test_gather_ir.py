@@ -1,9 +1,11 @@
-"""Run-time indices (`GatherIdx`) through the compiler core: a gather and its scatter-add,
-four ways (interpreter and gcc, unoptimized and optimized) against NumPy, with repeated and
-out-of-range ids (clamped); what tracing and virtualization decide for the nodes involved;
-and what the renderers print."""
+"""Run-time indices through the compiler core: a gather and its scatter-add (`GatherIdx`),
+and an indexed write at a static-symbol position, four ways (interpreter and gcc, unoptimized
+and optimized) against NumPy, with repeated and out-of-range ids (clamped); what tracing and
+virtualization decide for the nodes involved; and what the renderers print."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from einjit.backends.parallel_loops import is_parallel
 from einjit.ir import assignments as asg
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import FixedIdx, GatherIdx, Iterator, get_symbol, subst_index
+from einjit.ir.indexing import Affine, FixedIdx, GatherIdx, Iterator, get_static_symbol, get_symbol, subst_index
 from einjit.ir.optimize import optimize_proc
 from einjit.ir.provenance import RUN_TIME_INDEX
 from test_pipeline import node, proj, run_four_ways
@@ -48,6 +50,27 @@ def test_gather_and_scatter_add_four_ways(prec, id_prec):
     run_four_ways(gather_code(prec, ids, table, out, grad_out, grad_table),
                   {ids: idv, table: tv, grad_out: gv},
                   {out: tv.astype(prec.dtype)[clamped], grad_table: want_grad})
+
+
+@pytest.mark.parametrize("prec", [ops.double, ops.single], ids=lambda p: p.name)
+def test_indexed_write_at_a_static_position_four_ways(prec):
+    """`cache[b, pos + i, e] := new[b, i, e]` (what `write_at` lowers to), then the cache read
+    whole: the written rows and the untouched ones."""
+    rng = np.random.default_rng(5)
+    cache, new, total = node("cache", (2, 7, 3), prec), node("new", (2, 2, 3), prec), node("total", (2,), prec)
+    pos = get_static_symbol(6)
+    b, i, e = get_symbol(), get_symbol(), get_symbol()
+    at_pos = Affine(((1, i), (1, pos.symbol)))
+    write = proj({b: 2, i: 2, e: 3}, (2, 7, 3), [(2, 2, 3)], [Iterator(b), at_pos, Iterator(e)],
+                 [[Iterator(b), Iterator(i), Iterator(e)]])
+    read = proj({b: 2, i: 7, e: 3}, (2,), [(2, 7, 3)], [Iterator(b)], [[Iterator(b), Iterator(i), Iterator(e)]])
+    code = asg.sequence(asg.AccumUnop(False, ops.Binop.ARG2, ops.Unop.IDENTITY, cache, asg.Node(new), write),
+                        asg.AccumUnop(True, ops.Binop.ADD, ops.Unop.IDENTITY, total, asg.Node(cache), read))
+    start, nv = rng.standard_normal((2, 7, 3)), rng.standard_normal((2, 2, 3))
+    for at in (0, 3, 5):
+        want = start.astype(prec.dtype).copy()
+        want[:, at:at + 2] = nv.astype(prec.dtype)
+        run_four_ways(code, {cache: start, new: nv}, {cache: want, total: want.sum(axis=(1, 2))}, bindings={pos: at})
 
 
 def test_gathered_nodes_stay_stored_and_the_gather_result_can_be_inlined():
@@ -109,3 +132,23 @@ def test_rendered_c_and_cuda_read_the_ids_through_the_clamping_helper():
     cuda = render_cuda([("gather", llc)]).source
     assert "__device__ inline long long einjit_clamp_index" in cuda
     assert "einjit_clamp_index(ids[" in cuda
+
+
+def test_cuda_renders_the_indexed_write_and_the_causal_mask():
+    prec = ops.single
+    cache, new, out = node("cache", (2, 7, 3), prec), node("knew", (2, 1, 3), prec), node("masked", (4, 7), prec)
+    pos = get_static_symbol(7, name="pos")
+    b, i, e = get_symbol(), get_symbol(), get_symbol()
+    at_pos = Affine(((1, i), (1, pos.symbol)))
+    write = proj({b: 2, i: 1, e: 3}, (2, 7, 3), [(2, 1, 3)], [Iterator(b), at_pos, Iterator(e)],
+                 [[Iterator(b), Iterator(i), Iterator(e)]])
+    code = asg.sequence(asg.AccumUnop(False, ops.Binop.ARG2, ops.Unop.IDENTITY, cache, asg.Node(new), write),
+                        asg.Fetch(out, asg.CausalMask(0, 1, 0, pos)))
+    llc = asg.to_low_level(code)
+    cuda = render_cuda([("decode", llc)], bindings=[pos]).source
+    assert "int pos" in cuda
+    assert re.search(r"cache\[\w+ \* 21 \+ \(\w+ \+ pos\w*\) \* 3 \+ \w+\] = knew\[", cuda)
+    assert re.search(r"masked\[\w+ \* 7 \+ \w+\] = \(\(\(float\)\w+\) < \(\(float\)\(\w+ \+ pos\w* \+ 1\)\)\);", cuda)
+    arrays = interpret.run(llc, {new: np.ones((2, 1, 3), np.float32)}, {pos.symbol: 2})
+    np.testing.assert_array_equal(arrays[out], (np.arange(7)[None, :] <= np.arange(4)[:, None] + 2).astype(np.float32))
+    np.testing.assert_array_equal(arrays[cache][:, 2], 1.0)

@@ -129,3 +129,29 @@ def test_cross_entropy_ids_numpy_labels_and_one_hot_rows_agree():
     for value, grad in losses[1:]:
         np.testing.assert_allclose(value, losses[0][0], rtol=1e-13)
         np.testing.assert_allclose(grad, losses[0][1], rtol=1e-12, atol=1e-15)
+
+
+def test_a_bigram_model_trains_on_integer_batches_through_fit_like_numpy_sgd():
+    """Embedding of token ids, cross-entropy on next-token ids, SGD through `fit.train_step`
+    fed integer batches: three steps equal the same SGD in NumPy."""
+    from einjit import fit
+    rng = np.random.default_rng(3)
+    n, vocab, lr = 8, 6, 0.5
+    emb = nn.Embedding(vocab, vocab, label="bigram")
+    x = ej.input("tok", batch_dims=[n], prec="int32")
+    y = ej.input("next", batch_dims=[n], prec="int32")
+    loss = nn.cross_entropy(emb(x), y)
+    train.init_params(loss, seed=4)
+    table = emb.params()[0].value.numpy().T.copy()  # (vocab, vocab): row = logits after a token
+    step = fit.train_step(loss, train.sgd_update(loss, lr), inputs=[x, y])
+    for _ in range(3):
+        xb, yb = rng.integers(0, vocab, n), rng.integers(0, vocab, n)
+        step(xb[:, None], yb[:, None])
+        z = table[xb]
+        p = np.exp(log_softmax(z))
+        want = -np.log(p[np.arange(n), yb]).mean()
+        np.testing.assert_allclose(loss.value.numpy()[0], want, rtol=1e-12)
+        grad = np.zeros_like(table)
+        np.add.at(grad, xb, (p - np.eye(vocab)[yb]) / n)
+        table -= lr * grad
+    np.testing.assert_allclose(emb.params()[0].value.numpy().T, table, rtol=1e-12, atol=1e-14)

@@ -129,3 +129,23 @@ def test_check_ids_names_the_bad_id_and_its_position():
         check_ids([[1, 2], [7, 0]], V, "embedding")
     with pytest.raises(ej.TensorError, match="must be integers"):
         check_ids([0.5], V, "embedding")
+
+
+def test_a_scheduled_contraction_over_gathered_rows_matches_numpy():
+    """Rows gathered then multiplied by a matrix big enough for the loop scheduler (blocking,
+    packing): the run-time index survives substitution into packed panels."""
+    n, rows, d, o = 96, 50, 64, 80
+    rng = np.random.default_rng(4)
+    with ej.default_precision("double"):
+        table = ej.param("table", values=rng.standard_normal(d * rows), output_dims=[d], input_dims=[rows])
+        w = ej.param("W", values=rng.standard_normal(o * d), output_dims=[o], input_dims=[d])
+        ids_np = rng.integers(0, rows, n).astype(np.int32)
+        ids = ej.input("ids", batch_dims=[n], prec="int32", values=ids_np[:, None])
+        y = (w @ ej.take(table, ids)).hosted()
+        loss = ej.sum(y * y, "...|...->... => 0")
+    train.to_routine(train.grad_update(loss), name="gathered_matmul")()
+    x = table.value.numpy()[:, ids_np].T
+    np.testing.assert_allclose(y.value.numpy(), x @ w.value.numpy().T, rtol=1e-12)
+    grad = np.zeros((rows, d))
+    np.add.at(grad, ids_np, 2 * y.value.numpy() @ w.value.numpy())
+    np.testing.assert_allclose(table.grad.numpy(), grad.T, rtol=1e-12, atol=1e-12)

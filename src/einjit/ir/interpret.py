@@ -4,7 +4,8 @@ against.
 It executes one scalar at a time, in the precision of the node being computed, with NumPy
 scalar arithmetic. Slow by design: it has to be obviously right, not fast. Reads are
 bounds-checked (NumPy would silently wrap negative indices), and reading a node that has no
-array — a virtual node whose computation was not inlined — is an error.
+array — a virtual node whose computation was not inlined — is an error. A run-time index
+(`GatherIdx`) is clamped into its range, as every backend clamps it.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ Errors raise `ShapeError` naming the spec and the 1-based column of the offendin
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from einjit.shape.errors import ShapeError
 
@@ -122,10 +122,12 @@ class SizedAxis:
 
 @dataclass(frozen=True, slots=True)
 class RowSpec:
-    """One row of a slot: an optional row variable (leading axes) and the given axes."""
+    """One row of a slot: an optional row variable (leading axes) and the given axes;
+    `column` is where the row starts in the spec text (0-based), for error messages."""
 
     row_var: str | None
     axes: tuple
+    column: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +229,7 @@ def _parse_row(src: _Source, seg: tuple[int, int], kind: str, multi: bool, entry
             row_var = _row_var_name(src, tok, pos, kind)
         else:
             axes.append(entry(src, tok, pos))
-    return RowSpec(row_var, tuple(axes))
+    return RowSpec(row_var, tuple(axes), seg[0])
 
 
 def _row_var_name(src: _Source, tok: str, pos: int, kind: str) -> str:

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 
 from einjit.ir.indexing import FixedIdx, Iterator
-from einjit.shape.einsum import Anonymous, ConvAxis, FixedIndex, Label, SlotSpec
+from einjit.shape.einsum import Anonymous, ConvAxis, FixedIndex, Label, RowSpec, SlotSpec
 from einjit.shape.errors import ShapeError
 from einjit.shape.row import (
     AxisRef,
@@ -198,6 +198,37 @@ class BatchSliceItem(Item):
         """The sliced row needs an axis: let the result's batch row close first."""
         arg_b = subst_row(env, self.arg.batch)
         return {arg_b.bcast} if isinstance(arg_b.bcast, RowVar) else set()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class AxisCountItem(Item):
+    """An argument row that an einsum spec names axis by axis (no row variable) has exactly
+    that many axes. Broadcasting would prepend size-1 axes to a shorter row — viewing a `[D]`
+    axis as `h,e` would silently make `h` of size 1 (one head) — so a shorter row, once
+    known, is an error naming the spec's column, the row and the tensor; splitting an axis
+    takes an explicit split."""
+
+    text: str
+    spec: RowSpec
+    arg: Row
+
+    def check(self, env: Env) -> tuple[list[Constraint], bool]:
+        row = subst_row(env, self.arg)
+        if isinstance(row.bcast, RowVar):
+            return [], False
+        n, m = len(self.spec.axes), len(row.dims)
+        if m < n:
+            dims = ", ".join(describe_dim(d) for d in row.dims)
+            raise ShapeError(
+                f'einsum spec "{self.text}": column {self.spec.column + 1}: the {row.id.kind.value} row names {n} '
+                f"axes ({_axes_text(self.spec)}), but {describe_row_id(row.id)} has {m} there ([{dims}]); "
+                f"a missing axis would silently get size 1 — split the axis explicitly instead")
+        return [], True
+
+
+def _axes_text(spec: RowSpec) -> str:
+    return ", ".join(a.name if isinstance(a, Label) else "_" if isinstance(a, Anonymous) else str(a)
+                     for a in spec.axes)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -425,6 +456,8 @@ class _SpecNames:
                          for i, axis in enumerate(spec.axes))
             if spec.row_var is None:
                 out[kind] = Row(dims, Broadcastable(), rid)
+                if not result and n:
+                    self.gen.items.append(AxisCountItem(self.text, spec, sh.row(kind)))
             else:
                 if spec.row_var not in self.row_vars:
                     self.row_vars[spec.row_var] = get_row_var(spec.row_var)

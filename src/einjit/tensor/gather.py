@@ -20,7 +20,16 @@ import numpy as np
 from einjit import shape as sh
 from einjit.ir import assignments as asg
 from einjit.ir import ops
-from einjit.ir.indexing import FixedIdx, GatherIdx, Iterator, Projections, Symbol, index_symbols, subst_index
+from einjit.ir.indexing import (
+    AxisIndex,
+    FixedIdx,
+    GatherIdx,
+    Iterator,
+    Projections,
+    Symbol,
+    index_symbols,
+    subst_index,
+)
 from einjit.ir.tnode import Tnode
 from einjit.tensor.notation import infer_projections
 from einjit.tensor.tensor import Tensor, TensorError, make_node, new_label, register
@@ -40,9 +49,10 @@ def check_ids(ids: object, rows: int, what: str) -> np.ndarray:
     return wide.astype(np.int32)
 
 
-def _gathered(p: Projections, ids: Tnode, where: str) -> tuple[GatherIdx, tuple, tuple[Symbol, ...], tuple[int, ...]]:
-    """From the projections of `table @ ids`: the run-time index replacing the summed loop, the
-    table's indices through it, and the loops that remain."""
+def _gathered(p: Projections, ids: Tnode, where: str) -> tuple[tuple[AxisIndex, ...], tuple[Symbol, ...],
+                                                               tuple[int, ...]]:
+    """From the projections of `table @ ids`: the table's indices, with a run-time index
+    replacing the summed loop, and the loops that remain."""
     lhs_syms = {s for i in p.project_lhs for s in index_symbols(i)}
     summed = [s for s in p.product_iterators if s not in lhs_syms]
     rows_axes = [k for k, i in enumerate(p.project_rhs[0]) if any(s in summed for s in index_symbols(i))]
@@ -59,8 +69,7 @@ def _gathered(p: Projections, ids: Tnode, where: str) -> tuple[GatherIdx, tuple,
     gather = GatherIdx(ids, tuple(subst_index({v: FixedIdx(0)}, i) for i in p.project_rhs[1]), rows)
     table_idcs = tuple(subst_index({v: gather}, i) for i in p.project_rhs[0])
     keep = [k for k, s in enumerate(p.product_iterators) if s != v]
-    return (gather, table_idcs, tuple(p.product_iterators[k] for k in keep),
-            tuple(p.product_space[k] for k in keep))
+    return table_idcs, tuple(p.product_iterators[k] for k in keep), tuple(p.product_space[k] for k in keep)
 
 
 def take(table: Tensor, ids: Tensor, *, spec: str | None = None, label=None) -> Tensor:
@@ -96,13 +105,13 @@ def take(table: Tensor, ids: Tensor, *, spec: str | None = None, label=None) -> 
 
     def forward() -> Projections:
         p = proj.force()
-        _, table_idcs, its, space = _gathered(p, ids.value_tn, where)
+        table_idcs, its, space = _gathered(p, ids.value_tn, where)
         return Projections(space, its, p.lhs_dims, (p.rhs_dims[0],), p.project_lhs, (table_idcs,),
                            f"{t.value_tn.name} = {table.value_tn.name}[{ids.value_tn.name}]")
 
     def backward() -> Projections:
         p = proj.force()
-        _, table_idcs, its, space = _gathered(p, ids.value_tn, where)
+        table_idcs, its, space = _gathered(p, ids.value_tn, where)
         return Projections(space, its, p.rhs_dims[0], (p.lhs_dims,), table_idcs, (p.project_lhs,),
                            f"{table.value_tn.name}.grad[{ids.value_tn.name}] += {t.value_tn.name}.grad")
 

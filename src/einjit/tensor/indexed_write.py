@@ -57,6 +57,8 @@ def write_at(cache: Tensor, value: Tensor, pos: StaticSymbol, *, axis: int, labe
     per call (`to_routine(..., bindings={pos: ref})`, then `ref.value = t`). `axis` counts the
     cache's axes in memory order (batch, output, input); negative counts from the end. A
     position past `T_max - n` is refused when the routine is called (`StaticRangeError`).
+    The write is not differentiable: no gradient flows from reads of the cache to `value`
+    (a cache serves inference; training attends over freshly computed keys instead).
     """
     if not isinstance(cache, Tensor) or not isinstance(value, Tensor):
         raise TensorError("einjit: write_at: the cache and the value must be tensors")

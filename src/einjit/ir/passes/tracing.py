@@ -498,7 +498,7 @@ def _index_condition(cond: ll.LLScalar, env: Env) -> bool | None:
             case ll.Constant(v):
                 return v
             case ll.EmbedIndex(idx):
-                if any(s.id not in env for s in index_symbols(idx)):
+                if gather_indices((idx,)) or any(s.id not in env for s in index_symbols(idx)):
                     return None
                 return float(_evaluate(env, _compile((idx,)))[0])
             case ll.Binop(op, a, b) if op in _INDEX_BINOPS:
