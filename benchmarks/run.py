@@ -8,7 +8,9 @@ the training steps of an MLP 784→256→256→10 (B=256, SGD with momentum), an
 (B=1024) and the moons MLP (B=10); an MNIST-size convnet step (B=64), written with einsum
 convolutions and built from `einjit.nn` layers (peer: PyTorch only), and their cold compiles;
 ATL matmul and matvec through einjit's backend; the optimizer on a chain of 400 virtual nodes;
-the cold compile of the moons step; the bytes an MLP step keeps with local storage on and off.
+the cold compile of the moons step; the bytes an MLP step keeps with local storage on and off;
+the GPT training step (2 and 4 blocks, d=128, T=64, B=16) and per-token KV-cache decoding
+(peers PyTorch eager and `torch.compile`).
 Peers: NumPy always, PyTorch eager and tinygrad when installed. Every peer gets einjit's
 thread count (BLAS through its environment variables, set before NumPy is imported;
 `torch.set_num_threads`). A ratio is the peer's time over einjit's: above 1 means einjit is
@@ -39,7 +41,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="threads for einjit and every peer")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, no n=1024, no 12-block GPT compile")
     ap.add_argument("--only", default="", help="comma-separated row groups to run: matmul, mlp, convnet, atl, "
-                    "compile, memory, deploy (default: all)")
+                    "compile, memory, deploy, gpt (default: all)")
     ap.add_argument("--sizes", default="", help="comma-separated matmul sizes (default: 256,512,1000,1024; "
                     "awkward sizes such as 1000,1023,784 take the remainder path)")
     return ap.parse_args()
@@ -244,6 +246,13 @@ def chain_row(n: int = 400) -> dict:
     return row(f"optimizer on a chain of {n} virtual nodes", time.perf_counter() - t, {})
 
 
+def gpt_rows() -> list[dict]:
+    """The GPT training step (2 and 4 blocks, d=128, 4 heads, T=64, B=16, V=96) against
+    PyTorch eager and `torch.compile`, and per-token KV-cache decoding (`bench_gpt.py`)."""
+    from bench_gpt import decode_rows, step_rows
+    return step_rows() + decode_rows()
+
+
 def compile_row() -> dict:
     from bench_train import compile_seconds_in_fresh_process
 
@@ -280,7 +289,7 @@ def main() -> None:
     groups = {"matmul": lambda: matmul_rows(sizes), "mlp": mlp_step_rows, "convnet": convnet_rows,
               "atl": lambda: atl_rows(512 if ARGS.quick else 1024),
               "compile": lambda: [chain_row(), compile_row(), *gpt_compile_rows((2, 4) if ARGS.quick else (2, 4, 12))],
-              "memory": lambda: [memory_row()], "deploy": lambda: deploy_rows(ARGS.threads, ARGS.quick)}
+              "memory": lambda: [memory_row()], "deploy": lambda: deploy_rows(ARGS.threads, ARGS.quick), "gpt": gpt_rows}
     only = [g for g in ARGS.only.split(",") if g] or list(groups)
     unknown = sorted(set(only) - set(groups))
     if unknown:

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from einjit.tensor.activations import leaky_relu as leaky_relu
     from einjit.tensor.activations import rsqrt as rsqrt
     from einjit.tensor.activations import softplus as softplus
+    from einjit.tensor.axes import merge_axes as merge_axes
+    from einjit.tensor.axes import split_axis as split_axis
     from einjit.tensor.cd_syntax import CdSyntaxError as CdSyntaxError
     from einjit.tensor.gather import take as take
     from einjit.tensor.indexed_write import buffer as buffer
@@ -119,6 +121,8 @@ _ACTIVATIONS = ("abs", "clip", "gelu", "leaky_relu", "rsqrt", "softplus")
 _PUBLIC: dict[str, tuple[str, str | None]] = {
     **{name: ("einjit.tensor.reductions", name) for name in _REDUCTIONS},
     **{name: ("einjit.tensor.activations", name) for name in _ACTIVATIONS},
+    "split_axis": ("einjit.tensor.axes", "split_axis"),
+    "merge_axes": ("einjit.tensor.axes", "merge_axes"),
     "take": ("einjit.tensor.gather", "take"),
     "buffer": ("einjit.tensor.indexed_write", "buffer"),
     "write_at": ("einjit.tensor.indexed_write", "write_at"),

@@ -1,4 +1,4 @@
-"""`python -m einjit demo moons|digits [...]`: the command-line entry point.
+"""`python -m einjit demo moons|digits|gpt [...]`: the command-line entry point.
 
 Demos are rows of `DEMOS`: each adds its own arguments, checks them before anything trains
 (so a bad `--plot` path fails in a second, not after training), and runs. Every error names
@@ -13,7 +13,14 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from einjit.demos.cli import MOONS_POINTS, ArgumentProblem, at_least, check_batch_size, check_plot_path
+from einjit.demos.cli import (
+    MOONS_POINTS,
+    ArgumentProblem,
+    at_least,
+    check_batch_size,
+    check_checkpoint_path,
+    check_plot_path,
+)
 
 
 @dataclass(frozen=True)
@@ -83,10 +90,50 @@ def _digits_run(args: argparse.Namespace) -> int:
     return main_digits(args)
 
 
+# ---------------------------------------------------------------- gpt
+
+
+def _gpt_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--epochs", type=int, default=4, help="training epochs")
+    p.add_argument("--steps", type=int, default=100, help="training steps per epoch")
+    p.add_argument("--batch-size", type=int, default=32, help="text windows per batch")
+    p.add_argument("--block-size", type=int, default=32, help="characters per window (the context length)")
+    p.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    p.add_argument("--d-model", type=int, default=64, help="model width (4 heads)")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    p.add_argument("--seed", type=int, default=0, help="seed of the batch order and of the initial parameters")
+    p.add_argument("--checkpoint", metavar="FILE.safetensors", default="gpt-demo.safetensors",
+                   help="where to save the trained weights")
+    p.add_argument("--sample-chars", type=int, default=200, help="characters to generate after training")
+    p.add_argument("--plot", metavar="FILE.png", help="write the loss curves (needs einjit[plot])")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the results")
+
+
+def _gpt_check(args: argparse.Namespace) -> None:
+    for flag, value in (("--epochs", args.epochs), ("--steps", args.steps), ("--batch-size", args.batch_size),
+                        ("--block-size", args.block_size), ("--layers", args.layers)):
+        at_least(flag, value, 1)
+    at_least("--seed", args.seed, 0)
+    at_least("--sample-chars", args.sample_chars, 0)
+    if args.d_model < 4 or args.d_model % 4:
+        raise ArgumentProblem(f"--d-model must be a positive multiple of the 4 heads, got {args.d_model}")
+    if not args.lr > 0:
+        raise ArgumentProblem(f"--lr must be positive, got {args.lr}")
+    check_plot_path(args.plot)
+    check_checkpoint_path(args.checkpoint)
+
+
+def _gpt_run(args: argparse.Namespace) -> int:
+    from einjit.demos.gpt import main_gpt
+    return main_gpt(args)
+
+
 DEMOS: dict[str, Demo] = {
     "moons": Demo("train the half-moons MLP (one C routine per step)", _moons_arguments, _moons_check, _moons_run),
     "digits": Demo("train a small convnet on scikit-learn's 8x8 digits (needs einjit[datasets])", _digits_arguments,
                    _digits_check, _digits_run),
+    "gpt": Demo("train a character-level GPT on Python's help topics, save it, and generate text", _gpt_arguments,
+                _gpt_check, _gpt_run),
 }
 """The demos of `einjit demo`; add a row to add one."""
 

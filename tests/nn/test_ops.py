@@ -38,6 +38,8 @@ FORWARD = {
     "log_softmax": (lambda x: red.log_softmax(x), lambda v: np.log(_np_softmax(v))),
     "softplus": (act.softplus, lambda v: np.log1p(np.exp(v))),
     "gelu": (act.gelu, lambda v: v * 0.5 * (1 + _erf(v / np.sqrt(2)))),
+    "gelu_tanh": (lambda x: act.gelu(x, approximate="tanh"),
+                  lambda v: 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))),
     "leaky_relu": (lambda x: act.leaky_relu(x, 0.1), lambda v: np.where(v < 0, 0.1 * v, v)),
     "clip": (lambda x: act.clip(x, -0.5, 0.75), lambda v: np.clip(v, -0.5, 0.75)),
     "abs": (act.abs, np.abs),
@@ -109,6 +111,27 @@ def test_spec_and_axis_together_are_refused():
     x = ej.ndarray(np.ones((2, 3), np.float32), batch_axes=1)
     with pytest.raises(ej.TensorError, match="not both"):
         red.max(x, "b|->o => b|->", axis=0)
+
+
+def test_gelu_matches_torch_values_and_gradients():
+    torch = pytest.importorskip("torch")
+    v = np.linspace(-6, 6, 49)
+    for approximate in ("none", "tanh"):
+        with ej.default_precision("double"):
+            x = ej.param("x", values=v, output_dims=[49])
+            loss = ej.sum(act.gelu(x, approximate=approximate) * ej.ndarray(np.cos(v)))
+            train.init_params(loss)
+            train.to_routine(train.grad_update(loss), name="gelu_grad")()
+        tx = torch.tensor(v, requires_grad=True)
+        tl = (torch.nn.functional.gelu(tx, approximate=approximate) * torch.tensor(np.cos(v))).sum()
+        tl.backward()
+        np.testing.assert_allclose(loss.value.numpy().ravel()[0], tl.item(), rtol=1e-13)
+        np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_gelu_refuses_an_unknown_approximation():
+    with pytest.raises(ej.TensorError, match="approximate must be 'none' or 'tanh', got 'fast'"):
+        act.gelu(ej.number(1.0), approximate="fast")
 
 
 def test_clip_bounds_are_checked():

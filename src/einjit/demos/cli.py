@@ -59,6 +59,18 @@ def check_plot_path(path: str | None) -> None:
                               f"{', '.join('.' + f for f in sorted(formats))}")
 
 
+def check_checkpoint_path(path: str) -> None:
+    """`--checkpoint FILE`: a file name in an existing, writable folder."""
+    if os.path.isdir(path):
+        raise ArgumentProblem(f"--checkpoint {path}: is a folder; give a file name such as "
+                              f"{os.path.join(path, 'model.safetensors')}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ArgumentProblem(f"--checkpoint {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise ArgumentProblem(f"--checkpoint {path}: the folder {folder} is not writable")
+
+
 class EpochProgress:
     """tqdm when installed, else one plain line per epoch: the loss and one metric, shown as
     `key` in the bar (with `bar_digits` decimals) and as `label` in the line."""

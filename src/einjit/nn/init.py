@@ -17,7 +17,11 @@ from einjit.tensor.tensor import Tensor, TensorError
 Fans = Callable[[Tensor], tuple[int, int]]
 
 
+#: GPT-2's weights: a normal of standard deviation 0.02 whatever the fans.
+GPT2_STD = 0.02
+
 SCHEMES: dict[str, tuple[str, Callable[[int, int], float]]] = {
+    "gpt2_normal": ("normal", lambda fi, fo: GPT2_STD),
     "kaiming_uniform": ("uniform", lambda fi, fo: math.sqrt(6.0 / max(1, fi))),
     "kaiming_normal": ("normal", lambda fi, fo: math.sqrt(2.0 / max(1, fi))),
     "xavier_uniform": ("uniform", lambda fi, fo: math.sqrt(6.0 / max(1, fi + fo))),

@@ -128,7 +128,7 @@ class Layer:
         found = [p for p in self._params if p.label == [self.label, name]]
         if found:
             return found[0]
-        p = param([self.label, name], output_dims=[n])
+        p = param([self.label, name], output_dims=[n], input_dims=[])
         nn_init.set_init(p, init, lambda q: (n, n))
         self._params.append(p)
         return p
@@ -502,9 +502,12 @@ class LayerNorm(Layer):
         centered = reductions.broadcast_op("-", x, mean, bspec)
         var_eps = reductions.mean(centered * centered + self.eps, spec)
         normed = reductions.broadcast_op("*", centered, activations.rsqrt(var_eps), bspec)
-        gamma = self._own_param("gamma", self.n, "ones")
-        beta = self._own_param("beta", self.n, "zeros")
+        gamma, beta = self.params()
         return normed * gamma + beta
+
+    def params(self) -> list[Tensor]:
+        """`gamma` and `beta`, created on first request (so weights can be loaded before use)."""
+        return [self._own_param("gamma", self.n, "ones"), self._own_param("beta", self.n, "zeros")]
 
 
 class Embedding(Layer):
@@ -585,3 +588,12 @@ class Activation(Layer):
 
 def ReLU() -> Activation:
     return Activation(relu, label=_auto_label("relu"))
+
+
+def GELU(approximate: str = "none") -> Activation:
+    """`einjit.gelu` as a layer (`approximate="tanh"` for GPT-2's form)."""
+    if approximate not in activations.GELU_APPROXIMATIONS:
+        raise TensorError(f"einjit: GELU: approximate must be one of {activations.GELU_APPROXIMATIONS}, "
+                          f"got {approximate!r}")
+    return Activation(functools.partial(activations.gelu, approximate=approximate), label=_auto_label("gelu"))
+

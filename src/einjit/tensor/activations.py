@@ -3,7 +3,9 @@
 `softplus` is written as `relu(x) + log1p(exp(-|x|))` so that it neither overflows for large
 positive inputs nor loses the linear part; its derivative, the sigmoid, is `recip(1 + exp(-x))`,
 which saturates to 0 or 1 without producing NaN. `gelu` is the exact (erf) form, as PyTorch's
-default. Templates with a constant (a slope, clip bounds) are parsed once per constant.
+default, and `gelu(x, approximate="tanh")` the tanh form GPT-2 was trained with
+(`0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, PyTorch's `approximate="tanh"`). Templates
+with a constant (a slope, clip bounds) are parsed once per constant.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from einjit.tensor.tensor import Tensor, TensorError
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_SQRT_2_PI = math.sqrt(2.0 / math.pi)
+_GELU_CUBIC = 0.044715
+GELU_APPROXIMATIONS = ("none", "tanh")
+_GELU_TANH_INNER = f"tanh({_SQRT_2_PI!r} * (t1 + {_GELU_CUBIC!r} * (t1 * t1 * t1)))"
 
 _UNARY = {
     "abs": (Template("t =: abs(t1)"), Template("g1 =+ where(t1 < 0, -g, g)")),
@@ -24,6 +30,9 @@ _UNARY = {
     "gelu": (Template(f"t =: t1 * (0.5 + 0.5 * erf({_SQRT1_2!r} * t1))"),
              Template(f"g1 =+ g * ((0.5 + 0.5 * erf({_SQRT1_2!r} * t1)) "
                       f"+ t1 * ({_INV_SQRT_2PI!r} * exp(-0.5 * (t1 * t1))))")),
+    "gelu_tanh": (Template(f"t =: 0.5 * t1 * (1 + {_GELU_TANH_INNER})"),
+                  Template(f"g1 =+ g * (0.5 * (1 + {_GELU_TANH_INNER}) + 0.5 * t1 * (1 - {_GELU_TANH_INNER} * "
+                           f"{_GELU_TANH_INNER}) * {_SQRT_2_PI!r} * (1 + {3 * _GELU_CUBIC!r} * (t1 * t1)))")),
 }
 
 
@@ -42,9 +51,16 @@ def softplus(x: Like, *, label=None) -> Tensor:
     return _unary("softplus", x, label)
 
 
-def gelu(x: Like, *, label=None) -> Tensor:
-    """`x * Phi(x)` with the normal CDF `Phi` from `erf`."""
-    return _unary("gelu", x, label)
+def gelu(x: Like, approximate: str = "none", *, label=None) -> Tensor:
+    """`x * Phi(x)` with the normal CDF `Phi` from `erf` (`approximate="none"`), or its tanh
+    approximation (`approximate="tanh"`), as PyTorch's `gelu`."""
+    match approximate:
+        case "none":
+            return _unary("gelu", x, label)
+        case "tanh":
+            fwd, bwd = _UNARY["gelu_tanh"]
+            return make_op("gelu", [as_tensor(x)], logic=None, forward=fwd, backprop=bwd, label=label)
+    raise TensorError(f"einjit: gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
 @functools.cache
