@@ -2,8 +2,8 @@
 einjit's notation so a model's whole training step compiles into one routine."""
 
 from einjit.nn import schedules
-from einjit.nn.clip import ClipGradNorm, clip_grad_norm
 from einjit.nn.attention import MLP, MultiHeadAttention, TransformerBlock, scaled_dot_product_attention
+from einjit.nn.clip import ClipGradNorm, clip_grad_norm
 from einjit.nn.init import init_code, set_init
 from einjit.nn.layers import (
                               GELU,
