@@ -29,3 +29,10 @@ def private_cache(tmp_path_factory):
         os.environ.pop("EINJIT_CACHE_DIR", None)
     else:
         os.environ["EINJIT_CACHE_DIR"] = old
+
+
+@pytest.fixture
+def avx512_machine(monkeypatch):
+    """Golden files hold the C scheduled for the AVX-512 description (`ir/sched/machine.py`),
+    whatever CPU runs the test."""
+    monkeypatch.setenv("EINJIT_MACHINE", "avx512")

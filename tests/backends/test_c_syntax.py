@@ -24,6 +24,8 @@ from einjit.ir import ops, tnode
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_static_symbol, get_symbol
 from einjit.ir.tnode import Tnode
 
+pytestmark = pytest.mark.usefixtures("avx512_machine")
+
 GOLDEN = Path(__file__).parent / "golden"
 
 

@@ -9,9 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from einjit.ir import optimize
 from einjit.ir.passes.tracing import VirtualizeSettings
 from test_c_syntax import check_golden
+
+pytestmark = pytest.mark.usefixtures("avx512_machine")
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"

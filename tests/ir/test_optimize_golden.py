@@ -21,6 +21,8 @@ from einjit.ir.indexing import FixedIdx, Iterator, Projections, get_symbol
 from einjit.ir.optimize import VirtualizeSettings, optimize_proc
 from einjit.ir.tnode import Tnode, hosted
 
+pytestmark = pytest.mark.usefixtures("avx512_machine")
+
 GOLDEN = Path(__file__).parent / "golden"
 B, U = ops.Binop, ops.Unop
 

@@ -19,12 +19,13 @@ from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_symbol
 from einjit.ir.optimize import STAGES, VirtualizeSettings, optimize_proc
-from einjit.ir.sched.schedule import BLOCKING, Blocking, schedule_llc
+from einjit.ir.sched.machine import MACHINES
+from einjit.ir.sched.schedule import Blocking, schedule_llc
 from einjit.ir.tnode import Tnode
 from test_random_programs import SETTINGS, _scale, build, programs
 
 GOLDEN = Path(__file__).parent / "golden"
-LANES = BLOCKING.lanes
+LANES = Blocking().lanes
 ANY_SIZE = Blocking(min_work=1, min_unroll_work=1)
 TINY = Blocking(min_work=1, nb_choices=(4,), min_nb=2, mb_max=2, lanes=2)
 """Blocks small enough for the random programs' 1-3 element axes."""
@@ -367,12 +368,13 @@ def contraction_nest(draw, ni: int, nj: int, nk: int, nb_: int, prec=ops.single)
 
 @st.composite
 def contractions(draw):
-    """A random contraction nest (`contraction_nest`) with extents up to 9 and random block
-    sizes."""
+    """A random contraction nest (`contraction_nest`) with extents up to 9, random block
+    sizes and each machine description."""
     prec = draw(st.sampled_from([ops.single, ops.double]))
     code, a, b, c = contraction_nest(draw, *(draw(st.integers(1, 9)) for _ in range(4)), prec)
     blocking = Blocking(min_work=1, nb_choices=(draw(st.sampled_from([2, 4, 8])),), min_nb=2,
-                        mb_max=draw(st.integers(1, 4)), parallel_min_work=1)
+                        mb_max=draw(st.integers(1, 4)), parallel_min_work=1,
+                        machine=draw(st.sampled_from(list(MACHINES.values()))))
     return code, a, b, c, blocking
 
 

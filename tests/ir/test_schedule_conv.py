@@ -4,6 +4,7 @@ float64 NumPy reference; bit for bit wherever no sum is reordered."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 
@@ -14,6 +15,7 @@ from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Affine, Iterator, get_symbol
 from einjit.ir.sched.interchange import interchange_loops
+from einjit.ir.sched.machine import MACHINES
 from einjit.ir.sched.schedule import Blocking, schedule_llc
 from einjit.ir.tnode import Tnode
 from test_schedule import GOLDEN, OFF, ON, _normalized_c, inputs_for, it, local_nodes, run_c
@@ -101,12 +103,18 @@ def _run_both(code, sched, tns, out):
     return ins, want, got
 
 
+@pytest.mark.parametrize("kind", ["avx512", "avx2"])
 @pytest.mark.parametrize("which", ["forward", "kernel_grad"])
-def test_plain_lhs_nests_are_channel_blocked_bit_identically(which):
+def test_plain_lhs_nests_are_channel_blocked_bit_identically(which, kind):
+    """On AVX2 a 16-channel block takes at most 6 rows: 2 vectors each, plus the panel row and
+    a broadcast, in 16 registers."""
     code, tns, out = BUILDERS[which]()
-    sched = schedule_llc(code, OFF, ANY_SIZE)
+    blocking = dataclasses.replace(ANY_SIZE, machine=MACHINES[kind])
+    sched = schedule_llc(code, OFF, blocking)
     assert "channel-blocked" in ll.to_doc(sched) and local_nodes(sched) == {"pack", "acc"}
-    assert "channel-blocked" in ll.to_doc(schedule_llc(code, ON, ANY_SIZE))
+    assert "channel-blocked" in ll.to_doc(schedule_llc(code, ON, blocking))
+    mb, nb = map(int, re.search(r"channel-blocked (\d+)x(\d+)", ll.to_doc(sched)).groups())
+    assert nb == 16 and mb <= (8 if kind == "avx512" else 6)
     ins, want, got = _run_both(code, sched, tns, out)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(run_c(sched, ins, out), want)

@@ -17,6 +17,7 @@ from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.sched import cost_model
 from einjit.ir.sched.cost_model import Machine, Shape, Tile
+from einjit.ir.sched.machine import MACHINES
 from einjit.ir.sched.schedule import Blocking, schedule_llc
 from test_schedule import OFF, contraction_nest, inputs_for, local_nodes, matmul, run_in_c
 
@@ -47,6 +48,27 @@ def test_awkward_extents_take_the_scheduled_path_exactly(n, m, p, transposed):
     sched = schedule_llc(code, OFF, ANY_SIZE)
     assert local_nodes(sched) == {"pack", "acc"}
     ins = inputs_for(a, b)
+    want = check_exact(code, ins, c, sched)
+    ref = ins[a].astype(np.float64) @ (ins[b].T if transposed else ins[b]).astype(np.float64)
+    np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-5)
+
+
+AVX2 = Blocking(min_work=1, min_unroll_work=1, machine=MACHINES["avx2"])
+
+
+@pytest.mark.parametrize("prec", [ops.single, ops.double], ids=["f32", "f64"])
+@pytest.mark.parametrize("transposed", [False, True], ids=["a@b", "a@b.T"])
+@pytest.mark.parametrize("n,m,p", [(13, 17, 31), (17, 3, 65), (31, 11, 97), (40, 8, 4), (25, 9, 50)])
+def test_avx2_blocks_with_tails_are_exact(n, m, p, transposed, prec):
+    """The AVX2 description's 6x16 float (6x8 double) blocks, with tail rows and padded tail
+    panels, compute what the unscheduled code computes, under the interpreter and gcc."""
+    code, a, b, c = matmul(n, m, p, transposed, prec=prec)
+    sched = schedule_llc(code, OFF, AVX2)
+    mb, nb = map(int, re.search(r"register-blocked (\d+)x(\d+)", ll.to_doc(sched)).groups())
+    assert nb == min(16 if prec is ops.single else 8, 1 << (p.bit_length() - 1))
+    vectors = -(-nb // (32 // prec.itemsize))
+    assert mb * vectors + vectors + 1 <= 16
+    ins = inputs_for(a, b, seed=7)
     want = check_exact(code, ins, c, sched)
     ref = ins[a].astype(np.float64) @ (ins[b].T if transposed else ins[b]).astype(np.float64)
     np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-5)
@@ -137,7 +159,8 @@ def test_cost_model_respects_registers_and_precision():
     tile = cost_model.choose(Shape(512, 512, 512, 512, 8), blocking.nb_choices, blocking.mb_max, blocking.machine)
     assert tile == Tile(8, 16, 512)
     for t in cost_model.candidates(Shape(64, 64, 64, 64, 4), blocking.nb_choices, 16, blocking.machine):
-        assert t.mb * -(-t.nb // 16) <= blocking.machine.accumulator_registers
+        vectors = -(-t.nb // 16)
+        assert t.mb * vectors + vectors + 1 <= 32
     # a full 8x32 block beats a tail-free but latency-bound 2x8 one
     shape = Shape(64, 40, 64, 64, 4)
     assert cost_model.cycles(shape, Tile(8, 32, 64), blocking.machine) < cost_model.cycles(
@@ -194,12 +217,14 @@ AWKWARD_SIZES = st.sampled_from([1, 2, 3, 5, 7, 8, 9, 13, 15, 16, 17, 31, 32, 33
 @st.composite
 def awkward_contractions(draw):
     """`c[(n,) i, j] += A * B` with awkward extents, either layout of each operand, any loop
-    order, and the cost model's tiles or random ones (with k chunks)."""
+    order, and the cost model's tiles for each machine description or random ones (with k
+    chunks)."""
     ni, nj, nk = draw(AWKWARD_SIZES), draw(AWKWARD_SIZES), draw(AWKWARD_SIZES)
     code, a, b, c = contraction_nest(draw, ni, nj, nk, draw(st.integers(1, 3)))
     tile = draw(st.none() | st.builds(Tile, st.integers(1, 8), st.sampled_from([4, 8, 16, 32]), st.integers(1, 40)))
     blocking = Blocking(min_work=1, tile=tile, parallel_min_work=draw(st.sampled_from([1, 1 << 30])),
-                        min_unroll_work=draw(st.sampled_from([1, 1 << 30])), min_panels_per_thread=1)
+                        min_unroll_work=draw(st.sampled_from([1, 1 << 30])), min_panels_per_thread=1,
+                        machine=draw(st.sampled_from(list(MACHINES.values()))))
     return code, a, b, c, blocking
 
 

@@ -32,7 +32,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-import einjit
 from einjit import config
 from einjit.backends import cache
 from einjit.backends.c_syntax import C_SYNTAX
@@ -71,7 +70,7 @@ class Hit:
 
 @functools.cache
 def _einjit_fingerprint() -> str:
-    root = Path(einjit.__file__).parent
+    root = Path(__file__).resolve().parents[2]  # the einjit package
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())

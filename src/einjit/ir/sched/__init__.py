@@ -1,2 +1,3 @@
 """Loop scheduling for the CPU: contraction and convolution blocking, loop interchange, perfect
-nests, the cost model and the measured search over tiles (its timer is given by the backend layer)."""
+nests, the cost model and the machine descriptions it prices code for (`machine.py`), the
+measured search over tiles (its timer is given by the backend layer)."""

@@ -12,14 +12,16 @@ step the kernel takes the longest of three bounds, in cycles:
 - loads: `mb + ceil(nb / V)` loads at `loads_per_cycle`.
 
 `V` is the vector width in elements of the precision (`vector_bytes / itemsize`), so a double
-block needs twice the registers of a float block of the same width. Blocks whose
-accumulators would take more than `accumulator_registers` registers are not considered: gcc
-needs the rest for the panel row, the broadcasts and addresses, and spills otherwise (8×32
-floats in 16 of AVX-512's 32 registers measured best on the development machine). Widths
-of exactly `row_vectors` vectors are preferred: gcc -O2 keeps the accumulators in registers
-only when the vectorized column loop has two iterations, which it then unrolls completely;
-with one iteration (8×16 floats) or a rolled loop (4×64) they stay in memory, and the block
-runs at a third of the speed.
+block needs twice the registers of a float block of the same width. A block must fit the
+register file: its `mb * ceil(nb / V)` accumulators, the panel row's `ceil(nb / V)` vectors and
+one broadcast, at most `vector_registers` in all (`fits`); gcc spills the accumulators to
+memory otherwise, and the block runs at a fraction of the speed (8×32 floats, 32 AVX2
+vectors, ran the digits MLP at a third of ONNX Runtime's speed on a 16-register machine).
+Widths of exactly `row_vectors` vectors are preferred: gcc -O2 keeps the accumulators in
+registers only when the vectorized column loop has two iterations, which it then unrolls
+completely; with one iteration (8×16 floats on AVX-512) or a rolled loop (4×64) they stay in
+memory, and the block runs at a third of the speed. So AVX-512 (32 registers of 16 floats)
+gets 8×32 float blocks, AVX2 (16 registers of 8 floats) 6×16, and SSE 6×8.
 
 Extents the block does not divide leave tails (`rows % mb` tail rows priced with the same
 formula; the last `cols % nb` columns in a panel padded to `nb`, priced as a full one). A
@@ -34,8 +36,9 @@ row block of the other operand streams past it. Results stay bit-identical: each
 cell still sums its terms in their original order, a chunk at a time.
 
 `Machine()` describes the development machine (AVX-512, 2 FMA units, 1 MiB L2 per core);
-its fixed values keep the default schedule, and so the generated C, the same on every
-machine. `EINJIT_SEARCH=1` (`search.py`) measures candidates on the machine at hand instead.
+`machine.py` picks the description of the processor at hand (or the one `EINJIT_MACHINE`
+names), so the generated C is the same for the same model on the same kind of processor.
+`EINJIT_SEARCH=1` (`search.py`) measures candidates on the machine at hand instead.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["Machine", "Shape", "Tile", "candidates", "choose", "cycles"]
+__all__ = ["Machine", "Shape", "Tile", "candidates", "choose", "cycles", "fits", "rows_that_fit"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class Machine:
     """The processor the model prices code for."""
 
     vector_bytes: int = 64
-    accumulator_registers: int = 16
+    vector_registers: int = 32
     row_vectors: int = 2
     fma_per_cycle: int = 2
     fma_latency: int = 4
@@ -85,6 +88,18 @@ class Tile:
 
 def lanes(machine: Machine, itemsize: int) -> int:
     return max(1, machine.vector_bytes // itemsize)
+
+
+def fits(mb: int, nb: int, itemsize: int, machine: Machine) -> bool:
+    """Whether an `mb`×`nb` block's accumulators, its panel row and a broadcast fit the
+    vector registers."""
+    vectors = math.ceil(nb / lanes(machine, itemsize))
+    return mb * vectors + vectors + 1 <= machine.vector_registers
+
+
+def rows_that_fit(nb: int, itemsize: int, mb_max: int, machine: Machine) -> int:
+    """The most rows, up to `mb_max`, of an `nb`-wide block that `fits` (at least one)."""
+    return next((mb for mb in range(mb_max, 1, -1) if fits(mb, nb, itemsize, machine)), 1)
 
 
 def step_cycles(mb: int, nb: int, itemsize: int, machine: Machine) -> float:
@@ -125,10 +140,9 @@ def candidates(shape: Shape, widths: tuple[int, ...], mb_max: int, machine: Mach
     for w in full or scaled:
         # a nest narrower than the block gets the widest power of two it holds, and pads the rest
         nb = w if w <= shape.cols else 1 << (shape.cols.bit_length() - 1)
-        vectors = math.ceil(nb / lanes(machine, shape.itemsize))
         for mb in range(min(mb_max, shape.rows), 0, -1):
             tile = Tile(mb, nb, k_chunk(shape, nb, machine))
-            if mb * vectors <= machine.accumulator_registers and tile not in out:
+            if fits(mb, nb, shape.itemsize, machine) and tile not in out:
                 out.append(tile)
     return out
 

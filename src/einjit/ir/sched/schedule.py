@@ -73,6 +73,7 @@ from einjit.ir.indexing import (
 from einjit.ir.passes.tracing import VirtualizeSettings
 from einjit.ir.sched import cost_model, nests, schedule_conv
 from einjit.ir.sched.interchange import best_order, perfect_nest, reorderable, rewrap, unit_stride_symbol
+from einjit.ir.sched.machine import host_machine
 from einjit.ir.tnode import Tnode
 
 
@@ -85,8 +86,9 @@ class Blocking:
     `nb_choices`: the register-block widths the cost model considers along the unit-stride
     lhs axis, for 4-byte elements (halved for 8-byte ones, so a block takes the same
     registers), listed in the order ties are broken; `min_nb`: narrower axes are left alone.
-    `mb_max`: the most rows of a register block.
-    `machine`: what the cost model prices code for.
+    `mb_max`: the most rows of a register block (fewer where the register file is smaller).
+    `machine`: what the cost model prices code for; `schedule_llc` without a blocking uses
+    the processor at hand (`machine.host_machine`).
     `tile`: fixed tile sizes instead of the model's (the search's candidates, tests).
     `lanes`: partial sums of a split reduction: four 8-float vectors, enough independent FMA
     chains to hide the FMA latency.
@@ -115,17 +117,18 @@ class Blocking:
     min_panels_per_thread: int = 2
 
 
-BLOCKING = Blocking()
-
 TileChooser = Callable[[cost_model.Shape, Blocking], "cost_model.Tile | None"]
 """Picks a contraction's tile: `choose_tile` (the cost model) by default, `search.py`'s
 measuring chooser under `EINJIT_SEARCH=1`."""
 
 
-def schedule_llc(stmt: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocking = BLOCKING,
+def schedule_llc(stmt: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocking | None = None,
                  tile_for: TileChooser | None = None) -> ll.LLStmt:
-    """Every eligible nest of `stmt` rescheduled; other code unchanged."""
+    """Every eligible nest of `stmt` rescheduled; other code unchanged. The default
+    blocking prices code for the processor at hand."""
     chooser = tile_for or _default_chooser()
+    if blocking is None:
+        blocking = Blocking(machine=host_machine())
     return ll.seq(*(_schedule_stmt(s, settings, blocking, chooser) for s in ll.flatten(stmt)))
 
 

@@ -1,20 +1,21 @@
 """Measured tile choice (`EINJIT_SEARCH=1`), in the manner of tinygrad's BEAM search.
 
-The cost model (`cost_model.py`) prices code for a fixed description of the development
-machine. With `EINJIT_SEARCH=1`, the scheduling stage instead times candidates on the machine
-at hand: for each contraction of at least `SEARCH_MIN_WORK` multiply-adds, the cost model's
-`EINJIT_SEARCH_CANDIDATES` (default 6) cheapest tiles (the cheapest of each width first),
-plus the best one with the summed loop cut into 256-step chunks (panel in L1 rather than
-L2), each timed as a stand-alone contraction of the same shape and precision on random data.
-The fastest tile wins. The timing is the backend layer's: the C backend installs its timer
-(`backends/cc/timer.py`) with `set_timer` when it loads, so this module imports no backend.
+The cost model (`cost_model.py`) prices code for a description of the kind of machine at
+hand (`machine.py`), not its exact timings. With `EINJIT_SEARCH=1`, the scheduling stage
+instead times candidates on the machine at hand: for each contraction of at least
+`SEARCH_MIN_WORK` multiply-adds, the cost model's `EINJIT_SEARCH_CANDIDATES` (default 6)
+cheapest tiles (the cheapest of each width first), plus the best one with the summed loop
+cut into 256-step chunks (panel in L1 rather than L2), each timed as a stand-alone contraction
+of the same shape and precision on random data. The fastest tile wins. The timing is the
+backend layer's: the C backend installs its timer (`backends/cc/timer.py`) with `set_timer`
+when it loads, so this module imports no backend.
 
 Winners are stored on disk in the compiled-object cache, `<cache>/search/<key>.json`, beside
 `<cache>/cc/`, keyed by the shape, the candidates, the compiler, its flags and the host CPU.
 A later compile of the same shape — in this process or another — reads the winner and
 searches nothing, so the generated C (and its cached object) is the same again. `stats`
 counts searches and cache answers. Without `EINJIT_SEARCH` nothing here runs: the default
-schedule is deterministic, the same model giving byte-identical C on every machine.
+schedule is deterministic, the same model giving byte-identical C on every machine of a kind.
 """
 
 from __future__ import annotations

@@ -1,0 +1,60 @@
+"""The processor the scheduler prices code for: the cost model's register blocks must fit the
+register file of the CPU the C backend compiles for (`-march=native`, the CPU at hand), or
+gcc spills the accumulators and the block runs at a fraction of the speed.
+
+Three descriptions (`MACHINES`): "avx512" (64-byte vectors, 32 registers: the development
+machine, `cost_model.Machine()`), "avx2" (32-byte vectors, 16 registers) and "generic" (SSE
+and anything else: 16-byte vectors, 16 registers). `host_machine` reads the CPU's feature
+flags from `/proc/cpuinfo` once per process; `EINJIT_MACHINE=avx512|avx2|generic` names one
+instead, to reproduce another machine's schedule (the golden tests pin "avx512" so that
+their bytes do not depend on the CPU running them). The description, not the CPU model,
+decides the schedule, so the same model gives byte-identical C on every machine of a kind.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from einjit.errors import EinjitError
+from einjit.ir.sched.cost_model import Machine
+
+__all__ = ["MACHINES", "host_machine", "kind_of_flags"]
+
+MACHINES: dict[str, Machine] = {
+    "avx512": Machine(),
+    "avx2": Machine(vector_bytes=32, vector_registers=16),
+    "generic": Machine(vector_bytes=16, vector_registers=16),
+}
+
+
+def kind_of_flags(flags: frozenset[str]) -> str:
+    """The description for a CPU with these `/proc/cpuinfo` flags. AVX2 without FMA (a few
+    early VIA and Intel parts) still has 16 registers of 32 bytes."""
+    if "avx512f" in flags:
+        return "avx512"
+    if "avx2" in flags:
+        return "avx2"
+    return "generic"
+
+
+def host_machine() -> Machine:
+    """The description `EINJIT_MACHINE` names, else the one of the CPU at hand."""
+    value = os.environ.get("EINJIT_MACHINE", "").strip()
+    if not value:
+        return MACHINES[_host_kind()]
+    if value not in MACHINES:
+        raise EinjitError(f"einjit: EINJIT_MACHINE must be one of {', '.join(MACHINES)}, got {value!r}")
+    return MACHINES[value]
+
+
+@functools.cache
+def _host_kind() -> str:
+    """Read once: the flags do not change while the process runs. Without `/proc/cpuinfo`
+    (not Linux) the generic description is the safe one: its blocks fit every register file."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            line = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        line = ""
+    return kind_of_flags(frozenset(line.partition(":")[2].split()))
