@@ -172,7 +172,7 @@ _SIMPLE = re.compile(r"(\(\w[\w ]*\))?[\w.]+(\[[^\[\]]*\])?")
 
 
 def _sanitize(name: str) -> str:
-    clean = re.sub(r"\W", "_", name)
+    clean = re.sub(r"[^A-Za-z0-9_]", "_", name)
     return clean if clean and not clean[0].isdigit() else "n" + clean
 
 
@@ -187,8 +187,18 @@ def local_name(sid: ll.ScopeId) -> str:
     return names.local(sid) if names is not None else f"v{sid.id}_"
 
 
+_UNSAFE_IN_COMMENT = re.compile(r"[^ -\[\]-~]")
+"""Everything but printable ASCII without the backslash: no newline or carriage return to end a
+line, no backslash to splice one, no NUL, nothing a compiler's input charset may reject."""
+
+
 def _comment(text: str) -> str:
-    return "/* " + text.replace("*/", "* /").replace("\n", " ") + " */"
+    """`text` (labels: the user's) as a C comment that stays one comment on one line: unsafe
+    characters become `?` (line breaks and tabs a space), and `*/` (which would end it), `/*`
+    and `??` (a trigraph's start, as in `??/` for a backslash) are split apart."""
+    safe = _UNSAFE_IN_COMMENT.sub(lambda m: " " if m.group() in "\n\r\t" else "?", text)
+    safe = re.sub(r"\*(?=/)|/(?=\*)|\?(?=\?)", lambda m: m.group() + " ", safe)
+    return "/* " + safe + " */"
 
 
 def _float_literal(v: float, prec: ops.Prec, syn: CSyntax) -> str:

@@ -35,8 +35,15 @@ def is_reserved(name: str) -> bool:
 RESERVED_PREFIXES = ("merge_", "einjit", "EINJIT", "g_", "__")
 
 
+MAX_BASE = 64
+"""The longest name a label gives a node; longer labels are cut (the program's names stay
+distinct: `Names` numbers repeated bases)."""
+
+
 def _identifier(text: str) -> str:
-    clean = re.sub(r"\W", "_", text).strip("_") or "n"
+    """Letters, digits and `_` of `text` (ASCII only: the user's label must not decide which
+    characters the compiler reads), cut to `MAX_BASE`."""
+    clean = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")[:MAX_BASE].rstrip("_") or "n"
     return "n" + clean if clean[0].isdigit() else clean
 
 
