@@ -177,9 +177,11 @@ def forward_step(outputs: Tensor | Sequence[Tensor], *, inputs: Sequence[Tensor]
                  backend: object = None, context: object = None) -> ForwardStep:
     """Compile (once) a routine computing `outputs` from the inputs' current values (on
     `backend` / in `context` as `train.to_routine` takes them; default: the C backend's
-    context computing in the host arrays)."""
+    context computing in the host arrays). An output that a routine compiled before keeps only
+    inside itself is read through a copy (`train.readable`)."""
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     _check_params_set(outs)
+    outs = [train.readable(t) for t in outs]
     routine = train.to_routine(forward_code(*outs), name=name, backend=backend, context=context)
     return ForwardStep(routine, inputs, name, outs)
 

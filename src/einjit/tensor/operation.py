@@ -166,6 +166,14 @@ def transpose(a: Like, *, label=None) -> Tensor:
     return make_op("T", [as_tensor(a)], logic="T", forward=fwd, backprop=bwd, label=label)
 
 
+def copy_value(a: Like, *, label=None) -> Tensor:
+    """A new tensor computing a copy of `a`'s value, without a gradient: a node of its own
+    that a routine may keep on the host when `a`'s node is kept inside another routine."""
+    fwd, _ = _COPY
+    return make_op("copy", [as_tensor(a)], logic=None, forward=fwd, backprop=None,
+                   grad_spec=GradSpec.PROHIBIT_GRAD, label=label)
+
+
 def batch_slice(a: Like, static_sym: StaticSymbol, *, label=None) -> Tensor:
     """Remove the leftmost batch axis by indexing it with a static symbol (OCANNL's `@|`).
 

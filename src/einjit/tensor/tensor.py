@@ -193,13 +193,21 @@ def converted_values(tensor: "Tensor", tn: Tnode, values: object) -> np.ndarray:
     return arr
 
 
+def _read_only(arr: np.ndarray) -> np.ndarray:
+    arr.flags.writeable = False
+    return arr
+
+
 class NodeView:
     """`t.value` / `t.grad`: a tensor node seen with its tensor's shape, readable and writable
     from NumPy.
 
-    Reads (`numpy()`, `v[...]`, `np.asarray(v)`) return *copies*: mutating them never changes
-    the tensor. Writes (`assign`, `v[key] = array`) check the array against the node and store
-    it in place in the host array, which every routine of the node reads.
+    Reads (`numpy()`, `v[...]`, `np.asarray(v)`) return *read-only snapshots*: copies taken
+    now, which a later routine call does not change, and which refuse writes (NumPy raises
+    "assignment destination is read-only") — a writable copy would take a write and drop it
+    silently. Writes go through the view: `assign` / `set_values`, `v[key] = array` check the
+    array against the node and store it in place in the host array, which every routine of the
+    node reads. `.copy()` of a snapshot is an ordinary writable array.
     """
 
     __slots__ = ("tensor", "tn", "is_grad")
@@ -239,18 +247,18 @@ class NodeView:
         written(self.tn)
 
     def numpy(self) -> np.ndarray:
-        """A copy of the node's current host values."""
-        return self.read().copy()
+        """A read-only copy of the node's current host values."""
+        return _read_only(self.read().copy())
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         if copy is False:
             raise ValueError(f"einjit: the values of {_describe(self.tensor, self.tn)} are read as a copy; "
                              f"np.from_dlpack(tensor) gives the live host array")
         out = self.numpy()
-        return out if dtype is None else out.astype(dtype, copy=False)
+        return out if dtype is None else _read_only(out.astype(dtype, copy=False))
 
     def __getitem__(self, key) -> np.ndarray:
-        return np.array(self.read()[key], copy=True)
+        return _read_only(np.array(self.read()[key], copy=True))
 
     def _writable(self) -> np.ndarray:
         """The host array to write into; a node not yet committed to a memory mode becomes
@@ -349,7 +357,7 @@ class Tensor:
         return self.value_tn.prec.dtype
 
     def numpy(self) -> np.ndarray:
-        """A copy of the current values (mutating it does not change the tensor)."""
+        """A read-only copy of the current values (`NodeView.numpy`); write with `set_values`."""
         return self.value.numpy()
 
     def set_values(self, values: object) -> None:
