@@ -32,7 +32,11 @@ new values. The one exception is the update pattern `p[i] := p[i] - delta[i]`: w
 statement is the only writer of `p` in its nest, writes each cell once, and the inlined
 `delta` reads `p` only at the cell being written, it reads the value before the write.
 Code 132: a computation block inside a loop owned by another node runs once per iteration
-of that loop, but would run once when inlined.
+of that loop, but would run once when inlined. Code 133: a chain of pointwise nodes inlined
+into one another is one expression as deep as the chain, and every later pass, printer and
+the renderer walk it recursively; a node whose computation already nests `MAX_INLINE_DEPTH`
+inlined computations is kept in memory where it is read, so a chain of 10,000 operations
+becomes a sequence of expressions at most that deep.
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ from einjit.ir.provenance import (
 )
 from einjit.ir.tnode import MATERIALIZED, NEVER_VIRTUAL, MemoryModeError, Mode, Tnode
 from einjit.ir.tracing import RECURRENT, Trace, TracedArray, VirtualizeSettings
+
+
+MAX_INLINE_DEPTH = 64
+"""How many inlined computations may nest in one expression (code 133): deep enough that no
+ordinary model reaches it, shallow enough that the recursive passes stay far from Python's
+recursion limit (each level costs a handful of frames in each pass)."""
 
 
 class NonVirtual(Exception):
@@ -242,6 +252,12 @@ def _block_reads(state: VirtualState, stmt: ll.LLStmt) -> set[Tnode]:
     return out
 
 
+def _inlined_depth(state: VirtualState, stmt: ll.LLStmt) -> int:
+    """The deepest nest of inlined computations among the pending scopes of `stmt`."""
+    return max((state.depth.get(state.deferred[x.id].tn, 0) for x in ll.deep_parts(stmt)
+                if isinstance(x, ll.LocalScope) and x.id in state.deferred), default=0)
+
+
 def read_nodes(stmt: ll.LLStmt) -> set[Tnode]:
     """Nodes read anywhere in `stmt`, including inside local scopes (whose node counts too:
     should it end up stored, the scope turns back into a read of it)."""
@@ -316,6 +332,8 @@ class VirtualState:
     deferred: dict[ll.ScopeId, Deferred] = field(default_factory=dict)
     writes_ahead: dict[Tnode, int] | None = None
     written_later: set[Tnode] = field(default_factory=set)
+    depth: dict[Tnode, int] = field(default_factory=dict)
+    """Per stored node: how many inlined computations nest in its computation, itself included."""
 
 
 def check_and_store_virtual(state: VirtualState, tn: Tnode, top_llc: ll.LLStmt) -> bool:
@@ -333,6 +351,7 @@ def check_and_store_virtual(state: VirtualState, tn: Tnode, top_llc: ll.LLStmt) 
         refuse(tn, err, state.name)
         return False
     loops = {s.index: (s.from_, s.to_) for s in ll.block_statements(top_llc) if isinstance(s, ll.ForLoop)}
+    state.depth[tn] = max(state.depth.get(tn, 0), 1 + _inlined_depth(state, top_llc))
     state.computations.setdefault(tn, []).append(Computation(at_idcs, top_llc, loops, frozenset(block_reads)))
     state.reads.setdefault(tn, set()).update(reads)
     for r in reads if state.writes_ahead is None else reads & state.written_later:
@@ -434,6 +453,8 @@ def _walk(state: VirtualState, stmt: ll.LLStmt, process_for: frozenset[Tnode], w
                 try:
                     if tn in state.stale:
                         raise NonVirtual(131, f"read at {_show(idcs)}")
+                    if state.depth.get(tn, 0) >= MAX_INLINE_DEPTH:
+                        raise NonVirtual(133, f"{state.depth[tn]} levels")
                     sid = ll.fresh_scope_id(tn)
                     deferred = Deferred.of(tn, applicable_computations(state, tn, idcs))
                     conflict = state.reads.get(tn, set()) & writing
