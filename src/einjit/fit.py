@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from einjit import data, train
+from einjit.backends.interface import context_lock
 from einjit.ir import assignments as asg
 from einjit.ir import ops
 from einjit.ir.tnode import MemoryModeError, Tnode
@@ -118,8 +119,9 @@ class Step:
                 self.inputs[k].set_values(arr)
 
     def __call__(self, *arrays: np.ndarray) -> None:
-        self.write(*arrays)
-        self.routine()
+        with context_lock(getattr(self.routine, "context", None)):
+            self.write(*arrays)
+            self.routine()
 
 
 class TrainStep(Step):
@@ -148,10 +150,13 @@ class ForwardStep(Step):
         self._out_hosts = tuple(t.value_tn.host_array() for t in self.outputs)
 
     def __call__(self, *arrays: np.ndarray):
-        super().__call__(*arrays)
-        for pull in self._pulls:
-            pull()
-        outs = tuple(host.copy() for host in self._out_hosts)
+        """Write, run and copy the outputs as one turn of the context's lock (`context_lock`):
+        threads calling one step with their own inputs each get their own outputs."""
+        with context_lock(getattr(self.routine, "context", None)):
+            super().__call__(*arrays)
+            for pull in self._pulls:
+                pull()
+            outs = tuple(host.copy() for host in self._out_hosts)
         return outs[0] if len(outs) == 1 else outs
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import (
@@ -73,7 +74,8 @@ __all__ = [
     "StaticRangeError", "Routine", "RoutineFailed", "SimpleBackend", "SimpleNoDeviceBackend", "WrongBackendError",
     "Work", "capture_values", "check_code", "check_hosted", "check_static_values", "contexts_holding",
     "default_context", "forget_context", "load_inputs", "register_context",
-    "checked_name", "default_name", "lower_assignments", "low_level_of", "make_refs", "missing_input_error", "not_held_error",
+    "checked_name", "context_lock", "default_name", "lower_assignments", "low_level_of", "make_refs",
+    "missing_input_error", "not_held_error",
     "prepare", "read_first", "routine_inputs",
 ]
 
@@ -164,12 +166,33 @@ class Routine(Generic[Ctx]):
         return report.local_bytes + report.scratch_bytes
 
     def __call__(self) -> None:
-        if self.run_now is not None:
-            self.run_now()
-            return
-        self.schedule()()
-        if self.await_ is not None:
-            self.await_()
+        with context_lock(self.context):
+            if self.run_now is not None:
+                self.run_now()
+                return
+            self.schedule()()
+            if self.await_ is not None:
+                self.await_()
+
+
+_context_locks: "weakref.WeakKeyDictionary[Any, threading.RLock]" = weakref.WeakKeyDictionary()
+_context_locks_guard = threading.Lock()
+_unweakable_lock = threading.RLock()
+
+
+def context_lock(context: Any) -> threading.RLock:
+    """The lock serializing what runs in `context`: a call of a routine linked there, a step's
+    write-run-read, a host read or write of a node the context holds. A routine computes in
+    its context's arrays, so two calls at once from two threads would mix their cells; they
+    take turns instead. Reentrant: a step holds it around the routine call, which takes it too.
+    Routines of different contexts still run side by side."""
+    try:
+        return _context_locks[context]
+    except KeyError:
+        with _context_locks_guard:
+            return _context_locks.setdefault(context, threading.RLock())
+    except TypeError:
+        return _unweakable_lock
 
 
 def capture_values(bindings: Mapping[StaticSymbol, IntRef]) -> tuple[int, ...]:

@@ -122,6 +122,17 @@ def written(tn: Tnode) -> None:
             context.from_host(tn)
 
 
+@contextlib.contextmanager
+def holders_locked(tn: Tnode) -> PyIterator[None]:
+    """Hold the locks of every context holding `tn` (in registration order, the one order
+    every thread takes them in), so a host read or write sees no routine half-way."""
+    from einjit.backends.interface import context_lock, contexts_holding
+    with contextlib.ExitStack() as stack:
+        for context in contexts_holding(tn):
+            stack.enter_context(context_lock(context))
+        yield
+
+
 def to_host(tn: Tnode) -> None:
     """Before reading the host array of `tn`: bring back what the routines computed (the
     seed's `to_host`) when one context holds the node. Replicas (several contexts, e.g. data
@@ -247,8 +258,10 @@ class NodeView:
         written(self.tn)
 
     def numpy(self) -> np.ndarray:
-        """A read-only copy of the node's current host values."""
-        return _read_only(self.read().copy())
+        """A read-only copy of the node's current host values, taken while no routine of a
+        context holding the node runs (`context_lock`)."""
+        with holders_locked(self.tn):
+            return _read_only(self.read().copy())
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         if copy is False:
@@ -258,7 +271,8 @@ class NodeView:
         return out if dtype is None else _read_only(out.astype(dtype, copy=False))
 
     def __getitem__(self, key) -> np.ndarray:
-        return _read_only(np.array(self.read()[key], copy=True))
+        with holders_locked(self.tn):
+            return _read_only(np.array(self.read()[key], copy=True))
 
     def _writable(self) -> np.ndarray:
         """The host array to write into; a node not yet committed to a memory mode becomes
@@ -280,8 +294,10 @@ class NodeView:
 
     def assign(self, values: object) -> None:
         """Set every cell (see `converted_values` for what is accepted)."""
-        self._writable()[...] = converted_values(self.tensor, self.tn, values)
-        self.written()
+        arr = converted_values(self.tensor, self.tn, values)
+        with holders_locked(self.tn):
+            self._writable()[...] = arr
+            self.written()
 
     def __setitem__(self, key, values) -> None:
         if key is Ellipsis or (isinstance(key, slice) and key == slice(None)):
@@ -292,12 +308,13 @@ class NodeView:
         if not np.can_cast(arr.dtype, host.dtype, casting="same_kind"):
             raise TensorError(f"einjit: cannot write {arr.dtype} values into {_describe(self.tensor, self.tn)} "
                               f"of precision {self.tn.prec.name}; convert them with `.astype`")
-        try:
-            host[key] = arr
-        except (IndexError, ValueError) as e:
-            raise TensorError(f"einjit: cannot write into {_describe(self.tensor, self.tn)} of dims {host.shape} "
-                              f"at {key!r}: {e}") from None
-        self.written()
+        with holders_locked(self.tn):
+            try:
+                host[key] = arr
+            except (IndexError, ValueError) as e:
+                raise TensorError(f"einjit: cannot write into {_describe(self.tensor, self.tn)} of dims "
+                                  f"{host.shape} at {key!r}: {e}") from None
+            self.written()
 
     def __repr__(self) -> str:
         return f"<{'grad' if self.is_grad else 'value'} of {self.tensor.label_str}: {self.tn!r}>"
