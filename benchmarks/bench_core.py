@@ -52,15 +52,15 @@ os.environ.setdefault("EINJIT_CACHE_DIR", os.path.join(tempfile.gettempdir(), "e
 import numpy as np  # noqa: E402  (after the thread settings)
 
 from einjit import backends  # noqa: E402
-from einjit.backends import cc  # noqa: E402
 from einjit.backends.c_syntax import CSyntax  # noqa: E402
+from einjit.backends.cc import toolchain as cc  # noqa: E402
 from einjit.backends.interface import default_context  # noqa: E402
 from einjit.ir import low_level as ll  # noqa: E402
 from einjit.ir import ops  # noqa: E402
 from einjit.ir.indexing import IntRef, Iterator, get_static_symbol, get_symbol  # noqa: E402
-from einjit.ir.schedule import schedule_llc  # noqa: E402
+from einjit.ir.passes.tracing import VirtualizeSettings  # noqa: E402
+from einjit.ir.sched.schedule import schedule_llc  # noqa: E402
 from einjit.ir.tnode import Tnode, hosted  # noqa: E402
-from einjit.ir.tracing import VirtualizeSettings  # noqa: E402
 
 
 def best_time(fn, min_time: float = 0.3, repeats: int = 5) -> float:
@@ -193,7 +193,7 @@ def bench_call_overhead() -> None:
 
 
 def bench_moons(epochs: int) -> None:
-    from einjit.demo import run_moons
+    from einjit.demos.moons import run_moons
     result = run_moons(epochs=epochs, quiet=True)
     print(f"moons training step  {result.seconds_per_step * 1e6:7.2f} us/step over {result.steps} steps "
           f"(final loss {result.final_loss:.4f}, accuracy {result.accuracy:.3f})")

@@ -34,8 +34,8 @@ def _best(f, repeat: int) -> float:
 def bench_predict(calls: int) -> dict[str, float]:
     import einjit as ej
     from einjit import data, datasets, fit, train
-    from einjit.backends import cc
-    from einjit.demo import make_mlp
+    from einjit.backends.cc import toolchain as cc
+    from einjit.demos.moons import make_mlp
 
     xs, ys = datasets.half_moons(200)
     xs, ys = xs.astype(np.float32), ys.astype(np.float32)
@@ -72,7 +72,7 @@ def bench_predict(calls: int) -> dict[str, float]:
 def bench_epoch(batch: int, repeat: int) -> dict[str, float]:
     import einjit as ej
     from einjit import data, datasets, fit, train
-    from einjit.demo import make_mlp
+    from einjit.demos.moons import make_mlp
     from einjit.ir.indexing import IntRef, get_static_symbol
 
     xs, ys = datasets.half_moons(2000)

@@ -58,7 +58,7 @@ def steps(local_storage: bool, names: tuple[str, ...]):
     """The named steps built with local storage on or off: `{name: routine}`."""
     from bench_train import convnet_step, mlp_step
     from einjit.ir import optimize
-    from einjit.ir.tracing import VirtualizeSettings
+    from einjit.ir.passes.tracing import VirtualizeSettings
 
     builders = {MOONS: lambda: mlp_step((2, 16, 16, 1), 10), MLP: lambda: mlp_step((784, 256, 256, 10), 256),
                 CONVNET: lambda: convnet_step()[0]}

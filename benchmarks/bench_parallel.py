@@ -2,7 +2,7 @@
 SGD with momentum, float32, synthetic data) on a batch of 256, computed
 
 - on one device: the whole step fused into one C routine, called from the main thread;
-- on 1 and 2 multicore devices with `einjit.parallel.DataParallel` (each of the 2 devices a
+- on 1 and 2 multicore devices with `einjit.training.parallel.DataParallel` (each of the 2 devices a
   shard of 128): gradients summed through merge buffers, update on device 0, parameters copied
   back.
 
@@ -66,7 +66,7 @@ def fused_one_device(steps: int, warmup: int) -> tuple[float, list[np.ndarray]]:
 
 
 def data_parallel(devices: int, steps: int, warmup: int) -> tuple[float, list[np.ndarray]]:
-    from einjit import parallel
+    from einjit.training import parallel
 
     loss, params, update, batch_n = build(devices)
     with parallel.parallel_update(loss, update, num_devices=devices, bindings=[batch_n], shard=batch_n,

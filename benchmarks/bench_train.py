@@ -24,7 +24,7 @@ def einjit_step_time(batch: int, steps: int, cache_dir: str) -> tuple[float, flo
     os.environ["EINJIT_CACHE_DIR"] = cache_dir
     import einjit as ej
     from einjit import train
-    from einjit.demo import make_mlp
+    from einjit.demos.moons import make_mlp
     from einjit.ir.indexing import IntRef, get_static_symbol
 
     rng = np.random.default_rng(0)

@@ -86,7 +86,7 @@ def row(name: str, einjit_s: float, peers: dict[str, float | None], flops: float
 
 def matmul_rows(sizes: list[int]) -> list[dict]:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from einjit.backends.cc_backend import CcBackend
+    from einjit.backends.cc.backend import CcBackend
     from einjit.ir import low_level as ll
     from einjit.ir import ops
     from einjit.ir.indexing import Iterator, get_symbol
@@ -193,7 +193,7 @@ def convnet_rows() -> list[dict]:
 
 def chain_row(n: int = 400) -> dict:
     """The optimizer alone on `x -> relu(x) -> ...` with every intermediate virtual (linear in
-    the chain's length since inlining copies lazily: see `ir/virtualize.py`)."""
+    the chain's length since inlining copies lazily: see `ir/passes/virtualize.py`)."""
     from einjit.ir import low_level as ll
     from einjit.ir import ops
     from einjit.ir.indexing import Iterator, get_symbol

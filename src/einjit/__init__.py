@@ -20,16 +20,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     # What `__getattr__` serves, spelled out for type checkers (keep in step with `_PUBLIC` and
     # the public functions and classes of `einjit.tensor.operation`).
-    from einjit import data as data
-    from einjit import fit as fit
     from einjit import nn as nn
     from einjit.backends.interface import BackendError as BackendError
     from einjit.backends.interface import NodeNotInContextError as NodeNotInContextError
     from einjit.backends.interface import NotHostedError as NotHostedError
     from einjit.backends.interface import StaticRangeError as StaticRangeError
-    from einjit.checkpoint import CheckpointError as CheckpointError
-    from einjit.checkpoint import load as load
-    from einjit.checkpoint import save as save
+    from einjit.demos import datasets as datasets
     from einjit.errors import EinjitError as EinjitError
     from einjit.ir import ops as ops
     from einjit.ir.indexing import IntRef as IntRef
@@ -101,6 +97,13 @@ if TYPE_CHECKING:
     from einjit.tensor.tensor import default_precision as default_precision
     from einjit.tensor.tensor import set_default_precision as set_default_precision
     from einjit.tensor.tensor import unchanged_roots as unchanged_roots
+    from einjit.training import checkpoint as checkpoint
+    from einjit.training import data as data
+    from einjit.training import fit as fit
+    from einjit.training import train as train
+    from einjit.training.checkpoint import CheckpointError as CheckpointError
+    from einjit.training.checkpoint import load as load
+    from einjit.training.checkpoint import save as save
 
 _OPERATIONS_MODULE = "einjit.tensor.operation"
 _REDUCTIONS = ("amax", "amin", "log_softmax", "logsumexp", "max", "mean", "min", "softmax", "sum")
@@ -137,11 +140,14 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     "input": ("einjit.tensor.inputs", "input"),
     "scalar": ("einjit.tensor.inputs", "scalar"),
     "as_prec": ("einjit.ir.ops", "as_prec"),
-    "save": ("einjit.checkpoint", "save"),
-    "load": ("einjit.checkpoint", "load"),
-    "CheckpointError": ("einjit.checkpoint", "CheckpointError"),
-    "data": ("einjit.data", None),
-    "fit": ("einjit.fit", None),
+    "save": ("einjit.training.checkpoint", "save"),
+    "load": ("einjit.training.checkpoint", "load"),
+    "CheckpointError": ("einjit.training.checkpoint", "CheckpointError"),
+    "data": ("einjit.training.data", None),
+    "fit": ("einjit.training.fit", None),
+    "train": ("einjit.training.train", None),
+    "checkpoint": ("einjit.training.checkpoint", None),
+    "datasets": ("einjit.demos.datasets", None),
     "nn": ("einjit.nn", None),
 }
 

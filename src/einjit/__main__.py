@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from einjit.demo_cli import MOONS_POINTS, ArgumentProblem, at_least, check_batch_size, check_plot_path
+from einjit.demos.cli import MOONS_POINTS, ArgumentProblem, at_least, check_batch_size, check_plot_path
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def _moons_check(args: argparse.Namespace) -> None:
 
 
 def _moons_run(args: argparse.Namespace) -> int:
-    from einjit.demo import main_moons
+    from einjit.demos.moons import main_moons
     return main_moons(args)
 
 
@@ -79,7 +79,7 @@ def _digits_check(args: argparse.Namespace) -> None:
 
 
 def _digits_run(args: argparse.Namespace) -> int:
-    from einjit.demo_digits import main_digits
+    from einjit.demos.digits import main_digits
     return main_digits(args)
 
 

@@ -6,7 +6,7 @@ kernel kill the process later).
 
 `report(routine_or_context)` (also `routine.memory` and `routine.kept_bytes`) says how many
 bytes a compiled routine or a context keeps between calls, and how many live only during a
-call (routine-local arrays, see `ir/local_storage.py`).
+call (routine-local arrays, see `ir/passes/local_storage.py`).
 """
 
 from __future__ import annotations

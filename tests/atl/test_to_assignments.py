@@ -43,11 +43,11 @@ from einjit.atl.to_assignments import (
     to_assignments,
 )
 from einjit.atl.values import to_python
-from einjit.backends import cc
+from einjit.backends.cc import toolchain as cc
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
 from einjit.ir import ops
-from einjit.ir.tracing import VirtualizeSettings
+from einjit.ir.passes.tracing import VirtualizeSettings
 
 TOL = dict(rtol=1e-12, atol=1e-12)
 i, j, k = Idx("i"), Idx("j"), Idx("k")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from einjit.backends.cc_backend import run_once
+from einjit.backends.cc.backend import run_once
 
 
 @pytest.fixture

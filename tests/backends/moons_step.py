@@ -14,8 +14,8 @@ import numpy as np
 
 import einjit as ej
 from einjit import datasets, train
-from einjit.backends import cc
-from einjit.demo import make_mlp
+from einjit.backends.cc import toolchain as cc
+from einjit.demos.moons import make_mlp
 from einjit.ir.indexing import IntRef, get_static_symbol, get_symbol
 
 

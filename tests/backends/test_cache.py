@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from einjit import backends
-from einjit.backends import cache, cc
+from einjit.backends import cache
+from einjit.backends.cc import toolchain as cc
 from einjit.backends.interface import default_context
 from einjit.ir import low_level as ll
 from einjit.ir import tnode
@@ -97,7 +98,7 @@ _RACER = textwrap.dedent("""
     import sys
     import numpy as np
     from einjit import backends
-    from einjit.backends import cc
+    from einjit.backends.cc import toolchain as cc
     from einjit.backends.interface import default_context
     from einjit.ir import low_level as ll, tnode
     from einjit.ir.indexing import Iterator, get_symbol

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from einjit.backends import cc
-from einjit.backends.cc_backend import CcBackend, run_once
+from einjit.backends.cc import toolchain as cc
+from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import FixedIdx, Iterator, get_symbol

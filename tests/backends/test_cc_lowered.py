@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from einjit.backends.cc_backend import run_once
+from einjit.backends.cc.backend import run_once
 from einjit.ir import assignments as asg
 from einjit.ir import interpret, ops
 from einjit.ir.indexing import Affine, Iterator, Projections, SubAxis, get_static_symbol, get_symbol

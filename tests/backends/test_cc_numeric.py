@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from einjit.backends import cc
 from einjit.backends.c_syntax import CSyntax, ParamKind
-from einjit.backends.cc_backend import CcBackend, run_once
+from einjit.backends.cc import toolchain as cc
+from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.ir import interpret, ops, tnode
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Affine, FixedIdx, IntRef, Iterator, get_static_symbol, get_symbol

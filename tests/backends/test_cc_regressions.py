@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from einjit.backends.cc_backend import run_once
+from einjit.backends.cc.backend import run_once
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import FixedIdx, Iterator, get_symbol

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import backend_programs as bp
-from einjit.backends import cuda
 from einjit.backends.c_syntax import ParamKind
+from einjit.backends.gpu import cuda
 from einjit.backends.interface import NodeNotInContextError, NotHostedError, RoutineFailed
 from einjit.ir import interpret, ops, tnode
 from einjit.ir import low_level as ll

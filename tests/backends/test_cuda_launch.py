@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import backend_programs as bp
-from einjit.backends import cuda
-from einjit.backends.cc_backend import CcBackend
+from einjit.backends.cc.backend import CcBackend
+from einjit.backends.gpu import cuda
 from einjit.backends.interface import CudaMemClass, DeviceError, NodeNotInContextError, WrongBackendError
 from einjit.ir import low_level as ll
 from einjit.ir import ops, tnode

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import backend_programs as bp
-from einjit.backends import cuda
 from einjit.backends.c_syntax import RenderError
-from einjit.backends.cc_backend import CcBackend
-from einjit.backends.cuda_syntax import PRIVATE_LIMIT_BYTES, plan_kernel, render_program
+from einjit.backends.cc.backend import CcBackend
+from einjit.backends.gpu import cuda
+from einjit.backends.gpu.cuda_syntax import PRIVATE_LIMIT_BYTES, plan_kernel, render_program
 from einjit.backends.interface import CudaMemClass, WrongBackendError, low_level_of, lower_assignments
 from einjit.ir import interpret, ops, tnode
 from einjit.ir import low_level as ll
@@ -360,7 +360,7 @@ def test_without_a_gpu_device_calls_fail_clearly():
 def _compiler_available(which: str) -> bool:
     if which == "nvcc":
         return shutil.which("nvcc") is not None
-    from einjit.backends.cuda_driver import load_nvrtc
+    from einjit.backends.gpu.cuda_driver import load_nvrtc
     return load_nvrtc() is not None
 
 

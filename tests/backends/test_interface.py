@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import backend_programs as bp
-from einjit.backends import cc
-from einjit.backends.cc_backend import CcBackend
+from einjit.backends.cc import toolchain as cc
+from einjit.backends.cc.backend import CcBackend
 from einjit.backends.interface import (
     Compiled,
     CpuMemClass,

@@ -1,4 +1,4 @@
-"""Routine-local storage (`ir/local_storage.py`) and the memory report (`einjit.memory`).
+"""Routine-local storage (`ir/passes/local_storage.py`) and the memory report (`einjit.memory`).
 
 A node one routine writes and consumes within a call is declared inside the generated
 function; values must not change (differential: local storage on and off, C and the
@@ -13,19 +13,21 @@ import pytest
 
 import einjit as ej
 from einjit import fit, memory, train
-from einjit.backends import c_syntax, cc, cuda_syntax
-from einjit.backends.cc_backend import CcBackend
+from einjit.backends import c_syntax
+from einjit.backends.cc import toolchain as cc
+from einjit.backends.cc.backend import CcBackend
+from einjit.backends.cc.multicore import MulticoreBackend
+from einjit.backends.gpu import cuda_syntax
 from einjit.backends.interface import NodeNotInContextError, lower_assignments, read_first
-from einjit.backends.multicore import MulticoreBackend
 from einjit.backends.params import CudaMemClass, MemClass
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
-from einjit.ir.local_storage import LocalNodeError, is_routine_local, local_to, localize
 from einjit.ir.optimize import optimize_proc
+from einjit.ir.passes.local_storage import LocalNodeError, is_routine_local, local_to, localize
+from einjit.ir.passes.tracing import VirtualizeSettings
 from einjit.ir.provenance import ROUTINE_LOCAL
 from einjit.ir.tnode import LOCAL, NEVER_VIRTUAL, MemoryModeError, Tnode, hosted
-from einjit.ir.tracing import VirtualizeSettings
 
 OFF = VirtualizeSettings(local_storage=False)
 X = np.random.default_rng(3).normal(size=(8, 3))

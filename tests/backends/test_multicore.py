@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import backend_programs as bp
-from einjit.backends.cc_backend import CcBackend
+from einjit.backends.cc.backend import CcBackend
+from einjit.backends.cc.multicore import MulticoreBackend
 from einjit.backends.interface import (
     DeviceError,
     NodeNotInContextError,
@@ -18,7 +19,6 @@ from einjit.backends.interface import (
     Work,
     WrongBackendError,
 )
-from einjit.backends.multicore import MulticoreBackend
 from einjit.ir import low_level as ll
 from einjit.ir import ops, tnode
 from einjit.ir.indexing import FixedIdx, Iterator, get_static_symbol, get_symbol

@@ -1,11 +1,11 @@
-"""The loop-independence analysis the CUDA planner uses (`ir/parallel_loops.py`)."""
+"""The loop-independence analysis the CUDA planner uses (`backends/parallel_loops.py`)."""
 
 from __future__ import annotations
 
+from einjit.backends.parallel_loops import accesses, is_parallel, parallel_chain
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
-from einjit.ir.parallel_loops import accesses, is_parallel, parallel_chain
 from einjit.ir.tnode import Tnode
 
 

@@ -9,7 +9,8 @@ import pytest
 import einjit as ej
 from einjit import backends, train
 from einjit.backends import interface
-from einjit.backends.cc_backend import CcBackend
+from einjit.backends.cc.backend import CcBackend
+from einjit.backends.cc.multicore import MulticoreBackend
 from einjit.backends.interface import (
     NodeNotInContextError,
     NotHostedError,
@@ -17,7 +18,6 @@ from einjit.backends.interface import (
     StaticRangeError,
     Work,
 )
-from einjit.backends.multicore import MulticoreBackend
 from einjit.ir import low_level as ll
 from einjit.ir import ops, tnode
 from einjit.ir.indexing import FixedIdx, IntRef, get_static_symbol
@@ -67,7 +67,7 @@ def test_to_routine_on_a_device_backend(name, request):
     if name == "cuda":
         request.getfixturevalue("fake")
     backend = backends.resolve(name) if name == "multicore" else __import__(
-        "einjit.backends.cuda", fromlist=["CudaBackend"]).CudaBackend()
+        "einjit.backends.gpu.cuda", fromlist=["CudaBackend"]).CudaBackend()
     x, y = doubled([1.0, -2.0])
     value = train.forward(y)
     routine = train.to_routine(value, name="double_dev", backend=backend)
@@ -143,7 +143,7 @@ def test_non_hosted_nodes_refuse_host_transfers_on_every_context():
 
 
 def test_options_compile_with_other_flags_into_the_default_context():
-    from einjit.backends import cc
+    from einjit.backends.cc import toolchain as cc
     _, y = doubled([2.0])
     routine = train.to_routine(train.forward(y), name="o1", options=cc.CcOptions(flags=("-O1", "-fPIC", "-shared")))
     routine()
@@ -187,7 +187,7 @@ def test_the_public_operations_are_the_operation_library():
 def test_host_transfers_of_a_non_hosted_node_are_named_errors_on_every_backend(name, request):
     if name == "cuda":
         request.getfixturevalue("fake")
-        from einjit.backends.cuda import CudaBackend
+        from einjit.backends.gpu.cuda import CudaBackend
         backend = CudaBackend()
     else:
         backend = backends.get(name)
@@ -202,7 +202,7 @@ def test_host_transfers_of_a_non_hosted_node_are_named_errors_on_every_backend(n
 
 
 def test_the_moons_demo_trains_identically_on_the_multicore_backend(monkeypatch):
-    from einjit.demo import run_moons
+    from einjit.demos.moons import run_moons
     monkeypatch.delenv("EINJIT_BACKEND", raising=False)
     on_cc = run_moons(epochs=3, quiet=True)
     monkeypatch.setenv("EINJIT_BACKEND", "multicore")

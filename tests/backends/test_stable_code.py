@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from einjit.ir import optimize
-from einjit.ir.tracing import VirtualizeSettings
+from einjit.ir.passes.tracing import VirtualizeSettings
 from test_c_syntax import check_golden
 
 HERE = Path(__file__).resolve().parent

@@ -11,7 +11,7 @@ import pytest
 
 import einjit as ej
 from einjit import datasets, train
-from einjit.demo import make_mlp, run_moons
+from einjit.demos.moons import make_mlp, run_moons
 from einjit.ir.indexing import IntRef, get_static_symbol
 
 

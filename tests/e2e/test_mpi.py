@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from einjit.demo import run_moons
+from einjit.demos.moons import run_moons
 from test_parallel import ATOL, RTOL, single_device
 
 E2E = Path(__file__).resolve().parent
@@ -32,8 +32,8 @@ RANK_SCRIPT = """
 import sys
 sys.path.insert(0, {e2e!r})
 import numpy as np
-from einjit import parallel
-from einjit.comm import MpiCommunicator
+from einjit.training import parallel
+from einjit.training.comm import MpiCommunicator
 import test_parallel as tp
 
 comm = MpiCommunicator()

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 import einjit as ej
-from einjit import datasets, parallel, train
-from einjit.backends.cc_backend import CcBackend
-from einjit.backends.multicore import MulticoreBackend
-from einjit.comm import Communicator, InProcessGroup
-from einjit.demo import run_moons
+from einjit import datasets, train
+from einjit.backends.cc.backend import CcBackend
+from einjit.backends.cc.multicore import MulticoreBackend
+from einjit.demos.moons import run_moons
 from einjit.ir.indexing import IntRef, StaticSymbol, get_static_symbol
+from einjit.training import parallel
+from einjit.training.comm import Communicator, InProcessGroup
 
 N_POINTS, SHARD, STEPS = 96, 6, 5
 RTOL, ATOL = 1e-12, 1e-15
@@ -225,7 +226,7 @@ def test_in_process_collective_misuse_is_seen_by_every_rank():
 
 
 def test_mpi_communicator_names_the_extra_when_mpi4py_is_missing(monkeypatch):
-    from einjit.comm import MpiCommunicator
+    from einjit.training.comm import MpiCommunicator
 
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     with pytest.raises(ImportError, match=r"pip install 'einjit\[mpi\]'"):

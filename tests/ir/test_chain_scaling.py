@@ -9,10 +9,11 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from einjit.ir import interpret, ops, simplify, virtualize
+from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Iterator, get_symbol
 from einjit.ir.optimize import VirtualizeSettings, optimize_proc
+from einjit.ir.passes import simplify, virtualize
 from einjit.ir.tnode import Tnode, hosted
 
 B, U = ops.Binop, ops.Unop

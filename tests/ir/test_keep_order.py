@@ -11,8 +11,8 @@ import numpy as np
 
 from einjit.ir import interpret
 from einjit.ir import low_level as ll
-from einjit.ir.interchange import interchange_loops
-from einjit.ir.schedule import schedule_llc
+from einjit.ir.sched.interchange import interchange_loops
+from einjit.ir.sched.schedule import schedule_llc
 from test_schedule import ANY_SIZE, ON, inputs_for, matmul, run_c
 
 

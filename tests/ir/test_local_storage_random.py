@@ -1,18 +1,18 @@
 """Random programs with routine-local storage: gcc against the interpreter, local storage on
 and off. Virtualization is off, so every intermediate is stored and the ones the routine
-consumes become local (`ir/local_storage.py`)."""
+consumes become local (`ir/passes/local_storage.py`)."""
 
 from __future__ import annotations
 
 import numpy as np
 from hypothesis import HealthCheck, Phase, find, given, settings
 
-from einjit.backends.cc_backend import CcBackend, run_once
+from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.ir import interpret
 from einjit.ir import low_level as ll
-from einjit.ir.local_storage import is_routine_local
 from einjit.ir.optimize import optimize_proc
-from einjit.ir.tracing import VirtualizeSettings
+from einjit.ir.passes.local_storage import is_routine_local
+from einjit.ir.passes.tracing import VirtualizeSettings
 from test_random_programs import _scale, build, programs
 
 STORED = VirtualizeSettings(virtualize=False)

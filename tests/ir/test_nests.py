@@ -1,10 +1,11 @@
-"""The loop-nest helpers the scheduling stage's rewrites share (`ir/nests.py`)."""
+"""The loop-nest helpers the scheduling stage's rewrites share (`ir/sched/nests.py`)."""
 
 from __future__ import annotations
 
-from einjit.ir import interpret, nests, ops, provenance
+from einjit.ir import interpret, ops, provenance
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_symbol, make_affine
+from einjit.ir.sched import nests
 from einjit.ir.tnode import Tnode
 
 

@@ -11,11 +11,11 @@ import pytest
 from einjit.ir import assignments as asg
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
-from einjit.ir.cleanup import ScopeError, touched_nodes
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, Projections, SubAxis, get_static_symbol, get_symbol
 from einjit.ir.optimize import NonVirtual, VirtualizeSettings, optimize_proc
+from einjit.ir.passes.cleanup import ScopeError, touched_nodes
+from einjit.ir.passes.tracing import RECURRENT
 from einjit.ir.tnode import MATERIALIZED, NEVER_VIRTUAL, VIRTUAL, MemoryMode, MemoryModeError, Tnode, hosted
-from einjit.ir.tracing import RECURRENT
 
 B, U = ops.Binop, ops.Unop
 TOL = {ops.double: 1e-12, ops.single: 1e-5}

@@ -8,18 +8,18 @@ import pytest
 
 from einjit.ir import low_level as ll
 from einjit.ir import ops
-from einjit.ir.cleanup import ScopeError
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, SubAxis, get_symbol
 from einjit.ir.optimize import optimize_proc
-from einjit.ir.tnode import Tnode, hosted
-from einjit.ir.tracing import RECURRENT, VirtualizeSettings, lookup, visit_llc
-from einjit.ir.virtualize import (
+from einjit.ir.passes.cleanup import ScopeError
+from einjit.ir.passes.tracing import RECURRENT, VirtualizeSettings, lookup, visit_llc
+from einjit.ir.passes.virtualize import (
     NonVirtual,
     VirtualState,
     check_and_store_virtual,
     check_computation,
     inline_computation,
 )
+from einjit.ir.tnode import Tnode, hosted
 
 B, U = ops.Binop, ops.Unop
 C = ll.Constant

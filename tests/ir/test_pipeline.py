@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from einjit.backends.cc_backend import CcBackend, run_once
+from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.ir import assignments as asg
 from einjit.ir import interpret, ops
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, Projections, get_static_symbol, get_symbol

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from einjit.backends.cc_backend import CcBackend, run_once
+from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.ir import interpret
 from einjit.ir.optimize import optimize_proc
 from test_random_programs import SETTINGS, _scale, build, programs

@@ -1,4 +1,4 @@
-"""The scheduling stage (`ir/schedule.py`): rescheduled nests compute what the original nests
+"""The scheduling stage (`ir/sched/schedule.py`): rescheduled nests compute what the original nests
 compute — bit for bit where nothing is reassociated — under the interpreter and under gcc."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from einjit.backends import cc
-from einjit.backends.cc_backend import CcBackend, run_once
+from einjit.backends.cc import toolchain as cc
+from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_symbol
 from einjit.ir.optimize import STAGES, VirtualizeSettings, optimize_proc
-from einjit.ir.schedule import BLOCKING, Blocking, schedule_llc
+from einjit.ir.sched.schedule import BLOCKING, Blocking, schedule_llc
 from einjit.ir.tnode import Tnode
 from test_random_programs import SETTINGS, _scale, build, programs
 

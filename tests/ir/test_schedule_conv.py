@@ -1,4 +1,4 @@
-"""Channel blocking of convolution nests (`ir/schedule_conv.py`), differentially: the scheduled
+"""Channel blocking of convolution nests (`ir/sched/schedule_conv.py`), differentially: the scheduled
 nest against the original under the interpreter, gcc against the interpreter, both against a
 float64 NumPy reference; bit for bit wherever no sum is reordered."""
 
@@ -13,8 +13,8 @@ import pytest
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Affine, Iterator, get_symbol
-from einjit.ir.interchange import interchange_loops
-from einjit.ir.schedule import Blocking, schedule_llc
+from einjit.ir.sched.interchange import interchange_loops
+from einjit.ir.sched.schedule import Blocking, schedule_llc
 from einjit.ir.tnode import Tnode
 from test_schedule import GOLDEN, OFF, ON, _normalized_c, inputs_for, it, local_nodes, run_c
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from einjit.errors import EinjitError
-from einjit.ir import search
+from einjit.ir.sched import search
 
 HERE = Path(__file__).parent
 SRC = HERE.parents[1] / "src"
@@ -21,7 +21,8 @@ SRC = HERE.parents[1] / "src"
 SCRIPT = f"""
 import json, sys
 sys.path[:0] = [{str(SRC)!r}, {str(HERE)!r}]
-from einjit.ir import low_level as ll, search
+from einjit.ir import low_level as ll
+from einjit.ir.sched import search
 from einjit.ir.optimize import optimize_proc
 from test_schedule import matmul
 code, *_ = matmul(128, 96, 160, True)

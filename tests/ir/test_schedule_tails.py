@@ -12,11 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from einjit.backends import cc
-from einjit.ir import cost_model, interpret, ops
+from einjit.backends.cc import toolchain as cc
+from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
-from einjit.ir.cost_model import Machine, Shape, Tile
-from einjit.ir.schedule import Blocking, schedule_llc
+from einjit.ir.sched import cost_model
+from einjit.ir.sched.cost_model import Machine, Shape, Tile
+from einjit.ir.sched.schedule import Blocking, schedule_llc
 from test_schedule import OFF, contraction_nest, inputs_for, local_nodes, matmul, run_in_c
 
 ANY_SIZE = Blocking(min_work=1, min_unroll_work=1)

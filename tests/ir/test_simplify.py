@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_symbol
-from einjit.ir.simplify import MAX_UNROLLED_POWER, simplify_llc, simplify_scalar
+from einjit.ir.passes.simplify import MAX_UNROLLED_POWER, simplify_llc, simplify_scalar
 from einjit.ir.tnode import Tnode
 
 B, U, T = ops.Binop, ops.Unop, ops.Ternop

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from einjit.backends import cc
-from einjit.backends.cc_backend import CcBackend, run_once
+from einjit.backends.cc import toolchain as cc
+from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.ir import assignments as asg
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll

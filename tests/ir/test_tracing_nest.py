@@ -8,8 +8,8 @@ import pytest
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import Affine, Iterator, get_symbol
+from einjit.ir.passes.tracing import VirtualizeSettings, visit_llc
 from einjit.ir.tnode import Tnode
-from einjit.ir.tracing import VirtualizeSettings, visit_llc
 
 
 def _conv_like():

@@ -1,5 +1,5 @@
 """`nn.Conv2d` → `nn.MaxPool2d` → `nn.Conv2d`, large enough for the scheduler's channel blocking
-and window reductions (`ir/schedule_conv.py`): the compiled step's loss and every gradient
+and window reductions (`ir/sched/schedule_conv.py`): the compiled step's loss and every gradient
 against a float64 NumPy reference, with reassociation on (the input gradient's scatter is
 blocked too) and off."""
 
@@ -10,7 +10,7 @@ import pytest
 
 import einjit as ej
 from einjit import nn, train
-from einjit.ir.tracing import VirtualizeSettings
+from einjit.ir.passes.tracing import VirtualizeSettings
 
 N, H = 16, 30
 

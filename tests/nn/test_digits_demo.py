@@ -25,7 +25,7 @@ def test_digits_demo_json_short_run(capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_digits_demo_defaults_reach_the_accuracy_with_margin(seed):
-    from einjit.demo_digits import run_digits
+    from einjit.demos.digits import run_digits
     result = run_digits(seed=seed, quiet=True)
     assert result.test_accuracy >= 0.985
     assert result.steps == 25 * (1438 // 64)

@@ -7,7 +7,7 @@ from typing import Mapping
 
 import numpy as np
 
-from einjit.backends.cc_backend import CcContext, run_once
+from einjit.backends.cc.backend import CcContext, run_once
 from einjit.ir import interpret
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import StaticSymbol

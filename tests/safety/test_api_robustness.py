@@ -12,8 +12,9 @@ import pytest
 
 import einjit as ej
 from einjit import train
-from einjit.backends import c_syntax, cuda_syntax
-from einjit.backends.cc_backend import CcBackend
+from einjit.backends import c_syntax
+from einjit.backends.cc.backend import CcBackend
+from einjit.backends.gpu import cuda_syntax
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.c_names import c_name

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from einjit import __main__ as cli
-from einjit import demo
-from einjit.demo_cli import valid_batch_sizes
+from einjit.demos import moons as demo
+from einjit.demos.cli import valid_batch_sizes
 
 
 @pytest.fixture(autouse=True)

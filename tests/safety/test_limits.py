@@ -9,9 +9,10 @@ import pytest
 
 import einjit as ej
 from einjit import memory, train
-from einjit.backends import c_syntax, cc
+from einjit.backends import c_syntax
 from einjit.backends.c_syntax import symbol_name
-from einjit.backends.cc_backend import CcBackend
+from einjit.backends.cc import toolchain as cc
+from einjit.backends.cc.backend import CcBackend
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Iterator, get_static_symbol, get_symbol

@@ -10,8 +10,8 @@ import pytest
 
 import einjit as ej
 from einjit import train
-from einjit.backends import cuda_syntax
 from einjit.backends.c_syntax import symbol_name
+from einjit.backends.gpu import cuda_syntax
 from einjit.ir import low_level as ll
 from einjit.ir import naming, ops
 from einjit.ir.indexing import Iterator, get_symbol

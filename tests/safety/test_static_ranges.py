@@ -12,9 +12,9 @@ import pytest
 
 import einjit as ej
 from einjit import train
-from einjit.backends.cc_backend import CcBackend
+from einjit.backends.cc.backend import CcBackend
+from einjit.backends.cc.multicore import MulticoreBackend
 from einjit.backends.interface import StaticRangeError, lower_assignments, routine_inputs
-from einjit.backends.multicore import MulticoreBackend
 
 N = 3
 VALUES = list(range(-3, N + 4)) + [10**6]

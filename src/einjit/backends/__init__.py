@@ -22,17 +22,17 @@ class UnknownBackendError(EinjitError, ValueError):
 
 
 def _cc() -> Any:
-    from einjit.backends.cc_backend import CcBackend
+    from einjit.backends.cc.backend import CcBackend
     return CcBackend()
 
 
 def _multicore() -> Any:
-    from einjit.backends.multicore import MulticoreBackend
+    from einjit.backends.cc.multicore import MulticoreBackend
     return MulticoreBackend(get("cc"))
 
 
 def _cuda() -> Any:
-    from einjit.backends.cuda import CudaBackend
+    from einjit.backends.gpu.cuda import CudaBackend
     return CudaBackend()
 
 
@@ -63,7 +63,7 @@ def get(name: str | None = None) -> Any:
 def with_options(backend: Any, options: Any) -> Any:
     """The C backend compiling with other `CcOptions`; its code links into `backend`'s contexts
     (contexts belong to a backend name)."""
-    from einjit.backends.cc_backend import CcBackend
+    from einjit.backends.cc.backend import CcBackend
     from einjit.backends.interface import WrongBackendError
     if not isinstance(backend, CcBackend):
         raise WrongBackendError(f"einjit: options= are C compiler options (CcOptions) and apply to the C backend, "

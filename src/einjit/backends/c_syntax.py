@@ -37,9 +37,9 @@ from einjit.ir.indexing import (
     Symbol,
     index_symbols,
 )
-from einjit.ir.interchange import interchange_loops
-from einjit.ir.local_storage import is_routine_local
+from einjit.ir.passes.local_storage import is_routine_local
 from einjit.ir.precision import combine_prec
+from einjit.ir.sched.interchange import interchange_loops
 from einjit.ir.tnode import Tnode
 
 _INT_MAX = 2**31 - 1

@@ -62,9 +62,9 @@ from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import IntRef, StaticSymbol
-from einjit.ir.local_storage import localize
 from einjit.ir.c_names import routine_name
 from einjit.ir.naming import node_base, stable_names
+from einjit.ir.passes.local_storage import localize
 from einjit.ir.tnode import Tnode
 from einjit.memory import MemoryReport
 

@@ -29,14 +29,11 @@ from typing import Callable, Iterable
 
 from einjit import config
 from einjit.ir import low_level as ll
-from einjit.ir.cleanup import ScopeError, cleanup_virtual_llc
 from einjit.ir.indexing import StaticSymbol, Symbol
-from einjit.ir.interchange import interchange_loops
-from einjit.ir.schedule import schedule_llc
-from einjit.ir.simplify import simplify_llc
-from einjit.ir.tnode import Tnode
-from einjit.ir.tracing import RECURRENT, Trace, TracedArray, VirtualizeSettings, visit_llc
-from einjit.ir.virtualize import (
+from einjit.ir.passes.cleanup import ScopeError, cleanup_virtual_llc
+from einjit.ir.passes.simplify import simplify_llc
+from einjit.ir.passes.tracing import RECURRENT, Trace, TracedArray, VirtualizeSettings, visit_llc
+from einjit.ir.passes.virtualize import (
     NON_VIRTUAL_REASONS,
     NonVirtual,
     VirtualState,
@@ -45,6 +42,9 @@ from einjit.ir.virtualize import (
     inline_computation,
     virtual_llc,
 )
+from einjit.ir.sched.interchange import interchange_loops
+from einjit.ir.sched.schedule import schedule_llc
+from einjit.ir.tnode import Tnode
 
 virtualize_settings = VirtualizeSettings()
 """The settings `optimize_proc` uses when it is given none; replace it to change the default."""

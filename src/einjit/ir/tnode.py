@@ -200,7 +200,7 @@ class Tnode:
             return
         common = self.memory_mode.leaves & mode.leaves
         if not common:
-            from einjit.ir.local_storage import local_mode_conflict  # it builds on this module
+            from einjit.ir.passes.local_storage import local_mode_conflict  # it builds on this module
             advice = local_mode_conflict(self)
             raise MemoryModeError(
                 f"einjit: inconsistent memory mode for tensor {self.debug_name()}: it is "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from einjit import train
 from einjit.ir import assignments as asg
 from einjit.ir import ops
 from einjit.nn.schedules import Schedule, constant
@@ -17,6 +16,7 @@ from einjit.tensor.inputs import scalar
 from einjit.tensor.notation import cd
 from einjit.tensor.state import state
 from einjit.tensor.tensor import Tensor, TensorError
+from einjit.training import train
 
 
 class Optimizer:

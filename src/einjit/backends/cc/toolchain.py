@@ -204,7 +204,7 @@ def _host_identity() -> str:
 
 def target_identity(options: CcOptions) -> str:
     """What decides the speed of compiled code besides its source: the compiler, its flags
-    and libraries, and the host CPU (the key of measured choices, such as `ir/search.py`'s)."""
+    and libraries, and the host CPU (the key of measured choices, such as `ir/sched/search.py`'s)."""
     return "\n".join((_compiler_identity(options.compiler), " ".join(options.flags + options.effective_libs()),
                       str(options.threads), _host_identity()))
 

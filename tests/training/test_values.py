@@ -7,7 +7,7 @@ import pytest
 
 import einjit as ej
 from einjit import train
-from einjit.backends import cc
+from einjit.backends.cc import toolchain as cc
 from einjit.ir import ops
 
 RNG = np.random.default_rng(7)

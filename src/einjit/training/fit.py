@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from einjit import data, train
 from einjit.backends.interface import context_lock
 from einjit.ir import assignments as asg
 from einjit.ir import ops
@@ -39,6 +38,7 @@ from einjit.ir.tnode import MemoryModeError, Tnode
 from einjit.tensor.inputs import input as new_input
 from einjit.tensor.notation import Code
 from einjit.tensor.tensor import Tensor, TensorError, computes_in_host_array
+from einjit.training import data, train
 
 Update = Code | asg.Asgns
 

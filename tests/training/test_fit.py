@@ -8,7 +8,7 @@ import pytest
 
 import einjit as ej
 from einjit import data, fit, train
-from einjit.backends import cc
+from einjit.backends.cc import toolchain as cc
 from mlp_model import build, dataset, params_of, reference_step
 
 

@@ -64,14 +64,14 @@ class VirtualizeSettings:
     `TracedArray.is_local_reduction`).
     `virtualize` / `simplify`: switch the two transformations off, to compare with the
     unoptimized program.
-    `schedule` / `interchange`: the CPU loop stages (`ir/schedule.py`, `ir/interchange.py`);
+    `schedule` / `interchange`: the CPU loop stages (`ir/sched/schedule.py`, `ir/sched/interchange.py`);
     backends that map loops to threads themselves (CUDA) use the code before them.
     `reassociate`: the scheduling stage may split a float reduction into independent partial
     sums (vector lanes, blocked summation), which changes rounding — usually for the better —
     but makes results differ from sequential summation in the last bits. Only that stage ever
     reassociates; turn it off for results bit-identical to the unscheduled program.
     `local_storage`: a stored node that one routine writes before reading, and that no other
-    routine compiled so far uses, becomes routine-local (`ir/local_storage.py`): declared in
+    routine compiled so far uses, becomes routine-local (`ir/passes/local_storage.py`): declared in
     the generated function instead of kept in the context between calls.
     """
 

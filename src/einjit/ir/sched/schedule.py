@@ -58,8 +58,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from einjit.ir import cost_model, nests, ops, schedule_conv
 from einjit.ir import low_level as ll
+from einjit.ir import ops
 from einjit.ir.indexing import (
     AxisIndex,
     FixedIdx,
@@ -70,8 +70,9 @@ from einjit.ir.indexing import (
     make_affine,
     subst_index,
 )
-from einjit.ir.interchange import best_order, perfect_nest, reorderable, rewrap, unit_stride_symbol
-from einjit.ir.tracing import VirtualizeSettings
+from einjit.ir.passes.tracing import VirtualizeSettings
+from einjit.ir.sched import cost_model, nests, schedule_conv
+from einjit.ir.sched.interchange import best_order, perfect_nest, reorderable, rewrap, unit_stride_symbol
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def _default_chooser() -> TileChooser:
     runs code, so it is imported only then)."""
     if os.environ.get("EINJIT_SEARCH", "").strip() in ("", "0"):
         return choose_tile
-    from einjit.ir import search  # the search compiles with the C backend, which imports ir
+    from einjit.ir.sched import search  # the search compiles with the C backend, which imports ir
 
     return search.tile_for if search.enabled() else choose_tile
 

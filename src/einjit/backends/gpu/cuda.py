@@ -46,7 +46,7 @@ import numpy as np
 from einjit import config
 from einjit.backends import cache
 from einjit.backends.c_syntax import ParamKind
-from einjit.backends.cuda_driver import (
+from einjit.backends.gpu.cuda_driver import (
     ATTR_COMPUTE_CAPABILITY_MAJOR,
     ATTR_COMPUTE_CAPABILITY_MINOR,
     ATTR_COOPERATIVE_LAUNCH,
@@ -55,11 +55,11 @@ from einjit.backends.cuda_driver import (
     CudaUnavailable,
     Driver,
     cuda_home,
+    device_count,
     load_driver,
     load_nvrtc,
 )
-from einjit.backends.cuda_driver import device_count as device_count
-from einjit.backends.cuda_syntax import CudaKernel, CudaProgram, render_program
+from einjit.backends.gpu.cuda_syntax import CudaKernel, CudaProgram, render_program
 from einjit.backends.interface import (
     BackendUsageError,
     CudaMemClass,

@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 import einjit as ej
-from einjit import data, fit, nn, train
-from einjit.demo_cli import EpochProgress
+from einjit import nn
+from einjit.demos.cli import EpochProgress
 from einjit.nn import schedules
+from einjit.training import data, fit, train
 
 N_CLASSES = 10
 #: Defaults chosen for margin (with the batch norms): seeds 0-3 reach 355, 356, 354 and 356 of

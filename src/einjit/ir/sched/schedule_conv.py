@@ -39,8 +39,7 @@ import dataclasses
 import math
 
 from einjit.ir import low_level as ll
-from einjit.ir import nests, ops
-from einjit.ir import schedule as sched
+from einjit.ir import ops
 from einjit.ir.indexing import (
     Affine,
     AxisIndex,
@@ -52,8 +51,10 @@ from einjit.ir.indexing import (
     make_affine,
     subst_index,
 )
-from einjit.ir.interchange import reorderable
-from einjit.ir.tracing import VirtualizeSettings
+from einjit.ir.passes.tracing import VirtualizeSettings
+from einjit.ir.sched import nests
+from einjit.ir.sched import schedule as sched
+from einjit.ir.sched.interchange import reorderable
 
 NB_MAX = 16
 """The widest channel block, in 4-byte elements. The block's loads and stores of the lhs are

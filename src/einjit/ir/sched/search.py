@@ -26,16 +26,18 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from einjit import config
-from einjit.backends import cache, cc
-from einjit.backends.cc_backend import CcBackend
+from einjit.backends import cache
+from einjit.backends.cc import toolchain as cc
+from einjit.backends.cc.backend import CcBackend
 from einjit.errors import EinjitError
-from einjit.ir import cost_model, ops
 from einjit.ir import low_level as ll
-from einjit.ir.cost_model import Shape, Tile
+from einjit.ir import ops
 from einjit.ir.indexing import Iterator, get_symbol
-from einjit.ir.schedule import Blocking, choose_tile, schedule_llc
+from einjit.ir.passes.tracing import VirtualizeSettings
+from einjit.ir.sched import cost_model
+from einjit.ir.sched.cost_model import Shape, Tile
+from einjit.ir.sched.schedule import Blocking, choose_tile, schedule_llc
 from einjit.ir.tnode import Tnode, hosted
-from einjit.ir.tracing import VirtualizeSettings
 
 __all__ = ["SEARCH_MIN_WORK", "SearchStats", "enabled", "stats", "tile_for"]
 

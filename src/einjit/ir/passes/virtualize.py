@@ -48,6 +48,7 @@ from einjit import config
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import AxisIndex, FixedIdx, Iterator, Symbol, get_symbol, index_symbols, subst_index
 from einjit.ir.mode_provenance import virtual_by
+from einjit.ir.passes.tracing import RECURRENT, Trace, TracedArray, VirtualizeSettings
 from einjit.ir.provenance import (
     COMPLEX_COMPUTATION,
     NON_VIRTUAL_REASONS,
@@ -57,7 +58,6 @@ from einjit.ir.provenance import (
     TOO_MANY_VISITS,
 )
 from einjit.ir.tnode import MATERIALIZED, NEVER_VIRTUAL, MemoryModeError, Mode, Tnode
-from einjit.ir.tracing import RECURRENT, Trace, TracedArray, VirtualizeSettings
 
 
 MAX_INLINE_DEPTH = 64

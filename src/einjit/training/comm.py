@@ -1,6 +1,6 @@
 """Communicators: collective operations between the ranks of a data-parallel job.
 
-Devices of one backend exchange arrays through merge buffers (`einjit.parallel.DataParallel`);
+Devices of one backend exchange arrays through merge buffers (`einjit.training.parallel.DataParallel`);
 ranks that do not share a backend — threads with their own contexts, or processes on several
 machines — exchange NumPy arrays through a `Communicator` instead. The protocol is the small
 subset of MPI that data parallelism needs: `allreduce` (in place), `broadcast` and `barrier`.

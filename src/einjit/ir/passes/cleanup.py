@@ -20,10 +20,8 @@ from dataclasses import dataclass, field, replace
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import AxisIndex, Symbol, index_symbols
 from einjit.ir.mode_provenance import record_virtual
-from einjit.ir.provenance import HOSTED_FOR_HOST_ACCESS, INLINED, KEPT
-from einjit.ir.tnode import NEVER_VIRTUAL, VIRTUAL, Tnode, hosted
-from einjit.ir.tracing import VirtualizeSettings
-from einjit.ir.virtualize import (
+from einjit.ir.passes.tracing import VirtualizeSettings
+from einjit.ir.passes.virtualize import (
     NonVirtual,
     VirtualState,
     expand_pending,
@@ -32,6 +30,8 @@ from einjit.ir.virtualize import (
     refuse,
     written_nodes,
 )
+from einjit.ir.provenance import HOSTED_FOR_HOST_ACCESS, INLINED, KEPT
+from einjit.ir.tnode import NEVER_VIRTUAL, VIRTUAL, Tnode, hosted
 
 
 class ScopeError(AssertionError):

@@ -38,12 +38,12 @@ from einjit.backends.c_syntax import (
     render_routine,
     symbol_name,
 )
+from einjit.backends.parallel_loops import accesses, opaque, parallel_chain
 from einjit.backends.params import CudaMemClass, repeated_names
 from einjit.ir import low_level as ll
 from einjit.ir import naming, ops
 from einjit.ir.indexing import Iterator, StaticSymbol, Symbol, get_symbol
-from einjit.ir.local_storage import is_routine_local
-from einjit.ir.parallel_loops import accesses, opaque, parallel_chain
+from einjit.ir.passes.local_storage import is_routine_local
 from einjit.ir.tnode import Tnode
 
 MAX_BLOCK = 256

@@ -27,8 +27,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from einjit import memory
-from einjit.backends import cc
 from einjit.backends.c_syntax import CSyntax, MemClass, Param, ParamKind, render_routine
+from einjit.backends.cc import toolchain as cc
 from einjit.backends.interface import (
     BackendUsageError,
     Compiled,
@@ -52,7 +52,7 @@ from einjit.ir import low_level as ll
 from einjit.ir import naming
 from einjit.ir.c_names import c_name
 from einjit.ir.indexing import IntRef, StaticSymbol
-from einjit.ir.local_storage import is_routine_local, local_to
+from einjit.ir.passes.local_storage import is_routine_local, local_to
 from einjit.ir.tnode import Tnode, host_arrays_replaced
 
 _BODY_SUFFIX = "_body"

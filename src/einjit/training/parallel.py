@@ -37,16 +37,17 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from einjit import backends, train
+from einjit import backends
 from einjit import shape as sh
 from einjit.backends.interface import BackendUsageError, Compiled, load_inputs
-from einjit.comm import Communicator
 from einjit.ir import assignments as asg
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.naming import stable_names
 from einjit.ir.tnode import Tnode
 from einjit.tensor.notation import Code, as_asgns, cd
 from einjit.tensor.tensor import Tensor, TensorError
+from einjit.training import train
+from einjit.training.comm import Communicator
 
 __all__ = ["CommDataParallel", "DataParallel", "StepCode", "comm_parallel_update", "compile_step", "parallel_update"]
 
@@ -111,7 +112,7 @@ class DataParallel:
             raise BackendUsageError(f"einjit: data parallelism needs at least one device, got {num_devices}")
         self._owns_backend = backend is None
         if backend is None:
-            from einjit.backends.multicore import MulticoreBackend
+            from einjit.backends.cc.multicore import MulticoreBackend
             backend = MulticoreBackend(num_devices=num_devices)
         if backend.num_devices() < num_devices:
             raise BackendUsageError(f"einjit: backend {backend.name} has {backend.num_devices()} devices, "

@@ -161,8 +161,8 @@ class MulticoreBackend:
 
     def __init__(self, inner: Any = None, num_devices: int | None = None):
         if inner is None:
-            from einjit.backends import cc
-            from einjit.backends.cc_backend import CcBackend
+            from einjit.backends.cc import toolchain as cc
+            from einjit.backends.cc.backend import CcBackend
             inner = CcBackend(cc.CcOptions(threads=1))
         self.inner = inner
         self.name = f"multicore({inner.name})"

@@ -7,7 +7,7 @@ batch with the static symbol `batch`, and the step counter `step` is a static sy
 the routine's arguments never change and no Python runs inside a step.
 
 With `devices=N` (`--devices N`) a step trains data-parallel on N multicore devices, one batch
-each (`einjit.parallel.DataParallel`); with a communicator (`--mpi`, under `mpiexec -n N`) on N
+each (`einjit.training.parallel.DataParallel`); with a communicator (`--mpi`, under `mpiexec -n N`) on N
 ranks. The hinge loss is then divided by the union batch size `N * batch_size`, so that summing
 the replicas' gradients gives the gradient of the union batch: N-replica training is
 single-device training on batches N times larger, with N times fewer steps per epoch.
@@ -23,10 +23,11 @@ from typing import Callable
 import numpy as np
 
 import einjit as ej
-from einjit import datasets, parallel, train
-from einjit.comm import Communicator
-from einjit.demo_cli import MOONS_POINTS, EpochProgress, check_batch_size
+from einjit.demos import datasets
+from einjit.demos.cli import MOONS_POINTS, EpochProgress, check_batch_size
 from einjit.ir.indexing import IntRef, StaticSymbol, get_static_symbol
+from einjit.training import parallel, train
+from einjit.training.comm import Communicator
 
 
 @dataclass
@@ -190,7 +191,7 @@ def main_moons(args) -> int:
     if getattr(args, "mpi", False):
         if devices > 1:
             raise SystemExit("einjit demo: --mpi and --devices are exclusive: one device per MPI rank")
-        from einjit.comm import MpiCommunicator
+        from einjit.training.comm import MpiCommunicator
         try:
             comm = MpiCommunicator()
         except ImportError as e:

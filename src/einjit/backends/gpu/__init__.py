@@ -1,0 +1,1 @@
+"""GPU backends: CUDA (renderer, driver bindings, backend)."""
