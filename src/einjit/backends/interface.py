@@ -61,8 +61,8 @@ from einjit.backends.params import MemClass as CpuMemClass
 from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.c_names import routine_name
+from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.naming import node_base, stable_names
 from einjit.ir.passes.local_storage import localize
 from einjit.ir.tnode import Tnode
@@ -259,8 +259,9 @@ def lower_assignments(bindings: Sequence[StaticSymbol], asgns: asg.Asgns, name: 
     (`naming.stable_names`), so they do not change with unrelated tensors built before.
 
     Returns the routine's name (derived from the assigned nodes when not given, reduced to a
-    safe identifier by `c_names.routine_name` when given) and the optimizer's result. Static symbols are passed to the optimizer as fixed indices. With
-    `EINJIT_DUMP_DIR` set, `<name>.cd`, `<name>.ll` and `<name>.optimized.ll` are written there.
+    safe identifier by `c_names.routine_name` when given) and the optimizer's result. Static
+    symbols are passed to the optimizer as fixed indices. With `EINJIT_DUMP_DIR` set,
+    `<name>.cd`, `<name>.ll` and `<name>.optimized.ll` are written there.
     """
     from einjit.ir.optimize import optimize_proc
     from einjit.shape import finish_inference
