@@ -363,11 +363,13 @@ class Tensor:
     def dims(self) -> tuple[int, ...]:
         return self.value_tn.dims
 
-    def describe(self) -> str:
-        """The label for messages; an unlabelled operation also names its arguments."""
-        if self.label != [self.op_label] or not self.children:
+    def describe(self, depth: int = 4) -> str:
+        """The label for messages; an unlabelled operation also names its arguments, down to
+        `depth` levels (a chain of thousands of unlabelled operations stays one line)."""
+        if self.label != [self.op_label] or not self.children or depth <= 0:
             return repr(self.label_str)
-        return f"{self.label_str!r} (the {self.op_label} of {', '.join(c.describe() for c in self.children)})"
+        args = ", ".join(c.describe(depth - 1) for c in self.children)
+        return f"{self.label_str!r} (the {self.op_label} of {args})"
 
     @property
     def dtype(self) -> np.dtype:
