@@ -59,7 +59,7 @@ from einjit.ir.provenance import (
 )
 from einjit.ir.tnode import MATERIALIZED, NEVER_VIRTUAL, MemoryModeError, Mode, Tnode
 
-MAX_INLINE_DEPTH = 64
+MAX_INLINE_DEPTH = 256
 """How many inlined computations may nest in one expression (code 133): deep enough that no
 ordinary model reaches it, shallow enough that the recursive passes stay far from Python's
 recursion limit (each level costs a handful of frames in each pass)."""
