@@ -340,7 +340,7 @@ def check_and_store_virtual(state: VirtualState, tn: Tnode, top_llc: ll.LLStmt) 
     `Never_virtual` with the failing check's code. Returns whether it was stored."""
     try:
         block_reads = _block_reads(state, top_llc)
-        expand = None if tn not in block_reads else (lambda sc: _expanded_body(state, sc))
+        expand = None if tn not in block_reads else (lambda sc: _expanded_body(state, sc, tn))
         at_idcs = check_computation(tn, state.static_indices, top_llc, expand)
         reads = block_reads - {tn}
         overwritten = reads & (written_nodes(top_llc) - {tn})
@@ -458,7 +458,8 @@ def _walk(state: VirtualState, stmt: ll.LLStmt, process_for: frozenset[Tnode], w
                     deferred = Deferred.of(tn, applicable_computations(state, tn, idcs))
                     conflict = state.reads.get(tn, set()) & writing
                     if conflict and not (written_cell is not None and conflict == {written_cell[0]}
-                                         and _reads_only_at(_copy(state, sid, deferred, idcs, True), *written_cell)):
+                                         and _reads_only_at(_copy(state, sid, deferred, idcs, True, written_cell[0]),
+                                                                     *written_cell)):
                         raise NonVirtual(131, f"read at {_show(idcs)}")
                 except NonVirtual as err:
                     refuse(tn, err, state.name)
@@ -514,18 +515,23 @@ def expand_pending(state: VirtualState, scope: ll.LocalScope) -> ll.LLStmt:
     return _copy(state, scope.id, state.deferred[scope.id], scope.orig_indices, False)
 
 
-def _expanded_body(state: VirtualState, scope: ll.LocalScope) -> ll.LLStmt:
-    if scope.id not in state.deferred:
+def _expanded_body(state: VirtualState, scope: ll.LocalScope, reading: Tnode) -> ll.LLStmt:
+    """The body of a pending scope, copied as deep as it reads `reading`: what does not read it
+    stays pending (checking `reading`'s accesses needs nothing else, and a chain of n nodes
+    whose every gradient reads itself would cost n^2 fully expanded)."""
+    deferred = state.deferred.get(scope.id)
+    if deferred is None or reading not in deferred.reads:
         return scope.body
-    return _copy(state, scope.id, state.deferred[scope.id], scope.orig_indices, True)
+    return _copy(state, scope.id, deferred, scope.orig_indices, True, reading)
 
 
 def _copy(state: VirtualState, sid: ll.ScopeId, deferred: Deferred, call_args: tuple[AxisIndex, ...],
-          deep: bool) -> ll.LLStmt:
+          deep: bool, reading: Tnode | None = None) -> ll.LLStmt:
     """The body of scope `sid` inlining `deferred` at `call_args`; `deep`: copy the scopes
-    inlined into it too, rather than leaving them pending."""
+    inlined into it too, rather than leaving them pending — with `reading`, only those that
+    read that node (the others stay `PENDING`, unrecorded: the copy is for checking reads)."""
     outer = (*deferred.outer, (deferred.tn, sid))
-    cx = _Inline(deferred.tn, sid, state, dict(outer), outer, deep)
+    cx = _Inline(deferred.tn, sid, state, dict(outer), outer, deep, reading)
     bodies = []
     for comp in deferred.parts:
         body = _inline_stmt(cx, comp.llc, _bind(comp, call_args, state.static_indices), {})
@@ -588,6 +594,7 @@ class _Inline:
     locals: dict[Tnode, ll.ScopeId]
     outer: tuple[tuple[Tnode, ll.ScopeId], ...]
     deep: bool
+    reading: Tnode | None = None
 
 
 def _subst(env: dict[Symbol, AxisIndex], idcs: tuple[AxisIndex, ...]) -> tuple[AxisIndex, ...]:
@@ -643,8 +650,10 @@ def _inline_scalar(cx: _Inline, sc: ll.LLScalar, env: dict[Symbol, AxisIndex],
                 outer = tuple((t, local) for t, local in cx.outer if t in pending.reads)
                 nested = Deferred(pending.tn, pending.parts, pending.reads, outer)
                 args = _subst(env, orig)
+                if cx.deep and cx.reading is not None and cx.reading not in pending.reads:
+                    return ll.LocalScope(new, PENDING, args)
                 if cx.deep:
-                    return ll.LocalScope(new, _copy(cx.state, new, nested, args, True), args)
+                    return ll.LocalScope(new, _copy(cx.state, new, nested, args, True, cx.reading), args)
                 cx.state.deferred[new] = nested
                 return ll.LocalScope(new, PENDING, args)
             inner = _inline_stmt(cx, body, env, {**renames, sid: new})
