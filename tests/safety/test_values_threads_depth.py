@@ -146,3 +146,19 @@ def test_a_long_chain_of_pointwise_operations_compiles_and_computes(length):
     for k in range(length):
         want = want * 1.0001 if k % 2 == 0 else want + 0.001
     np.testing.assert_allclose(train.forward_once(y), want, rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_the_gradient_through_a_long_chain_compiles_and_is_right():
+    """Backprop doubles the chain, and every gradient node reads itself (`g =+ ...`)."""
+    with ej.default_precision("double"):
+        x = ej.param("x", values=[0.5, 0.25])
+        y = x
+        for k in range(2_500):
+            y = y * 1.0001 if k % 2 == 0 else y + 0.001
+            if k % 500 == 0:
+                finish_inference()
+        loss = ej.sum(y, label="loss")
+        train.init_params(loss)
+        train.to_routine(train.grad_update(loss))()
+    np.testing.assert_allclose(x.grad.numpy(), [1.0001**1_250] * 2, rtol=1e-12)
