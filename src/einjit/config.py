@@ -1,7 +1,7 @@
 """Process-wide settings read from the environment: debug level and cache location (with the
 content keys and atomic writes of cached files).
 
-Every layer may import this module; it imports nothing from einjit.
+Every layer may import this module; it imports nothing from einjit but `errors`.
 
 `EINJIT_DEBUG=N`: 0 silent; 1 compile timings; 2 + assignments and optimized low-level code;
 3 + generated C/CUDA and the compiler command; 4 + unoptimized low-level code and
@@ -10,16 +10,30 @@ named by `EINJIT_DEBUG_FILE`).
 
 `EINJIT_DUMP_DIR=dir`: every compile writes what it produced, stage by stage, as files named
 `<routine>.<stage>.<ext>` (`.cd` assignments, `.ll` low-level code, `.c`/`.cu` sources), so
-what a compiler sees is always something a person can open.
+what a compiler sees is always something a person can open. Routine names reach here already
+reduced to identifiers (`ir.c_names.routine_name`); `dump` reduces what it is given once more,
+so no name, whoever passes it, writes outside the directory.
+
+An unusable cache or dump directory (a file in the way, no permission) is a `ConfigError`
+naming the path and the variable that chose it; einjit never falls back to another place
+silently, since a cache in an unexpected place is one nobody cleans or finds.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
+
+from einjit.errors import EinjitError
+
+
+class ConfigError(EinjitError, OSError):
+    """A directory einjit was told to use (by an environment variable or its default) cannot be
+    used; the message names the path, the variable and the cause."""
 
 
 def debug_level() -> int:
@@ -45,8 +59,24 @@ def debug(level: int, message: str) -> None:
 def cache_dir() -> Path:
     """Where compiled objects and kept sources live; created on first use."""
     base = os.environ.get("EINJIT_CACHE_DIR")
-    path = Path(base) if base else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "einjit"
-    path.mkdir(parents=True, exist_ok=True)
+    if base:
+        return usable_dir(Path(base), "EINJIT_CACHE_DIR")
+    home = os.environ.get("XDG_CACHE_HOME")
+    path = Path(home) if home else Path.home() / ".cache"
+    return usable_dir(path / "einjit", "XDG_CACHE_HOME" if home else "the default cache directory ~/.cache")
+
+
+def usable_dir(path: Path, chosen_by: str) -> Path:
+    """`path`, created if missing, once it is a directory einjit can write to; else a
+    `ConfigError` naming it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"einjit: cannot use directory {str(path)!r} (set by {chosen_by}): "
+                          f"{e.strerror or e}; point {_variable(chosen_by)} at a writable directory") from e
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"einjit: cannot use directory {str(path)!r} (set by {chosen_by}): it is not writable; "
+                          f"point {_variable(chosen_by)} at a writable directory")
     return path
 
 
@@ -68,6 +98,10 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def _variable(chosen_by: str) -> str:
+    return chosen_by if chosen_by.startswith("EINJIT_") else "EINJIT_CACHE_DIR"
+
+
 def dumping() -> bool:
     """Whether `EINJIT_DUMP_DIR` is set: callers skip printing code that nobody will read."""
     return bool(os.environ.get("EINJIT_DUMP_DIR"))
@@ -78,7 +112,24 @@ def dump(routine: str, stage: str, ext: str, text: str) -> None:
     base = os.environ.get("EINJIT_DUMP_DIR")
     if not base:
         return
-    path = Path(base)
-    path.mkdir(parents=True, exist_ok=True)
-    name = f"{routine}.{stage}.{ext}" if stage else f"{routine}.{ext}"
-    (path / name).write_text(text, encoding="utf-8")
+    path = usable_dir(Path(base), "EINJIT_DUMP_DIR")
+    name = f"{file_stem(routine)}.{stage}.{ext}" if stage else f"{file_stem(routine)}.{ext}"
+    target = path / name
+    try:
+        target.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"einjit: cannot write dump {str(target)!r} (EINJIT_DUMP_DIR): {e.strerror or e}") from e
+
+
+_MAX_STEM = 100
+
+
+def file_stem(name: str) -> str:
+    """`name` as one file name component: letters, digits, `_` and `-` only (no separator, no
+    `..`, no NUL), at most `_MAX_STEM` characters; a name changed on the way gets a hash of
+    the original, so different names keep different files."""
+    clean = re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_-")
+    if clean == name and 0 < len(name) <= _MAX_STEM:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    return f"{clean[:_MAX_STEM - 12] or 'routine'}_h{digest}"

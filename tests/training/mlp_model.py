@@ -47,7 +47,8 @@ def build(batch: int, *, weighted: bool = False, seed: int = 0, init: bool = Tru
 
 
 def params_of(loss: ej.Tensor) -> dict[str, np.ndarray]:
-    return {p.label_str: p.numpy() for p in loss.params()}
+    """Writable copies of the parameters (`numpy()` is a read-only snapshot)."""
+    return {p.label_str: p.numpy().copy() for p in loss.params()}
 
 
 def reference_step(p: dict[str, np.ndarray], xb: np.ndarray, yb: np.ndarray, wb: np.ndarray, lr: float) -> float:

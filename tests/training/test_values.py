@@ -68,12 +68,16 @@ def test_scalar_changes_between_steps_without_recompiling():
     assert float(lr.numpy()[0]) == 0.25
 
 
-def test_returned_arrays_are_copies():
+def test_returned_arrays_are_read_only_copies():
+    """A write into a returned array would change nothing: it raises instead (issue 24)."""
     x, w, _, y = affine(2)
-    w.numpy()[...] = 0
-    w.value.numpy()[0, 0] = 5
-    np.asarray(w)[1, 1] = 7
-    w.value[0][...] = 9
+    for write in (lambda: w.numpy().__setitem__(Ellipsis, 0), lambda: w.value.numpy().__setitem__((0, 0), 5),
+                  lambda: np.asarray(w).__setitem__((1, 1), 7), lambda: w.value[0].__setitem__(Ellipsis, 9)):
+        with pytest.raises(ValueError, match="read-only"):
+            write()
+    np.testing.assert_array_equal(w.numpy(), W)
+    mine = w.numpy().copy()
+    mine[...] = 0
     np.testing.assert_array_equal(w.numpy(), W)
 
 

@@ -194,7 +194,7 @@ _SIMPLE = re.compile(r"(\(\w[\w ]*\))?[\w.]+(\[[^\[\]]*\])?")
 
 
 def _sanitize(name: str) -> str:
-    clean = re.sub(r"\W", "_", name)
+    clean = re.sub(r"[^A-Za-z0-9_]", "_", name)
     return clean if clean and not clean[0].isdigit() else "n" + clean
 
 
@@ -209,8 +209,18 @@ def local_name(sid: ll.ScopeId) -> str:
     return names.local(sid) if names is not None else f"v{sid.id}_"
 
 
+_UNSAFE_IN_COMMENT = re.compile(r"[^ -\[\]-~]")
+"""Everything but printable ASCII without the backslash: no newline or carriage return to end a
+line, no backslash to splice one, no NUL, nothing a compiler's input charset may reject."""
+
+
 def _comment(text: str) -> str:
-    return "/* " + text.replace("*/", "* /").replace("\n", " ") + " */"
+    """`text` (labels: the user's) as a C comment that stays one comment on one line: unsafe
+    characters become `?` (line breaks and tabs a space), and `*/` (which would end it), `/*`
+    and `??` (a trigraph's start, as in `??/` for a backslash) are split apart."""
+    safe = _UNSAFE_IN_COMMENT.sub(lambda m: " " if m.group() in "\n\r\t" else "?", text)
+    safe = re.sub(r"\*(?=/)|/(?=\*)|\?(?=\?)", lambda m: m.group() + " ", safe)
+    return "/* " + safe + " */"
 
 
 def _float_literal(v: float, prec: ops.Prec, syn: CSyntax) -> str:
@@ -613,11 +623,22 @@ class _Writer:
 # ---------------------------------------------------------------- routines and programs
 
 
+def _embedded_bound(llc: ll.LLStmt) -> int:
+    """The largest magnitude an affine index used as a value (`EmbedIndex`) reaches over the
+    loops of `llc`."""
+    embedded = [x.idx for x in ll.deep_parts(llc) if isinstance(x, ll.EmbedIndex) and isinstance(x.idx, Affine)]
+    if not embedded:
+        return 0
+    ranges = {s.index: max(abs(s.from_), abs(s.to_)) for s in ll.iter_stmts(llc) if isinstance(s, ll.ForLoop)}
+    return max(abs(idx.offset) + sum(abs(c) * ranges.get(sym, 0) for c, sym in idx.symbols) for idx in embedded)
+
+
 def index_type(name: str, llc: ll.LLStmt) -> str:
-    """`int` when every array size and loop bound fits in 32 bits, else `long long` (an `int`
-    loop counter running to 3e9 never stops). Past 64 bits no index type fits: an error
-    before compiling, naming the node or loop."""
-    widest = 0
+    """`int` when every array size, loop bound and index value computed from loop counters fits
+    in 32 bits, else `long long` (an `int` loop counter running to 3e9 never stops; a range
+    of 3e9 split into `32*k + l` by the scheduler wraps). Past 64 bits no index type fits: an
+    error before compiling, naming the node or loop."""
+    widest = _embedded_bound(llc)
     for tn in ll.nodes_of(llc):
         if tn.size > _LLONG_MAX:
             raise RenderError(f"einjit: routine {name!r}: {tn.debug_name()} with dims {tn.dims} has {tn.size} "

@@ -4,10 +4,16 @@ An object is keyed by a content hash of everything that determines it (ABI versi
 identity, flags, target, source), so compiling a program compiled before — in this process or
 an earlier one — returns the cached object without running the compiler.
 
-Each cached file is the object followed by a trailer (`_MAGIC` and the SHA-256 of the
-object). A file without a valid trailer — truncated by a crash or a full disk, or corrupted —
-is rebuilt instead of loaded. The trailer changes nothing for its readers: the dynamic
-loader ignores bytes after an ELF object's last section, and `read_object` strips it.
+Each cached file is the object followed by a trailer: `_MAGIC`, the key the object was stored
+under (the hash in its file name) and the SHA-256 of key and object together. A file is
+loaded only when its trailer names the key that is asked for and the hash matches, so a
+truncated or corrupted file (a crash, a full disk), a stale one of an older layout, or a valid
+object of another program copied over it is rebuilt instead of run. The trailer changes
+nothing for its readers: the dynamic loader ignores bytes after an ELF object's last section,
+and `read_object` strips it.
+
+Directories and files the cache cannot create or write are `config.ConfigError`s naming the
+path: a compile never fails with a bare `OSError`.
 
 Objects are written to a temporary file and published with `os.replace`, so concurrent
 processes compiling the same program both succeed: each publishes a complete file, and a
@@ -28,8 +34,9 @@ from einjit.config import atomic_write, cache_key
 
 __all__ = ["CacheStats", "CompiledObject", "atomic_write", "cache_key", "get_or_build", "read_object"]
 
-_MAGIC = b"\nEINJIT-OBJECT-SHA256\n"
-_TRAILER = len(_MAGIC) + 32
+_MAGIC = b"\nEINJIT-OBJECT-KEY-SHA256\n"
+_KEY_BYTES = 32
+_TRAILER = len(_MAGIC) + _KEY_BYTES + 32
 
 
 @dataclass
@@ -39,7 +46,7 @@ class CacheStats:
     compiler_invocations: int = 0
     cache_hits: int = 0
     rebuilds: int = 0
-    """Cached files found invalid (truncated or corrupt) and compiled again."""
+    """Cached files found invalid (truncated, corrupt, stale or another key's) and compiled again."""
 
 
 @dataclass(frozen=True)
@@ -52,19 +59,21 @@ class CompiledObject:
 
 
 def _directory(kind: str) -> Path:
-    path = config.cache_dir() / kind
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return config.usable_dir(config.cache_dir() / kind, "EINJIT_CACHE_DIR")
 
 
-def _valid(path: Path) -> bool:
+def _trailer(key: str, data: bytes) -> bytes:
+    tag = key.encode("ascii")
+    return _MAGIC + tag + hashlib.sha256(tag + data).digest()
+
+
+def _valid(path: Path, key: str) -> bool:
+    """Whether the file at `path` holds an intact object stored under `key`."""
     try:
         data = path.read_bytes()
     except OSError:
         return False
-    if len(data) < _TRAILER or data[-_TRAILER:-32] != _MAGIC:
-        return False
-    return hashlib.sha256(data[:-_TRAILER]).digest() == data[-32:]
+    return len(data) >= _TRAILER and data[-_TRAILER:] == _trailer(key, data[:-_TRAILER])
 
 
 def read_object(path: Path) -> bytes:
@@ -82,15 +91,30 @@ def get_or_build(kind: str, key_parts: Sequence[str], *, suffix: str, source: st
     directory = _directory(kind)
     key = cache_key(*key_parts)
     path, kept = directory / f"{key}{suffix}", directory / f"{key}{source_suffix}"
+    try:
+        return _get_or_build(directory, key, path, kept, kind=kind, source=source, source_suffix=source_suffix,
+                             suffix=suffix, build=build, stats=stats, label=label, keep_source=keep_source)
+    except config.ConfigError:
+        raise
+    except OSError as e:
+        where = e.filename if e.filename is not None else directory
+        raise config.ConfigError(f"einjit: the compiled-object cache cannot use {str(where)!r} "
+                                 f"(EINJIT_CACHE_DIR) while compiling {label}: {e.strerror or e}") from e
+
+
+def _get_or_build(directory: Path, key: str, path: Path, kept: Path, *, kind: str, source: str, source_suffix: str,
+                  suffix: str, build: Callable[[Path, Path, Path], None], stats: CacheStats, label: str,
+                  keep_source: bool) -> CompiledObject:
     if keep_source:
         atomic_write(kept, source.encode())
     if path.exists():
-        if _valid(path):
+        if _valid(path, key):
             stats.cache_hits += 1
             config.debug(1, f"{kind}: {label}: cache hit {path}")
             return CompiledObject(path, kept if keep_source else None, True)
         stats.rebuilds += 1
-        config.debug(1, f"{kind}: {label}: cached object {path} is truncated or corrupt; rebuilding")
+        config.debug(1, f"{kind}: {label}: cached object {path} is truncated, corrupt or not stored under its "
+                        "key; rebuilding")
     fd, tmp_src = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=source_suffix)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(source)
@@ -104,7 +128,7 @@ def get_or_build(kind: str, key_parts: Sequence[str], *, suffix: str, source: st
             raise
         data = tmp_out.read_bytes()
         with open(tmp_out, "ab") as f:
-            f.write(_MAGIC + hashlib.sha256(data).digest())
+            f.write(_trailer(key, data))
         os.replace(tmp_out, path)
     finally:
         tmp_out.unlink(missing_ok=True)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import (
@@ -60,6 +61,7 @@ from einjit.backends.params import MemClass as CpuMemClass
 from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
+from einjit.ir.c_names import routine_name
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.naming import node_base, stable_names
 from einjit.ir.passes.local_storage import localize
@@ -72,7 +74,8 @@ __all__ = [
     "StaticRangeError", "Routine", "RoutineFailed", "SimpleBackend", "SimpleNoDeviceBackend", "WrongBackendError",
     "Work", "capture_values", "check_code", "check_hosted", "check_static_values", "contexts_holding",
     "default_context", "forget_context", "load_inputs", "register_context",
-    "default_name", "lower_assignments", "low_level_of", "make_refs", "missing_input_error", "not_held_error",
+    "checked_name", "context_lock", "default_name", "lower_assignments", "low_level_of", "make_refs",
+    "missing_input_error", "not_held_error",
     "prepare", "read_first", "routine_inputs",
 ]
 
@@ -174,12 +177,33 @@ class Routine(Generic[Ctx]):
         return report.local_bytes + report.scratch_bytes
 
     def __call__(self) -> None:
-        if self.run_now is not None:
-            self.run_now()
-            return
-        self.schedule()()
-        if self.await_ is not None:
-            self.await_()
+        with context_lock(self.context):
+            if self.run_now is not None:
+                self.run_now()
+                return
+            self.schedule()()
+            if self.await_ is not None:
+                self.await_()
+
+
+_context_locks: "weakref.WeakKeyDictionary[Any, threading.RLock]" = weakref.WeakKeyDictionary()
+_context_locks_guard = threading.Lock()
+_unweakable_lock = threading.RLock()
+
+
+def context_lock(context: Any) -> threading.RLock:
+    """The lock serializing what runs in `context`: a call of a routine linked there, a step's
+    write-run-read, a host read or write of a node the context holds. A routine computes in
+    its context's arrays, so two calls at once from two threads would mix their cells; they
+    take turns instead. Reentrant: a step holds it around the routine call, which takes it too.
+    Routines of different contexts still run side by side."""
+    try:
+        return _context_locks[context]
+    except KeyError:
+        with _context_locks_guard:
+            return _context_locks.setdefault(context, threading.RLock())
+    except TypeError:
+        return _unweakable_lock
 
 
 def capture_values(bindings: Mapping[StaticSymbol, IntRef]) -> tuple[int, ...]:
@@ -245,15 +269,16 @@ def lower_assignments(bindings: Sequence[StaticSymbol], asgns: asg.Asgns, name: 
     the texts and in the comments the lowering writes into the code are the program's
     (`naming.stable_names`), so they do not change with unrelated tensors built before.
 
-    Returns the routine's name (derived from the assigned nodes when not given) and the
-    optimizer's result. Static symbols are passed to the optimizer as fixed indices. With
-    `EINJIT_DUMP_DIR` set, `<name>.cd`, `<name>.ll` and `<name>.optimized.ll` are written there.
+    Returns the routine's name (derived from the assigned nodes when not given, reduced to a
+    safe identifier by `c_names.routine_name` when given) and the optimizer's result. Static
+    symbols are passed to the optimizer as fixed indices. With `EINJIT_DUMP_DIR` set,
+    `<name>.cd`, `<name>.ll` and `<name>.optimized.ll` are written there.
     """
     from einjit.ir.optimize import optimize_proc
     from einjit.shape import finish_inference
 
     finish_inference()
-    name = name or default_name(asgns)
+    name = checked_name(name) or default_name(asgns)
     dumping = config.dumping()
     with stable_names(), ll.deep_recursion():
         if dumping or config.debug_level() >= 2:
@@ -280,12 +305,21 @@ def default_name(code: Any) -> str:
     return "_".join(["run", *names]) if names else "routine"
 
 
+def checked_name(name: str | None) -> str | None:
+    """A routine name given by the user, as einjit uses it (`c_names.routine_name`)."""
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise BackendUsageError(f"einjit: a routine name must be a string, got {type(name).__name__} {name!r}")
+    return routine_name(name) if name else None
+
+
 def prepare(bindings: Sequence[StaticSymbol], code: Any, name: str | None) -> tuple[str, Any]:
     """Assignments are lowered and optimized; low-level or already optimized code is kept."""
     if isinstance(code, asg.Asgns):
         return lower_assignments(bindings, code, name)
     if isinstance(code, ll.LLStmt) or hasattr(code, "llc"):
-        return name or default_name(code), code
+        return checked_name(name) or default_name(code), code
     raise TypeError(f"einjit: cannot compile {type(code).__name__}: expected assignments, low-level code "
                     f"or the optimizer's result")
 

@@ -6,9 +6,18 @@ device runtime. A routine called `exp`, `free`, `int` or `class` would redeclare
 so such names are mangled: a trailing `_` (`exp_`); names starting with `_` (reserved to the
 implementation) get a leading `r` instead (`r_x`). No reserved name ends in `_` or `_body`, so
 `c_name(name) + suffix` is its own C name (the C backend's `NAME_body` functions rely on it).
+
+A routine's name is the user's text, and it reaches generated code, compiler messages and file
+names (`EINJIT_DUMP_DIR`, kept sources). `routine_name` reduces it to a plain ASCII identifier
+of at most `MAX_NAME` characters before anything uses it: a name that is one already is kept,
+any other gets its safe characters and a hash of the original, so two different names stay
+different and `../escaped` can neither leave a directory nor end a C comment.
 """
 
 from __future__ import annotations
+
+import hashlib
+import re
 
 _C_KEYWORDS = """
     auto break case char const continue default do double else enum extern float for goto if inline int long
@@ -53,3 +62,23 @@ def c_name(name: str) -> str:
     if name.startswith("_"):
         return "r" + name
     return name + "_" if is_reserved(name) else name
+
+
+MAX_NAME = 80
+"""The longest routine name kept as given: longer ones are cut and hashed, so a file name made
+from a routine name (`<name>.optimized.ll`) stays far below the usual 255-byte limit."""
+
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def routine_name(name: str) -> str:
+    """The name einjit uses for a routine the user called `name`: `name` itself when it is an
+    ASCII identifier of at most `MAX_NAME` characters, else its letters, digits and `_` (cut
+    to fit) followed by `_h` and 10 hex digits of the original's SHA-256."""
+    if _PLAIN.match(name) and len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+    clean = re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_")[:MAX_NAME - 13]
+    if not clean[:1].isalpha():
+        clean = "routine" + ("_" + clean if clean else "")
+    return f"{clean}_h{digest}"

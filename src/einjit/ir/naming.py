@@ -35,8 +35,15 @@ def is_reserved(name: str) -> bool:
 RESERVED_PREFIXES = ("merge_", "einjit", "EINJIT", "g_", "__")
 
 
+MAX_BASE = 64
+"""The longest name a label gives a node; longer labels are cut (the program's names stay
+distinct: `Names` numbers repeated bases)."""
+
+
 def _identifier(text: str) -> str:
-    clean = re.sub(r"\W", "_", text).strip("_") or "n"
+    """Letters, digits and `_` of `text` (ASCII only: the user's label must not decide which
+    characters the compiler reads), cut to `MAX_BASE`."""
+    clean = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")[:MAX_BASE].rstrip("_") or "n"
     return "n" + clean if clean[0].isdigit() else clean
 
 
@@ -53,6 +60,7 @@ class Names:
         self._given: dict[tuple[str, int], str] = {}
         self._used: set[str] = set()
         self._counters: dict[str, int] = {}
+        self._suffixes: dict[str, int] = {}
 
     def _take(self, key: tuple[str, int], candidates: Iterator[str]) -> str:
         name = self._given.get(key)
@@ -63,14 +71,26 @@ class Names:
         return name
 
     def node(self, tn: Any) -> str:
+        key = ("node", tn.id)
+        if key in self._given:
+            return self._given[key]
         base = node_base(tn.label)
-        return self._take(("node", tn.id), _suffixed(base))
+        return self._take(key, self._suffixed(base))
 
     def symbol(self, s: Any) -> str:
         return self._take(("symbol", s.id), self._counted(_identifier(s.name), ""))
 
     def local(self, sid: Any) -> str:
         return self._take(("local", sid.id), self._counted("v", "_"))
+
+    def _suffixed(self, base: str) -> Iterator[str]:
+        """`base`, `base_2`, `base_3`... from the first one not yet passed over: the ones before
+        were taken, and stay taken, so a program of n nodes labelled alike costs O(n) names."""
+        k = self._suffixes.get(base, 1)
+        while True:
+            self._suffixes[base] = k + 1
+            yield base if k == 1 else f"{base}_{k}"
+            k += 1
 
     def _counted(self, prefix: str, suffix: str) -> Iterator[str]:
         while True:
@@ -79,12 +99,6 @@ class Names:
             yield f"{prefix}{k}{suffix}"
 
 
-def _suffixed(base: str) -> Iterator[str]:
-    yield base
-    k = 2
-    while True:
-        yield f"{base}_{k}"
-        k += 1
 
 
 _current: ContextVar[Names | None] = ContextVar("einjit_names", default=None)

@@ -48,6 +48,7 @@ NON_VIRTUAL_REASONS: dict[int, str] = {
     KEPT: "it is still read where its computation could not be inlined",
     131: "a node its computation reads is overwritten before the node is read",
     132: "its computation sits in a loop of another computation, which repeats it",
+    133: "inlining it would nest more than MAX_INLINE_DEPTH inlined computations in one expression",
     140: "vector assignments cannot be inlined as scalars",
     RUN_TIME_INDEX: "it is accessed at an index read at run time (gather / scatter), or holds such indices",
 }

@@ -122,6 +122,17 @@ def written(tn: Tnode) -> None:
             context.from_host(tn)
 
 
+@contextlib.contextmanager
+def holders_locked(tn: Tnode) -> PyIterator[None]:
+    """Hold the locks of every context holding `tn` (in registration order, the one order
+    every thread takes them in), so a host read or write sees no routine half-way."""
+    from einjit.backends.interface import context_lock, contexts_holding
+    with contextlib.ExitStack() as stack:
+        for context in contexts_holding(tn):
+            stack.enter_context(context_lock(context))
+        yield
+
+
 def to_host(tn: Tnode) -> None:
     """Before reading the host array of `tn`: bring back what the routines computed (the
     seed's `to_host`) when one context holds the node. Replicas (several contexts, e.g. data
@@ -193,13 +204,21 @@ def converted_values(tensor: "Tensor", tn: Tnode, values: object) -> np.ndarray:
     return arr
 
 
+def _read_only(arr: np.ndarray) -> np.ndarray:
+    arr.flags.writeable = False
+    return arr
+
+
 class NodeView:
     """`t.value` / `t.grad`: a tensor node seen with its tensor's shape, readable and writable
     from NumPy.
 
-    Reads (`numpy()`, `v[...]`, `np.asarray(v)`) return *copies*: mutating them never changes
-    the tensor. Writes (`assign`, `v[key] = array`) check the array against the node and store
-    it in place in the host array, which every routine of the node reads.
+    Reads (`numpy()`, `v[...]`, `np.asarray(v)`) return *read-only snapshots*: copies taken
+    now, which a later routine call does not change, and which refuse writes (NumPy raises
+    "assignment destination is read-only") — a writable copy would take a write and drop it
+    silently. Writes go through the view: `assign` / `set_values`, `v[key] = array` check the
+    array against the node and store it in place in the host array, which every routine of the
+    node reads. `.copy()` of a snapshot is an ordinary writable array.
     """
 
     __slots__ = ("tensor", "tn", "is_grad")
@@ -245,18 +264,21 @@ class NodeView:
         written(self.tn)
 
     def numpy(self) -> np.ndarray:
-        """A copy of the node's current host values."""
-        return self.read().copy()
+        """A read-only copy of the node's current host values, taken while no routine of a
+        context holding the node runs (`context_lock`)."""
+        with holders_locked(self.tn):
+            return _read_only(self.read().copy())
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         if copy is False:
             raise ValueError(f"einjit: the values of {_describe(self.tensor, self.tn)} are read as a copy; "
                              f"np.from_dlpack(tensor) gives the live host array")
         out = self.numpy()
-        return out if dtype is None else out.astype(dtype, copy=False)
+        return out if dtype is None else _read_only(out.astype(dtype, copy=False))
 
     def __getitem__(self, key) -> np.ndarray:
-        return np.array(self.read()[key], copy=True)
+        with holders_locked(self.tn):
+            return _read_only(np.array(self.read()[key], copy=True))
 
     def _writable(self) -> np.ndarray:
         """The host array to write into; a node not yet committed to a memory mode becomes
@@ -282,14 +304,16 @@ class NodeView:
 
     def staged(self, values: object) -> Callable[[], None]:
         """Check that `values` can be written into every cell, without writing them: the
-        returned function writes them. Checking a batch of writes before making any (a
-        checkpoint's) makes the batch all or nothing."""
+        returned function writes them (holding the locks of the contexts that hold the node).
+        Checking a batch of writes before making any (a checkpoint's) makes the batch all or
+        nothing."""
         host = self._writable()
         arr = converted_values(self.tensor, self.tn, values)
 
         def write() -> None:
-            host[...] = arr
-            self.written()
+            with holders_locked(self.tn):
+                host[...] = arr
+                self.written()
 
         return write
 
@@ -302,12 +326,13 @@ class NodeView:
         if not np.can_cast(arr.dtype, host.dtype, casting="same_kind"):
             raise TensorError(f"einjit: cannot write {arr.dtype} values into {_describe(self.tensor, self.tn)} "
                               f"of precision {self.tn.prec.name}; convert them with `.astype`")
-        try:
-            host[key] = arr
-        except (IndexError, ValueError) as e:
-            raise TensorError(f"einjit: cannot write into {_describe(self.tensor, self.tn)} of dims {host.shape} "
-                              f"at {key!r}: {e}") from None
-        self.written()
+        with holders_locked(self.tn):
+            try:
+                host[key] = arr
+            except (IndexError, ValueError) as e:
+                raise TensorError(f"einjit: cannot write into {_describe(self.tensor, self.tn)} of dims "
+                                  f"{host.shape} at {key!r}: {e}") from None
+            self.written()
 
     def __repr__(self) -> str:
         return f"<{'grad' if self.is_grad else 'value'} of {self.tensor.label_str}: {self.tn!r}>"
@@ -385,18 +410,20 @@ class Tensor:
     def dims(self) -> tuple[int, ...]:
         return self.value_tn.dims
 
-    def describe(self) -> str:
-        """The label for messages; an unlabelled operation also names its arguments."""
-        if self.label != [self.op_label] or not self.children:
+    def describe(self, depth: int = 4) -> str:
+        """The label for messages; an unlabelled operation also names its arguments, down to
+        `depth` levels (a chain of thousands of unlabelled operations stays one line)."""
+        if self.label != [self.op_label] or not self.children or depth <= 0:
             return repr(self.label_str)
-        return f"{self.label_str!r} (the {self.op_label} of {', '.join(c.describe() for c in self.children)})"
+        args = ", ".join(c.describe(depth - 1) for c in self.children)
+        return f"{self.label_str!r} (the {self.op_label} of {args})"
 
     @property
     def dtype(self) -> np.dtype:
         return self.value_tn.prec.dtype
 
     def numpy(self) -> np.ndarray:
-        """A copy of the current values (mutating it does not change the tensor)."""
+        """A read-only copy of the current values (`NodeView.numpy`); write with `set_values`."""
         return self.value.numpy()
 
     def set_values(self, values: object) -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from einjit.backends.interface import context_lock
 from einjit.ir import assignments as asg
 from einjit.ir import ops
 from einjit.ir.tnode import Tnode
@@ -120,8 +121,9 @@ class Step:
                 self.inputs[k].set_values(arr)
 
     def __call__(self, *arrays: np.ndarray) -> None:
-        self.write(*arrays)
-        self.routine()
+        with context_lock(getattr(self.routine, "context", None)):
+            self.write(*arrays)
+            self.routine()
 
 
 class TrainStep(Step):
@@ -162,20 +164,25 @@ class ForwardStep(Step):
         self._out_hosts = tuple(t.value_tn.host_array() for t in self.outputs)
 
     def __call__(self, *arrays: np.ndarray):
-        super().__call__(*arrays)
-        for pull in self._pulls:
-            pull()
-        outs = tuple(host.copy() for host in self._out_hosts)
+        """Write, run and copy the outputs as one turn of the context's lock (`context_lock`):
+        threads calling one step with their own inputs each get their own outputs."""
+        with context_lock(getattr(self.routine, "context", None)):
+            super().__call__(*arrays)
+            for pull in self._pulls:
+                pull()
+            outs = tuple(host.copy() for host in self._out_hosts)
         return outs[0] if len(outs) == 1 else outs
 
 
 def forward_step(outputs: Tensor | Sequence[Tensor], *, inputs: Sequence[Tensor], name: str = "forward",
                  backend: object = None, context: object = None) -> ForwardStep:
     """Compile (once) a routine computing `outputs` from the inputs' current values (on
-    `backend` / in `context` as `to_routine` takes them; default: the C backend's
-    context computing in the host arrays)."""
+    `backend` / in `context` as `to_routine` takes them; default: the C backend's context
+    computing in the host arrays). An output that a routine compiled before keeps only inside
+    itself is read through a copy (`train.readable`)."""
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     _check_params_set(outs)
+    outs = [train.readable(t) for t in outs]
     routine = to_routine(forward_code(*outs), name=name, backend=backend, context=context)
     return ForwardStep(routine, inputs, name, outs)
 

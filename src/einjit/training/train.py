@@ -20,13 +20,15 @@ from einjit.ir import assignments as asg
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.naming import node_base
 from einjit.tensor.notation import Code, cd
+from einjit.tensor.operation import copy_value
 from einjit.tensor.tensor import (
     Tensor,
     TensorError,
     consume_backprop_code,
     consume_forward_code,
+    is_forward_root,
 )
-from einjit.training.step import to_routine
+from einjit.training.step import forward_code, to_routine
 
 Asgns = asg.Asgns
 
@@ -137,30 +139,51 @@ def sequential_loop(bindings: Mapping[StaticSymbol, IntRef], f: Callable[[], Non
         f()
 
 
-_once_cache: dict[int, Routine] = {}
+def readable(t: Tensor) -> Tensor:
+    """A tensor with `t`'s value that the next routine can leave on the host: `t` made hosted,
+    or — when a routine compiled before keeps `t`'s node only inside itself (routine-local or
+    virtual) — a copy of `t` (`copy_value`), whose routine recomputes `t` on the way
+    (`step.forward_code`). Reading a result never fails because of where an earlier routine
+    chose to keep it."""
+    if t.value_tn.can_be_hosted():
+        return t.hosted()
+    return copy_value(t, label=[*t.label, "read"]).hosted()
+
+
+_once_cache: dict[int, tuple[Routine, Tensor]] = {}
+_update_cache: dict[int, Routine] = {}
 
 
 def forward_once(t: Tensor, *, backend: Any = None, context: Any = None) -> np.ndarray:
-    """Compile (once) and run the forward code of `t`; return its value."""
-    routine = _once_cache.get(t.id)
-    if routine is None:
+    """Compile (once) and run the forward code of `t`; return its value (read-only).
+
+    A forward root's code is consumed, as `forward` does; the code of a tensor a routine has
+    compiled already (a training step's output) is recomputed (`step.forward_code`), through a copy
+    when that routine kept the tensor inside itself (`readable`)."""
+    cached = _once_cache.get(t.id)
+    if cached is None:
         if any(p.value_tn.array is None for p in t.params()):
             init_params(t)
-        routine = _once_cache[t.id] = to_routine(forward(t), name=f"forward_{node_base(t.value_tn.label)}",
-                                                     backend=backend, context=context)
+        if is_forward_root(t):
+            target, code = t, forward(t)
+        else:
+            target = readable(t)
+            code = forward_code(target)
+        cached = _once_cache[t.id] = (to_routine(code, name=f"forward_{node_base(t.value_tn.label)}",
+                                                 backend=backend, context=context), target)
+    routine, target = cached
     routine()
-    return t.value.numpy()
+    return target.value.numpy()
 
 
 def update_once(loss: Tensor, *, learning_rate: float = 0.1, backend: Any = None, context: Any = None) -> float:
     """Compile (once) and run one gradient + SGD step on `loss`; return the loss value."""
-    key = -loss.id
-    routine = _once_cache.get(key)
+    routine = _update_cache.get(loss.id)
     if routine is None:
         if any(p.value_tn.array is None for p in loss.params()):
             init_params(loss)
         grads = grad_update(loss)
-        routine = _once_cache[key] = to_routine([grads, sgd_update(loss, learning_rate)],
+        routine = _update_cache[loss.id] = to_routine([grads, sgd_update(loss, learning_rate)],
                                                 name=f"update_{node_base(loss.value_tn.label)}", backend=backend,
                                                 context=context)
     routine()

@@ -32,7 +32,11 @@ new values. The one exception is the update pattern `p[i] := p[i] - delta[i]`: w
 statement is the only writer of `p` in its nest, writes each cell once, and the inlined
 `delta` reads `p` only at the cell being written, it reads the value before the write.
 Code 132: a computation block inside a loop owned by another node runs once per iteration
-of that loop, but would run once when inlined.
+of that loop, but would run once when inlined. Code 133: a chain of pointwise nodes inlined
+into one another is one expression as deep as the chain, and every later pass, printer and
+the renderer walk it recursively; a node whose computation already nests `MAX_INLINE_DEPTH`
+inlined computations is kept in memory where it is read, so a chain of 10,000 operations
+becomes a sequence of expressions at most that deep.
 """
 
 from __future__ import annotations
@@ -55,6 +59,11 @@ from einjit.ir.provenance import (
     TOO_MANY_VISITS,
 )
 from einjit.ir.tnode import MATERIALIZED, NEVER_VIRTUAL, MemoryModeError, Mode, Tnode
+
+MAX_INLINE_DEPTH = 256
+"""How many inlined computations may nest in one expression (code 133): deep enough that no
+ordinary model reaches it, shallow enough that the recursive passes stay far from Python's
+recursion limit (each level costs a handful of frames in each pass)."""
 
 
 class NonVirtual(Exception):
@@ -245,6 +254,12 @@ def _block_reads(state: VirtualState, stmt: ll.LLStmt) -> set[Tnode]:
     return out
 
 
+def _inlined_depth(state: VirtualState, stmt: ll.LLStmt) -> int:
+    """The deepest nest of inlined computations among the pending scopes of `stmt`."""
+    return max((state.depth.get(state.deferred[x.id].tn, 0) for x in ll.deep_parts(stmt)
+                if isinstance(x, ll.LocalScope) and x.id in state.deferred), default=0)
+
+
 def read_nodes(stmt: ll.LLStmt) -> set[Tnode]:
     """Nodes read anywhere in `stmt`, including inside local scopes (whose node counts too:
     should it end up stored, the scope turns back into a read of it)."""
@@ -319,6 +334,8 @@ class VirtualState:
     deferred: dict[ll.ScopeId, Deferred] = field(default_factory=dict)
     writes_ahead: dict[Tnode, int] | None = None
     written_later: set[Tnode] = field(default_factory=set)
+    depth: dict[Tnode, int] = field(default_factory=dict)
+    """Per stored node: how many inlined computations nest in its computation, itself included."""
 
 
 def check_and_store_virtual(state: VirtualState, tn: Tnode, top_llc: ll.LLStmt) -> bool:
@@ -326,7 +343,7 @@ def check_and_store_virtual(state: VirtualState, tn: Tnode, top_llc: ll.LLStmt) 
     `Never_virtual` with the failing check's code. Returns whether it was stored."""
     try:
         block_reads = _block_reads(state, top_llc)
-        expand = None if tn not in block_reads else (lambda sc: _expanded_body(state, sc))
+        expand = None if tn not in block_reads else (lambda sc: _expanded_body(state, sc, tn))
         at_idcs = check_computation(tn, state.static_indices, top_llc, expand)
         reads = block_reads - {tn}
         overwritten = reads & (written_nodes(top_llc) - {tn})
@@ -336,6 +353,7 @@ def check_and_store_virtual(state: VirtualState, tn: Tnode, top_llc: ll.LLStmt) 
         refuse(tn, err, state.name)
         return False
     loops = {s.index: (s.from_, s.to_) for s in ll.block_statements(top_llc) if isinstance(s, ll.ForLoop)}
+    state.depth[tn] = max(state.depth.get(tn, 0), 1 + _inlined_depth(state, top_llc))
     state.computations.setdefault(tn, []).append(Computation(at_idcs, top_llc, loops, frozenset(block_reads)))
     state.reads.setdefault(tn, set()).update(reads)
     for r in reads if state.writes_ahead is None else reads & state.written_later:
@@ -437,11 +455,14 @@ def _walk(state: VirtualState, stmt: ll.LLStmt, process_for: frozenset[Tnode], w
                 try:
                     if tn in state.stale:
                         raise NonVirtual(131, f"read at {_show(idcs)}")
+                    if state.depth.get(tn, 0) >= MAX_INLINE_DEPTH:
+                        raise NonVirtual(133, f"{state.depth[tn]} levels")
                     sid = ll.fresh_scope_id(tn)
                     deferred = Deferred.of(tn, applicable_computations(state, tn, idcs))
                     conflict = state.reads.get(tn, set()) & writing
                     if conflict and not (written_cell is not None and conflict == {written_cell[0]}
-                                         and _reads_only_at(_copy(state, sid, deferred, idcs, True), *written_cell)):
+                                         and _reads_only_at(_copy(state, sid, deferred, idcs, True, written_cell[0]),
+                                                                     *written_cell)):
                         raise NonVirtual(131, f"read at {_show(idcs)}")
                 except NonVirtual as err:
                     refuse(tn, err, state.name)
@@ -490,18 +511,23 @@ def expand_pending(state: VirtualState, scope: ll.LocalScope) -> ll.LLStmt:
     return _copy(state, scope.id, state.deferred[scope.id], scope.orig_indices, False)
 
 
-def _expanded_body(state: VirtualState, scope: ll.LocalScope) -> ll.LLStmt:
-    if scope.id not in state.deferred:
+def _expanded_body(state: VirtualState, scope: ll.LocalScope, reading: Tnode) -> ll.LLStmt:
+    """The body of a pending scope, copied as deep as it reads `reading`: what does not read it
+    stays pending (checking `reading`'s accesses needs nothing else, and a chain of n nodes
+    whose every gradient reads itself would cost n^2 fully expanded)."""
+    deferred = state.deferred.get(scope.id)
+    if deferred is None or reading not in deferred.reads:
         return scope.body
-    return _copy(state, scope.id, state.deferred[scope.id], scope.orig_indices, True)
+    return _copy(state, scope.id, deferred, scope.orig_indices, True, reading)
 
 
 def _copy(state: VirtualState, sid: ll.ScopeId, deferred: Deferred, call_args: tuple[AxisIndex, ...],
-          deep: bool) -> ll.LLStmt:
+          deep: bool, reading: Tnode | None = None) -> ll.LLStmt:
     """The body of scope `sid` inlining `deferred` at `call_args`; `deep`: copy the scopes
-    inlined into it too, rather than leaving them pending."""
+    inlined into it too, rather than leaving them pending — with `reading`, only those that
+    read that node (the others stay `PENDING`, unrecorded: the copy is for checking reads)."""
     outer = (*deferred.outer, (deferred.tn, sid))
-    cx = _Inline(deferred.tn, sid, state, dict(outer), outer, deep)
+    cx = _Inline(deferred.tn, sid, state, dict(outer), outer, deep, reading)
     bodies = []
     for comp in deferred.parts:
         body = _inline_stmt(cx, comp.llc, _bind(comp, call_args, state.static_indices), {})
@@ -564,6 +590,7 @@ class _Inline:
     locals: dict[Tnode, ll.ScopeId]
     outer: tuple[tuple[Tnode, ll.ScopeId], ...]
     deep: bool
+    reading: Tnode | None = None
 
 
 def _subst(env: dict[Symbol, AxisIndex], idcs: tuple[AxisIndex, ...]) -> tuple[AxisIndex, ...]:
@@ -619,8 +646,10 @@ def _inline_scalar(cx: _Inline, sc: ll.LLScalar, env: dict[Symbol, AxisIndex],
                 outer = tuple((t, local) for t, local in cx.outer if t in pending.reads)
                 nested = Deferred(pending.tn, pending.parts, pending.reads, outer)
                 args = _subst(env, orig)
+                if cx.deep and cx.reading is not None and cx.reading not in pending.reads:
+                    return ll.LocalScope(new, PENDING, args)
                 if cx.deep:
-                    return ll.LocalScope(new, _copy(cx.state, new, nested, args, True), args)
+                    return ll.LocalScope(new, _copy(cx.state, new, nested, args, True, cx.reading), args)
                 cx.state.deferred[new] = nested
                 return ll.LocalScope(new, PENDING, args)
             inner = _inline_stmt(cx, body, env, {**renames, sid: new})

@@ -127,10 +127,14 @@ def tile_for(shape: Shape, blocking: Blocking) -> Tile | None:
     best = min(tiles, key=lambda t: times[t])
     config.debug(1, f"search: {shape}: " + ", ".join(f"{t.mb}x{t.nb}/{t.kc}: {times[t] * 1e3:.3f} ms"
                                                      for t in tiles))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    config.usable_dir(path.parent, "EINJIT_CACHE_DIR")
     record = {"shape": shape.__dict__, "tile": best.__dict__,
               "seconds": {f"{t.mb}x{t.nb}/{t.kc}": times[t] for t in tiles}}
-    config.atomic_write(path, json.dumps(record, indent=1).encode())
+    try:
+        config.atomic_write(path, json.dumps(record, indent=1).encode())
+    except OSError as e:
+        raise config.ConfigError(f"einjit: cannot write the measured tile choice {str(path)!r} "
+                                 f"(EINJIT_CACHE_DIR): {e.strerror or e}") from e
     return best
 
 
