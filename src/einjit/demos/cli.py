@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 MOONS_POINTS = 400
 """The moons demo's data set size, which its batch sizes must divide."""
@@ -57,6 +58,17 @@ def check_plot_path(path: str | None) -> None:
     if ext not in formats:
         raise ArgumentProblem(f"--plot {path}: unknown image format {ext or '(no extension)'!r}; use one of "
                               f"{', '.join('.' + f for f in sorted(formats))}")
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend (demos plot to files, never a window)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("einjit demo: --plot needs matplotlib: pip install 'einjit[plot]'") from None
+    return plt
 
 
 def check_checkpoint_path(path: str) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 
 import einjit as ej
 from einjit import nn
-from einjit.demos.cli import EpochProgress
+from einjit.demos.cli import EpochProgress, pyplot
 from einjit.nn import schedules
 from einjit.training import data, fit, train
 
@@ -121,12 +121,7 @@ def run_digits(*, epochs: int = EPOCHS, batch_size: int = BATCH_SIZE, lr: float 
 
 
 def _plot(result: DigitsResult, path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("einjit demo: --plot needs matplotlib: pip install 'einjit[plot]'") from None
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     epochs = np.arange(1, result.epochs + 1)
     ax1.plot(epochs, result.train_losses, label="train (mean over the epoch)")

@@ -23,7 +23,7 @@ import numpy as np
 
 import einjit as ej
 from einjit import nn
-from einjit.demos.cli import EpochProgress
+from einjit.demos.cli import EpochProgress, pyplot
 from einjit.models import GPT, GPTConfig
 from einjit.models.generate import Generator
 from einjit.training import checkpoint, fit, train
@@ -165,12 +165,7 @@ def run_gpt(cfg: GPTDemoConfig = GPTDemoConfig(), *, quiet: bool = False, plot: 
 
 
 def _plot(result: GPTDemoResult, path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("einjit demo: --plot needs matplotlib: pip install 'einjit[plot]'") from None
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     epochs = np.arange(1, result.epochs + 1)
     ax.plot(epochs, result.train_losses, label="train (mean over the epoch)")

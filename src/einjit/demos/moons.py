@@ -24,7 +24,7 @@ import numpy as np
 
 import einjit as ej
 from einjit.demos import datasets
-from einjit.demos.cli import MOONS_POINTS, EpochProgress, check_batch_size
+from einjit.demos.cli import MOONS_POINTS, EpochProgress, check_batch_size, pyplot
 from einjit.ir.indexing import IntRef, StaticSymbol, get_static_symbol
 from einjit.training import parallel, train
 from einjit.training.comm import Communicator
@@ -161,12 +161,7 @@ def _trainer(loss: ej.Tensor, sgd: train.Asgns, refs: dict[StaticSymbol, IntRef]
 
 
 def _plot(mlp, coords: np.ndarray, labels: np.ndarray, losses: list[float], path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("einjit demo: --plot needs matplotlib: pip install 'einjit[plot]'") from None
+    plt = pyplot()
     lo, hi = coords.min(axis=0) - 0.3, coords.max(axis=0) + 0.3
     gx, gy = np.meshgrid(np.linspace(lo[0], hi[0], 120), np.linspace(lo[1], hi[1], 120))
     grid = np.stack([gx.ravel(), gy.ravel()], axis=1)
