@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from einjit.tensor.operation import as_tensor as as_tensor
     from einjit.tensor.operation import batch_slice as batch_slice
     from einjit.tensor.operation import binop as binop
+    from einjit.tensor.operation import copy_value as copy_value
     from einjit.tensor.operation import cos as cos
     from einjit.tensor.operation import div as div
     from einjit.tensor.operation import einsum as einsum
