@@ -13,7 +13,7 @@ import numpy as np
 from einjit.ir import ops
 from einjit.shape import Dim, ShapeError
 from einjit.tensor import activations, reductions
-from einjit.tensor.gather import take
+from einjit.tensor.gather import integer_ids, take
 from einjit.tensor.operation import Like, as_tensor, einsum, ndarray, relu
 from einjit.tensor.tensor import Tensor, TensorError
 
@@ -28,13 +28,8 @@ def one_hot(labels, num_classes: int, *, dtype=np.float32) -> np.ndarray:
 def class_ids(labels, num_classes: int) -> np.ndarray:
     """Integer class labels as an int32 array; a label outside `0 .. num_classes-1` is an error
     naming it and where it is."""
-    arr = np.asarray(labels)
-    if arr.dtype.kind not in "iu" and not (arr.dtype.kind == "f" and np.all(arr == np.round(arr))):
-        raise TensorError(f"einjit: class labels must be integers, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
-    bad = (arr < 0) | (arr >= num_classes)
-    if bad.any():
-        where = tuple(int(i) for i in np.argwhere(bad)[0])
+    arr, where = integer_ids(labels, num_classes, "class labels")
+    if where is not None:
         raise TensorError(f"einjit: class label {int(arr[where])} at index {where} is outside the class range "
                           f"0..{num_classes - 1}")
     return arr.astype(np.int32)

@@ -35,16 +35,22 @@ from einjit.tensor.notation import infer_projections
 from einjit.tensor.tensor import Tensor, TensorError, make_node, new_label, register
 
 
+def integer_ids(ids: object, rows: int, what: str) -> tuple[np.ndarray, tuple[int, ...] | None]:
+    """`ids` as an int64 array, and the index of its first value outside `0 .. rows-1` (None
+    when all lie inside); non-integer values are a `TensorError` naming `what`."""
+    arr = np.asarray(ids)
+    if arr.dtype.kind not in "iu" and not (arr.dtype.kind == "f" and np.all(arr == np.round(arr))):
+        raise TensorError(f"einjit: {what} must be integers, got dtype {arr.dtype}")
+    wide = arr.astype(np.int64)
+    bad = (wide < 0) | (wide >= rows)
+    return wide, (tuple(int(i) for i in np.argwhere(bad)[0]) if bad.any() else None)
+
+
 def check_ids(ids: object, rows: int, what: str) -> np.ndarray:
     """`ids` as an int32 array whose values all lie in `0 .. rows-1`, or a `TensorError`
     naming the first bad id and where it is."""
-    arr = np.asarray(ids)
-    if arr.dtype.kind not in "iu" and not (arr.dtype.kind == "f" and np.all(arr == np.round(arr))):
-        raise TensorError(f"einjit: {what}: indices must be integers, got dtype {arr.dtype}")
-    wide = arr.astype(np.int64)
-    bad = (wide < 0) | (wide >= rows)
-    if bad.any():
-        where = tuple(int(i) for i in np.argwhere(bad)[0])
+    wide, where = integer_ids(ids, rows, f"{what}: indices")
+    if where is not None:
         raise TensorError(f"einjit: {what}: id {int(wide[where])} at index {where} is outside 0..{rows - 1}")
     return wide.astype(np.int32)
 
