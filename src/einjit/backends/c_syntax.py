@@ -187,6 +187,21 @@ HELPERS = {
   return (double)(z >> 11) * (1.0 / 9007199254740992.0);
 }}
 """,
+    "bf16": """\
+/* bf16 storage (precision bf16): a float's upper 16 bits. A load widens exactly; a store rounds
+   to nearest even, and a NaN stays a (quiet) NaN instead of carrying into an infinity. */
+{q} float einjit_bf16_load(unsigned short h) {{
+  union {{ unsigned int u; float f; }} v;
+  v.u = (unsigned int)h << 16;
+  return v.f;
+}}
+{q} unsigned short einjit_bf16_store(float f) {{
+  union {{ float f; unsigned int u; }} v;
+  v.f = f;
+  const unsigned int rounded = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16;
+  return (unsigned short)((v.u & 0x7fffffffu) > 0x7f800000u ? (v.u >> 16) | 0x40u : rounded);
+}}
+""",
 }
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -423,7 +438,9 @@ class _Writer:
 
     def scalar(self, sc: ll.LLScalar, prec: ops.Prec, pre: list[str], indent: str) -> str:
         """C text of `sc` computed in `prec`; local scopes are hoisted into `pre`. An operation
-        on wider arguments is computed in their precision and converted once (`combine_prec`)."""
+        on wider arguments is computed in their precision and converted once (`combine_prec`);
+        one stored in bf16 is computed in single (`Prec.computed_in`)."""
+        prec = prec.computed_in
         wide = combine_prec(prec, sc)
         if wide is not prec:
             return self.cast(self.scalar(sc, wide, pre, indent), wide, prec)
@@ -435,21 +452,22 @@ class _Writer:
                 return self.typed(lit, prec) if prec is not ops.int64 else lit
             case ll.Get(tn, idcs):
                 text = f"{self.node_name(tn)}[{self.index(tn, idcs, 'read')}]"
-                return self.cast(text, tn.prec, prec)
+                return self.cast(self.loaded(text, tn.prec), tn.prec.computed_in, prec)
             case ll.GetMergeBuffer(tn, idcs):
                 self.merges.setdefault(tn.id, tn)
-                return self.cast(f"merge_{tn.name}[{self.index(tn, idcs, 'merge-buffer read')}]", tn.prec, prec)
+                text = f"merge_{tn.name}[{self.index(tn, idcs, 'merge-buffer read')}]"
+                return self.cast(self.loaded(text, tn.prec), tn.prec.computed_in, prec)
             case ll.GetLocal(sid):
                 if sid not in self.locals_in_scope:
                     raise RenderError(f"einjit: local {sid!r} (of {sid.tn.debug_name()}) read outside its scope")
-                return self.cast(local_name(sid), sid.tn.prec, prec)
+                return self.cast(local_name(sid), sid.tn.prec.computed_in, prec)
             case ll.LocalScope(sid, body, _):
-                pre.append(f"{indent}{self.syn.type_name(sid.tn.prec)} {local_name(sid)} = 0;")
+                pre.append(f"{indent}{self.syn.type_name(sid.tn.prec.computed_in)} {local_name(sid)} = 0;")
                 self.locals_in_scope.add(sid)
                 saved, self.lines = self.lines, pre
                 self.stmt(body, indent)
                 self.lines = saved
-                return self.cast(local_name(sid), sid.tn.prec, prec)
+                return self.cast(local_name(sid), sid.tn.prec.computed_in, prec)
             case ll.EmbedIndex(idx):
                 for s in index_symbols(idx):
                     self._check_symbol(s, "an embedded index")
@@ -491,6 +509,20 @@ class _Writer:
         text = template.format(*args, f=self.syn.math_suffix(prec))
         needs_cast = prec is ops.half or (not prec.is_float and "{f}" in template)
         return self.typed(text, prec) if needs_cast else text
+
+    def loaded(self, cell: str, prec: ops.Prec) -> str:
+        """A cell's value in C: a bf16 cell is widened to float (`einjit_bf16_load`)."""
+        if prec is not ops.bf16:
+            return cell
+        self.helpers.add("bf16")
+        return f"einjit_bf16_load({cell})"
+
+    def stored(self, value: str, prec: ops.Prec) -> str:
+        """What a cell of `prec` is assigned for the C value `value`: a bf16 cell its rounding."""
+        if prec is not ops.bf16:
+            return value
+        self.helpers.add("bf16")
+        return f"einjit_bf16_store({value})"
 
     def bind(self, text: str, prec: ops.Prec, pre: list[str], indent: str) -> str:
         self.temps += 1
@@ -549,7 +581,7 @@ class _Writer:
                     def render_set(pre, ind, tn=tn, idcs=idcs, llsc=llsc, debug=debug):
                         lhs = f"{self.node_name(tn, written=True)}[{self.index(tn, idcs, 'write')}]"
                         note = " " + _comment(debug) if debug else ""
-                        return f"{lhs} = {self.scalar(llsc, tn.prec, pre, ind)};{note}"
+                        return f"{lhs} = {self.stored(self.scalar(llsc, tn.prec, pre, ind), tn.prec)};{note}"
                     self.with_scalar(indent, render_set)
                 case ll.SetLocal(sid, value):
                     if sid not in self.locals_in_scope:
@@ -600,7 +632,8 @@ class _Writer:
         if self.syn.zero_out_memset:
             self.lines.append(f"{indent}memset({name}, 0, sizeof({t}) * {tn.size});")
         else:
-            self.lines.append(f"{indent}for ({self.index_type} z = 0; z < {tn.size}; ++z) {name}[z] = 0;")
+            zero = self.stored("0.0f", tn.prec) if tn.prec is ops.bf16 else "0"
+            self.lines.append(f"{indent}for ({self.index_type} z = 0; z < {tn.size}; ++z) {name}[z] = {zero};")
 
     def set_from_vec(self, s: ll.SetFromVec, pre: list[str], indent: str) -> str:
         match s.vec_unop:
@@ -610,12 +643,12 @@ class _Writer:
         start = self.index(s.tn, s.idcs, "vector write", extra_last=s.length - 1)
         counter = self.scalar(s.arg, ops.int64, pre, indent)
         note = " " + _comment(s.debug) if s.debug else ""
-        t = self.syn.type_name(s.tn.prec)
+        cell = f"({self.syn.type_name(s.tn.prec.computed_in)})einjit_uniform01(vec_base + (unsigned long long)vec_k)"
         return "\n".join([
             f"{{{note}",
             f"  const unsigned long long vec_base = (unsigned long long){counter} * {s.length}ULL;",
             f"  for ({self.index_type} vec_k = 0; vec_k < {s.length}; ++vec_k)",
-            f"    {name}[{start} + vec_k] = ({t})einjit_uniform01(vec_base + (unsigned long long)vec_k);",
+            f"    {name}[{start} + vec_k] = {self.stored(cell, s.tn.prec)};",
             "}",
         ])
 

@@ -16,8 +16,8 @@ import numpy as np
 
 from einjit import memory
 from einjit.errors import EinjitError
+from einjit.ir import bf16, ops
 from einjit.ir import low_level as ll
-from einjit.ir import ops
 from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, GatherIdx, Iterator, SubAxis, Symbol
 from einjit.ir.precision import combine_prec
 from einjit.ir.tnode import Tnode
@@ -83,7 +83,7 @@ class _Machine:
                     self.env.pop(index, None)
                 case ll.Set(tn, idcs, llsc, _):
                     arr = self.array(tn)
-                    arr[self.position(tn, arr, idcs)] = self.eval(llsc, tn.prec)
+                    arr[self.position(tn, arr, idcs)] = _stored(self.eval(llsc, tn.prec), tn.prec)
                 case ll.SetFromVec(tn, idcs, length, vec_unop, arg, _):
                     arr = self.array(tn)
                     pos = self.position(tn, arr, idcs)
@@ -95,7 +95,7 @@ class _Machine:
                         case ops.VecUnop.UNIFORM_HASH:
                             values = ops.uniform_hash(counter, length)
                     for k, cell in enumerate(values):
-                        arr[pos[:-1] + (pos[-1] + k,)] = cell
+                        arr[pos[:-1] + (pos[-1] + k,)] = _stored(cell, tn.prec)
                 case ll.SetLocal(sid, value):
                     self.locals[sid] = self.eval(value, sid.tn.prec)
                 case ll.ZeroOut(tn):
@@ -108,6 +108,7 @@ class _Machine:
                     raise TypeError(f"not a low-level statement: {s!r}")
 
     def eval(self, sc: ll.LLScalar, prec: ops.Prec):
+        prec = prec.computed_in
         dt = prec.dtype.type
         wide = combine_prec(prec, sc)
         if wide is not prec:
@@ -119,16 +120,16 @@ class _Machine:
                 return dt(b)
             case ll.Get(tn, idcs):
                 arr = self.array(tn)
-                return dt(arr[self.position(tn, arr, idcs)])
+                return dt(_loaded(arr[self.position(tn, arr, idcs)], tn.prec))
             case ll.GetMergeBuffer(tn, idcs):
                 if tn not in self.merge:
                     raise InterpretError(f"einjit interpreter: no merge buffer for {tn.debug_name()}")
                 arr = self.merge[tn]
-                return dt(arr[self.position(tn, arr, idcs)])
+                return dt(_loaded(arr[self.position(tn, arr, idcs)], tn.prec))
             case ll.GetLocal(sid):
                 return dt(self.locals[sid])
             case ll.LocalScope(sid, body, _):
-                self.locals[sid] = sid.tn.prec.dtype.type(0)
+                self.locals[sid] = sid.tn.prec.computed_in.dtype.type(0)
                 self.exec(body)
                 return dt(self.locals.pop(sid))
             case ll.EmbedIndex(idx):
@@ -148,6 +149,16 @@ class _Machine:
             case ll.Ternop(op, a, b, c):
                 return dt(ops.apply_ternop(op, *(self.eval(e, prec) for e in (a, b, c))))
         raise TypeError(f"not a low-level scalar: {sc!r}")
+
+
+def _loaded(cell, prec: ops.Prec):
+    """A cell's value: a bf16 cell holds a bit pattern, widened to its float32 value."""
+    return bf16.from_bits(cell)[()] if prec is ops.bf16 else cell
+
+
+def _stored(value, prec: ops.Prec):
+    """What a cell of `prec` holds for `value`: a bf16 cell its rounded bit pattern."""
+    return bf16.to_bits(value)[()] if prec is ops.bf16 else value
 
 
 def run(llc: ll.LLStmt, arrays: dict[Tnode, np.ndarray] | None = None, bindings: Mapping[Symbol, int] | None = None,

@@ -369,7 +369,7 @@ def scalar_to_doc(sc: LLScalar, cstyle: bool = False, indent: str = "") -> str:
         case LocalScope(id=sid, body=body):
             inner = stmt_to_doc(body, cstyle, indent + "  ")
             return f"({sid!r} := 0;\n{inner}{indent}  {sid!r})" if not cstyle else \
-                f"({{ {sid.tn.prec.c_type} {sid!r} = 0;\n{inner}{indent}  {sid!r}; }})"
+                f"({{ {sid.tn.prec.computed_in.c_type} {sid!r} = 0;\n{inner}{indent}  {sid!r}; }})"
         case GetLocal(sid):
             return repr(sid)
         case Get(tn, idcs):

@@ -38,6 +38,19 @@ class Prec:
     def c_literal_suffix(self) -> str:
         return {"single": "f", "half": "f"}.get(self.name, "")
 
+    @property
+    def computed_in(self) -> "Prec":
+        """The precision expressions stored in this one are computed in: bf16 is a storage
+        format only (NumPy and C have no bf16 arithmetic), computed in single and rounded
+        once, where it is stored; every other precision computes in itself."""
+        return single if self.name == "bf16" else self
+
+    @property
+    def host_dtype(self) -> np.dtype:
+        """The NumPy dtype the host sees the values in: bf16 cells, stored as their 16-bit
+        patterns (`dtype` uint16), are read and written from NumPy as float32."""
+        return np.dtype(np.float32) if self.name == "bf16" else self.dtype
+
 
 byte = Prec("byte", np.dtype(np.uint8), "unsigned char", False)
 int32 = Prec("int32", np.dtype(np.int32), "int", False)
@@ -45,11 +58,14 @@ int64 = Prec("int64", np.dtype(np.int64), "long long", False)
 half = Prec("half", np.dtype(np.float16), "_Float16", True)
 single = Prec("single", np.dtype(np.float32), "float", True)
 double = Prec("double", np.dtype(np.float64), "double", True)
+bf16 = Prec("bf16", np.dtype(np.uint16), "unsigned short", True)
+"""bfloat16: the upper half of a float32 (8 exponent bits, 7 mantissa bits), stored as its bit
+pattern (`einjit.ir.bf16`); loads widen exactly, stores round to nearest even."""
 
-PRECISIONS: dict[str, Prec] = {p.name: p for p in (byte, int32, int64, half, single, double)}
+PRECISIONS: dict[str, Prec] = {p.name: p for p in (byte, int32, int64, half, single, double, bf16)}
 
 _PREC_ALIASES: dict[str, Prec] = {
-    **PRECISIONS, "float16": half, "float32": single, "float64": double, "uint8": byte,
+    **PRECISIONS, "float16": half, "float32": single, "float64": double, "uint8": byte, "bfloat16": bf16,
 }
 
 
@@ -59,25 +75,22 @@ class PrecisionError(EinjitError, ValueError):
 
 def as_prec(spec: "Prec | str | np.dtype | type") -> Prec:
     """A precision from what a user naturally writes: a `Prec`, a name (`"single"`,
-    `"float32"`, `"double"`, `"float64"`, `"half"`, `"float16"`, ...) or a NumPy dtype or
-    scalar type (`np.float32`, `np.dtype("float64")`), so one spelling works everywhere."""
+    `"float32"`, `"double"`, `"float64"`, `"half"`, `"float16"`, `"bf16"`, `"bfloat16"`, ...) or
+    a NumPy dtype or scalar type (`np.float32`, `np.dtype("float64")`), so one spelling works
+    everywhere. No NumPy dtype names bf16 (its storage dtype, uint16, is not a precision)."""
     if isinstance(spec, Prec):
         return spec
     if isinstance(spec, str):
         found = _PREC_ALIASES.get(spec.lower())
         if found is not None:
             return found
-        if spec.lower() == "bfloat16":
-            raise PrecisionError(
-                "einjit: precision 'bfloat16' is not supported: NumPy has no bfloat16 type and the C "
-                "backend stores no bfloat16 arrays; use 'float32' (or 'float16' for half storage)")
     try:
         dtype = np.dtype(spec)
     except TypeError:
         dtype = None
     if dtype is not None:
         for p in PRECISIONS.values():
-            if p.dtype == dtype:
+            if p.dtype == dtype and p is not bf16:
                 return p
     known = sorted(_PREC_ALIASES) + ["a NumPy dtype of one of them"]
     raise PrecisionError(f"einjit: unknown or unsupported precision {spec!r}; use one of {', '.join(known)}")

@@ -16,7 +16,7 @@ import numpy as np
 from einjit import memory
 from einjit import shape as sh
 from einjit.ir import assignments as asg
-from einjit.ir import ops, provenance
+from einjit.ir import bf16, ops, provenance
 from einjit.ir.indexing import Iterator, Projections, StaticSymbol
 from einjit.ir.tnode import MemoryType, Tnode, hosted
 from einjit.tensor import op_scope, validate
@@ -316,7 +316,7 @@ def ndarray(values, *, label: str | None = None, batch_axes: int | None = None, 
     p = default_prec() if prec is None else ops.as_prec(prec)
     t = _terminal(new_label(label, "ndarray"), "ndarray", shape, GradSpec.PROHIBIT_GRAD, prec=p)
     t.value_tn.update_memory_mode(hosted(MemoryType.CONSTANT), provenance.CONSTANT_TENSOR)
-    t.value_tn.array = np.ascontiguousarray(data, dtype=p.dtype)
+    t.value_tn.array = bf16.as_cells(data, p)
     t._fwd_done = True
     register(t)
     return t

@@ -11,7 +11,7 @@ import numpy as np
 
 from einjit import shape as sh
 from einjit.ir import assignments as asg
-from einjit.ir import ops, provenance
+from einjit.ir import bf16, ops, provenance
 from einjit.ir.tnode import MemoryType, hosted
 from einjit.tensor.tensor import Tensor, default_prec, make_node
 
@@ -24,7 +24,7 @@ def state(label: list[str], values, *, prec: ops.Prec | None = None) -> Tensor:
     t = Tensor(label=label, op_label="state", shape=shape, update_step=None, children=(),
                value_tn=make_node(label, shape, p), grad_tn=None, projections=None)
     t.value_tn.update_memory_mode(hosted(MemoryType.CHANGED_ON_DEVICES), provenance.STATE)
-    t.value_tn.array = np.ascontiguousarray(arr, dtype=p.dtype)
+    t.value_tn.array = bf16.as_cells(arr, p)
     t._fwd_done = True
     return t
 

@@ -25,7 +25,7 @@ import numpy as np
 from einjit import shape as sh
 from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
-from einjit.ir import ops, provenance
+from einjit.ir import bf16, ops, provenance
 from einjit.ir.tnode import Tnode
 
 
@@ -188,7 +188,7 @@ def converted_values(tensor: "Tensor", tn: Tnode, values: object) -> np.ndarray:
     if isinstance(values, Tensor):
         values = values.numpy()
     arr = check_numeric(values, f"cannot set the values of {_describe(tensor, tn)}")
-    dtype = tn.prec.dtype
+    dtype = tn.prec.host_dtype
     if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
         raise TensorError(f"einjit: cannot set the values of {_describe(tensor, tn)} (precision {tn.prec.name}, "
                           f"{dtype}) from a {arr.dtype} array without losing its kind; convert it explicitly "
@@ -236,7 +236,7 @@ class NodeView:
 
     @property
     def dtype(self) -> np.dtype:
-        return self.tn.prec.dtype
+        return self.tn.prec.host_dtype
 
     def _host(self) -> np.ndarray:
         mode = self.tn.memory_mode
@@ -255,10 +255,11 @@ class NodeView:
 
     def read(self) -> np.ndarray:
         """The live host array, current as of now: for einjit's own loops, which copy what they
-        hand out. Users get copies from `numpy()`."""
+        hand out. Users get copies from `numpy()`. A bf16 node's array holds bit patterns: it
+        is read as a float32 copy of its values."""
         host = self._host()
         to_host(self.tn)
-        return host
+        return bf16.from_bits(host) if self.tn.prec is ops.bf16 else host
 
     def written(self) -> None:
         written(self.tn)
@@ -312,7 +313,7 @@ class NodeView:
 
         def write() -> None:
             with holders_locked(self.tn):
-                host[...] = arr
+                host[...] = bf16.to_bits(arr) if self.tn.prec is ops.bf16 else arr
                 self.written()
 
         return write
@@ -323,12 +324,12 @@ class NodeView:
             return
         host = self._writable()
         arr = check_numeric(values, f"cannot set the values of {_describe(self.tensor, self.tn)}")
-        if not np.can_cast(arr.dtype, host.dtype, casting="same_kind"):
+        if not np.can_cast(arr.dtype, self.dtype, casting="same_kind"):
             raise TensorError(f"einjit: cannot write {arr.dtype} values into {_describe(self.tensor, self.tn)} "
                               f"of precision {self.tn.prec.name}; convert them with `.astype`")
         with holders_locked(self.tn):
             try:
-                host[key] = arr
+                host[key] = bf16.to_bits(arr) if self.tn.prec is ops.bf16 else arr
             except (IndexError, ValueError) as e:
                 raise TensorError(f"einjit: cannot write into {_describe(self.tensor, self.tn)} of dims "
                                   f"{host.shape} at {key!r}: {e}") from None
@@ -420,7 +421,7 @@ class Tensor:
 
     @property
     def dtype(self) -> np.dtype:
-        return self.value_tn.prec.dtype
+        return self.value_tn.prec.host_dtype
 
     def numpy(self) -> np.ndarray:
         """A read-only copy of the current values (`NodeView.numpy`); write with `set_values`."""
@@ -440,7 +441,11 @@ class Tensor:
         return self.value.__array__(dtype, copy)
 
     def __dlpack__(self, **kwargs):
-        """Exports the live host array (no copy): writes through it are the tensor's values."""
+        """Exports the live host array (no copy): writes through it are the tensor's values. A
+        bf16 tensor has none to export: its values are bit patterns, read as float32 copies."""
+        if self.value_tn.prec is ops.bf16:
+            raise TensorError(f"einjit: {self.describe()} is bf16, whose host array holds bit patterns, not "
+                              f"values; read it with .numpy() (float32) instead of DLPack")
         return self.value.read().__dlpack__(**kwargs)
 
     def __dlpack_device__(self):

@@ -17,6 +17,7 @@ import numpy as np
 from einjit import shape as sh
 from einjit.backends.interface import Routine
 from einjit.ir import assignments as asg
+from einjit.ir import bf16
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.naming import node_base
 from einjit.tensor.notation import Code, cd
@@ -119,9 +120,8 @@ def init_params(t: "Tensor | Iterable[Tensor]", *, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     for p in _params_of(t) if isinstance(t, Tensor) else dict.fromkeys(q for x in t for q in _params_of(x)):
         assert p.init is not None  # `param` gives every parameter its initializer
-        values = np.asarray(p.init(rng), dtype=p.value_tn.prec.dtype)
         host = p.value_tn.host_array()
-        host[...] = values.reshape(host.shape)
+        host[...] = bf16.as_cells(p.init(rng), p.value_tn.prec).reshape(host.shape)
 
 
 def run(routine: Routine) -> None:

@@ -82,11 +82,11 @@ def _stmt(stmt: ll.LLStmt, ranges: Ranges, memo: _Memo) -> ll.LLStmt:
                 if not isinstance(inner, ll.Noop):
                     out.append(replace(s, body=inner))
             case ll.Set(tn, _, llsc, _):
-                out.append(replace(s, llsc=_scalar(llsc, _Ctx(tn.prec, tn, ranges, memo))))
+                out.append(replace(s, llsc=_scalar(llsc, _Ctx(tn.prec.computed_in, tn, ranges, memo))))
             case ll.SetFromVec(tn, _, _, _, arg, _):
                 out.append(replace(s, arg=_scalar(arg, _Ctx(ops.int64, None, ranges, memo))))
             case ll.SetLocal(sid, value):
-                out.append(ll.SetLocal(sid, _scalar(value, _Ctx(sid.tn.prec, sid.tn, ranges, memo))))
+                out.append(ll.SetLocal(sid, _scalar(value, _Ctx(sid.tn.prec.computed_in, sid.tn, ranges, memo))))
             case _:
                 out.append(s)
     return ll.seq(*out)
@@ -411,7 +411,7 @@ def _substitute_stmt(stmt: ll.LLStmt, sid: ll.ScopeId, value: ll.LLScalar) -> ll
 
 
 def _local_scope(sid: ll.ScopeId, body: ll.LLStmt, orig, cx: _Ctx) -> ll.LLScalar:
-    inner = _Ctx(sid.tn.prec, sid.tn, cx.ranges, cx.memo)
+    inner = _Ctx(sid.tn.prec.computed_in, sid.tn, cx.ranges, cx.memo)
     stmts = [s for s in ll.flatten(_stmt(body, cx.ranges, cx.memo))
              if not isinstance(s, ll.Comment)]
     value: ll.LLScalar = ll.Constant(0.0)
@@ -428,7 +428,7 @@ def _local_scope(sid: ll.ScopeId, body: ll.LLStmt, orig, cx: _Ctx) -> ll.LLScala
         value = _scalar(_substitute(s.value, sid, value), inner) if uses else s.value
         consumed += 1
     rest = stmts[consumed:]
-    if not rest and sid.tn.prec == cx.prec and _combine_prec(cx.prec, value, cx.memo.widest) is cx.prec:
+    if not rest and sid.tn.prec.computed_in == cx.prec and _combine_prec(cx.prec, value, cx.memo.widest) is cx.prec:
         return value  # no rounding boundary is lost: the value computes in the local's precision
     head = [] if _is_positive_zero(value) else [ll.SetLocal(sid, value)]
     return ll.LocalScope(sid, ll.seq(*head, *rest), orig)
