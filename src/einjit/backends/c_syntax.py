@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from einjit.backends import c_outline
+from einjit.backends import bf16_dot, c_outline
 from einjit.backends.params import MemClass, Param, ParamKind, repeated_names
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
@@ -136,6 +136,9 @@ class CSyntax:
     units: int = 1
     """How many translation units the outlined nest functions are spread over, beside the
     routine's own (gcc compiles them in parallel); 1 keeps everything in one."""
+    bf16_dot: bool = True
+    """Render bf16-pair kernel nests for AVX512_BF16 too, where the compiler targets it
+    (`bf16_dot`); dialects without x86 intrinsics leave it off."""
 
 
 C_SYNTAX = CSyntax()
@@ -202,6 +205,7 @@ HELPERS = {
   return (unsigned short)((v.u & 0x7fffffffu) > 0x7f800000u ? (v.u >> 16) | 0x40u : rounded);
 }}
 """,
+    "bf16_dot": bf16_dot.HELPER,
 }
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -560,6 +564,9 @@ class _Writer:
                     if index in self.loops or index in self.static_ranges:
                         raise RenderError(f"einjit: loop symbol {index!r} is already bound in an enclosing scope")
                     name = symbol_name(index)
+                    dot = bf16_dot.kernel(s) if self.syn.bf16_dot else None
+                    if dot is not None:
+                        self.lines += bf16_dot.render(self, dot, name, indent)
                     if s.unroll and self.syn.unroll_pragma:
                         self.lines.append(indent + self.syn.unroll_pragma.format(n=to_ - from_ + 1))
                     region: list[str] = []
@@ -575,6 +582,8 @@ class _Writer:
                     del self.loops[index]
                     self.lines.append(indent + "}")
                     self.lines.extend(region)
+                    if dot is not None:
+                        self.lines.append("#endif")
                 case ll.ZeroOut(tn):
                     self.zero_out(tn, indent)
                 case ll.Set(tn, idcs, llsc, debug):

@@ -42,6 +42,7 @@ CUDA_SYNTAX = CSyntax(
     stack_limit_bytes=PRIVATE_LIMIT_BYTES,
     local_scratch_decl=None,
     zero_out_memset=False,
+    bf16_dot=False,
 )
 
 _PRELUDE = """\

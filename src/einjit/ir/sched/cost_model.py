@@ -61,6 +61,9 @@ class Machine:
     loads_per_cycle: int = 2
     block_overhead: int = 24
     l2_bytes: int = 1 << 20
+    bf16_dot: bool = False
+    """The CPU multiplies pairs of bf16 numbers into float accumulators in one instruction
+    (AVX512_BF16's `vdpbf16ps`): bf16 contractions pack their panel in pairs (`bf16_pairs`)."""
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,11 @@
 register file of the CPU the C backend compiles for (`-march=native`, the CPU at hand), or
 gcc spills the accumulators and the block runs at a fraction of the speed.
 
-Three descriptions (`MACHINES`): "avx512" (64-byte vectors, 32 registers: the development
-machine, `cost_model.Machine()`), "avx2" (32-byte vectors, 16 registers) and "generic" (SSE
-and anything else: 16-byte vectors, 16 registers). `host_machine` reads the CPU's feature
-flags from `/proc/cpuinfo` once per process; `EINJIT_MACHINE=avx512|avx2|generic` names one
+Four descriptions (`MACHINES`): "avx512" (64-byte vectors, 32 registers: the development
+machine, `cost_model.Machine()`), "avx512_bf16" (the same with AVX512_BF16's bf16 dot
+product, `vdpbf16ps`: Cooper Lake, Sapphire Rapids, Zen 4), "avx2" (32-byte vectors, 16
+registers) and "generic" (SSE and anything else: 16-byte vectors, 16 registers). `host_machine` reads the CPU's feature
+flags from `/proc/cpuinfo` once per process; `EINJIT_MACHINE=avx512|avx512_bf16|avx2|generic` names one
 instead, to reproduce another machine's schedule (the golden tests pin "avx512" so that
 their bytes do not depend on the CPU running them). The description, not the CPU model,
 decides the schedule, so the same model gives byte-identical C on every machine of a kind.
@@ -23,6 +24,7 @@ __all__ = ["MACHINES", "host_machine", "kind_of_flags"]
 
 MACHINES: dict[str, Machine] = {
     "avx512": Machine(),
+    "avx512_bf16": Machine(bf16_dot=True),
     "avx2": Machine(vector_bytes=32, vector_registers=16),
     "generic": Machine(vector_bytes=16, vector_registers=16),
 }
@@ -32,7 +34,7 @@ def kind_of_flags(flags: frozenset[str]) -> str:
     """The description for a CPU with these `/proc/cpuinfo` flags. AVX2 without FMA (a few
     early VIA and Intel parts) still has 16 registers of 32 bytes."""
     if "avx512f" in flags:
-        return "avx512"
+        return "avx512_bf16" if "avx512_bf16" in flags else "avx512"
     if "avx2" in flags:
         return "avx2"
     return "generic"

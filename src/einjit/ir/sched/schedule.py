@@ -71,7 +71,7 @@ from einjit.ir.indexing import (
     subst_index,
 )
 from einjit.ir.passes.tracing import VirtualizeSettings
-from einjit.ir.sched import cost_model, nests, schedule_conv
+from einjit.ir.sched import bf16_pairs, cost_model, nests, schedule_conv
 from einjit.ir.sched.interchange import best_order, perfect_nest, reorderable, rewrap, unit_stride_symbol
 from einjit.ir.sched.machine import host_machine
 from einjit.ir.tnode import Tnode
@@ -220,7 +220,7 @@ class _Contraction:
     def shape(self) -> cost_model.Shape:
         depth = math.prod(self.extent[k] for k in self.summed)
         return cost_model.Shape(self.extent[self.i], self.extent[self.j], depth, self.extent[self.summed[0]],
-                                self.st.tn.prec.itemsize)
+                                self.st.tn.prec.computed_in.itemsize)
 
 
 def _recognize(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> _Contraction | None:
@@ -282,7 +282,9 @@ class _Layout:
     """How `_blocked` cuts one contraction: the tile, the packed panel and the accumulator
     block, the loop symbols of the blocks (`j0` panels, `i0` row blocks, `kt` k chunks, `a` /
     `b` rows and columns inside a block, `kp` the summed loops), how many full blocks and how
-    large the tails are along each axis, and which loops run on threads."""
+    large the tails are along each axis, and which loops run on threads. With `kl`, the panel
+    holds bf16 pairs (`bf16_pairs`): `kp` counts pairs of the summed loop and `kl` the one of a
+    pair."""
 
     c: _Contraction
     mb: int
@@ -306,6 +308,7 @@ class _Layout:
     batch: Symbol | None
     inner_threads: bool
     by_panels: bool
+    kl: Symbol | None
 
     @property
     def k1(self) -> Symbol:
@@ -316,19 +319,32 @@ class _Layout:
         return self.c.summed[1:]
 
     def pack_at(self) -> tuple[AxisIndex, ...]:
+        if self.kl is not None:
+            return bf16_pairs.pack_at(self.kp[self.k1], self.b, self.kl)
         return (Iterator(self.kp[self.k1]), *(Iterator(self.kp[k]) for k in self.rest), Iterator(self.b))
 
     def k_loops(self, depth: int) -> list[tuple[Symbol, int]]:
+        if self.kl is not None:
+            return bf16_pairs.k_loops(self.kp[self.k1], self.kl, depth)
         return [(self.kp[self.k1], depth), *((self.kp[k], self.c.extent[k]) for k in self.rest)]
+
+    def k_at(self, chunk: Symbol | None, offset: int = 0) -> AxisIndex:
+        """The outermost summed loop's index in the chunk counted by `chunk` (None: one chunk
+        starting at `offset`)."""
+        terms = [(self.kc, chunk)] if chunk is not None else []
+        inner = bf16_pairs.k_terms(self.kp[self.k1], self.kl) if self.kl is not None else [(1, self.kp[self.k1])]
+        return make_affine([*terms, *inner], offset)
 
     def k_env(self, k_at: AxisIndex) -> dict[Symbol, AxisIndex]:
         return {self.k1: k_at, **{k: Iterator(self.kp[k]) for k in self.rest}}
 
 
 def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layout:
-    extent, prec = c.extent, c.st.tn.prec
+    extent, prec = c.extent, c.st.tn.prec.computed_in
     mb, nb, kc = tile.mb, tile.nb, tile.kc
-    pack = nests.scheduler_local("pack", (kc, *(extent[k] for k in c.summed[1:]), nb), prec)
+    pairs = bf16_pairs.applies(c.a_op, c.b_op, len(c.summed), kc, extent[c.summed[0]], blocking.machine)
+    pack = (bf16_pairs.pack(kc, nb) if pairs
+            else nests.scheduler_local("pack", (kc, *(extent[k] for k in c.summed[1:]), nb), prec))
     accum = nests.scheduler_local("acc", (mb, nb), prec)
     j0, i0, kt, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("kt"), get_symbol("ir"), get_symbol("jr")
     kp = {k: get_symbol(k.name) for k in c.summed}
@@ -341,7 +357,8 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     inner_threads = batch is None and _threaded(c, blocking)
     by_panels = inner_threads and n_cols >= 2 * blocking.min_panels_per_thread
     return _Layout(c, mb, nb, kc, pack, accum, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, tail_rows,
-                   n_chunks, tail_chunk, unrolled, batch, inner_threads, by_panels)
+                   n_chunks, tail_chunk, unrolled, batch, inner_threads, by_panels,
+                   get_symbol("kl") if pairs else None)
 
 
 def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.LLStmt:
@@ -350,11 +367,10 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
     lay = _layout(c, tile, blocking)
     chunks = []
     if lay.n_chunks:
-        k_at = _span(lay.kc, lay.kt, lay.kp[lay.k1]) if lay.n_chunks > 1 else Iterator(lay.kp[lay.k1])
-        body = _chunk(lay, k_at, lay.kc)
+        body = _chunk(lay, lay.k_at(lay.kt if lay.n_chunks > 1 else None), lay.kc)
         chunks.append(ll.ForLoop(lay.kt, 0, lay.n_chunks - 1, body) if lay.n_chunks > 1 else body)
     if lay.tail_chunk:
-        chunks.append(_chunk(lay, _span(lay.kc, None, lay.kp[lay.k1], lay.kc * lay.n_chunks), lay.tail_chunk))
+        chunks.append(_chunk(lay, lay.k_at(None, lay.kc * lay.n_chunks), lay.tail_chunk))
     tiles = f"{lay.mb}x{lay.nb}" + (f", {lay.kc}-step k chunks" if lay.kc < c.extent[lay.k1] else "")
     kind = "register-blocked" if lay.unrolled else "blocked (rows not unrolled: a small nest)"
     body = ll.seq(ll.Comment(f"{kind} {tiles} contraction into {c.st.tn.name}"), *chunks)
@@ -453,7 +469,7 @@ def _split_reduction(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSe
         n_lanes = n
     else:
         return None
-    lanes = nests.scheduler_local("lanes", (n_lanes,), st.tn.prec)
+    lanes = nests.scheduler_local("lanes", (n_lanes,), st.tn.prec.computed_in)
     k0, lane = get_symbol("k0"), get_symbol("l")
     env: dict[Symbol, AxisIndex] = {k: make_affine(((n_lanes, k0), (1, lane))) if n_lanes < n else Iterator(lane)}
     own = (ll.Get(lanes, (Iterator(lane),)),)

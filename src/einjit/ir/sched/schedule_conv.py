@@ -113,7 +113,7 @@ def channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSet
     if not summed or not lhs <= extent.keys():
         return None
     sx, sy = nests.symbols(x), nests.symbols(y)
-    per_vector = max(1, st.tn.prec.itemsize // 4)
+    per_vector = max(1, st.tn.prec.computed_in.itemsize // 4)
     choices = [d // per_vector for d in blocking.nb_choices if blocking.min_nb <= d // per_vector <= NB_MAX]
 
     def width(s: Symbol) -> int:
@@ -133,7 +133,7 @@ def channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSet
         return None
     # 8 rows (`Blocking.mb_max`): 4 rows took a quarter less gcc time but 7-12% more run time;
     # fewer where the accumulators would not fit the register file (6 rows of 16 floats on AVX2)
-    mb_max = cost_model.rows_that_fit(nb, st.tn.prec.itemsize, blocking.mb_max, blocking.machine)
+    mb_max = cost_model.rows_that_fit(nb, st.tn.prec.computed_in.itemsize, blocking.mb_max, blocking.machine)
     i = max(rows, key=lambda s: (_divisor_up_to(extent[s], mb_max), s in plain, extent[s]))
     mb = _divisor_up_to(extent[i], mb_max)
     return _blocked_nest(loops, st, (a_op, b_op, b_first), (i, mb), (j, nb), summed)
@@ -146,7 +146,7 @@ def _blocked_nest(loops: list[ll.ForLoop], st: ll.Set, operands: tuple[ll.LLScal
     (i, mb), (j, nb) = row_axis, col_axis
     extent = {lp.index: lp.to_ + 1 for lp in loops}
     lhs = {s for idx in st.idcs for s in index_symbols(idx)}
-    prec = st.tn.prec
+    prec = st.tn.prec.computed_in
     pack = nests.scheduler_local("pack", tuple(extent[k] for k in summed) + (nb,), prec)
     accum = nests.scheduler_local("acc", (mb, nb), prec)
     j0, i0, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("ir"), get_symbol("jr")
@@ -191,7 +191,7 @@ def window_reduction(loops: list[ll.ForLoop], st: ll.Set) -> ll.LLStmt | None:
         window += 1
     if not window or math.prod(lp.to_ + 1 for lp in loops[-window:]) > WINDOW_MAX:
         return None
-    vector = VECTOR_BYTES // st.tn.prec.itemsize
+    vector = VECTOR_BYTES // st.tn.prec.computed_in.itemsize
     fits = [lp for lp in loops[:-window] if lp.index in lhs and (lp.to_ + 1) % vector == 0]
     if not fits:
         return None
