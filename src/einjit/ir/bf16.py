@@ -10,11 +10,13 @@ are rounded like any other value (no flush to zero).
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from einjit.ir import ops
 
-__all__ = ["as_cells", "from_bits", "round_to_bf16", "to_bits"]
+__all__ = ["as_cells", "cell_from_bits", "cell_to_bits", "from_bits", "round_to_bf16", "to_bits"]
 
 
 def to_bits(values: object) -> np.ndarray:
@@ -31,6 +33,20 @@ def from_bits(bits: object) -> np.ndarray:
     """The float32 values of bf16 bit patterns (exact)."""
     b = np.asarray(bits, dtype=np.uint16)
     return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def cell_to_bits(value: float) -> np.uint16:
+    """`to_bits` of one number, without array overhead (the interpreter stores one cell at a
+    time)."""
+    u = struct.unpack("<I", struct.pack("<f", value))[0]
+    if (u & 0x7FFFFFFF) > 0x7F800000:
+        return np.uint16((u >> 16) | 0x40)
+    return np.uint16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
+
+
+def cell_from_bits(bits: int) -> np.float32:
+    """`from_bits` of one cell."""
+    return np.float32(struct.unpack("<f", struct.pack("<I", int(bits) << 16))[0])
 
 
 def round_to_bf16(values: object) -> np.ndarray:

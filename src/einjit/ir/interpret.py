@@ -153,12 +153,12 @@ class _Machine:
 
 def _loaded(cell, prec: ops.Prec):
     """A cell's value: a bf16 cell holds a bit pattern, widened to its float32 value."""
-    return bf16.from_bits(cell)[()] if prec is ops.bf16 else cell
+    return bf16.cell_from_bits(cell) if prec is ops.bf16 else cell
 
 
 def _stored(value, prec: ops.Prec):
     """What a cell of `prec` holds for `value`: a bf16 cell its rounded bit pattern."""
-    return bf16.to_bits(value)[()] if prec is ops.bf16 else value
+    return bf16.cell_to_bits(value) if prec is ops.bf16 else value
 
 
 def run(llc: ll.LLStmt, arrays: dict[Tnode, np.ndarray] | None = None, bindings: Mapping[Symbol, int] | None = None,

@@ -1,0 +1,195 @@
+"""bf16 storage (`ir/bf16.py`, precision `ops.bf16`): cells hold the upper half of a float32,
+loads widen exactly, stores round to nearest even; expressions compute in float32 and
+contractions accumulate in float32. The NumPy reference is checked against hand-computed
+patterns (and PyTorch's rounding where installed), the C backend against the interpreter bit
+for bit, and results against NumPy on bf16-rounded inputs.
+
+Tolerances: a float32 accumulation of `m` products of bf16 numbers (exact in float32) differs
+from the float64 sum by at most `m * 2**-24` of the sum of magnitudes; a result stored as bf16
+adds one rounding, half a bf16 ulp: at most `2**-8` relative.
+
+This machine may lack AVX512_BF16: the `vdpbf16ps` path is checked by compiling the generated
+C for Sapphire Rapids to assembly, the fallback that the same source compiles to elsewhere by
+running it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from einjit.backends import c_syntax
+from einjit.backends.cc.backend import CcBackend, run_once
+from einjit.ir import bf16, interpret, ops
+from einjit.ir import low_level as ll
+from einjit.ir.indexing import Iterator, get_symbol
+from einjit.ir.optimize import VirtualizeSettings
+from einjit.ir.sched.machine import MACHINES
+from einjit.ir.sched.schedule import Blocking, schedule_llc
+from einjit.ir.tnode import Tnode
+
+RNG = np.random.default_rng(21)
+ON = VirtualizeSettings()
+
+
+def it(*syms):
+    return tuple(Iterator(s) for s in syms)
+
+
+def test_rounding_to_nearest_even_by_hand():
+    one_ulp = 2.0**-7  # bf16 keeps 7 mantissa bits
+    values = np.array([1.0 + one_ulp / 2, 1.0 + 3 * one_ulp / 2, 1.0 + one_ulp / 2 + 2.0**-20, -2.5, 0.0, -0.0,
+                       np.inf, -np.inf, 3.4e38, 1e-40], np.float32)
+    want = np.array([1.0, 1.0 + 2 * one_ulp, 1.0 + one_ulp, -2.5, 0.0, -0.0, np.inf, -np.inf, np.inf],
+                    np.float32)
+    got = bf16.round_to_bf16(values)
+    np.testing.assert_array_equal(got[:-1], want)
+    assert np.signbit(got[5]) and bf16.to_bits(values[-1]) == 0x0001  # 1e-40: a subnormal, not flushed
+    assert bf16.to_bits(np.float32(1.0)) == 0x3F80
+    for v, bits in zip(values, bf16.to_bits(values), strict=True):
+        assert bf16.cell_to_bits(v) == bits and bf16.cell_from_bits(bits) == bf16.from_bits(bits)
+    nan = bf16.to_bits(np.array([0x7FC00000, 0xFFC00000, 0x7F800001], np.uint32).view(np.float32))
+    assert np.isnan(bf16.from_bits(nan)).all()
+
+
+def test_rounding_matches_pytorch():
+    torch = pytest.importorskip("torch")
+    x = np.concatenate([RNG.standard_normal(50_000).astype(np.float32) * np.float32(100),
+                        np.frombuffer(RNG.integers(0, 2**32, 50_000, dtype=np.uint32).tobytes(), np.float32)])
+    x = x[~np.isnan(x)]
+    want = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(bf16.to_bits(x), want)
+
+
+def _stored(values: np.ndarray) -> np.ndarray:
+    return bf16.to_bits(values)
+
+
+def _pointwise():
+    """`y[i] = exp(x[i]) * 0.5 + x[i]`, bf16 in and out, and `z = y * x` in single."""
+    x, y, z = Tnode("x", (300,), ops.bf16), Tnode("y", (300,), ops.bf16), Tnode("z", (300,), ops.single)
+    i = get_symbol("i")
+    expr = ll.Binop(ops.Binop.ADD, ll.Binop(ops.Binop.MUL, ll.Unop(ops.Unop.EXP, ll.Get(x, it(i))), ll.Constant(0.5)),
+                    ll.Get(x, it(i)))
+    prod = ll.Binop(ops.Binop.MUL, ll.Get(y, it(i)), ll.Get(x, it(i)))
+    code = ll.seq(ll.ForLoop(i, 0, 299, ll.Set(y, it(i), expr)), ll.ForLoop(i, 0, 299, ll.Set(z, it(i), prod)))
+    return code, x, y, z
+
+
+def test_pointwise_c_matches_interpreter_and_numpy():
+    code, x, y, z = _pointwise()
+    xv = RNG.standard_normal(300).astype(np.float32) * 3
+    ins = {x: _stored(xv)}
+    ran = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})
+    ctx = run_once(code, ins, name="bf16_pointwise", context=CcBackend().init("bf16_pointwise"))
+    assert ran[y].dtype == np.uint16
+    np.testing.assert_array_equal(ctx.array(y), ran[y])
+    np.testing.assert_array_equal(ctx.array(z), ran[z])
+    xr = bf16.round_to_bf16(xv)
+    want_y = bf16.round_to_bf16(np.exp(xr) * np.float32(0.5) + xr)
+    np.testing.assert_allclose(bf16.from_bits(ran[y]), want_y, rtol=2.0**-8)
+    np.testing.assert_array_equal(ran[z], bf16.from_bits(ran[y]) * xr)
+
+
+def matmul(n, m, p, transposed, out_prec):
+    """`c = a @ b` (`a @ b.T` when `transposed`) with bf16 operands, as the simplifier leaves it."""
+    a, c = Tnode("a", (n, m), ops.bf16), Tnode("c", (n, p), out_prec)
+    b = Tnode("b", (p, m) if transposed else (m, p), ops.bf16)
+    i, j, k = get_symbol("i"), get_symbol("j"), get_symbol("k")
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(a, it(i, k)), ll.Get(b, it(j, k) if transposed else it(k, j)),
+                    ll.Get(c, it(i, j)))
+    loops = ll.ForLoop(i, 0, n - 1, ll.ForLoop(j, 0, p - 1, ll.ForLoop(k, 0, m - 1, ll.Set(c, it(i, j), fma))))
+    return ll.seq(ll.ZeroOut(c), loops), a, b, c
+
+
+def _operands(a, b):
+    return {a: _stored(RNG.standard_normal(a.dims).astype(np.float32)),
+            b: _stored(RNG.standard_normal(b.dims).astype(np.float32))}
+
+
+def _reference(ins, a, b, transposed):
+    av, bv = (bf16.from_bits(ins[t]).astype(np.float64) for t in (a, b))
+    return av @ (bv.T if transposed else bv), np.abs(av) @ np.abs(bv.T if transposed else bv)
+
+
+def _local_precs(code):
+    return {tn.label[0]: tn.prec for tn in ll.nodes_of(code) if tn.is_local()}
+
+
+@pytest.mark.parametrize("machine", ["avx2", "avx512", "avx512_bf16"])
+@pytest.mark.parametrize("transposed", [False, True], ids=["a@b", "a@b.T"])
+@pytest.mark.parametrize("n,m,p", [(16, 8, 32), (12, 6, 40), (7, 9, 20)])
+def test_float_result_of_bf16_operands(machine, n, m, p, transposed):
+    """Accumulated in float32, in the original order of `k`: the blocked nest, with float
+    accumulators and a float panel or (AVX512_BF16, even `k`) a pair panel, is bit-identical
+    to the plain nest, in the interpreter and in C (the fallback of the pair kernel here)."""
+    code, a, b, c = matmul(n, m, p, transposed, ops.single)
+    sched = schedule_llc(code, ON, Blocking(machine=MACHINES[machine], min_work=1, min_unroll_work=1))
+    pairs = machine == "avx512_bf16" and m % 2 == 0
+    assert _local_precs(sched) == {"acc": ops.single, "pack": ops.bf16 if pairs else ops.single}
+    ins = _operands(a, b)
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[c]
+    np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[c], want)
+    ctx = run_once(sched, ins, name="bf16_mm", context=CcBackend().init("bf16_mm"))
+    np.testing.assert_array_equal(ctx.array(c), want)
+    ref, magnitude = _reference(ins, a, b, transposed)
+    assert np.all(np.abs(want - ref) <= m * 2.0**-24 * magnitude)
+
+
+@pytest.mark.parametrize("machine", ["avx2", "avx512_bf16"])
+def test_bf16_result_accumulates_in_float_and_rounds_once(machine):
+    """A bf16 result of a blocked contraction is summed in float32 accumulators and rounded
+    once per cell: within half a bf16 ulp of the exact sum (`2**-8` relative at most), where
+    rounding at every step (the plain nest) drifts by several ulps over 256 terms."""
+    n, m, p = 4, 256, 16
+    code, a, b, c = matmul(n, m, p, False, ops.bf16)
+    sched = schedule_llc(code, ON, Blocking(machine=MACHINES[machine], min_work=1))
+    assert _local_precs(sched)["acc"] is ops.single
+    ins = _operands(a, b)
+    got = interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[c]
+    ctx = run_once(sched, ins, name="bf16_out", context=CcBackend().init("bf16_out"))
+    np.testing.assert_array_equal(ctx.array(c), got)
+    ref, magnitude = _reference(ins, a, b, False)
+    err = np.abs(bf16.from_bits(got) - ref)
+    assert np.all(err <= 2.0**-8 * np.abs(ref) + m * 2.0**-24 * magnitude)
+    stepwise = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[c]
+    assert np.abs(bf16.from_bits(stepwise) - ref).mean() > 4 * err.mean()
+
+
+def _scheduled_source(n, m, p, transposed):
+    code, a, b, c = matmul(n, m, p, transposed, ops.single)
+    sched = schedule_llc(code, ON, Blocking(machine=MACHINES["avx512_bf16"], min_work=1, min_unroll_work=1))
+    return c_syntax.render_program([("bf16_mm", sched)]).source
+
+
+def _assembly(tmp_path, source, march):
+    src = tmp_path / "k.c"
+    src.write_text(source)
+    out = tmp_path / f"k_{march}.s"
+    done = subprocess.run(["gcc", "-O2", f"-march={march}", "-S", "-o", str(out), str(src)], capture_output=True,
+                          text=True)
+    if done.returncode and "bad value" in done.stderr:
+        pytest.skip(f"gcc does not know -march={march}")
+    assert done.returncode == 0, done.stderr
+    return out.read_text()
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
+@pytest.mark.parametrize("transposed", [False, True], ids=["a@b", "a@b.T"])
+def test_avx512_bf16_kernel_compiles_to_vdpbf16ps(tmp_path, transposed):
+    """The pair kernel is `_mm512_dpbf16_ps` where the compiler targets AVX512_BF16: one
+    `vdpbf16ps` per accumulator vector (8 rows × 2 vectors of a 8×32 block, unrolled), and
+    none, the scalar fallback, where it does not."""
+    source = _scheduled_source(16, 64, 64, transposed)
+    assert "_mm512_dpbf16_ps" in source and "#if defined(__AVX512BF16__)" in source
+    spr = _assembly(tmp_path, source, "sapphirerapids")
+    assert spr.count("vdpbf16ps") >= 16
+    assert "vdpbf16ps" not in _assembly(tmp_path, source, "skylake-avx512")
+    assert "vdpbf16ps" not in _assembly(tmp_path, source, "x86-64-v3")
+
+
+def test_odd_depth_keeps_the_float_panel():
+    source = _scheduled_source(16, 63, 64, False)
+    assert "_mm512_dpbf16_ps" not in source
