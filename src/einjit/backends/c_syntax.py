@@ -466,6 +466,7 @@ class _Writer:
                     raise RenderError(f"einjit: local {sid!r} (of {sid.tn.debug_name()}) read outside its scope")
                 return self.cast(local_name(sid), sid.tn.prec.computed_in, prec)
             case ll.LocalScope(sid, body, _):
+                # A bf16 node's local is a float holding bf16 numbers: each `SetLocal` rounds.
                 pre.append(f"{indent}{self.syn.type_name(sid.tn.prec.computed_in)} {local_name(sid)} = 0;")
                 self.locals_in_scope.add(sid)
                 saved, self.lines = self.lines, pre
@@ -596,7 +597,10 @@ class _Writer:
                     if sid not in self.locals_in_scope:
                         raise RenderError(f"einjit: local {sid!r} (of {sid.tn.debug_name()}) set outside its scope")
                     def render_local(pre, ind, sid=sid, value=value):
-                        return f"{local_name(sid)} = {self.scalar(value, sid.tn.prec, pre, ind)};"
+                        rhs = self.scalar(value, sid.tn.prec, pre, ind)
+                        if sid.tn.prec is ops.bf16:
+                            rhs = self.loaded(self.stored(rhs, ops.bf16), ops.bf16)
+                        return f"{local_name(sid)} = {rhs};"
                     self.with_scalar(indent, render_local)
                 case ll.SetFromVec():
                     def render_vec(pre, ind, s=s):

@@ -97,7 +97,7 @@ class _Machine:
                     for k, cell in enumerate(values):
                         arr[pos[:-1] + (pos[-1] + k,)] = _stored(cell, tn.prec)
                 case ll.SetLocal(sid, value):
-                    self.locals[sid] = self.eval(value, sid.tn.prec)
+                    self.locals[sid] = _rounded(self.eval(value, sid.tn.prec), sid.tn.prec)
                 case ll.ZeroOut(tn):
                     self.array(tn)[...] = 0
                 case ll.Comment() | ll.Noop():
@@ -159,6 +159,11 @@ def _loaded(cell, prec: ops.Prec):
 def _stored(value, prec: ops.Prec):
     """What a cell of `prec` holds for `value`: a bf16 cell its rounded bit pattern."""
     return bf16.cell_to_bits(value) if prec is ops.bf16 else value
+
+
+def _rounded(value, prec: ops.Prec):
+    """A local's value: a bf16 node's local holds the float32 value of a bf16 number."""
+    return bf16.cell_from_bits(bf16.cell_to_bits(value)) if prec is ops.bf16 else value
 
 
 def run(llc: ll.LLStmt, arrays: dict[Tnode, np.ndarray] | None = None, bindings: Mapping[Symbol, int] | None = None,

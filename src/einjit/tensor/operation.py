@@ -167,14 +167,15 @@ def transpose(a: Like, *, label=None) -> Tensor:
     return make_op("T", [as_tensor(a)], logic="T", forward=fwd, backprop=bwd, label=label)
 
 
-def copy_value(a: Like, *, label=None) -> Tensor:
+def copy_value(a: Like, *, label=None, prec: ops.Prec | None = None) -> Tensor:
     """A new tensor computing a copy of `a`'s value, without a gradient: a node of its own
     that a routine may keep on the host when `a`'s node is kept inside another routine. It has
-    `a`'s precision: it is the same values, not a computation in the default precision."""
+    `a`'s precision: it is the same values, not a computation in the default precision; `prec`
+    asks for another (a bf16 copy of float32 weights, rounded once)."""
     fwd, _ = _COPY
     source = as_tensor(a)
     return make_op("copy", [source], logic=None, forward=fwd, backprop=None, grad_spec=GradSpec.PROHIBIT_GRAD,
-                   label=label, prec=source.value_tn.prec)
+                   label=label, prec=source.value_tn.prec if prec is None else prec)
 
 
 def batch_slice(a: Like, static_sym: StaticSymbol, *, label=None) -> Tensor:

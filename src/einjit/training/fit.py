@@ -207,13 +207,16 @@ def predictor(model: Callable[[Tensor], Tensor], *, batch_dims: Sequence[int] = 
 
 
 def train_step(loss: Tensor, update: Update | list[Update] | tuple[Update, ...], *, inputs: Sequence[Tensor],
-               name: str = "train_step", backend: object = None, context: object = None) -> TrainStep:
+               name: str = "train_step", backend: object = None, context: object = None,
+               mixed_precision: str | None = None) -> TrainStep:
     """Compile (once) forward, backprop and `update` (e.g. `train.sgd_update(loss, lr)`, or a
     list of per-parameter updates such as `train.sgd_one`'s); `backend` / `context` as for
-    `forward_step`."""
+    `forward_step`. `mixed_precision="bf16"` computes forward and backprop on bf16 weight
+    copies and activations, keeping float32 parameters, gradients and optimizer state
+    (`train.grad_update`)."""
     _check_params_set([loss])
     updates: list[Update] = list(update) if isinstance(update, (list, tuple)) else [update]
-    code = asg.sequence(train.grad_update(loss), *[as_asgns(u) for u in updates])
+    code = asg.sequence(train.grad_update(loss, mixed_precision=mixed_precision), *[as_asgns(u) for u in updates])
     routine = to_routine(code, name=name, backend=backend, context=context)
     return TrainStep(routine, inputs, name, loss, drivers(code))
 

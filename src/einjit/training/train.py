@@ -29,6 +29,7 @@ from einjit.tensor.tensor import (
     consume_forward_code,
     is_forward_root,
 )
+from einjit.training import mixed_precision as mixed
 from einjit.training.step import forward_code, to_routine
 
 Asgns = asg.Asgns
@@ -40,8 +41,12 @@ def forward(t: Tensor) -> Asgns:
     return asg.BlockComment(f"forward {t.label_str}", consume_forward_code(t))
 
 
-def grad_update(loss: Tensor) -> Asgns:
-    """Forward, zero the gradients, `loss.grad =: 1`, backprop — the seed's order."""
+def grad_update(loss: Tensor, *, mixed_precision: str | None = None) -> Asgns:
+    """Forward, zero the gradients, `loss.grad =: 1`, backprop — the seed's order.
+    `mixed_precision="bf16"`: the forward and backprop read bf16 copies of the parameters and
+    store activations in bf16; parameters, gradients and the optimizers' updates stay float32
+    (`einjit.training.mixed_precision`)."""
+    storage = mixed.check_mode(mixed_precision)
     if loss.grad_tn is None:
         raise TensorError(f"einjit: grad_update needs a differentiable loss; {loss.label_str} has no "
                           f"parameters under it")
@@ -49,11 +54,15 @@ def grad_update(loss: Tensor) -> Asgns:
     fwd = consume_forward_code(loss)
     zeros = [asg.Fetch(t.grad_tn, asg.FetchConstant(0.0)) for t in loss.subtree() if t.grad_tn is not None]
     bprop = consume_backprop_code(loss)
-    return asg.sequence(
+    code = asg.sequence(
         asg.BlockComment(f"forward {loss.label_str}", fwd),
         asg.BlockComment("zero gradients", asg.sequence(*zeros)),
         asg.BlockComment(f"backprop {loss.label_str}", asg.sequence(
             cd("g =: 1", g=loss.grad).asgns, bprop)))
+    if storage is None:
+        return code
+    mixed.bf16_activations(loss, code)
+    return mixed.parameter_copies(loss, code)
 
 
 def _params_of(x: "Tensor | Iterable[Tensor]") -> list[Tensor]:

@@ -428,7 +428,7 @@ def _local_scope(sid: ll.ScopeId, body: ll.LLStmt, orig, cx: _Ctx) -> ll.LLScala
         value = _scalar(_substitute(s.value, sid, value), inner) if uses else s.value
         consumed += 1
     rest = stmts[consumed:]
-    if not rest and sid.tn.prec.computed_in == cx.prec and _combine_prec(cx.prec, value, cx.memo.widest) is cx.prec:
+    if not rest and sid.tn.prec == cx.prec and _combine_prec(cx.prec, value, cx.memo.widest) is cx.prec:
         return value  # no rounding boundary is lost: the value computes in the local's precision
     head = [] if _is_positive_zero(value) else [ll.SetLocal(sid, value)]
     return ll.LocalScope(sid, ll.seq(*head, *rest), orig)

@@ -1,0 +1,117 @@
+"""Mixed-precision training steps (`grad_update(loss, mixed_precision="bf16")`, also through
+`fit.train_step`): the forward and backward passes read bf16 copies of
+the parameters and store activations in bf16, while the parameters themselves (the master
+weights), their gradients and the optimizer's state stay float32, and updates compute in
+float32.
+
+What becomes bf16, and why:
+- every float32 parameter gets a bf16 copy, rounded once per step before the forward pass
+  and kept in memory (not inlined into its readers, which would round it at every read);
+  the forward and backprop code read the copy instead of the parameter (`_with_reads`), so a
+  layer's contraction multiplies bf16 by bf16 into float32 accumulators (`vdpbf16ps` on CPUs
+  with AVX512_BF16, `ir/sched/bf16_pairs.py`);
+- an activation that a contraction with a parameter reads (the input of a linear layer, a
+  convolution, the language-model head) is stored as bf16, when plain assignments (`=:`)
+  compute it: the contraction then has two bf16 operands and accumulates in float32. Not a
+  max pooling's result: its backprop routes the gradient to the inputs *equal* to it, which a
+  rounded maximum no longer is (the convnet's loss drifted by 8% in 30 steps);
+- everything else stays float32, as PyTorch's autocast keeps it: what accumulates (a sum
+  stored in bf16 would round at every term), the softmax, normalization and loss arithmetic
+  between contractions (the loss's log-sum-exp drifted by 1-2% in bf16), gradients, inputs,
+  the loss and other tensors with host values.
+
+An activation the optimizer inlines into its consumer (virtual) is rounded there, as if stored.
+The activations' precision is a property of the graph: other routines compiled over the same
+tensors afterwards (a prediction step) see bf16 activations too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from einjit.ir import assignments as asg
+from einjit.ir import ops
+from einjit.tensor.operation import copy_value
+from einjit.tensor.tensor import Tensor, TensorError, consume_forward_code
+
+__all__ = ["MODES", "bf16_activations", "check_mode", "parameter_copies"]
+
+MODES = ("bf16",)
+
+
+def check_mode(mode: str | None) -> ops.Prec | None:
+    """The storage precision `mode` names, None for full precision; an error for anything else."""
+    if mode is None:
+        return None
+    if mode not in MODES:
+        raise TensorError(f"einjit: mixed_precision must be None or one of {', '.join(map(repr, MODES))}, "
+                          f"got {mode!r}")
+    return ops.bf16
+
+
+def parameter_copies(loss: Tensor, code: asg.Asgns) -> asg.Asgns:
+    """`code` (the forward and backprop code of `loss`) reading a bf16 copy of every float32
+    parameter, preceded by the code computing the copies."""
+    copies: dict[int, Tensor] = {}
+    for p in loss.params():
+        if p.value_tn.prec is ops.single:
+            copies[p.value_tn.id] = copy_value(p, label=[*p.path, "bf16"], prec=ops.bf16).materialize()
+    if not copies:
+        return code
+    rounding = asg.sequence(*[consume_forward_code(c) for c in copies.values()])
+    reads = {k: c.value_tn for k, c in copies.items()}
+    return asg.sequence(asg.BlockComment("bf16 copies of the parameters", rounding), _with_reads(code, reads))
+
+
+def _with_reads(code: asg.Asgns, reads: dict) -> asg.Asgns:
+    """`code` with every read of a node in `reads` (by id) a read of its replacement."""
+    def buf(b: asg.Buffer) -> asg.Buffer:
+        return asg.Node(reads[b.tn.id]) if isinstance(b, asg.Node) and b.tn.id in reads else b
+
+    match code:
+        case asg.Seq(first, second):
+            return asg.Seq(_with_reads(first, reads), _with_reads(second, reads))
+        case asg.BlockComment(message, body):
+            return asg.BlockComment(message, _with_reads(body, reads))
+        case asg.AccumBinop(rhs1=r1, rhs2=r2):
+            return dataclasses.replace(code, rhs1=buf(r1), rhs2=buf(r2))
+        case asg.AccumUnop(rhs=r) | asg.SetVecUnop(rhs=r):
+            return dataclasses.replace(code, rhs=buf(r))
+        case asg.AccumTernop(rhs1=r1, rhs2=r2, rhs3=r3):
+            return dataclasses.replace(code, rhs1=buf(r1), rhs2=buf(r2), rhs3=buf(r3))
+    return code
+
+
+def bf16_activations(loss: Tensor, code: asg.Asgns) -> list[Tensor]:
+    """Store in bf16 the values of the tensors under `loss` that a contraction with a parameter
+    reads and that `code` computes by plain assignments alone (see the module docstring); the
+    tensors changed."""
+    params = {p.value_tn.id for p in loss.params()}
+    writes: dict[int, list[asg.Asgns]] = {}
+    operands: set[int] = set()
+    for a in asg.flatten_with_comments(code):
+        lhs = asg.lhs_of(a)
+        if lhs is not None:
+            writes.setdefault(lhs.id, []).append(a)
+        read = [b.tn.id for b in asg.rhs_buffers(a)]
+        if not _plain(a) and any(k in params for k in read):
+            operands.update(read)
+    changed = []
+    for t in loss.subtree():
+        tn = t.value_tn
+        if t is loss or t.is_param or tn.id not in operands or tn.prec is not ops.single or tn.array is not None \
+                or tn.is_hosted():
+            continue
+        found = writes.get(tn.id)
+        if found and all(_plain(a) for a in found):
+            tn.prec = ops.bf16
+            changed.append(t)
+    return changed
+
+
+def _plain(a: asg.Asgns) -> bool:
+    """An assignment `=:`: one value per cell, nothing accumulated."""
+    match a:
+        case asg.AccumBinop(accum=acc) | asg.AccumUnop(accum=acc) | asg.AccumTernop(accum=acc):
+            return acc is ops.Binop.ARG2
+    return False
