@@ -153,11 +153,36 @@ def test_precision_names_and_dtypes_work_everywhere(name, dtype):
     assert ej.input("i", output_dims=[2], prec=name).dtype == dtype
 
 
-def test_bfloat16_and_unknown_precisions_are_refused_clearly():
-    with pytest.raises(ops.PrecisionError, match="bfloat16.*float32"):
-        ej.set_default_precision("bfloat16")
+def test_unknown_precisions_are_refused_clearly():
     with pytest.raises(ej.EinjitError, match="'quad'.*float64"):
         ej.ndarray([1.0], prec="quad")
+    with pytest.raises(ops.PrecisionError, match="uint16"):
+        ops.as_prec(np.uint16)  # bf16's storage dtype is not a precision of its own
+
+
+@pytest.mark.parametrize("name", ["bf16", "bfloat16", "BF16"])
+def test_bf16_values_are_read_and_written_as_float32(name):
+    """bf16 cells hold bit patterns; the host sees float32 values, rounded to nearest even
+    when written (1 + 2**-8 is a tie: down to 1; 1 + 3 * 2**-8 up to 1 + 2**-6; 259 up to 260)."""
+    assert ops.as_prec(name) is ops.bf16
+    t = ej.input("b", output_dims=[4], prec=name)
+    assert t.dtype == np.float32 and t.value_tn.prec is ops.bf16
+    t.set_values(np.array([1 + 2.0**-8, 1 + 3 * 2.0**-8, -3.0, 259.0], np.float32))
+    np.testing.assert_array_equal(t.numpy(), np.array([1.0, 1 + 2.0**-6, -3.0, 260.0], np.float32))
+    assert t.value_tn.array.dtype == np.uint16 and t.value_tn.array[2] == 0xC040
+    t.value[1] = 2.5
+    assert t.numpy()[1] == 2.5 and t.value[1:3].tolist() == [2.5, -3.0]
+    with pytest.raises(ej.EinjitError, match="bf16.*numpy"):
+        np.from_dlpack(t)
+    c = ej.ndarray([0.1, 0.2], prec="bf16")
+    np.testing.assert_array_equal(c.numpy(), np.array([0.10009765625, 0.2001953125], np.float32))
+
+
+def test_bf16_parameters_are_initialized_rounded():
+    with ej.default_precision("bf16"):
+        p = ej.param("p", output_dims=[3], values=[0.1, 1.0, -7.3])
+    train.init_params(p)
+    np.testing.assert_array_equal(p.numpy(), np.array([0.10009765625, 1.0, -7.3125], np.float32))
 
 
 def test_numpy_arrays_keep_their_float_dtype():
