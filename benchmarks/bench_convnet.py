@@ -32,8 +32,9 @@ def _data(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def einjit_step(cache_dir: str):
-    """The step routine, and seconds to build + compile it."""
+def einjit_step(cache_dir: str, *, mixed_precision: str | None = None):
+    """The step routine, and seconds to build + compile it (`mixed_precision`: as for
+    `train.grad_update`)."""
     os.environ["EINJIT_CACHE_DIR"] = cache_dir
     import einjit as ej
     from einjit import nn, train
@@ -48,7 +49,8 @@ def einjit_step(cache_dir: str):
     loss = nn.cross_entropy(model(x), y)
     opt = nn.SGD(loss, 0.01)
     train.init_params(loss)
-    routine = train.to_routine([train.grad_update(loss), opt.update()], name="bench_convnet_step")
+    name = "bench_convnet_step" if mixed_precision is None else f"bench_convnet_step_{mixed_precision}"
+    routine = train.to_routine([train.grad_update(loss, mixed_precision=mixed_precision), opt.update()], name=name)
     return routine, time.perf_counter() - t0
 
 

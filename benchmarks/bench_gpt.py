@@ -130,8 +130,9 @@ def row(name: str, einjit_s: float, peers: dict[str, float | None]) -> dict:
     return out
 
 
-def einjit_train_step(n_layer: int):
-    """(model, step, batch, compile seconds): the GPT step of the benchmark's shape."""
+def einjit_train_step(n_layer: int, *, mixed_precision: str | None = None):
+    """(model, step, batch, compile seconds): the GPT step of the benchmark's shape
+    (`mixed_precision`: as for `fit.train_step`)."""
     import einjit as ej
     from einjit import fit, nn, train
     from einjit.models import GPT, GPTConfig
@@ -144,7 +145,8 @@ def einjit_train_step(n_layer: int):
     opt = nn.AdamW(model.params(), 1e-3)
     train.init_params(loss, seed=0)
     t0 = time.perf_counter()
-    step = fit.train_step(loss, opt.update(), inputs=[x, y], name=f"gpt{n_layer}_step")
+    step = fit.train_step(loss, opt.update(), inputs=[x, y], name=f"gpt{n_layer}_step{mixed_precision or ''}",
+                          mixed_precision=mixed_precision)
     compile_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     ids = rng.integers(0, V, (B, T + 1)).astype(np.int32)

@@ -10,7 +10,10 @@ convolutions and built from `einjit.nn` layers (peer: PyTorch only), and their c
 ATL matmul and matvec through einjit's backend; the optimizer on a chain of 400 virtual nodes;
 the cold compile of the moons step; the bytes an MLP step keeps with local storage on and off;
 the GPT training step (2 and 4 blocks, d=128, T=64, B=16) and per-token KV-cache decoding
-(peers PyTorch eager and `torch.compile`).
+(peers PyTorch eager and `torch.compile`); the bf16 matmul (peers einjit's fp32, NumPy's fp32
+and PyTorch's bf16 matmul) and the MLP, convnet and GPT steps in bf16 mixed precision against
+fp32 (`bench_bf16.py`; each bf16 row names the kernel it ran: `vdpbf16ps` on a CPU with
+AVX512_BF16, else the fp32 fallback).
 Peers: NumPy always, PyTorch eager and tinygrad when installed. Every peer gets einjit's
 thread count (BLAS through its environment variables, set before NumPy is imported;
 `torch.set_num_threads`). A ratio is the peer's time over einjit's: above 1 means einjit is
@@ -41,7 +44,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="threads for einjit and every peer")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, no n=1024, no 12-block GPT compile")
     ap.add_argument("--only", default="", help="comma-separated row groups to run: matmul, mlp, convnet, atl, "
-                    "compile, memory, deploy, gpt (default: all)")
+                    "compile, memory, deploy, gpt, bf16 (default: all)")
     ap.add_argument("--sizes", default="", help="comma-separated matmul sizes (default: 256,512,1000,1024; "
                     "awkward sizes such as 1000,1023,784 take the remainder path)")
     return ap.parse_args()
@@ -278,6 +281,13 @@ def gpt_compile_rows(blocks: tuple[int, ...]) -> list[dict]:
     return rows
 
 
+def bf16_rows(sizes: list[int]) -> list[dict]:
+    import bench_bf16
+
+    return bench_bf16.matmul_rows(sizes, row, best_times, ARGS.threads if ARGS else 1) + \
+        bench_bf16.step_rows(row, best_times)
+
+
 def main() -> None:
     global MACHINE
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -290,7 +300,7 @@ def main() -> None:
               "atl": lambda: atl_rows(512 if ARGS.quick else 1024),
               "compile": lambda: [chain_row(), compile_row(), *gpt_compile_rows((2, 4) if ARGS.quick else (2, 4, 12))],
               "memory": lambda: [memory_row()], "deploy": lambda: deploy_rows(ARGS.threads, ARGS.quick),
-              "gpt": gpt_rows}
+              "gpt": gpt_rows, "bf16": lambda: bf16_rows([512] if ARGS.quick else [512, 1024])}
     only = [g for g in ARGS.only.split(",") if g] or list(groups)
     unknown = sorted(set(only) - set(groups))
     if unknown:
@@ -298,9 +308,13 @@ def main() -> None:
     MACHINE = machine.measure(ARGS.threads)
     rows = [r for g in only for r in groups[g]()]
     if ARGS.json:
-        print(json.dumps({"machine": dataclasses.asdict(MACHINE), "rows": rows}, indent=1))
+        notes = {"bf16_path": __import__("bench_bf16").bf16_path()} if "bf16" in only else {}
+        print(json.dumps({"machine": dataclasses.asdict(MACHINE), **notes, "rows": rows}, indent=1))
         return
     print(MACHINE)
+    if "bf16" in only:
+        import bench_bf16
+        print(f"bf16 kernels: {bench_bf16.bf16_path()}")
     print(f"threads: {ARGS.threads} (einjit and every peer); ratio = peer time / einjit time, > 1: einjit faster")
     for r in rows:
         line = f"{r['workload']:<52} einjit {_fmt(r['einjit_s'])}"

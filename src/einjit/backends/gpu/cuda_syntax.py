@@ -34,7 +34,13 @@ from einjit.ir.tnode import Tnode
 _INT_PRECS = (ops.byte, ops.int32, ops.int64)
 
 
+def cuda_type_name(prec: ops.Prec) -> str:
+    """C types, with bf16 cells as CUDA's `__nv_bfloat16` (the same 16 bits as the host's)."""
+    return "__nv_bfloat16" if prec is ops.bf16 else prec.c_type
+
+
 CUDA_SYNTAX = CSyntax(
+    type_name=cuda_type_name,
     function_qualifier='extern "C" __global__',
     restrict="__restrict__",
     helper_qualifier="__device__ inline",
@@ -81,8 +87,15 @@ EINJIT_INT_MATH(int)
 EINJIT_INT_MATH(long long)
 """
 
-# The C renderer's helpers, as device functions.
-_HELPERS = {name: text.format(q=CUDA_SYNTAX.helper_qualifier) for name, text in c_syntax.HELPERS.items()}
+_BF16 = """\
+/* bf16 storage through cuda_bf16.h: loads widen exactly, stores round to nearest even. */
+__device__ inline float einjit_bf16_load(__nv_bfloat16 h) { return __bfloat162float(h); }
+__device__ inline __nv_bfloat16 einjit_bf16_store(float f) { return __float2bfloat16_rn(f); }
+"""
+
+# The C renderer's helpers, as device functions; bf16 conversions by CUDA's own intrinsics.
+_HELPERS = {name: text.format(q=CUDA_SYNTAX.helper_qualifier) for name, text in c_syntax.HELPERS.items()
+            if name != "bf16_dot"} | {"bf16": _BF16}
 
 
 # ---------------------------------------------------------------- rendering
@@ -186,6 +199,8 @@ def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence
         raise RenderError(f"einjit: the CUDA backend does not support half precision yet ({node.debug_name()} is "
                           f"half); use single precision")
     includes = ("cooperative_groups.h",) if any(k.plan.grid_sync for k in kernels) else ()
+    if ops.bf16 in precs:
+        includes += ("cuda_bf16.h",)
     # The C renderer's own support macros (index clamping, ...) come with its empty program.
     header = c_syntax.render_program([], (), dataclasses.replace(CUDA_SYNTAX, includes=includes, prelude=_PRELUDE))
     parts = [header.source.replace("einjit: C backend", "einjit: CUDA backend", 1)]
