@@ -44,7 +44,7 @@ def cell_to_bits(value: float) -> np.uint16:
     return np.uint16((u + 0x7FFF + ((u >> 16) & 1)) >> 16)
 
 
-def cell_from_bits(bits: int) -> np.float32:
+def cell_from_bits(bits: int | np.integer) -> np.float32:
     """`from_bits` of one cell."""
     return np.float32(struct.unpack("<f", struct.pack("<I", int(bits) << 16))[0])
 

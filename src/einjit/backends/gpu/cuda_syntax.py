@@ -198,7 +198,7 @@ def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence
         node = min((tn for tn in nodes if tn.prec is ops.half), key=lambda tn: tn.id)
         raise RenderError(f"einjit: the CUDA backend does not support half precision yet ({node.debug_name()} is "
                           f"half); use single precision")
-    includes = ("cooperative_groups.h",) if any(k.plan.grid_sync for k in kernels) else ()
+    includes: tuple[str, ...] = ("cooperative_groups.h",) if any(k.plan.grid_sync for k in kernels) else ()
     if ops.bf16 in precs:
         includes += ("cuda_bf16.h",)
     # The C renderer's own support macros (index clamping, ...) come with its empty program.
