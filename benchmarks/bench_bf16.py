@@ -40,11 +40,12 @@ def bf16_path() -> str:
     return f"fp32 fallback: {why}"
 
 
-def _matmul(n: int, prec):
-    """The compiled `c = a @ b` (a, b of `prec`, c float32), its context and nodes."""
+def _matmul(n: int, prec, x: np.ndarray, y: np.ndarray):
+    """The compiled `c = a @ b` (a, b of `prec` holding `x`, `y`, c float32) and the result's
+    array."""
     from einjit.backends.cc.backend import CcBackend
+    from einjit.ir import bf16, ops
     from einjit.ir import low_level as ll
-    from einjit.ir import ops
     from einjit.ir.indexing import Iterator, get_symbol
     from einjit.ir.optimize import optimize_proc
     from einjit.ir.tnode import Tnode, hosted
@@ -59,8 +60,9 @@ def _matmul(n: int, prec):
     name = f"mm_{prec.name}_{n}"
     backend = CcBackend()
     ctx = backend.init(name)
+    ctx.array(a)[...], ctx.array(b)[...] = bf16.as_cells(x, prec), bf16.as_cells(y, prec)
     routine = backend.link(ctx, backend.compile((), optimize_proc(code, name=name), shared=True, name=name))
-    return routine, ctx, (a, b, c)
+    return routine, ctx.array(c)
 
 
 def matmul_rows(sizes, row, best_times, threads: int) -> list[dict]:
@@ -70,13 +72,11 @@ def matmul_rows(sizes, row, best_times, threads: int) -> list[dict]:
     for n in sizes:
         rng = np.random.default_rng(0)
         x, y = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
-        routine, ctx, (a, b, c) = _matmul(n, ops.bf16)
-        ctx.array(a)[...], ctx.array(b)[...] = bf16.to_bits(x), bf16.to_bits(y)
+        routine, out = _matmul(n, ops.bf16, x, y)
         routine()
         xr, yr = bf16.round_to_bf16(x).astype(np.float64), bf16.round_to_bf16(y).astype(np.float64)
-        np.testing.assert_allclose(ctx.array(c), xr @ yr, rtol=1e-3, atol=1e-3 * np.sqrt(n))
-        fp32, ctx32, (a32, b32, _) = _matmul(n, ops.single)
-        ctx32.array(a32)[...], ctx32.array(b32)[...] = x, y
+        np.testing.assert_allclose(out, xr @ yr, rtol=1e-3, atol=1e-3 * np.sqrt(n))
+        fp32, _ = _matmul(n, ops.single, x, y)
         fns = [routine, fp32, lambda x=x, y=y: x @ y]
         torch_fn = _torch_bf16(x, y, threads)
         times = best_times(fns + ([torch_fn] if torch_fn else []))

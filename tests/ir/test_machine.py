@@ -20,6 +20,8 @@ EPYC_FLAGS = frozenset("fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi2"
 def test_flags_pick_the_widest_description():
     assert kind_of_flags(EPYC_FLAGS) == "avx2"
     assert kind_of_flags(EPYC_FLAGS | {"avx512f", "avx512bw"}) == "avx512"
+    assert kind_of_flags(EPYC_FLAGS | {"avx512f", "avx512bw", "avx512_bf16"}) == "avx512_bf16"
+    assert MACHINES["avx512_bf16"].bf16_dot and not MACHINES["avx512"].bf16_dot
     assert kind_of_flags(frozenset({"fpu", "sse", "sse2"})) == "generic"
     assert kind_of_flags(frozenset()) == "generic"
     assert (MACHINES["avx2"].vector_bytes, MACHINES["avx2"].vector_registers) == (32, 16)
