@@ -32,6 +32,11 @@ block, although it computes unused columns, is the fastest way to do the tail. A
 of `k` is shorter. Every output cell still sums its terms in the original order, so results are
 bit-identical to the unscheduled code.
 
+bf16 contractions accumulate in float32: the accumulator block and the panel are float
+(`Prec.computed_in`), bf16 operands widened while packing; on a machine with a bf16 dot
+product (`Machine.bf16_dot`) a contraction of two bf16 reads packs its panel in pairs instead
+(`bf16_pairs`), which the C renderer turns into `vdpbf16ps` where the compiler targets it.
+
 Large contractions (`Blocking.parallel_min_work`) run on OpenMP threads: the outermost batch
 loop if there is one, else the column-panel loop when each thread gets at least
 `Blocking.min_panels_per_thread` panels — one fork-join per nest (per chunk), each thread
