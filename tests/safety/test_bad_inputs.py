@@ -54,7 +54,7 @@ BAD = {
     "string number": (lambda: ej.number("3"), ej.TensorError, "must be a real number"),
     "None number": (lambda: ej.number(None), ej.TensorError, "got NoneType None"),
     "unknown precision": (lambda: ej.ndarray([1.0], prec="float128"), ej.ops.PrecisionError,
-                          "unknown or unsupported precision 'float128'; use one of byte, double"),
+                          "unknown or unsupported precision 'float128'; use one of bf16, bfloat16, byte, double"),
     "param complex values": (lambda: ej.param("pc", values=[1 + 1j]), ej.TensorError,
                              "initial values of parameter pc: element [0] is complex"),
     "param ragged values": (lambda: ej.param("pr", values=[[1.0], [2.0, 3.0]]), ej.TensorError,

@@ -129,8 +129,9 @@ def init_params(t: "Tensor | Iterable[Tensor]", *, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     for p in _params_of(t) if isinstance(t, Tensor) else dict.fromkeys(q for x in t for q in _params_of(x)):
         assert p.init is not None  # `param` gives every parameter its initializer
+        values = bf16.as_cells(p.init(rng), p.value_tn.prec)
         host = p.value_tn.host_array()
-        host[...] = bf16.as_cells(p.init(rng), p.value_tn.prec).reshape(host.shape)
+        host[...] = values.reshape(host.shape)
 
 
 def run(routine: Routine) -> None:
