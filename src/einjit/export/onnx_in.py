@@ -246,10 +246,12 @@ def _unary(imp: _Importer, node, attrs) -> None:
 
 
 def _gelu(imp: _Importer, node, attrs) -> None:
-    if attrs.get("approximate", b"none") not in (b"none", "none"):
-        raise imp.error("Gelu", f"approximate={attrs['approximate']!r}; only the erf form ('none') is supported")
+    approximate = attrs.get("approximate", b"none")
+    approximate = approximate.decode() if isinstance(approximate, bytes) else str(approximate)
+    if approximate not in activations.GELU_APPROXIMATIONS:
+        raise imp.error("Gelu", f"approximate={approximate!r}; supported: {', '.join(activations.GELU_APPROXIMATIONS)}")
     x = imp.tensor(node.input[0])
-    imp.set(node.output[0], activations.gelu(x, label=node.output[0]), imp.shapes[node.input[0]])
+    imp.set(node.output[0], activations.gelu(x, approximate, label=node.output[0]), imp.shapes[node.input[0]])
 
 
 def _matmul_spec(a: Shape, b: Shape, imp: _Importer, op: str) -> tuple[str, Shape]:
@@ -590,7 +592,8 @@ def _einsum(imp: _Importer, node, attrs) -> None:
 def _reduce_max(imp: _Importer, node, attrs) -> None:
     x = node.input[0]
     shape = imp.shapes[x]
-    axes = {int(a) % len(shape) for a in attrs.get("axes", range(len(shape)))}
+    given = _axes(imp, node, attrs, "ReduceMax")
+    axes = {int(a) % len(shape) for a in (range(len(shape)) if given is None else given)}
     keep = bool(attrs.get("keepdims", 1))
     names = _labels(shape)
     kept = [("0" if keep else None) if k in axes else n for k, n in enumerate(names)]
