@@ -14,7 +14,7 @@ ort = pytest.importorskip("onnxruntime", reason="ONNX import tests need onnxrunt
 
 import onnx_graphs  # noqa: E402
 from digits_models import build  # noqa: E402
-from einjit.export import ExportError, export_c, onnx_load  # noqa: E402
+from einjit.export import ExportError, export_c, export_onnx, onnx_load  # noqa: E402
 
 RNG_SEED = 0
 
@@ -135,6 +135,10 @@ def test_pytorch_exported_model(tmp_path, which):
     with torch.no_grad():
         np.testing.assert_allclose(got.reshape(want[0].shape), module(x).numpy(), rtol=1e-4, atol=1e-5)
     export_c(step, tmp_path / "c", name=f"torch_{which}")
+    again = export_onnx(step, tmp_path / "again.onnx")
+    np.testing.assert_allclose(_ort(again, {again.graph.input[0].name: x.numpy()})[0], want[0], rtol=1e-5, atol=1e-5)
+    ops = [n.op_type for n in again.graph.node]
+    assert (ops.count("LayerNormalization"), ops.count("Softmax")) == ((4, 2) if which == "transformer" else (0, 0))
 
 
 def test_gather_of_input_ids_is_an_embedding_lookup(tmp_path):

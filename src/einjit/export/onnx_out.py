@@ -41,7 +41,8 @@ GELU_OPSET = 20
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _BINARY = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "**": "Pow"}
 _UNARY = {"relu": "Relu", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "tanh": "Tanh", "sigmoid": "Sigmoid",
-          "neg": "Neg", "recip": "Reciprocal", "abs": "Abs", "sin": "Sin", "cos": "Cos"}
+          "neg": "Neg", "recip": "Reciprocal", "abs": "Abs", "sin": "Sin", "cos": "Cos", "erf": "Erf",
+          "reciprocal": "Reciprocal", "identity": "Identity"}
 _CONTRACTIONS = ("@", "einsum", "conv", "gather")
 _PERMUTES = ("einsum", "sum", "T", "transpose")
 
@@ -267,6 +268,8 @@ class _Exporter:
         base = t.label_str
         if op == "flatten" and len(t.children) == 1:
             return self.w.reshape(self.w.names[t.children[0].id], proj.lhs_dims, base)
+        if op == "reshape" and len(t.children) == 1 and _row_major_split(proj):
+            return self.w.reshape(self.w.names[t.children[0].id], proj.lhs_dims, base)
         if op not in ("conv", "einsum", "maxpool", "avgpool") or len(t.children) != 2:
             raise _error(t, "an affine (window) index outside a convolution or pooling has no ONNX form here")
         x_idx, k_idx = proj.project_rhs
@@ -304,6 +307,25 @@ class _Exporter:
             raise _error(t, f"kernel indices {k_idx} are not (C_out, C_in, KH, KW)")
         return self.w.node("Conv", [x, w], base, kernel_shape=list(proj.rhs_dims[1][2:]), strides=strides,
                            dilations=dilations, pads=pads)
+
+
+def _row_major_split(proj: Projections) -> bool:
+    """The result is its one-axis argument split row-major (`onnx_load`'s reshape): the
+    argument is read at `sum(stride_k * i_k)` with the row-major strides of the result."""
+    (idx,) = proj.project_rhs[0] if len(proj.project_rhs[0]) == 1 else (None,)
+    if not isinstance(idx, Affine) or idx.offset != 0:
+        return False
+    strides = {}
+    for k, (i, d) in enumerate(zip(proj.project_lhs, proj.lhs_dims, strict=True)):
+        match i:
+            case Iterator(s):
+                strides[s] = math.prod(proj.lhs_dims[k + 1:])
+            case FixedIdx(0) if d == 1:
+                pass
+            case _:
+                return False
+    return sorted(((c, s) for c, s in idx.symbols), key=repr) == sorted(((c, s) for s, c in strides.items()
+                                                                         if proj.iterator_dims()[s] > 1), key=repr)
 
 
 def _leaf_values(t: Tensor) -> np.ndarray:
