@@ -63,12 +63,34 @@ def test_exported_model_matches_einjit(tmp_path, kind, weights):
 
 
 def test_export_is_byte_stable(tmp_path):
+    """The same step exported twice, and the same model built and trained again from scratch
+    after unrelated tensors (other tensor ids, other node ids): the same bytes, every file."""
+    from einjit import shape as sh
+    from einjit.tensor import random as rnd
     model = trained("mlp", steps=2)
     step = fit.predictor(model, batch_dims=[1], output_dims=[1, 8, 8])
     first = export_c(step, tmp_path / "a", name="mlp", weights="file")
     second = export_c(step, tmp_path / "b", name="mlp", weights="file")
-    for a, b in zip(first.files, second.files, strict=True):
-        assert a.name == b.name and a.read_bytes() == b.read_bytes(), a.name
+    sh.reset_state()
+    rnd.reset_streams()
+    unrelated = [ej.relu(ej.input(f"other{k}", batch_dims=[3], output_dims=[2])) for k in range(5)]
+    assert unrelated[-1].id > step.outputs[0].id
+    rebuilt = fit.predictor(trained("mlp", steps=2), batch_dims=[1], output_dims=[1, 8, 8])
+    third = export_c(rebuilt, tmp_path / "c", name="mlp", weights="file")
+    for a, b, c in zip(first.files, second.files, third.files, strict=True):
+        assert a.name == b.name == c.name and a.read_bytes() == b.read_bytes() == c.read_bytes(), a.name
+
+
+def test_values_file_is_standard_safetensors(tmp_path):
+    """The values file opens with the safetensors package, keyed by the parameters' labels."""
+    st = pytest.importorskip("safetensors.numpy", reason="reading the file back needs the safetensors package")
+    model = trained("mlp", steps=2)
+    lib = export_c(fit.predictor(model, batch_dims=[1], output_dims=[1, 8, 8]), tmp_path / "lib", name="mlp",
+                   weights="file")
+    values = st.load_file(str(lib.weights_file))
+    assert sorted(values) == sorted(p.label_str for p in model.params())
+    for p in model.params():
+        np.testing.assert_array_equal(values[p.label_str], p.numpy())
 
 
 def test_model_with_input_dims_and_threads(tmp_path):
