@@ -37,12 +37,16 @@ def _symbols(lib) -> tuple[set[str], set[str]]:
     return defined, undefined
 
 
-def _check_symbols(directory, name: str) -> None:
+def _check_symbols(directory, name: str) -> set[str]:
+    """The library defines only the API; what it leaves undefined is libc's, libm's, OpenMP's
+    or libmvec's (`_ZGV...`, returned)."""
     defined, undefined = _symbols(directory / f"lib{name}.a")
     assert defined == {f"{name}_{f}" for f in API}
     libm = {s for s in undefined if re.fullmatch(r"(exp|log|sqrt|tanh|erf|pow|fmax|fmin|fabs|sin|cos)f?", s)}
     openmp = {s for s in undefined if s.startswith(("GOMP_", "omp_"))}
-    assert undefined - libm - openmp <= LIBC, undefined - libm - openmp - LIBC
+    libmvec = {s for s in undefined if s.startswith("_ZGV")}
+    assert undefined - libm - openmp - libmvec <= LIBC, undefined - libm - openmp - libmvec - LIBC
+    return libmvec
 
 
 @pytest.mark.parametrize("kind", ["mlp", "convnet"])
@@ -91,6 +95,48 @@ def test_values_file_is_standard_safetensors(tmp_path):
     assert sorted(values) == sorted(p.label_str for p in model.params())
     for p in model.params():
         np.testing.assert_array_equal(values[p.label_str], p.numpy())
+
+
+def test_vector_math(tmp_path):
+    """A softmax over the GELU of 32 hidden units (exp in a loop of 32, which gcc vectorizes):
+    by default the library needs libc and libm only and matches einjit to 1e-6; with
+    vector_math=True it calls glibc's libmvec as einjit does and matches it bit for bit."""
+    from einjit.backends.cc import toolchain
+    if not toolchain.CcOptions(threads=1).effective_syntax().prelude:
+        pytest.skip("libmvec is glibc's, on x86-64 Linux")
+    model = trained("mlp", steps=2)
+    x = ej.input("images", batch_dims=[16], output_dims=[1, 8, 8])
+    hidden = ej.nn.Sequential(*model.layers[:2])(x)
+    step = fit.forward_step(ej.softmax(ej.gelu(hidden), label="probs"), inputs=[x])
+    xs, _ = images(16, seed=5)
+    want = step(xs).reshape(1, -1)
+    for vector_math in (False, True):
+        lib = export_c(step, tmp_path / f"vm{vector_math}", name="probs", vector_math=vector_math)
+        assert ("-lmvec" in (lib.directory / "Makefile").read_text()) == vector_math
+        build(lib.directory)
+        vector_calls = _check_symbols(lib.directory, "probs")
+        got = run_main(lib.directory, xs, 16 * 32)
+        if vector_math:
+            assert vector_calls, "gcc vectorized no math call"
+            np.testing.assert_array_equal(got, want)
+        else:
+            assert not vector_calls
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_makefile_uses_the_backends_flags(tmp_path):
+    """The Makefile compiles with the C backend's flags: its optimization level and target CPU
+    as OPT and ARCH, the rest as they are; the library, like einjit, contracts no a*b+c."""
+    from einjit.backends.cc import toolchain
+    model = trained("mlp", steps=1)
+    lib = export_c(fit.predictor(model, batch_dims=[2], output_dims=[1, 8, 8]), tmp_path / "lib", name="mlp")
+    text = (lib.directory / "Makefile").read_text()
+    backend = [f for f in toolchain.CcOptions(threads=1).flags if f not in ("-fPIC", "-shared")]
+    opt = next(f for f in backend if f.startswith("-O"))
+    arch = next(f for f in backend if f.startswith("-march="))
+    assert f"OPT ?= {opt}\n" in text and f"ARCH ?= {arch}\n" in text
+    assert "EINJIT_FLAGS = $(OPT) $(ARCH) " + " ".join(f for f in backend if f not in (opt, arch)) + "\n" in text
+    assert "-ffp-contract=off" in text and "-fopenmp" not in text
 
 
 def test_model_with_input_dims_and_threads(tmp_path):

@@ -2,9 +2,11 @@
 
 The routine is lowered, optimized and rendered exactly as the C backend does for a forward
 step (`lower_assignments`, `localize`, `render_program`); only the syntax differs: the routine
-is `static` (the library's one global entry points are its documented API) and libmvec's
-vector math is left out (libc and libm are the only dependencies). What einjit hands the
-routine as context arrays becomes, in the library:
+is `static` (the library's one global entry points are its documented API) and, unless
+`vector_math=True`, glibc's libmvec vector math is left out (libc and libm are then the only
+dependencies; loops calling exp, log, tanh... run scalar, with libm's correctly rounded
+results rather than libmvec's few-ulp ones, so outputs of such models can differ from einjit's
+in the last bits). What einjit hands the routine as context arrays becomes, in the library:
 
 - inputs and outputs: the caller's pointers, arguments of `NAME_run`;
 - values the routine only reads (parameters, running statistics, constants): `static const`
@@ -205,7 +207,7 @@ def _port(t: Tensor, name: str) -> Port:
 
 def export_c(model: object, directory: str | Path, *, name: str = "model", inputs: Sequence[Tensor] | None = None,
              batch_dims: Sequence[int] = (1,), input_dims: Sequence[int] = (), output_dims: Sequence[int] = (1,),
-             weights: str = "auto", threads: int = 1) -> CLibrary:
+             weights: str = "auto", threads: int = 1, vector_math: bool = False) -> CLibrary:
     """Write `model`'s forward routine as a C library into `directory` (created if needed):
     `NAME.h` (the documented API), `NAME.c`, `Makefile`, an example `main.c`, and with
     `weights="file"` (or `"auto"` past `EMBED_LIMIT_BYTES`) `NAME.safetensors`.
@@ -214,6 +216,8 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
     with `inputs=[...]`, or a model (an `nn` layer, an `@ej.op` function) whose input has
     `batch_dims`/`input_dims`/`output_dims`. The batch size is fixed at export. `threads > 1`
     runs the routine's parallel loops on OpenMP threads (then the library needs `-fopenmp`).
+    `vector_math=True` vectorizes math calls with glibc's libmvec as einjit does (x86-64 glibc;
+    the library then links `-lmvec`, and computes what einjit computes bit for bit).
     Layers with a train/eval mode are exported in the mode they are in: call `model.eval()`
     first for inference.
     """
@@ -229,6 +233,11 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
     for t in ins:
         if t.op_label != "input":
             raise ExportError(f"einjit: export_c: {t.describe()} is not an ej.input tensor")
+    vector_prelude = ""
+    if vector_math:
+        vector_prelude = cc.CcOptions(threads=1, vector_math=True).effective_syntax().prelude
+        if not vector_prelude:
+            raise ExportError("einjit: export_c: vector_math=True needs glibc's libmvec (x86-64 Linux with glibc)")
     routine = f"{prefix}_forward"
     syntax = replace(C_SYNTAX, function_qualifier="static", num_threads=threads,
                      includes=("math.h", "stdint.h", "stdio.h", "stdlib.h", "string.h"))
@@ -243,7 +252,7 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
         values = _values(arrays)
         total = sum(v.nbytes for v in values.values())
         embed = weights == "embed" or (weights == "auto" and total <= EMBED_LIMIT_BYTES)
-        prelude = _prelude(prefix, arrays, values, embed)
+        prelude = vector_prelude + _prelude(prefix, arrays, values, embed)
         program = render_program([(routine, lowered.llc)], (), replace(syntax, prelude=prelude))
     in_ports = tuple(_port(t, n) for t, n in zip(ins, in_names, strict=True))
     out_ports = tuple(_port(t, n) for t, n in zip(outputs, out_names, strict=True))
@@ -251,9 +260,9 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
                                                                  values, embed)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    files = {f"{prefix}.h": _header(prefix, in_ports, out_ports, arrays, embed, threads),
+    files = {f"{prefix}.h": _header(prefix, in_ports, out_ports, arrays, embed, threads, vector_math),
              f"{prefix}.c": source, "main.c": _main(prefix, in_ports, out_ports, embed),
-             "Makefile": _makefile(prefix, threads)}
+             "Makefile": _makefile(prefix, threads, vector_math)}
     written = []
     for fname, text in files.items():
         path = directory / fname
@@ -476,7 +485,7 @@ def _loader(prefix: str, arrays: list[_Array], values: dict[Tnode, np.ndarray]) 
 
 
 def _header(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], arrays: list[_Array], embed: bool,
-            threads: int) -> str:
+            threads: int, vector_math: bool) -> str:
     guard = prefix.upper() + "_H"
     ports = [f" *   {p.name}: {p.c_type} {_dims_text(p.dims)}, {p.size} values (label {p.label!r})" for p in ins]
     out_ports = [f" *   {p.name}: {p.c_type} {_dims_text(p.dims)}, {p.size} values (label {p.label!r})"
@@ -494,8 +503,9 @@ def _header(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], arrays: 
         usage = f"{prefix}_create(\"{prefix}.safetensors\")"
     args = ", ".join([f"const {p.c_type} *{p.name}" for p in ins] + [f"{p.c_type} *{p.name}" for p in outs])
     names = ", ".join(p.name for p in ins + outs)
-    threads_text = (f" * Parallel loops run on {threads} OpenMP threads (link with -fopenmp)." if threads > 1
-                    else " * Single-threaded; no dependency beyond libc and libm.")
+    libs = "libc, libm and glibc's libmvec (link with -lmvec)" if vector_math else "libc and libm"
+    threads_text = (f" * Parallel loops run on {threads} OpenMP threads (link with -fopenmp); needs {libs}."
+                    if threads > 1 else f" * Single-threaded; no dependency beyond {libs}.")
     macros = [f"#define {prefix.upper()}_{p.name.upper()}_SIZE {p.size}" for p in ins + outs]
     return "\n".join([
         f"/* {prefix}.h: the C API of the einjit model {prefix!r} (generated by einjit.export.export_c).",
@@ -611,19 +621,26 @@ def compile_flags(threads: int = 1) -> tuple[str, ...]:
     return flags + (("-fopenmp",) if threads > 1 else ())
 
 
-def _makefile(prefix: str, threads: int) -> str:
-    flags = " ".join(f for f in compile_flags(threads) if f not in ("-march=native", "-O2"))
-    openmp = " -fopenmp" if threads > 1 else ""
+def _makefile(prefix: str, threads: int, vector_math: bool) -> str:
+    """The C backend's flags, its optimization level and target CPU as the variables OPT and
+    ARCH (so a build for another CPU changes one variable, and a backend that changes its
+    level changes the default here too)."""
+    every = compile_flags(threads)
+    opt = next((f for f in every if f.startswith("-O")), "-O2")
+    arch = next((f for f in every if f.startswith("-march=")), "-march=native")
+    flags = " ".join(f for f in every if f not in (opt, arch))
+    libs = " ".join(["-lm", *(["-fopenmp"] if threads > 1 else []), *(["-lmvec"] if vector_math else [])])
     return f"""\
 # Build the einjit model {prefix!r}: `make` builds lib{prefix}.a and the example program main.
 # ARCH picks the target CPU (the default builds for this machine; e.g. ARCH=-march=x86-64-v2).
+# The schedule (tile sizes, vector widths) was chosen for the exporting machine's kind of CPU.
 CC ?= cc
 AR ?= ar
-ARCH ?= -march=native
-OPT ?= -O2
+ARCH ?= {arch}
+OPT ?= {opt}
 CFLAGS ?= -Wall -Wextra
 EINJIT_FLAGS = $(OPT) $(ARCH) {flags}
-LDLIBS = -lm{openmp}
+LDLIBS = {libs}
 
 all: lib{prefix}.a main
 
