@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from einjit.backends.c_syntax import C_SYNTAX, ParamKind, render_program
+from einjit.backends.c_syntax import C_SYNTAX, CSyntax, ParamKind, render_program
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.interface import lower_assignments, read_first
 from einjit.export.errors import ExportError
@@ -233,14 +233,8 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
     for t in ins:
         if t.op_label != "input":
             raise ExportError(f"einjit: export_c: {t.describe()} is not an ej.input tensor")
-    vector_prelude = ""
-    if vector_math:
-        vector_prelude = cc.CcOptions(threads=1, vector_math=True).effective_syntax().prelude
-        if not vector_prelude:
-            raise ExportError("einjit: export_c: vector_math=True needs glibc's libmvec (x86-64 Linux with glibc)")
+    syntax = _syntax(threads, vector_math)
     routine = f"{prefix}_forward"
-    syntax = replace(C_SYNTAX, function_qualifier="static", num_threads=threads,
-                     includes=("math.h", "stdint.h", "stdio.h", "stdlib.h", "string.h"))
     with stable_names():
         _, lowered = lower_assignments((), fit.forward_code(*outputs), routine)
         localize([(routine, lowered, read_first(lowered))])
@@ -252,7 +246,7 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
         values = _values(arrays)
         total = sum(v.nbytes for v in values.values())
         embed = weights == "embed" or (weights == "auto" and total <= EMBED_LIMIT_BYTES)
-        prelude = vector_prelude + _prelude(prefix, arrays, values, embed)
+        prelude = syntax.prelude + _prelude(prefix, arrays, values, embed)
         program = render_program([(routine, lowered.llc)], (), replace(syntax, prelude=prelude))
     in_ports = tuple(_port(t, n) for t, n in zip(ins, in_names, strict=True))
     out_ports = tuple(_port(t, n) for t, n in zip(outputs, out_names, strict=True))
@@ -274,6 +268,19 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
         checkpoint.write({a.key: values[a.tn] for a in arrays if a.tn in values}, weights_file)
         written.append(weights_file)
     return CLibrary(directory, prefix, in_ports, out_ports, tuple(written), weights_file)
+
+
+def _syntax(threads: int, vector_math: bool) -> CSyntax:
+    """The C backend's syntax for `threads` threads (whatever it adds, the library gets),
+    without outlining (one routine), with the routine `static` and the library's includes."""
+    def backend(vector: bool) -> CSyntax:
+        return cc.CcOptions(threads=threads, vector_math=vector, outline_min_nests=0).effective_syntax()
+
+    syntax = backend(vector_math)
+    if vector_math and syntax.prelude == backend(False).prelude:
+        raise ExportError("einjit: export_c: vector_math=True needs glibc's libmvec (x86-64 Linux with glibc)")
+    includes = tuple(sorted({*syntax.includes, "math.h", "stdint.h", "stdio.h", "stdlib.h", "string.h"}))
+    return replace(syntax, function_qualifier="static", includes=includes)
 
 
 def _named(arrays: list[_Array], ins: list[Tensor], outs: list[Tensor], in_names: list[str], out_names: list[str],
