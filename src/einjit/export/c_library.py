@@ -571,7 +571,8 @@ def _main(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], embed: boo
         f" *   ./main INPUT OUTPUT{'' if embed else ' [WEIGHTS]'}",
         " *",
         " * INPUT holds records of raw values in the host's byte order (NumPy: array.tofile), each record",
-        " * one call's inputs one after the other: " + ", ".join(f"{p.name} ({p.size} {p.c_type})" for p in ins) + ".",
+        (" * one call's inputs one after the other: " + ", ".join(f"{p.name} ({p.size} {p.c_type})" for p in ins) + "."
+         if ins else " * (the model has no inputs: INPUT is not read, and the program makes one call)."),
         " * OUTPUT receives one record per input record: " + ", ".join(f"{p.name} ({p.size} {p.c_type})"
                                                                         for p in outs) + ".",
         " */",
@@ -615,6 +616,8 @@ def _main(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], embed: boo
         size = f"{prefix.upper()}_{p.name.upper()}_SIZE"
         lines += [f"    if (fwrite({p.name}_values_, sizeof({p.c_type}), {size}, output_file_) != {size}) {{",
                   "      fprintf(stderr, \"%s: cannot write %s\\n\", argv[0], argv[2]);", "      return 1;", "    }"]
+    if not ins:
+        lines.append("    break; /* no inputs: one call */")
     lines += ["    records_++;", "  }", "  fclose(input_file_);", "  if (fclose(output_file_) != 0) {",
               "    fprintf(stderr, \"%s: cannot write %s\\n\", argv[0], argv[2]);", "    return 1;", "  }",
               f"  {prefix}_destroy(model_);", "  return 0;", "}", ""]
