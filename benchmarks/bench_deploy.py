@@ -140,6 +140,8 @@ def _rows(threads: int, quick: bool) -> list[dict]:
 
         so = ctypes.CDLL(str(lib.directory / "libdigits.so"))
         so.digits_create.restype = ctypes.c_void_p
+        so.digits_run.argtypes = [ctypes.c_void_p] * 3
+        so.digits_run.restype = None
         handle = ctypes.c_void_p(so.digits_create())
         xs = np.random.default_rng(0).random((batch, 1, 8, 8), dtype=np.float32)
         ys = np.zeros((batch, 10), np.float32)

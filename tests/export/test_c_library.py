@@ -152,6 +152,30 @@ def test_model_with_input_dims_and_threads(tmp_path):
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-6, atol=1e-6)
 
 
+def test_threads_run_large_contractions_on_openmp(tmp_path):
+    """threads=2: a contraction large enough for threads runs under an OpenMP pragma (the header
+    says so, the library calls libgomp) and computes what einjit computes; a small model
+    exported for threads says in its header that it runs single-threaded."""
+    x = ej.input("x", batch_dims=[128], output_dims=[256])
+    w = ej.param("w", output_dims=[256], input_dims=[256])
+    y = ej.relu(w @ x, label="y")
+    train.init_params(y, seed=0)
+    step = fit.forward_step(y, inputs=[x])
+    lib = export_c(step, tmp_path / "big", name="big", threads=2, weights="file")
+    header = (lib.directory / "big.h").read_text()
+    assert "Parallel loops run on 2 OpenMP threads" in header
+    assert "#pragma omp parallel" in (lib.directory / "big.c").read_text()
+    build(lib.directory)
+    _check_symbols(lib.directory, "big")
+    assert any(s.startswith("GOMP_") for s in _symbols(lib.directory / "libbig.a")[1])
+    xs = np.random.default_rng(6).standard_normal((128, 256)).astype(np.float32)
+    got = run_main(lib.directory, xs[None], 128 * 256)
+    np.testing.assert_allclose(got.reshape(128, 256), step(xs), rtol=1e-6, atol=1e-6)
+    small = export_c(fit.predictor(trained("mlp", steps=1), batch_dims=[2], output_dims=[1, 8, 8]), tmp_path / "small",
+                     name="small", threads=2)
+    assert "runs single-threaded" in (small.directory / "small.h").read_text()
+
+
 def test_swapped_values_file_and_bad_file(tmp_path):
     """New values in the safetensors file change the outputs without recompiling; a file that
     does not fit is refused by create with a message."""
