@@ -63,6 +63,10 @@ def single_ops(rng) -> dict[str, tuple[onnx.ModelProto, dict[str, np.ndarray]]]:
         {"x": img})
     add("Softmax", [helper.make_node("Softmax", ["x"], ["y"], axis=1)], [("x", [2, 3, 4])], [("y", [2, 3, 4])],
         values={"x": x})
+    add("LogSoftmax", [helper.make_node("LogSoftmax", ["x"], ["y"], axis=-1)], [("x", [2, 3, 4])],
+        [("y", [2, 3, 4])], values={"x": x})
+    add("Log", [helper.make_node("Log", ["x"], ["y"])], [("x", [2, 3, 4])], [("y", [2, 3, 4])],
+        values={"x": np.abs(x) + 0.5})
     add("LayerNormalization", [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], epsilon=1e-5)],
         [("x", [2, 3, 4])], [("y", [2, 3, 4])], [("g", rand(rng, 4)), ("b", rand(rng, 4))], {"x": x})
     add("MaxPool", [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],

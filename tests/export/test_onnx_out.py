@@ -103,6 +103,21 @@ def test_softmax_layer_norm_and_gelu_are_onnx_operators(tmp_path, opset, approxi
     _check_ort(tmp_path / "again.onnx", step, xs)
 
 
+def test_log_softmax_is_an_onnx_operator(tmp_path):
+    """ej.log_softmax becomes `LogSoftmax` over its axis; ONNX Runtime and the round trip match."""
+    x = ej.input("x", batch_dims=[2], output_dims=[3, 5])
+    step = fit.forward_step(ej.log_softmax(x * 3.0, 1, label="logp"), inputs=[x])
+    path = tmp_path / "logp.onnx"
+    proto = export_onnx(step, path)
+    (node,) = [n for n in proto.graph.node if n.op_type == "LogSoftmax"]
+    assert onnx.helper.get_attribute_value(node.attribute[0]) == 1
+    assert not {"Exp", "Log", "ReduceMax"} & {n.op_type for n in proto.graph.node}
+    xs = np.random.default_rng(2).standard_normal((2, 3, 5)).astype(np.float32)
+    _check_ort(path, step, xs)
+    back = onnx_load(path).forward_step("logp_back")
+    np.testing.assert_allclose(back(xs).reshape(2, 3, 5), step(xs), rtol=1e-5, atol=1e-6)
+
+
 def test_near_misses_stay_primitives(tmp_path):
     """Compositions that are not a softmax or a layer norm — a ratio to a sum, a centering
     scaled by a learned vector, a softmax of a 2-axis reduction — keep their primitives and

@@ -1,9 +1,10 @@
-"""Softmax and layer norm recognized in an einjit graph, so `export_onnx` writes them as the
-ONNX operators `Softmax` and `LayerNormalization` rather than as the primitives einjit builds
-them from; and which form of GELU a `gelu` tensor computes.
+"""Softmax, log-softmax and layer norm recognized in an einjit graph, so `export_onnx` writes
+them as the ONNX operators `Softmax`, `LogSoftmax` and `LayerNormalization` rather than as the
+primitives einjit builds them from; and which form of GELU a `gelu` tensor computes.
 
 einjit has no softmax or layer-norm operation: `ej.softmax` is `e / sum(e)` with
-`e = exp(x - max(x))`, `nn.LayerNorm` is `(x - mean) * rsqrt(mean(sq + eps)) * gamma + beta`
+`e = exp(x - max(x))`, `ej.log_softmax` is `s - log(sum(exp(s)))` with `s = x - max(x)`,
+`nn.LayerNorm` is `(x - mean) * rsqrt(mean(sq + eps)) * gamma + beta`
 with `sq = (x - mean)^2`, and `onnx_load`'s LayerNormalization the same with
 `mean(sq) + eps`, its means kept as size-1 axes. Each mean is a sum of `y * (1/N)`.
 Recognition follows the tensors' operations and projections — which axes a reduction sums and
@@ -150,23 +151,50 @@ def _mean(t: Tensor) -> tuple[Tensor, _Axes] | None:
     return y, r[1]
 
 
-def softmax(t: Tensor) -> Fused | None:
-    """`t = e / sum(e)`, `e = exp(x - max(x))`, over one axis of `x`."""
-    div = _broadcast(t, "/")
-    if div is None:
-        return None
-    e, total, axes = div
-    if e.op_label != "exp" or len(e.children) != 1 or not _same_layout(e, 0) or len(axes.missing) != 1:
-        return None
-    shift = _broadcast(e.children[0], "-")
-    s = _sum_reduction(total)
-    if shift is None or s is None or s[0] is not e or s[1] != axes or shift[2] != axes:
+def _shifted(t: Tensor, axes: _Axes) -> Tensor | None:
+    """`t = x - max(x)` over `axes`: x."""
+    shift = _broadcast(t, "-")
+    if shift is None or shift[2] != axes:
         return None
     x, peak, _ = shift
     m = _sum_reduction(peak, ("max",))
-    if m is None or m[0] is not x or m[1] != axes:
+    return x if m is not None and m[0] is x and m[1] == axes else None
+
+
+def _exp_sum(total: Tensor, axes: _Axes) -> Tensor | None:
+    """`total = sum(exp(y))` over `axes`: the `exp(y)` tensor."""
+    s = _sum_reduction(total)
+    if s is None or s[1] != axes:
         return None
-    return Fused("Softmax", x, tuple(axes.missing))
+    e = s[0]
+    return e if e.op_label == "exp" and len(e.children) == 1 and _same_layout(e, 0) else None
+
+
+def softmax(t: Tensor) -> Fused | None:
+    """`t = e / sum(e)`, `e = exp(x - max(x))`, over one axis of `x`."""
+    div = _broadcast(t, "/")
+    if div is None or len(div[2].missing) != 1:
+        return None
+    e, total, axes = div
+    if _exp_sum(total, axes) is not e:
+        return None
+    x = _shifted(e.children[0], axes)
+    return None if x is None else Fused("Softmax", x, tuple(axes.missing))
+
+
+def log_softmax(t: Tensor) -> Fused | None:
+    """`t = s - log(sum(exp(s)))`, `s = x - max(x)`, over one axis of `x`."""
+    sub = _broadcast(t, "-")
+    if sub is None or len(sub[2].missing) != 1:
+        return None
+    shifted, log_total, axes = sub
+    if log_total.op_label != "log" or len(log_total.children) != 1 or not _same_layout(log_total, 0):
+        return None
+    e = _exp_sum(log_total.children[0], axes)
+    if e is None or e.children[0] is not shifted:
+        return None
+    x = _shifted(shifted, axes)
+    return None if x is None else Fused("LogSoftmax", x, tuple(axes.missing))
 
 
 def _centered(t: Tensor) -> tuple[Tensor, _Axes] | None:
@@ -240,9 +268,11 @@ def layer_norm(t: Tensor) -> Fused | None:
 
 
 def recognize(t: Tensor) -> Fused | None:
-    """The ONNX operator `t` is the result of, if it is a softmax or a layer norm."""
+    """The ONNX operator `t` is the result of, if it is a softmax, a log-softmax or a layer norm."""
     if t.op_label == "/":
         return softmax(t)
+    if t.op_label == "-":
+        return log_softmax(t)
     if t.op_label in ("*", "+"):
         return layer_norm(t)
     return None

@@ -8,8 +8,8 @@ axis reshaped away, affine window axes (`stride*o+k-pad`) the strides, dilations
 letters match (`w @ x` of a linear layer is `Gemm(x, w, transB=1)`) and as `Einsum` otherwise;
 sums as `Einsum`, maxima as `ReduceMax`, pointwise operations as the ONNX operator after the
 operands are permuted (`Transpose`) and reshaped to broadcast as NumPy does. Softmax and layer
-norm, which einjit composes from these, are recognized (`onnx_fused`) and written as `Softmax`
-and `LayerNormalization`; GELU as `Gelu` from opset 20, before it as its erf (or tanh) formula;
+norm, which einjit composes from these, are recognized (`onnx_fused`) and written as `Softmax`,
+`LogSoftmax` and `LayerNormalization`; GELU as `Gelu` from opset 20, before it as its erf (or tanh) formula;
 a batch norm stays a composition. Leaves (parameters,
 constants, and inputs other than the exported ones, such as a layer's train/eval
 mode) become initializers with their current values; inputs and outputs are named after
@@ -158,8 +158,8 @@ class _Exporter:
     def fused(self, t: Tensor, f: onnx_fused.Fused) -> str:
         x = self.w.names[f.x.id]
         base = t.label_str
-        if f.op == "Softmax":
-            return self.w.node("Softmax", [x], base, axis=f.axes[0])
+        if f.op in ("Softmax", "LogSoftmax"):
+            return self.w.node(f.op, [x], base, axis=f.axes[0])
         normalized = [f.x.dims[k] for k in f.axes]
 
         def operand(v: Tensor | None, fill: float, what: str) -> str:
