@@ -97,6 +97,34 @@ def test_values_file_is_standard_safetensors(tmp_path):
         np.testing.assert_array_equal(values[p.label_str], p.numpy())
 
 
+def _routine_body(source: str, header: str) -> str:
+    """The body of the function whose definition starts with `header`, its loop iterators
+    renumbered in order of appearance (the two lowerings number them apart)."""
+    start = source.index("{", source.index(header))
+    body = source[start:source.index("\n}\n", start)]
+    names: dict[str, str] = {}
+    return re.sub(r"\bi\d+\b", lambda m: names.setdefault(m.group(0), f"i{len(names)}"), body)
+
+
+def test_exported_routine_is_the_code_einjit_runs(tmp_path, monkeypatch):
+    """The routine in the library is the one einjit compiles and runs for the same step, line
+    for line (scheduled, register-blocked, vectorized alike), up to the loop iterators' numbers."""
+    from einjit import nn
+    monkeypatch.setenv("EINJIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("EINJIT_DEBUG", "3")  # the C backend keeps the sources it compiles
+    monkeypatch.setenv("EINJIT_NUM_THREADS", "1")
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 120, label="fc1"), nn.ReLU(), nn.Linear(120, 10, label="fc2"))
+    x = ej.input("images", batch_dims=[100], output_dims=[1, 8, 8])
+    train.init_params(model(x), seed=0)
+    step = fit.forward_step(model(x), inputs=[x], name="same_code")
+    step(np.zeros((100, 1, 8, 8), np.float32))
+    (compiled,) = [p for p in (tmp_path / "cache").rglob("*.c") if "void same_code(" in p.read_text()]
+    lib = export_c(step, tmp_path / "lib", name="same")
+    einjit_body = _routine_body(compiled.read_text(), "void same_code(")
+    assert "register-blocked" in einjit_body
+    assert _routine_body((lib.directory / "same.c").read_text(), "static void same_forward(") == einjit_body
+
+
 def test_vector_math(tmp_path):
     """A softmax over the GELU of 32 hidden units (exp in a loop of 32, which gcc vectorizes):
     by default the library needs libc and libm only and matches einjit to 1e-6; with
