@@ -62,7 +62,7 @@ class CompiledObject:
     path: Path
     source_path: Path | None
     hit: bool
-    data: bytes = dataclasses.field(repr=False, default=b"")
+    data: bytes = dataclasses.field(repr=False)
 
 
 def _directory(kind: str) -> Path:
