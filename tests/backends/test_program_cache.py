@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,29 @@ def test_another_constant_misses(tmp_path):
     run(tmp_path)
     other = run(tmp_path, lr=0.05)
     assert (other["hits"], other["stores"]) == (0, 1)
+
+
+class _Payload:
+    """Unpickling this touches a file: what loading a pickled record would run."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+def test_records_are_data_a_planted_pickle_or_a_forged_record_is_a_miss(tmp_path):
+    first = run(tmp_path)
+    (record,) = (tmp_path / "program").iterdir()
+    assert json.loads(record.read_bytes())["nodes"] > 0
+    marker = tmp_path / "pwned"
+    record.write_bytes(pickle.dumps(_Payload(marker)))
+    planted = run(tmp_path)
+    assert not marker.exists()
+    assert (planted["hits"], planted["stores"]) == (0, 1) and planted["losses"] == first["losses"]
+    forged = json.loads(record.read_bytes())
+    forged["inputs"] = [["g", -1]]  # a negative position would wrap around to another node
+    record.write_text(json.dumps(forged))
+    again = run(tmp_path)
+    assert (again["hits"], again["stores"]) == (0, 1) and again["losses"] == first["losses"]

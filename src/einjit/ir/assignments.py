@@ -363,7 +363,11 @@ Ranges = dict[Symbol, tuple[int, int]]
 
 
 def _index_range(idx: AxisIndex, ranges: Ranges) -> tuple[int, int] | None:
-    """The least and greatest values an affine index takes over the loops (None if unknown)."""
+    """The least and greatest values an affine index takes over the loops (None if unknown).
+    A plain iterator counts too: a window padded after its end only (`o-0:1`) projects to one,
+    and its loop runs past the array."""
+    if isinstance(idx, Iterator):
+        return ranges.get(idx.symbol)
     if not isinstance(idx, Affine):
         return None
     lo = hi = idx.offset
@@ -442,8 +446,7 @@ def _unsafe_axes(lhs: Tnode, lhs_idcs: tuple[AxisIndex, ...], ranges: Ranges) ->
     for idx, d in zip(lhs_idcs, lhs.dims, strict=True):
         rng = _index_range(idx, ranges)
         if rng is not None and (rng[0] < 0 or rng[1] >= d):
-            assert isinstance(idx, Affine)  # only an affine index has a range
-            unsafe.append((idx, d))
+            unsafe.append((Affine(((1, idx.symbol),), 0) if isinstance(idx, Iterator) else cast(Affine, idx), d))
     return unsafe
 
 

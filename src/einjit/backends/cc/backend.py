@@ -202,7 +202,7 @@ class CcSimpleBackend:
         prelude = syntax.prelude + "\n".join(["/* Entry points specialized to one context's arrays. */", *glue])
         options = dataclasses.replace(self.options, syntax=dataclasses.replace(syntax, prelude=prelude))
         procs = cc.compile_batch(bodies, bindings=bindings, options=options)
-        lib = ctypes.CDLL(str(procs[0].so_path)) if procs else None
+        lib = cc.library(procs[0].so_path) if procs else None
         out = []
         for (name, _), proc, (_, llc), scratch in zip(routines, procs, bodies, scratches, strict=True):
             assert lib is not None  # loaded since there are procedures

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,6 +245,39 @@ def compile_source(source: str, *, label: str, options: CcOptions | None = None)
                               build=lambda out, src, kept: _compile(out, src, kept, label, options))
 
 
+_loaded: dict[Path, ctypes.CDLL] = {}
+_loaded_lock = threading.Lock()
+
+
+@functools.cache
+def _private_dir() -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix="einjit-load-")
+
+
+def load_library(built: cache.CompiledObject) -> ctypes.CDLL:
+    """The shared object `built` as the cache validated it. The dynamic loader opens by path,
+    and a shared cache directory's file can be replaced after it was checked, so the checked
+    bytes are copied into this process's private (0700) directory and loaded from there; the
+    copy is removed once mapped. One load per cached object and process."""
+    with _loaded_lock:
+        lib = _loaded.get(built.path)
+        if lib is None:
+            private = Path(_private_dir().name) / built.path.name
+            private.write_bytes(built.data)
+            try:
+                lib = ctypes.CDLL(str(private))
+            finally:
+                private.unlink()
+            _loaded[built.path] = lib
+        return lib
+
+
+def library(so_path: Path) -> ctypes.CDLL:
+    """The library `load_library` loaded for the cached object at `so_path`."""
+    with _loaded_lock:
+        return _loaded[so_path]
+
+
 def _compile(so_path: Path, c_path: Path, kept: Path, label: str, options: CcOptions) -> None:
     """Run the compiler on the source at `c_path` into `so_path`; on failure raise with the
     diagnostics, naming `kept`, where the cache keeps the source. A source of several
@@ -311,7 +345,7 @@ def compile_batch(routines: Sequence[tuple[str, ll.LLStmt]], *, bindings: Sequen
     label = ", ".join(n for n, _ in routines)
     built = compile_source(program.source, label=label, options=options)
     so_path, c_path = built.path, built.source_path
-    lib = ctypes.CDLL(str(so_path))
+    lib = load_library(built)
     for r in program.routines:
         config.dump(r.name, "", "c", program.source)
     procs = []
