@@ -280,7 +280,8 @@ def _span(step: int, block: Symbol | None, inner: Symbol, offset: int = 0) -> Ax
 @dataclass(frozen=True)
 class _Layout:
     """How `_blocked` cuts one contraction: the tile, the packed panel and the accumulator
-    block, the loop symbols of the blocks (`j0` panels, `i0` row blocks, `kt` k chunks, `a` /
+    block (with the `edge` buffer a padded tail panel's block is loaded from and stored
+    through, when the block is vectors: a vector cannot be part of a row), the loop symbols of the blocks (`j0` panels, `i0` row blocks, `kt` k chunks, `a` /
     `b` rows and columns inside a block, `kp` the summed loops), how many full blocks and how
     large the tails are along each axis, and which loops run on threads."""
 
@@ -289,7 +290,8 @@ class _Layout:
     nb: int
     kc: int
     pack: Tnode
-    accum: Tnode
+    block: nests.RegisterBlock
+    edge: Tnode | None
     j0: Symbol
     i0: Symbol
     kt: Symbol
@@ -329,10 +331,11 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     extent, prec = c.extent, c.st.tn.prec
     mb, nb, kc = tile.mb, tile.nb, tile.kc
     pack = nests.scheduler_local("pack", (kc, *(extent[k] for k in c.summed[1:]), nb), prec)
-    accum = nests.scheduler_local("acc", (mb, nb), prec)
     j0, i0, kt, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("kt"), get_symbol("ir"), get_symbol("jr")
+    block = nests.register_block(mb, nb, prec, blocking.machine.vector_bytes, b)
     kp = {k: get_symbol(k.name) for k in c.summed}
     n_cols, tail_cols = divmod(extent[c.j], nb)
+    edge = nests.scheduler_local("edge", (mb, nb), prec) if tail_cols and block.lanes > 1 else None
     n_rows, tail_rows = divmod(extent[c.i], mb)
     n_chunks, tail_chunk = divmod(extent[c.summed[0]], kc)
     small = math.prod(extent.values()) < blocking.min_unroll_work
@@ -340,7 +343,7 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     batch = next((s for s in c.outer if extent[s] > 1), None) if _threaded(c, blocking) else None
     inner_threads = batch is None and _threaded(c, blocking)
     by_panels = inner_threads and n_cols >= 2 * blocking.min_panels_per_thread
-    return _Layout(c, mb, nb, kc, pack, accum, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, tail_rows,
+    return _Layout(c, mb, nb, kc, pack, block, edge, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, tail_rows,
                    n_chunks, tail_chunk, unrolled, batch, inner_threads, by_panels)
 
 
@@ -408,21 +411,36 @@ def _kernel(lay: _Layout, row: AxisIndex, height: int, col: AxisIndex, width: in
             depth: int) -> ll.LLStmt:
     """One block; in a tail panel (`width < nb`) it still updates all `nb` columns (the
     padding columns hold zeros and are never stored), since gcc keeps only full-width
-    blocks in registers."""
-    c, st, a, b, accum, unrolled = lay.c, lay.c.st, lay.a, lay.b, lay.accum, lay.unrolled
-    block = (Iterator(a) if height > 1 else FixedIdx(0), Iterator(b))
+    blocks in registers. A block of vectors loads and stores a tail panel's columns through
+    `edge`, zero-padded, a row at a time."""
+    c, st, a, b, rb = lay.c, lay.c.st, lay.a, lay.b, lay.block
+    unrolled = lay.unrolled | rb.unrolled
+    r = Iterator(a) if height > 1 else FixedIdx(0)
+    block = rb.at(r)
     cell = tuple(subst_index({c.i: row, c.j: col}, idx) for idx in st.idcs)
     a_read = nests.subst(c.a_op, {c.i: row, **lay.k_env(k_at)})
-    packed = ll.Get(lay.pack, lay.pack_at())
+    packed = rb.by_column(ll.Get(lay.pack, lay.pack_at()))
     x, y = (packed, a_read) if c.b_first else (a_read, packed)
-    update = ll.Set(accum, block, ll.Ternop(ops.Ternop.FMA, x, y, ll.Get(accum, block)), st.debug)
+    update = ll.Set(rb.node, block, ll.Ternop(ops.Ternop.FMA, x, y, ll.Get(rb.node, block)), st.debug)
     rows = [(a, height)] if height > 1 else []
-    load = [nests.nest([*rows, (b, width)], ll.Set(accum, block, ll.Get(st.tn, cell)), unrolled)]
-    if width < lay.nb:
-        zero_tail = ll.ForLoop(b, width, lay.nb - 1, ll.Set(accum, block, ll.Constant(0.0)))
-        load.append(nests.nest(rows, zero_tail, unrolled))
-    return ll.seq(*load, nests.nest([*lay.k_loops(depth), *rows, (b, lay.nb)], update, unrolled),
-                  nests.nest([*rows, (b, width)], ll.Set(st.tn, cell, ll.Get(accum, block)), unrolled))
+    columns = [*rows, *rb.loops()]
+    if width == lay.nb:
+        load = [nests.nest(columns, ll.Set(rb.node, block, ll.Get(st.tn, rb.cell(cell))), unrolled)]
+        store = [nests.nest(columns, ll.Set(st.tn, rb.cell(cell), ll.Get(rb.node, block)), unrolled)]
+    elif lay.edge is None:
+        zero_tail = ll.ForLoop(b, width, lay.nb - 1, ll.Set(rb.node, block, ll.Constant(0.0)))
+        load = [nests.nest([*rows, (b, width)], ll.Set(rb.node, block, ll.Get(st.tn, cell)), unrolled),
+                nests.nest(rows, zero_tail, unrolled)]
+        store = [nests.nest([*rows, (b, width)], ll.Set(st.tn, cell, ll.Get(rb.node, block)), unrolled)]
+    else:
+        edge = (r, Iterator(b))
+        zero_tail = ll.ForLoop(b, width, lay.nb - 1, ll.Set(lay.edge, edge, ll.Constant(0.0)))
+        load = [nests.nest([*rows, (b, width)], ll.Set(lay.edge, edge, ll.Get(st.tn, cell)), unrolled),
+                nests.nest(rows, zero_tail, unrolled),
+                nests.nest(columns, ll.Set(rb.node, block, ll.Get(lay.edge, rb.cell(edge))), unrolled)]
+        store = [nests.nest(columns, ll.Set(lay.edge, rb.cell(edge), ll.Get(rb.node, block)), unrolled),
+                 nests.nest([*rows, (b, width)], ll.Set(st.tn, cell, ll.Get(lay.edge, edge)), unrolled)]
+    return ll.seq(*load, nests.nest([*lay.k_loops(depth), *columns], update, unrolled), *store)
 
 
 def _threaded(c: _Contraction, blocking: Blocking) -> bool:
