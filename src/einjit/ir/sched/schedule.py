@@ -414,7 +414,7 @@ def _kernel(lay: _Layout, row: AxisIndex, height: int, col: AxisIndex, width: in
     blocks in registers. A block of vectors loads and stores a tail panel's columns through
     `edge`, zero-padded, a row at a time."""
     c, st, a, b, rb = lay.c, lay.c.st, lay.a, lay.b, lay.block
-    unrolled = lay.unrolled | rb.unrolled
+    unrolled = lay.unrolled | rb.unrolled if lay.unrolled else lay.unrolled
     r = Iterator(a) if height > 1 else FixedIdx(0)
     block = rb.at(r)
     cell = tuple(subst_index({c.i: row, c.j: col}, idx) for idx in st.idcs)
