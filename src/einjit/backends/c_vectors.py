@@ -26,14 +26,11 @@ from collections.abc import Iterable
 from einjit.ir import low_level as ll
 from einjit.ir import ops, provenance
 from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, Symbol, index_symbols, subst_index
+from einjit.ir.sched.nests import vector_ops_only
 from einjit.ir.tnode import Tnode
 
 _ELEMENTS = {ops.single: ("f32", "float", "f"), ops.double: ("f64", "double", "")}
 _LANES = (2, 4, 8, 16)
-
-VECTOR_OPS = (ops.Binop.ADD, ops.Binop.SUB, ops.Binop.MUL)
-"""Binary operations a lane loop may use besides FMA: IEEE per lane on GCC vectors."""
-
 
 def is_block(tn: Tnode) -> bool:
     """Whether `tn` is stored as an array of vectors of its last axis."""
@@ -101,19 +98,9 @@ def lane_statement(loop: ll.ForLoop) -> ll.Set | None:
     if loop.from_ != 0 or len(body) != 1 or not isinstance(body[0], ll.Set):
         return None
     st, lane, lanes = body[0], loop.index, loop.to_ + 1
-    accesses: list[ll.Set | ll.Get] = [st]
-    for x in ll.iter_scalars(st.llsc):
-        match x:
-            case ll.Get():
-                accesses.append(x)
-            case ll.Constant() | ll.Ternop(ops.Ternop.FMA):
-                pass
-            case ll.Binop(op) if op in VECTOR_OPS:
-                pass
-            case _:
-                return None
+    accesses: list[ll.Set | ll.Get] = [st, *(x for x in ll.iter_scalars(st.llsc) if isinstance(x, ll.Get))]
     blocks = [x for x in accesses if is_block(x.tn)]
-    if not blocks or any(x.tn.prec is not blocks[0].tn.prec for x in accesses):
+    if not blocks or st.tn.prec is not blocks[0].tn.prec or not vector_ops_only(st.llsc, st.tn.prec):
         return None
     for x in accesses:
         mode = access_mode(x.tn, x.idcs, lane)

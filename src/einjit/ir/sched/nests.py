@@ -74,6 +74,25 @@ def unit_stride_axis_symbol(tn: Tnode, idcs: tuple[AxisIndex, ...]) -> Symbol | 
 VECTOR_PRECS = (ops.single, ops.double)
 """The precisions a register block is stored as vectors in (the C backend's vector types)."""
 
+VECTOR_BINOPS = (ops.Binop.ADD, ops.Binop.SUB, ops.Binop.MUL)
+"""The binary operations a loop over a block's lanes may compute as vectors, besides FMA."""
+
+
+def vector_ops_only(sc: ll.LLScalar, prec: ops.Prec) -> bool:
+    """Whether `sc` is made of reads in `prec`, constants, FMAs and `VECTOR_BINOPS` only: what
+    the C backend computes on whole vectors (anything else would address single lanes)."""
+    for x in ll.iter_scalars(sc):
+        match x:
+            case ll.Get(tn) if tn.prec is prec:
+                pass
+            case ll.Constant() | ll.Ternop(ops.Ternop.FMA):
+                pass
+            case ll.Binop(op) if op in VECTOR_BINOPS:
+                pass
+            case _:
+                return False
+    return True
+
 
 @dataclass(frozen=True)
 class RegisterBlock:
@@ -135,12 +154,14 @@ def vector_lanes(width: int, prec: ops.Prec, vector_bytes: int) -> int:
     return lanes if lanes >= 2 else 1
 
 
-def register_block(rows: int, width: int, prec: ops.Prec, vector_bytes: int, col: Symbol) -> RegisterBlock:
-    """An accumulator block of `rows` × `width` cells whose columns loops over `col` address."""
-    lanes = vector_lanes(width, prec, vector_bytes)
+def register_block(rows: int, width: int, prec: ops.Prec, vector_bytes: int, col: Symbol,
+                   label: str = "acc") -> RegisterBlock:
+    """An accumulator block of `rows` × `width` cells whose columns loops over `col` address;
+    `vector_bytes` 0 keeps it scalar."""
+    lanes = vector_lanes(width, prec, vector_bytes) if vector_bytes else 1
     if lanes == 1:
-        node = scheduler_local("acc", (rows, width), prec)
+        node = scheduler_local(label, (rows, width), prec)
     else:
-        node = Tnode("acc", (rows, width // lanes, lanes), prec, memory_mode=LOCAL,
+        node = Tnode(label, (rows, width // lanes, lanes), prec, memory_mode=LOCAL,
                      provenance=provenance.REGISTER_BLOCK)
     return RegisterBlock(node, lanes, col, get_symbol("jv"), get_symbol("jl"))

@@ -471,21 +471,25 @@ def _split_reduction(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSe
         n_lanes = n
     else:
         return None
-    lanes = nests.scheduler_local("lanes", (n_lanes,), st.tn.prec)
     k0, lane = get_symbol("k0"), get_symbol("l")
+    # vectors only where the C backend computes the step on whole vectors: a sum of `exp`s
+    # keeps a plain array, whose loop gcc vectorizes with libmvec
+    vector = nests.vector_ops_only(st.llsc, st.tn.prec)
+    rb = nests.register_block(1, n_lanes, st.tn.prec, blocking.machine.vector_bytes if vector else 0, lane, "lanes")
     env: dict[Symbol, AxisIndex] = {k: make_affine(((n_lanes, k0), (1, lane))) if n_lanes < n else Iterator(lane)}
-    own = (ll.Get(lanes, (Iterator(lane),)),)
-    split = tuple(nests.subst(t, env) for t in terms)
-    value = (ll.Ternop(ops.Ternop.FMA, split[0], split[1], own[0]) if kind == "fma"
-             else ll.Binop(ops.Binop.ADD, own[0], split[0]))
-    step = ll.ForLoop(lane, 0, n_lanes - 1, ll.Set(lanes, own[0].idcs, value, st.debug))
+    own = ll.Get(rb.node, rb.at(FixedIdx(0)))
+    split = tuple(rb.by_column(nests.subst(t, env)) for t in terms)
+    value = (ll.Ternop(ops.Ternop.FMA, split[0], split[1], own) if kind == "fma"
+             else ll.Binop(ops.Binop.ADD, own, split[0]))
+    step = nests.nest(rb.loops(), ll.Set(rb.node, own.idcs, value, st.debug), rb.unrolled)
     if n_lanes < n:
         step = ll.ForLoop(k0, 0, n // n_lanes - 1, step)
     summed = [(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index not in lhs]
+    # in lane order, each lane a constant (an indexed vector lane would keep the block in memory)
+    total = ll.Set(st.tn, st.idcs, ll.Binop(ops.Binop.ADD, ll.Get(st.tn, st.idcs), own))
     body = ll.seq(
         ll.Comment(f"{n_lanes} partial sums into {st.tn.name} (reassociated)"),
-        ll.ForLoop(lane, 0, n_lanes - 1, ll.Set(lanes, (Iterator(lane),), ll.Constant(0.0))),
+        nests.nest(rb.loops(), ll.Set(rb.node, own.idcs, ll.Constant(0.0)), rb.unrolled),
         nests.nest(summed, step),
-        ll.ForLoop(lane, 0, n_lanes - 1,
-                   ll.Set(st.tn, st.idcs, ll.Binop(ops.Binop.ADD, ll.Get(st.tn, st.idcs), own[0]))))
+        nests.nest(rb.loops(), total, frozenset(s for s, _ in rb.loops()) if rb.lanes > 1 else frozenset()))
     return nests.nest([(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index in lhs], body)
