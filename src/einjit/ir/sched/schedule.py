@@ -17,16 +17,23 @@ the operands' layouts (`a @ b`, the dense layer's `w @ x`, i.e. A·Bᵀ) this be
           for k..: acc[a, b] := fma(A(MB*i0 + a, k), pack[k.., b], acc[a, b])
           c[MB*i0 + a, NB*j0 + b] := acc[a, b]
 
-`acc` and `pack` are routine-local nodes. The `a` loops are marked `unroll`: once gcc has
-unrolled them every access to `acc` has a constant row, so it keeps the MB×NB accumulator
-block in vector registers (register blocking, unroll-and-jam of `i` and `j`; without the
-unrolling the block round-trips through memory at every step and runs at half the speed).
-The innermost `b` loop is unit-stride everywhere, so it vectorizes. MB, NB and the chunk
-come from the cost model (`cost_model.py`), or from measurements under `EINJIT_SEARCH=1`.
+`acc` and `pack` are routine-local nodes. `acc` is a register block (`nests.RegisterBlock`):
+its NB columns are NB/V vectors of V lanes (V from the machine description), so the `b` loop
+is a loop over vectors around one over their lanes, which the C backend renders as one
+vector statement on an array of vectors (`backends/c_vectors.py`). The `a` loops and the
+vector loops are marked `unroll`: once gcc has unrolled them every index of that array is a
+constant, so gcc -O2 keeps the MB×NB accumulator block in vector registers (register
+blocking, unroll-and-jam of `i` and `j`). A float array whose column loop gcc vectorized
+itself stays in memory at -O2: on AVX2 one accumulator per step went through the stack,
+and `a @ b` ran at a quarter of the FMA peak. The lane loops are unit-stride everywhere.
+MB, NB and the chunk come from the cost model (`cost_model.py`), or from measurements under
+`EINJIT_SEARCH=1`.
 
 Extents they do not divide take the same path with tails: the last `rows % MB` rows run a
 shorter block, and the last `cols % NB` columns run one panel padded to NB columns (zeros in
-the pack and the accumulators, never stored): gcc keeps only full-width blocks in registers
+the pack and the accumulators, never stored; a block of vectors is loaded and stored through
+a zero-padded `edge` buffer, since a vector cannot cover part of a row): gcc keeps only
+full-width blocks in registers
 (an 8×16 block ran at a third of the speed of 8×32, a 31-wide one scalar), so the padded
 block, although it computes unused columns, is the fastest way to do the tail. A last chunk
 of `k` is shorter. Every output cell still sums its terms in the original order, so results are
@@ -41,7 +48,9 @@ packing its own panel — else each panel's row blocks, sharing its panel.
 convolution's kernel gradient) and that interchange would leave alone get `Blocking.lanes`
 independent partial sums over `k = lanes*k0 + l` (or one per `k` when `k` is short), kept
 across all the summed loops — the lhs loops move outside — and added into the target in lane
-order at the end. That
+order at the end. The partial sums are a register block of vectors when the step is
+arithmetic the vectors compute (a dot product: ATL's matvec), else a plain array (a sum of
+`exp`s, which gcc vectorizes through libmvec). That
 reassociates float sums, so it happens only under `VirtualizeSettings.reassociate` (on by
 default); integer sums are exact either way. Small partial sums are also more accurate: a
 float32 sum of 2,000,000 values in [0, 1) is 2e-7 off instead of 1e-5.
