@@ -290,9 +290,10 @@ def _span(step: int, block: Symbol | None, inner: Symbol, offset: int = 0) -> Ax
 class _Layout:
     """How `_blocked` cuts one contraction: the tile, the packed panel and the accumulator
     block (with the `edge` buffer a padded tail panel's block is loaded from and stored
-    through, when the block is vectors: a vector cannot be part of a row), the loop symbols of the blocks (`j0` panels, `i0` row blocks, `kt` k chunks, `a` /
-    `b` rows and columns inside a block, `kp` the summed loops), how many full blocks and how
-    large the tails are along each axis, and which loops run on threads."""
+    through, when the block is vectors: a vector cannot be part of a row), the loop symbols
+    of the blocks (`j0` panels, `i0` row blocks, `kt` k chunks, `a` / `b` rows and columns
+    inside a block, `kp` the summed loops), how many full blocks and how large the tails are
+    along each axis, and which loops run on threads."""
 
     c: _Contraction
     mb: int
