@@ -12,8 +12,8 @@ vector statement: loads (`einjit_load_*`, unaligned), broadcasts (`einjit_splat_
 `einjit_fma_*`. The scheduler unrolls the loops around it, so every index of the array is
 a constant and gcc keeps it in vector registers.
 
-Arithmetic is unchanged lane by lane: `einjit_fma_*` calls `fmaf`/`fma` per lane (one
-vector FMA instruction where the CPU has it; gcc vectorizes the lane loop), `+` and `*` on
+Arithmetic is unchanged lane by lane: `einjit_fma_*` is x86's vector FMA where the compiler
+targets it, else `fmaf`/`fma` per lane (which gcc vectorizes where it can), `+` and `*` on
 vectors round like the scalar operations, so results are bit-identical to the scalar loop.
 Any other use of a block (a loop that does not fit, a single cell) addresses a lane of a
 vector, `acc[3][l]`.
@@ -52,33 +52,57 @@ def vectors(tn: Tnode) -> int:
     return tn.size // tn.dims[-1]
 
 
+_INTRINSICS = {("f32", 16): ("__AVX512F__", "_mm512_fmadd_ps", "__m512"),
+               ("f64", 8): ("__AVX512F__", "_mm512_fmadd_pd", "__m512d"),
+               ("f32", 8): ("__FMA__", "_mm256_fmadd_ps", "__m256"),
+               ("f64", 4): ("__FMA__", "_mm256_fmadd_pd", "__m256d"),
+               ("f32", 4): ("__FMA__", "_mm_fmadd_ps", "__m128"),
+               ("f64", 2): ("__FMA__", "_mm_fmadd_pd", "__m128d")}
+"""x86's FMA for each vector, where the compiler targets it: gcc's vectorizer would split the
+lane loop of a 64-byte vector into 32-byte halves on CPUs it tunes for 256-bit vectors
+(Ice Lake, Sapphire Rapids), with shuffles and stack traffic."""
+
+
 def _helper(short: str, elem: str, suffix: str, lanes: int) -> str:
-    t = f"einjit_{short}"
+    t = f"einjit_{short}x{lanes}"
     splat = ", ".join(["x"] * lanes)
+    loop = f"""\
+  for (int l = 0; l < {lanes}; ++l) c[l] = fma{suffix}(a[l], b[l], c[l]);
+  return c;
+"""
+    if (short, lanes) in _INTRINSICS:
+        macro, fma, native = _INTRINSICS[short, lanes]
+        head = f"#ifdef {macro}\n#include <immintrin.h>\n#endif\n"
+        body = f"""\
+#ifdef {macro}
+  return ({t}){fma}(({native})a, ({native})b, ({native})c);
+#else
+{loop}#endif
+"""
+    else:
+        head, body = "", loop
     return f"""\
 /* {lanes} {elem}s of a register block, in vector registers (GCC vector extensions). */
-typedef {elem} {t} __attribute__((vector_size({lanes * (4 if elem == "float" else 8)})));
-{{q}} {t} einjit_load_{short}(const {elem} *p) {{{{
+{head}typedef {elem} {t} __attribute__((vector_size({lanes * (4 if elem == "float" else 8)})));
+{{q}} {t} einjit_load_{short}x{lanes}(const {elem} *p) {{{{
   {t} v;
   memcpy(&v, p, sizeof v);
   return v;
 }}}}
-{{q}} void einjit_store_{short}({elem} *p, {t} v) {{{{
+{{q}} void einjit_store_{short}x{lanes}({elem} *p, {t} v) {{{{
   memcpy(p, &v, sizeof v);
 }}}}
-{{q}} {t} einjit_splat_{short}({elem} x) {{{{
+{{q}} {t} einjit_splat_{short}x{lanes}({elem} x) {{{{
   {t} v = {{{{{splat}}}}};
   return v;
 }}}}
-/* Lane by lane, as fma{suffix} rounds; gcc makes the loop one vector FMA where the CPU has it. */
-{{q}} {t} einjit_fma_{short}({t} a, {t} b, {t} c) {{{{
-  for (int l = 0; l < {lanes}; ++l) c[l] = fma{suffix}(a[l], b[l], c[l]);
-  return c;
-}}}}
+/* Lane by lane as fma{suffix} rounds: one vector FMA where the CPU has it. */
+{{q}} {t} einjit_fma_{short}x{lanes}({t} a, {t} b, {t} c) {{{{
+{body}}}}}
 """
 
 
-HELPERS = {f"vector_{short}x{n}": _helper(f"{short}x{n}", elem, suffix, n)
+HELPERS = {f"vector_{short}x{n}": _helper(short, elem, suffix, n)
            for short, elem, suffix in _ELEMENTS.values() for n in _LANES}
 """The helpers of each vector type, by name (`helper`), rendered on demand."""
 
