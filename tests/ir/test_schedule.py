@@ -88,7 +88,8 @@ def local_nodes(code):
 def test_contraction_is_blocked_and_bit_identical(n, m, p, transposed):
     code, a, b, c = matmul(n, m, p, transposed)
     sched = schedule_llc(code, ON, ANY_SIZE)
-    assert local_nodes(sched) == {"pack", "acc"}
+    # a tail panel's block of vectors loads and stores through a zero-padded edge buffer
+    assert local_nodes(sched) == {"pack", "acc"} | ({"edge"} if p % 32 else set())
     ins = inputs_for(a, b)
     want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[c]
     got = interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[c]
@@ -218,12 +219,12 @@ def test_large_contractions_run_on_threads_with_identical_results():
     for threads in (1, 2):
         options = cc.CcOptions(threads=threads)
         proc = cc.compile_proc(sched, name="threaded", options=options)
-        region = ("    #pragma omp parallel num_threads(2)\n    {\n      float acc[256];\n"
+        region = ("    #pragma omp parallel num_threads(2)\n    {\n      einjit_f32x16 acc[16];\n"
                   "      #pragma omp for schedule(dynamic)\n      for (int ib")
         assert (region in proc.source) == (threads == 2)
         # the row blocks share the panel packed before them; the block of accumulators is
         # each thread's alone, so the routine declares none of its own
-        assert ("float acc[256] = {0};" in proc.source) == (threads == 1)
+        assert ("einjit_f32x16 acc[16] = {0};" in proc.source) == (threads == 1)
         assert "float pack[1536] = {0};" in proc.source
         results[threads] = run_in_c(sched, ins, name="threaded", options=options).array(c).copy()
     np.testing.assert_array_equal(results[1], want)

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from einjit.backends import c_outline
+from einjit.backends import c_outline, c_vectors
 from einjit.backends.params import MemClass, Param, ParamKind, repeated_names
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
@@ -177,6 +177,7 @@ HELPERS = {
   return i < 0 ? 0 : (i >= n ? n - 1 : i);
 }}
 """,
+    **c_vectors.HELPERS,
     "uniform01": """\
 /* VecUnop.UNIFORM_HASH: splitmix64 of a counter, top 53 bits scaled to [0, 1). */
 {q} double einjit_uniform01(unsigned long long x) {{
@@ -413,6 +414,58 @@ class _Writer:
             return clamped_flat_index(dims, idcs, clamped)
         return flat_index(dims, idcs)
 
+    def cell(self, tn: Tnode, idcs: tuple[AxisIndex, ...], what: str) -> str:
+        """`x[i]`; in a register block, a lane of one of its vectors: `acc[3][l]`."""
+        index = self.index(tn, idcs, what)
+        name = self.node_name(tn, written=what == "write")
+        if not c_vectors.is_block(tn):
+            return f"{name}[{index}]"
+        self.helpers.add(c_vectors.helper(tn))
+        return f"{name}[{flat_index(tn.dims[:-1], idcs[:-1])}][{axis_index_text(idcs[-1])}]"
+
+    # -- vector statements (`c_vectors`)
+
+    def vector_set(self, st: ll.Set, lane: Symbol, indent: str) -> None:
+        """A loop over a register block's lanes (`c_vectors.lane_statement`) as one statement."""
+        vec = next(x.tn for x in (st, *ll.iter_scalars(st.llsc))
+                   if isinstance(x, (ll.Set, ll.Get)) and c_vectors.is_block(x.tn))
+        self.helpers.add(c_vectors.helper(vec))
+        value = self.vector(st.llsc, vec, lane)
+        at = self.vector_ref(st.tn, st.idcs, vec, lane, "write")
+        note = " " + _comment(st.debug) if st.debug else ""
+        if c_vectors.is_block(st.tn):
+            self.lines.append(f"{indent}{at} = {value};{note}")
+        else:
+            self.lines.append(f"{indent}einjit_store_{c_vectors.vector_name(vec)}({at}, {value});{note}")
+
+    def vector_ref(self, tn: Tnode, idcs: tuple[AxisIndex, ...], vec: Tnode, lane: Symbol, what: str) -> str:
+        """A block's vector `acc[3]`, or the address of another array's first lane `&x[i]`
+        (its vector's other lanes checked in bounds too)."""
+        first = c_vectors.at_lane_zero(idcs, lane)
+        name = self.node_name(tn, written=what == "write")
+        if c_vectors.is_block(tn):
+            self.index(tn, first, what)
+            return f"{name}[{flat_index(tn.dims[:-1], idcs[:-1])}]"
+        return f"&{name}[{self.index(tn, first, what, extra_last=vec.dims[-1] - 1)}]"
+
+    def vector(self, sc: ll.LLScalar, vec: Tnode, lane: Symbol) -> str:
+        """`sc` over the lanes of `vec`'s vectors."""
+        short = c_vectors.vector_name(vec)
+        match sc:
+            case ll.Constant(v):
+                return f"einjit_splat_{short}({constant_literal(v, vec.prec, self.syn)})"
+            case ll.Get(tn, idcs) if c_vectors.access_mode(tn, idcs, lane) == "splat":
+                return f"einjit_splat_{short}({self.cell(tn, idcs, 'read')})"
+            case ll.Get(tn, idcs) if c_vectors.is_block(tn):
+                return self.vector_ref(tn, idcs, vec, lane, "read")
+            case ll.Get(tn, idcs):
+                return f"einjit_load_{short}({self.vector_ref(tn, idcs, vec, lane, 'read')})"
+            case ll.Ternop(ops.Ternop.FMA, a, b, c):
+                return f"einjit_fma_{short}({', '.join(self.vector(x, vec, lane) for x in (a, b, c))})"
+            case ll.Binop(op, a, b):
+                return op.c_template.format(self.vector(a, vec, lane), self.vector(b, vec, lane))
+        raise TypeError(f"not a vector scalar: {sc!r}")
+
     # -- scalars
 
     def typed(self, text: str, prec: ops.Prec) -> str:
@@ -434,8 +487,7 @@ class _Writer:
                 lit = _int_literal(int(b), ops.int64)
                 return self.typed(lit, prec) if prec is not ops.int64 else lit
             case ll.Get(tn, idcs):
-                text = f"{self.node_name(tn)}[{self.index(tn, idcs, 'read')}]"
-                return self.cast(text, tn.prec, prec)
+                return self.cast(self.cell(tn, idcs, "read"), tn.prec, prec)
             case ll.GetMergeBuffer(tn, idcs):
                 self.merges.setdefault(tn.id, tn)
                 return self.cast(f"merge_{tn.name}[{self.index(tn, idcs, 'merge-buffer read')}]", tn.prec, prec)
@@ -527,6 +579,9 @@ class _Writer:
                 case ll.ForLoop(index, from_, to_, body, _):
                     if index in self.loops or index in self.static_ranges:
                         raise RenderError(f"einjit: loop symbol {index!r} is already bound in an enclosing scope")
+                    if (lane_set := c_vectors.lane_statement(s)) is not None:
+                        self.vector_set(lane_set, index, indent)
+                        continue
                     name = symbol_name(index)
                     if s.unroll and self.syn.unroll_pragma:
                         self.lines.append(indent + self.syn.unroll_pragma.format(n=to_ - from_ + 1))
@@ -547,7 +602,7 @@ class _Writer:
                     self.zero_out(tn, indent)
                 case ll.Set(tn, idcs, llsc, debug):
                     def render_set(pre, ind, tn=tn, idcs=idcs, llsc=llsc, debug=debug):
-                        lhs = f"{self.node_name(tn, written=True)}[{self.index(tn, idcs, 'write')}]"
+                        lhs = self.cell(tn, idcs, "write")
                         note = " " + _comment(debug) if debug else ""
                         return f"{lhs} = {self.scalar(llsc, tn.prec, pre, ind)};{note}"
                     self.with_scalar(indent, render_set)
@@ -587,8 +642,8 @@ class _Writer:
         self.lines.append(indent + "{")
         heap = [tn for tn in declared if tn not in self.on_stack]
         for tn in declared:
-            fields = dict(t=self.syn.type_name(tn.prec), name=self.node_name(tn, written=True), size=tn.size,
-                          restrict=self.syn.restrict)
+            t, size = storage(tn, self.syn)
+            fields = dict(t=t, name=self.node_name(tn, written=True), size=size, restrict=self.syn.restrict)
             decl = self.syn.private_heap_decl if tn in heap else self.syn.private_stack_decl
             self.lines.extend(inner + line for line in decl.format(**fields).split("\n"))
         self.lines.append(inner + self.syn.parallel_for_pragma)
@@ -687,13 +742,13 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     r = syntax.restrict
     for tn in sorted(w.nodes.values(), key=lambda n: n.id):
         mem = (syntax.classify or mem_class)(tn, tn.id in w.written)
-        t = syntax.type_name(tn.prec)
+        t, size = storage(tn, syntax)
         if mem is MemClass.LOCAL_ONLY:
             local_nodes.append(tn)
             if tn in w.region_only or tn in w.nest_owned:
                 continue
             if tn in placement.on_stack:
-                local_decls.append("  " + syntax.local_stack_decl.format(t=t, name=tn.name, size=tn.size))
+                local_decls.append("  " + syntax.local_stack_decl.format(t=t, name=tn.name, size=size))
             continue
         const = "" if tn.id in w.written else "const "
         params.append(Param(ParamKind.ARRAY, tn.name, tn=tn, mem=mem))
@@ -765,13 +820,13 @@ def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequ
         owned = [tn for tn in nw.nodes.values() if users[tn] == 1 and tn in w.on_stack and tn not in w.region_only
                  and (w.syn.classify or mem_class)(tn, tn.id in nw.written) is MemClass.LOCAL_ONLY]
         w.nest_owned.update(owned)
-        args = [c_outline.Arg(tn.name, w.syn.type_name(tn.prec), tn.id in nw.written)
+        args = [c_outline.Arg(tn.name, storage(tn, w.syn)[0], tn.id in nw.written)
                 for tn in sorted(nw.nodes.values(), key=lambda n: n.id)
                 if tn not in owned and tn not in w.region_only]
         args += [c_outline.Arg(f"merge_{tn.name}", w.syn.type_name(tn.prec), False)
                  for tn in sorted(nw.merges.values(), key=lambda n: n.id)]
-        decls = [w.syn.local_stack_decl.format(t=w.syn.type_name(tn.prec), name=tn.name, size=tn.size)
-                 for tn in sorted(owned, key=lambda n: n.id)]
+        decls = [w.syn.local_stack_decl.format(t=t, name=tn.name, size=size)
+                 for tn in sorted(owned, key=lambda n: n.id) for t, size in [storage(tn, w.syn)]]
         private = [tn.name for tn in nw.nodes.values() if tn in w.region_only]
         renamed = [*(tn.name for tn in owned), *private, *_bound_names(loop)]
         nests.append(c_outline.Nest(args, decls, nw.lines, renamed))
@@ -857,7 +912,15 @@ def _scratch_decl(tn: Tnode, syn: CSyntax) -> str:
     if syn.local_scratch_decl is None:
         raise RenderError(f"einjit: local tensor {tn.debug_name()} needs {tn.size * tn.prec.itemsize} bytes, "
                           f"over the {syn.stack_limit_bytes}-byte limit for locals of this backend")
-    return syn.local_scratch_decl.format(t=syn.type_name(tn.prec), name=tn.name, restrict=syn.restrict)
+    return syn.local_scratch_decl.format(t=storage(tn, syn)[0], name=tn.name, restrict=syn.restrict)
+
+
+def storage(tn: Tnode, syn: CSyntax) -> tuple[str, int]:
+    """The element type of a node's array and its length: a register block holds vectors
+    (`c_vectors`)."""
+    if c_vectors.is_block(tn):
+        return c_vectors.type_name(tn), c_vectors.vectors(tn)
+    return syn.type_name(tn.prec), tn.size
 
 
 def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence[StaticSymbol] = (),
