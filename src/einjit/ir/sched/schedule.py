@@ -47,8 +47,9 @@ default); integer sums are exact either way. Small partial sums are also more ac
 float32 sum of 2,000,000 values in [0, 1) is 2e-7 off instead of 1e-5.
 
 Small nests (under `Blocking.min_work` innermost iterations) are left alone: the rewrites
-pay only when the arithmetic dominates. So are nests whose order is already fixed
-(`ForLoop.keep_order`).
+pay only when the arithmetic dominates. The split reduction alone reaches further down
+(`Blocking.min_split_work`): a decode step's matrix-vector products are small but all
+reduction. Nests whose order is already fixed (`ForLoop.keep_order`) are left alone.
 """
 
 from __future__ import annotations
@@ -103,6 +104,10 @@ class Blocking:
     on a busy machine every barrier may wait for a descheduled thread.
     `min_panels_per_thread`: column panels each thread should get before the panel loop is
     the one on threads (one fork-join for the nest) rather than each panel's row blocks.
+    `min_split_work`: nests below `min_work` but of at least this many innermost iterations,
+    summing along an innermost loop of at least `lanes`, still get the split reduction: the
+    matrix-vector products of a one-token decode step (128 x 128) are otherwise one
+    sequential FMA chain per row, latency-bound at a fifth of the vector rate.
     """
 
     min_work: int = 1 << 16
@@ -115,6 +120,7 @@ class Blocking:
     min_unroll_work: int = 1 << 19
     parallel_min_work: int = 1 << 22
     min_panels_per_thread: int = 2
+    min_split_work: int = 1 << 12
 
 
 TileChooser = Callable[[cost_model.Shape, Blocking], "cost_model.Tile | None"]
@@ -152,10 +158,15 @@ def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blockin
         return s
     if len(inner) == 1 and isinstance(inner[0], ll.Set) and all(lp.from_ == 0 for lp in loops):
         st = inner[0]
-        if math.prod(lp.to_ + 1 for lp in loops) >= blocking.min_work:
+        work = math.prod(lp.to_ + 1 for lp in loops)
+        if work >= blocking.min_work:
             new = _rewritten(loops, st, settings, blocking, tile_for)
-            if new is not None:
-                return new
+        elif work >= blocking.min_split_work and loops[-1].to_ + 1 >= blocking.lanes:
+            new = _split_reduction(loops, st, settings, blocking)
+        else:
+            new = None
+        if new is not None:
+            return new
     return rewrap(loops, schedule_llc(body, settings, blocking, tile_for))
 
 
