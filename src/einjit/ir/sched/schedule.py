@@ -72,7 +72,7 @@ from einjit.ir.indexing import (
     subst_index,
 )
 from einjit.ir.passes.tracing import VirtualizeSettings
-from einjit.ir.sched import cost_model, nests, schedule_conv
+from einjit.ir.sched import cost_model, nests, schedule_batched, schedule_conv
 from einjit.ir.sched.interchange import best_order, perfect_nest, reorderable, rewrap, unit_stride_symbol
 from einjit.ir.sched.machine import host_machine
 from einjit.ir.tnode import Tnode
@@ -369,7 +369,7 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
     tiles = f"{lay.mb}x{lay.nb}" + (f", {lay.kc}-step k chunks" if lay.kc < c.extent[lay.k1] else "")
     kind = "register-blocked" if lay.unrolled else "blocked (rows not unrolled: a small nest)"
     body = ll.seq(ll.Comment(f"{kind} {tiles} contraction into {c.st.tn.name}"), *chunks)
-    return nests.nest([(s, c.extent[s]) for s in c.outer], body, parallel=lay.batch)
+    return schedule_batched.batch_inside_panels(lay.pack, [(s, c.extent[s]) for s in c.outer], body, lay.batch)
 
 
 def _chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
