@@ -77,7 +77,13 @@ def test_a_weight_shared_by_the_batch_is_packed_once_per_panel(tile, threaded):
     assert around and all(b not in enclosing for enclosing in around)
     batch_loops = [s for s in ll.iter_stmts(sched) if isinstance(s, ll.ForLoop) and s.index == b]
     assert len(batch_loops) >= 2  # one per panel (and per k chunk)
-    assert all(lp.parallel == threaded for lp in batch_loops)
+    # on threads: a loop of several panels (each thread packing its own), or the batch loop
+    # of a lone panel; never one inside another
+    parallel = [s for s in ll.iter_stmts(sched) if isinstance(s, ll.ForLoop) and s.parallel]
+    assert bool(parallel) == threaded
+    assert all((lp.index == b) != bool(loops_around_packing(lp.body)) for lp in parallel)
+    assert not any(inner.parallel for lp in parallel for inner in ll.iter_stmts(lp.body)
+                   if isinstance(inner, ll.ForLoop))
     ins = inputs_for(x, w)
     want = check_bit_identical(code, sched, ins, c)
     ref = np.einsum("jk,btk->btj", ins[w].astype(np.float64), ins[x].astype(np.float64))

@@ -16,10 +16,12 @@ after the packing:
     for j0:  pack[k, c] := B(j0, k);  for b:  for i0: kernel(b, i0, j0)
 
 Every output cell still accumulates its terms in the same order (the k chunks, outside the
-panels, keep theirs), so results stay bit-identical; each batch cell writes its own cells, so
-a batch loop that ran on threads still may, now inside each panel, sharing its packed panel
-as the row blocks of an unbatched contraction do. A batch loop the packed operand depends on
-(the attention's `q kᵀ`, batched over sequences and heads on both sides) stays outside.
+panels, keep theirs), so results stay bit-identical. When the batch loop ran on threads, the
+panel loop does instead (each panel writes its own columns; each thread packs its own
+panels: still one fork-join per nest), and a tail panel outside it runs its batch loop on
+threads, sharing its packed panel as the row blocks of an unbatched contraction do. A batch
+loop the packed operand depends on (the attention's `q kᵀ`, batched over sequences and heads
+on both sides) stays outside.
 """
 
 from __future__ import annotations
@@ -70,10 +72,13 @@ def _sink(stmts: list[ll.LLStmt], pack: Tnode, inner: list[tuple[Symbol, int]],
             out.append(nests.nest(inner, ll.seq(*rows), parallel=parallel))
             out.extend(trailing)
         elif isinstance(s, ll.ForLoop) and _writes(s, pack):
-            body = _sink(list(ll.flatten(s.body)), pack, inner, parallel)
+            # the panel loop takes the threads of a batch loop it now holds: one fork-join
+            # per nest, each thread packing its own panels
+            panels = parallel in dict(inner) and _fills(next(ll.flatten(s.body)), pack)
+            body = _sink(list(ll.flatten(s.body)), pack, inner, None if panels else parallel)
             if body is None:
                 return None
-            out.append(dataclasses.replace(s, body=ll.seq(*body)))
+            out.append(dataclasses.replace(s, body=ll.seq(*body), parallel=s.parallel or panels))
             k += 1
         elif isinstance(s, ll.Comment):
             out.append(s)
