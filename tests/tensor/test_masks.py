@@ -11,9 +11,8 @@ import einjit as ej
 from einjit import shape as sh
 from einjit import train
 from einjit.ir import assignments as asg
-from einjit.ir import interpret
+from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
-from einjit.ir import ops
 from einjit.ir.optimize import optimize_proc
 
 B, T, H, S = 2, 3, 2, 5

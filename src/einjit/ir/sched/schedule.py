@@ -489,7 +489,7 @@ def _folded(lanes: Tnode, lane: Symbol, n: int) -> list[ll.LLStmt]:
     lower (vector additions while the parts are wide), so the sum at the end of a short
     reduction is log2(lanes) dependent additions, not `lanes` of them: a decode step's
     128-long row sums spent more time adding their 32 lanes one by one than in the lanes."""
-    folds = []
+    folds: list[ll.LLStmt] = []
     while n > 1:
         half = n // 2
         top = n - half

@@ -62,11 +62,11 @@ def _sink(stmts: list[ll.LLStmt], pack: Tnode, inner: list[tuple[Symbol, int]],
             while k < len(stmts) and _fills(stmts[k], pack):
                 out.append(stmts[k])
                 k += 1
-            rows = []
+            rows: list[ll.LLStmt] = []
             while k < len(stmts) and not _writes(stmts[k], pack):
                 rows.append(stmts[k])
                 k += 1
-            trailing = []
+            trailing: list[ll.LLStmt] = []
             while rows and isinstance(rows[-1], ll.Comment):
                 trailing.insert(0, rows.pop())
             out.append(nests.nest(inner, ll.seq(*rows), parallel=parallel))
