@@ -586,17 +586,18 @@ class _Writer:
                     if s.unroll and self.syn.unroll_pragma:
                         self.lines.append(indent + self.syn.unroll_pragma.format(n=to_ - from_ + 1))
                     region: list[str] = []
+                    at = indent  # a parallel region indents its loop, not the statements after it
                     if s.parallel and self.syn.num_threads > 1 and not self.parallel_depth:
-                        indent, region = self.parallel_head(s, indent)
+                        at, region = self.parallel_head(s, indent)
                     head = self.syn.loop_head(s, name, self.index_type) if self.syn.loop_head else None
-                    self.lines.append(indent + (head or f"for ({self.index_type} {name} = {from_}; "
-                                                        f"{name} < {to_ + 1}; ++{name}) {{"))
+                    self.lines.append(at + (head or f"for ({self.index_type} {name} = {from_}; "
+                                                    f"{name} < {to_ + 1}; ++{name}) {{"))
                     self.loops[index] = (from_, to_)
                     self.parallel_depth += s.parallel
-                    self.stmt(body, indent + "  ")
+                    self.stmt(body, at + "  ")
                     self.parallel_depth -= s.parallel
                     del self.loops[index]
-                    self.lines.append(indent + "}")
+                    self.lines.append(at + "}")
                     self.lines.extend(region)
                 case ll.ZeroOut(tn):
                     self.zero_out(tn, indent)

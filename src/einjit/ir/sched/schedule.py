@@ -47,17 +47,18 @@ packing its own panel — else each panel's row blocks, sharing its panel.
 **Reductions** whose innermost loop `k` is summed (a row sum, a matrix-vector product, a
 convolution's kernel gradient) and that interchange would leave alone get `Blocking.lanes`
 independent partial sums over `k = lanes*k0 + l` (or one per `k` when `k` is short), kept
-across all the summed loops — the lhs loops move outside — and added into the target in lane
-order at the end. The partial sums are a register block of vectors when the step is
-arithmetic the vectors compute (a dot product: ATL's matvec), else a plain array (a sum of
-`exp`s, which gcc vectorizes through libmvec). That
+across all the summed loops — the lhs loops move outside — folded pairwise (upper half onto
+lower half) and added into the target at the end. The partial sums are a register block of
+vectors when the step is arithmetic the vectors compute (a dot product: ATL's matvec), else
+a plain array (a sum of `exp`s, which gcc vectorizes through libmvec). That
 reassociates float sums, so it happens only under `VirtualizeSettings.reassociate` (on by
 default); integer sums are exact either way. Small partial sums are also more accurate: a
 float32 sum of 2,000,000 values in [0, 1) is 2e-7 off instead of 1e-5.
 
 Small nests (under `Blocking.min_work` innermost iterations) are left alone: the rewrites
-pay only when the arithmetic dominates. So are nests whose order is already fixed
-(`ForLoop.keep_order`).
+pay only when the arithmetic dominates. The split reduction alone reaches further down
+(`Blocking.min_split_work`): a decode step's matrix-vector products are small but all
+reduction. Nests whose order is already fixed (`ForLoop.keep_order`) are left alone.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ from einjit.ir.indexing import (
     subst_index,
 )
 from einjit.ir.passes.tracing import VirtualizeSettings
-from einjit.ir.sched import cost_model, nests, schedule_conv
+from einjit.ir.sched import cost_model, nests, schedule_batched, schedule_conv
 from einjit.ir.sched.interchange import best_order, perfect_nest, reorderable, rewrap, unit_stride_symbol
 from einjit.ir.sched.machine import host_machine
 from einjit.ir.tnode import Tnode
@@ -112,6 +113,10 @@ class Blocking:
     on a busy machine every barrier may wait for a descheduled thread.
     `min_panels_per_thread`: column panels each thread should get before the panel loop is
     the one on threads (one fork-join for the nest) rather than each panel's row blocks.
+    `min_split_work`: nests below `min_work` but of at least this many innermost iterations,
+    summing along an innermost loop of at least `lanes`, still get the split reduction: the
+    matrix-vector products of a one-token decode step (128 x 128) are otherwise one
+    sequential FMA chain per row, latency-bound at a fifth of the vector rate.
     """
 
     min_work: int = 1 << 16
@@ -124,6 +129,7 @@ class Blocking:
     min_unroll_work: int = 1 << 19
     parallel_min_work: int = 1 << 22
     min_panels_per_thread: int = 2
+    min_split_work: int = 1 << 12
 
 
 TileChooser = Callable[[cost_model.Shape, Blocking], "cost_model.Tile | None"]
@@ -161,10 +167,15 @@ def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blockin
         return s
     if len(inner) == 1 and isinstance(inner[0], ll.Set) and all(lp.from_ == 0 for lp in loops):
         st = inner[0]
-        if math.prod(lp.to_ + 1 for lp in loops) >= blocking.min_work:
+        work = math.prod(lp.to_ + 1 for lp in loops)
+        if work >= blocking.min_work:
             new = _rewritten(loops, st, settings, blocking, tile_for)
-            if new is not None:
-                return new
+        elif work >= blocking.min_split_work and loops[-1].to_ + 1 >= blocking.lanes:
+            new = _split_reduction(loops, st, settings, blocking)
+        else:
+            new = None
+        if new is not None:
+            return new
     return rewrap(loops, schedule_llc(body, settings, blocking, tile_for))
 
 
@@ -371,7 +382,7 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
     tiles = f"{lay.mb}x{lay.nb}" + (f", {lay.kc}-step k chunks" if lay.kc < c.extent[lay.k1] else "")
     kind = "register-blocked" if lay.unrolled else "blocked (rows not unrolled: a small nest)"
     body = ll.seq(ll.Comment(f"{kind} {tiles} contraction into {c.st.tn.name}"), *chunks)
-    return nests.nest([(s, c.extent[s]) for s in c.outer], body, parallel=lay.batch)
+    return schedule_batched.batch_inside_panels(lay.pack, [(s, c.extent[s]) for s in c.outer], body, lay.batch)
 
 
 def _chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
@@ -495,11 +506,42 @@ def _split_reduction(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSe
     if n_lanes < n:
         step = ll.ForLoop(k0, 0, n // n_lanes - 1, step)
     summed = [(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index not in lhs]
-    # in lane order, each lane a constant (an indexed vector lane would keep the block in memory)
-    total = ll.Set(st.tn, st.idcs, ll.Binop(ops.Binop.ADD, ll.Get(st.tn, st.idcs), own))
+    vector = rb.lanes > 1
+    first = ll.Get(rb.node, (FixedIdx(0), FixedIdx(0), Iterator(rb.lane)) if vector else (FixedIdx(0), FixedIdx(0)))
+    add = ll.Set(st.tn, st.idcs, ll.Binop(ops.Binop.ADD, ll.Get(st.tn, st.idcs), first))
+    # the first vector's lanes in lane order, each lane a constant (an indexed vector lane
+    # would keep the block in memory)
+    total = nests.nest([(rb.lane, rb.lanes)], add, frozenset({rb.lane})) if vector else add
     body = ll.seq(
         ll.Comment(f"{n_lanes} partial sums into {st.tn.name} (reassociated)"),
         nests.nest(rb.loops(), ll.Set(rb.node, own.idcs, ll.Constant(0.0)), rb.unrolled),
         nests.nest(summed, step),
-        nests.nest(rb.loops(), total, frozenset(s for s, _ in rb.loops()) if rb.lanes > 1 else frozenset()))
+        *_folded(rb),
+        total)
     return nests.nest([(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index in lhs], body)
+
+
+def _folded(rb: nests.RegisterBlock) -> list[ll.LLStmt]:
+    """The partial sums added pairwise into the block's first vector (or first cell): each
+    step adds the upper part onto the lower, so the sum at the end of a short reduction is
+    log2 dependent additions, not one per lane: a decode step's 128-long row sums spent more
+    time adding their 32 lanes one by one than in the lanes. Vectors fold as whole vectors;
+    the first vector's lanes are then added into the target one by one (`total`)."""
+    vector = rb.lanes > 1
+    n = rb.node.dims[1]
+    folds: list[ll.LLStmt] = []
+    while n > 1:
+        half = n // 2
+        top = n - half
+        if vector:
+            for v in range(half):
+                own: tuple[AxisIndex, ...] = (FixedIdx(0), FixedIdx(v), Iterator(rb.lane))
+                upper: tuple[AxisIndex, ...] = (FixedIdx(0), FixedIdx(v + top), Iterator(rb.lane))
+                fold = ll.Set(rb.node, own, ll.Binop(ops.Binop.ADD, ll.Get(rb.node, own), ll.Get(rb.node, upper)))
+                folds.append(ll.ForLoop(rb.lane, 0, rb.lanes - 1, fold))
+        else:
+            own, upper = (FixedIdx(0), Iterator(rb.col)), (FixedIdx(0), make_affine(((1, rb.col),), top))
+            fold = ll.Set(rb.node, own, ll.Binop(ops.Binop.ADD, ll.Get(rb.node, own), ll.Get(rb.node, upper)))
+            folds.append(ll.ForLoop(rb.col, 0, half - 1, fold))
+        n = top
+    return folds
