@@ -39,6 +39,7 @@ from einjit.backends.cc import toolchain as cc
 from einjit.backends.cc.backend import CcBackend, CcProcedure
 from einjit.backends.interface import Compiled
 from einjit.backends.params import Param
+from einjit.backends.scratch_plan import ScratchPlan
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Projections, StaticSymbol, Symbol
@@ -160,6 +161,7 @@ def store(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], 
         "mem_classes": [(ref(tn), mem) for tn, mem in proc.mem_classes.items()],
         "inputs": [ref(tn) for tn in compiled.inputs],
         "written": [ref(tn) for tn in written],
+        "plan": None if proc.plan is None else (proc.plan.offsets, proc.plan.nbytes, proc.plan.size),
         "c_name": proc.procedure.name,
         "source": proc.procedure.source,
     }
@@ -205,7 +207,8 @@ def load(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], n
     fn.restype = None
     procedure = cc.Procedure(record["c_name"], record["source"], params, tuple(bindings), built.path, fn,
                              built.source_path)
-    cc_proc = CcProcedure(procedure.name, procedure, {node(r): mem for r, mem in record["mem_classes"]})
+    plan = None if record.get("plan") is None else ScratchPlan(*record["plan"])
+    cc_proc = CcProcedure(procedure.name, procedure, {node(r): mem for r, mem in record["mem_classes"]}, plan=plan)
     stats.hits += 1
     config.debug(1, f"program cache: {name}: hit {path}")
     return Hit(Compiled(backend.name, cc_proc, tuple(bindings), name, frozenset(node(r) for r in record["inputs"])),
