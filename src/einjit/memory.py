@@ -105,7 +105,9 @@ class MemoryReport:
 
     def __str__(self) -> str:
         parts = self.scratch_parts_bytes
-        planned = f" (one arena for {human(parts)} of arrays)" if parts is not None and parts != self.scratch_bytes else ""
+        planned = ""
+        if parts is not None and parts != self.scratch_bytes:
+            planned = f" (one arena for {human(parts)} of arrays)"
         lines = [f"kept between calls {human(self.kept_bytes)}, local {human(self.local_bytes)}, "
                  f"scratch {human(self.scratch_bytes)}{planned}, read from the host {human(self.host_bytes)}"]
         lines += [f"  {name:<32} {cls:<20} {human(n)}" for name, cls, n in self.arrays]

@@ -136,13 +136,11 @@ def assign(buffers: Sequence[Interval]) -> tuple[tuple[int, ...], int]:
     by position, so the plan is a function of the routine alone), each in the smallest gap left
     between the placed buffers it meets, else above them all."""
     order = sorted(range(len(buffers)), key=lambda k: (-buffers[k].nbytes, buffers[k].first, k))
-    offsets: list[int | None] = [None] * len(buffers)
-    placed: list[int] = []
+    offsets: dict[int, int] = {}
     size = 0
     for k in order:
         need = _aligned(buffers[k].nbytes)
-        busy = sorted((offsets[j], offsets[j] + _aligned(buffers[j].nbytes))  # type: ignore[operator]
-                      for j in placed if buffers[j].meets(buffers[k]))
+        busy = sorted((o, o + _aligned(buffers[j].nbytes)) for j, o in offsets.items() if buffers[j].meets(buffers[k]))
         best: tuple[int, int] | None = None      # (waste, offset)
         at = 0
         for lo, hi in busy:
@@ -151,9 +149,8 @@ def assign(buffers: Sequence[Interval]) -> tuple[tuple[int, ...], int]:
             at = max(at, hi)
         offset = best[1] if best is not None else at
         offsets[k] = offset
-        placed.append(k)
         size = max(size, offset + need)
-    return tuple(o for o in offsets if o is not None), size
+    return tuple(offsets[k] for k in range(len(buffers))), size
 
 
 def plan_routine(llc: ll.LLStmt, scratch: Sequence[Tnode]) -> ScratchPlan:
