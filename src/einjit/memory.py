@@ -161,7 +161,7 @@ def _routine_report(classes: Any, plan: Any = None) -> MemoryReport:
                         local_bytes=by_class.get("Local_only", 0),
                         scratch_bytes=parts if plan is None else int(plan.size),
                         host_bytes=by_class.get("Constant_from_host", 0), arrays=_largest_first(arrays),
-                        scratch_parts_bytes=parts)
+                        scratch_parts_bytes=parts if plan is None else int(plan.parts_bytes))
 
 
 def _nbytes(tn: Any) -> int:

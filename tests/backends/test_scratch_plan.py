@@ -9,7 +9,7 @@ import pytest
 
 import einjit as ej
 from einjit import fit, memory, nn, train
-from einjit.backends import scratch_plan
+from einjit.backends import c_syntax, scratch_plan
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.cc.backend import CcBackend
 from einjit.backends.scratch_plan import ALIGN, Interval, assign, sink_zero_outs
@@ -77,6 +77,26 @@ def test_an_array_read_before_any_write_shares_with_nothing():
     code = ll.seq(ll.Set(out, (FixedIdx(0),), ll.Get(a, (FixedIdx(0),))), _fill(b, 1.0), _fill(b, 2.0))
     [ia, ib] = scratch_plan.live_intervals(code, [a, b])
     assert (ia.first, ia.last) == (0, 2) and ia.meets(ib)
+
+
+def test_a_compiler_barrier_separates_arrays_that_share_bytes():
+    a, b, c = _node("a", 8192), _node("b", 8192), _node("c", 64)                # 32 KiB: scratch, not stack
+    out = Tnode("out", (1,))
+    read = ll.Set(out, (FixedIdx(0),), ll.Get(a, (FixedIdx(0),)))
+    code = ll.seq(_fill(a, 1.0), read, ll.ZeroOut(b), _fill(c, 2.0), _fill(b, 3.0),
+                  ll.Set(out, (FixedIdx(0),), ll.Get(b, (FixedIdx(0),))))
+    placed, plan = scratch_plan.place(code, c_syntax.C_SYNTAX)
+    assert plan is not None and plan.offsets == (0, 0) and plan.size == 8192 * 4   # c sits on the stack
+    stmts = list(ll.flatten(placed))
+    barrier = next(k for k, s in enumerate(stmts) if isinstance(s, ll.StagedCompilation))
+    assert [type(s).__name__ for s in stmts[barrier - 2:barrier + 3]] == [
+        "Set", "ForLoop", "StagedCompilation", "ZeroOut", "ForLoop"]           # b's zeroing sunk past c's loop
+    source = c_syntax.render_routine("shared_bytes", placed).code
+    assert source.count(scratch_plan.BARRIER) == 1
+    assert source.index(f"{out.name}[0] = {a.name}[0]") < source.index(scratch_plan.BARRIER) \
+        < source.index(f"memset({b.name}")
+    alone, plan = scratch_plan.place(ll.seq(_fill(a, 1.0), read), c_syntax.C_SYNTAX)
+    assert plan is not None and not any(isinstance(s, ll.StagedCompilation) for s in ll.flatten(alone))
 
 
 # ---------------------------------------------------------------- planner on and off, bit for bit

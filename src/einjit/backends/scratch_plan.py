@@ -26,21 +26,28 @@ The plan (`plan_routine`):
 - `assign` places the arrays greedily, largest first, each at the lowest-waste gap (best fit)
   among the arrays already placed whose intervals meet its own, at `ALIGN`-byte offsets.
 
-Why sharing bytes is safe in the generated C, which is unchanged by the plan (every scratch
-node stays its own `restrict` pointer parameter; only the addresses the backend passes
-differ): arrays sharing bytes are never touched by one top-level statement, and every access
-of the earlier one comes before every access of the later one in program order. An outlined
-nest (`c_outline`) is its own `noinline` function, so within one call its `restrict`
-parameters never alias; an OpenMP region of a nest is part of that nest, and threads' private
-copies of the scheduler's locals are allocated inside the region, not planned. In a routine
-rendered as one function, gcc (`-O2`, no loop fusion) does not move a memory access of one
-loop nest past another nest; the differential tests (`tests/backends/test_scratch_plan.py`)
-compare steps with the planner on and off bit for bit.
+Why sharing bytes is safe in the generated C, where every scratch node stays its own
+`restrict` pointer parameter (only the addresses the backend passes change): arrays sharing
+bytes are never touched by one top-level statement, and every access of the earlier one comes
+before every access of the later one in program order. What could still reorder them is the
+compiler trusting `restrict` across statements, so `with_barriers` puts an empty
+`asm volatile` with a memory clobber (`BARRIER`: no instruction) before each statement where
+bytes pass from a dead array to a new one; gcc moves no load or store across it. An outlined
+nest (`c_outline`) is its own `noinline` function, called in program order; an OpenMP region
+lies inside one nest, and the threads' private copies of the scheduler's locals are allocated
+inside the region, never planned (`scratch_nodes`). The differential tests
+(`tests/backends/test_scratch_plan.py`) compare MLP, convnet and GPT steps with the planner on
+and off bit for bit, at 1 and 2 threads.
 
 `EINJIT_SCRATCH_PLAN=0` turns sharing off when routines are linked: every scratch node then
-gets an array of its own, as before the planner. The CUDA backend has no scratch (its
-routine-local nodes are per-thread local arrays, `CudaMemClass.LOCAL_ONLY`), so there is
-nothing for it to plan.
+gets an array of its own, as before the planner.
+
+The CUDA backend stays on its own path (`gpu/plan.py`): a routine-local node used by one
+segment is a per-thread local array, and one living across segments is a `GLOBAL` device
+array of the context, like any kernel parameter. Sharing those would take a device arena
+and offsets into it for the kernel's pointers, with the grid synchronizations between
+segments as the lifetimes' boundaries; the planner's intervals would carry over, but the
+device side is not built here.
 """
 
 from __future__ import annotations
@@ -49,12 +56,12 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
-from einjit.backends.c_syntax import CSyntax, local_placement
+from einjit.backends.c_syntax import CSyntax, local_placement, region_only_nodes
 from einjit.ir import low_level as ll
 from einjit.ir.tnode import Tnode
 
-__all__ = ["ALIGN", "Interval", "ScratchPlan", "assign", "enabled", "live_intervals", "plan_routine",
-           "scratch_candidates", "sink_zero_outs"]
+__all__ = ["ALIGN", "BARRIER", "Interval", "ScratchPlan", "assign", "enabled", "live_intervals", "place",
+           "plan_routine", "scratch_nodes", "sink_zero_outs", "with_barriers"]
 
 ALIGN = 64
 """Every planned array starts at a multiple of a cache line (and of any vector width)."""
@@ -81,6 +88,8 @@ class ScratchPlan:
     offsets: tuple[int, ...]
     nbytes: tuple[int, ...]
     size: int
+    intervals: tuple[Interval, ...] = ()
+    """The live intervals the plan was made from (the top-level statements before barriers)."""
 
     @property
     def parts_bytes(self) -> int:
@@ -157,15 +166,60 @@ def plan_routine(llc: ll.LLStmt, scratch: Sequence[Tnode]) -> ScratchPlan:
     """The plan of a routine's scratch nodes (in parameter order) over its code `llc`."""
     buffers = live_intervals(llc, scratch)
     offsets, size = assign(buffers)
-    return ScratchPlan(offsets, tuple(b.nbytes for b in buffers), size)
+    return ScratchPlan(offsets, tuple(b.nbytes for b in buffers), size, tuple(buffers))
 
 
 
-def scratch_candidates(llc: ll.LLStmt, syntax: CSyntax) -> set[Tnode]:
-    """The local nodes of `llc` that the renderer does not put on the stack (its scratch
-    parameters, and the private heap copies of parallel regions)."""
+def scratch_nodes(llc: ll.LLStmt, syntax: CSyntax) -> list[Tnode]:
+    """The nodes `c_syntax.render_routine` makes scratch parameters, in their order (by id):
+    the local nodes it does not put on the stack, except those only parallel regions use
+    (each thread allocates its own copy of those inside the region)."""
     local = [tn for tn in ll.nodes_of(llc) if tn.is_local()]
-    return set(local) - local_placement(local, syntax).on_stack
+    heap = set(local) - local_placement(local, syntax).on_stack
+    if syntax.num_threads > 1:
+        heap -= region_only_nodes(llc)
+    return sorted(heap, key=lambda tn: tn.id)
+
+
+BARRIER = '__asm__ __volatile__("" ::: "memory"); /* einjit: scratch bytes change arrays here */'
+"""A compiler barrier (no instruction): gcc moves no memory access across it, `restrict` or not."""
+
+
+def with_barriers(llc: ll.LLStmt, plan: ScratchPlan) -> ll.LLStmt:
+    """`llc` with a `BARRIER` before each top-level statement where an array starts to live in
+    bytes that an array dead by then used: every access of the dead array stays before it,
+    every access of the new one after it, whatever gcc concludes from `restrict`."""
+    top = list(ll.flatten(llc))
+    ivs = plan.intervals
+    ends = [(o, o + n) for o, n in zip(plan.offsets, plan.nbytes, strict=True)]
+    starts = sorted({b.first for b, (lo, hi) in zip(ivs, ends, strict=True)
+                     if any(a.last < b.first and lo < ahi and alo < hi
+                            for a, (alo, ahi) in zip(ivs, ends, strict=True))})
+    if not starts:
+        return llc
+    out: list[ll.LLStmt] = []
+    for k, stmt in enumerate(top):
+        if starts and k == starts[0]:
+            out.append(ll.StagedCompilation(_barrier))
+            starts.pop(0)
+        out.append(stmt)
+    return ll.seq(*out)
+
+
+def _barrier() -> str:
+    return BARRIER
+
+
+def place(llc: ll.LLStmt, syntax: CSyntax) -> tuple[ll.LLStmt, ScratchPlan | None]:
+    """The code to render and its scratch plan: zeroing of scratch arrays sunk to first use
+    (`sink_zero_outs`), the plan of its scratch nodes (None without any), and `BARRIER`s where
+    bytes change arrays (`with_barriers`)."""
+    nodes = scratch_nodes(llc, syntax)
+    if not nodes:
+        return llc, None
+    llc = sink_zero_outs(llc, set(nodes))
+    plan = plan_routine(llc, nodes)
+    return with_barriers(llc, plan), plan
 
 
 def sink_zero_outs(llc: ll.LLStmt, nodes: set[Tnode]) -> ll.LLStmt:

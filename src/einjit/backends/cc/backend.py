@@ -195,10 +195,11 @@ class CcSimpleBackend:
         if context is not None:
             return self._compile_specialized(routines, tuple(bindings), context)
         syntax = self.options.effective_syntax()
-        codes = [(n, _placed(low_level_of(c), syntax)) for n, c in routines]
+        placed = [scratch_plan.place(low_level_of(c), syntax) for _, c in routines]
+        codes = [(n, llc) for (n, _), (llc, _) in zip(routines, placed, strict=True)]
         procs = cc.compile_batch(codes, bindings=tuple(bindings), options=self.options)
-        return [CcProcedure(p.name, p, _mem_classes(p, llc), plan=_plan(p.params, llc))
-                for p, (_, llc) in zip(procs, codes, strict=True)]
+        return [CcProcedure(p.name, p, _mem_classes(p, llc), plan=_checked_plan(p.params, plan))
+                for p, (llc, plan) in zip(procs, placed, strict=True)]
 
     def _compile_specialized(self, routines: Sequence[tuple[str, Any]], bindings: tuple[StaticSymbol, ...],
                              context: CcContext) -> list[CcProcedure]:
@@ -216,10 +217,10 @@ class CcSimpleBackend:
         scratches: list[tuple[np.ndarray, ...]] = []
         plans: list[scratch_plan.ScratchPlan | None] = []
         for name, code in routines:
-            llc = _placed(low_level_of(code), options_syntax)
+            llc, plan = scratch_plan.place(low_level_of(code), options_syntax)
             body = c_name(name) + _BODY_SUFFIX
             rendered = render_routine(body, llc, bindings, syntax)
-            plan = _plan(rendered.params, llc) if scratch_plan.enabled() else None
+            plan = _checked_plan(rendered.params, plan) if scratch_plan.enabled() else None
             arrays = self._arrays(context, rendered.params, routine_inputs(code), name, plan=plan)
             plans.append(plan)
             scratch = tuple(a for p, a in zip(_computed(rendered.params), arrays, strict=True)
@@ -330,16 +331,14 @@ class CcSimpleBackend:
         dst[...] = src_context.array(tn)
 
 
-def _placed(llc: ll.LLStmt, syntax: CSyntax) -> ll.LLStmt:
-    """The code to render: with the zeroing of scratch arrays moved down to their first use,
-    so their lifetimes start there (`scratch_plan.sink_zero_outs`)."""
-    return scratch_plan.sink_zero_outs(llc, scratch_plan.scratch_candidates(llc, syntax))
-
-
-def _plan(params: Sequence[Param], llc: ll.LLStmt) -> scratch_plan.ScratchPlan | None:
-    """The scratch plan of a rendered routine, None when it has no scratch parameters."""
+def _checked_plan(params: Sequence[Param], plan: scratch_plan.ScratchPlan | None) -> scratch_plan.ScratchPlan | None:
+    """`plan` when it places exactly the rendered routine's scratch parameters, in order."""
     scratch = [p.node for p in params if p.kind is ParamKind.SCRATCH]
-    return scratch_plan.plan_routine(llc, scratch) if scratch else None
+    if plan is None or not scratch:
+        return None
+    # scratch_plan.scratch_nodes follows the renderer's placement
+    assert tuple(int(tn.size) * int(tn.prec.itemsize) for tn in scratch) == plan.nbytes, (scratch, plan)
+    return plan
 
 
 def _computed(params: Sequence[Param]) -> list[Param]:
