@@ -135,7 +135,7 @@ def report(obj: Any) -> MemoryReport:
         raise TypeError(f"einjit: memory.report expects a compiled routine or a context, got {type(obj).__name__}")
     arrays += [(tn.debug_name(), "Scratch", _nbytes(tn)) for tn in getattr(obj, "scratch", None) or {}]
     arrays += [(f"scratch arena of {routine}", "Scratch", int(arena.nbytes))
-               for routine, arena in (getattr(obj, "arenas", None) or {}).items()]
+               for routine, arenas in (getattr(obj, "arenas", None) or {}).items() for arena in arenas]
     return MemoryReport(sum(n for _, cls, n in arrays if cls != "Scratch"),
                         scratch_bytes=sum(n for _, cls, n in arrays if cls == "Scratch"), arrays=_largest_first(arrays))
 

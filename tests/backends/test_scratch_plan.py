@@ -14,6 +14,7 @@ from einjit.backends.cc import toolchain as cc
 from einjit.backends.cc.backend import CcBackend
 from einjit.backends.scratch_plan import ALIGN, Interval, assign, sink_zero_outs
 from einjit.ir import low_level as ll
+from einjit.ir import ops
 from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
 from einjit.ir.tnode import LOCAL, Tnode
 
@@ -97,6 +98,27 @@ def test_a_compiler_barrier_separates_arrays_that_share_bytes():
         < source.index(f"memset({b.name}")
     alone, plan = scratch_plan.place(ll.seq(_fill(a, 1.0), read), c_syntax.C_SYNTAX)
     assert plan is not None and not any(isinstance(s, ll.StagedCompilation) for s in ll.flatten(alone))
+
+
+def test_a_larger_plan_under_the_same_name_gets_another_arena_and_the_first_stays(monkeypatch):
+    monkeypatch.setenv("EINJIT_SCRATCH_PLAN", "1")
+    backend = CcBackend()
+    context = backend.init("arenas", share_host_arrays=True)
+    routines = []
+    for n in (8192, 4 * 8192, 8192):
+        a = _node(f"a{n}", n)
+        out = Tnode(f"out{n}", (1,))
+        j = get_symbol()
+        total = ll.ForLoop(j, 0, n - 1, ll.Set(out, (FixedIdx(0),), ll.Binop(
+            ops.Binop.ADD, ll.Get(out, (FixedIdx(0),)), ll.Get(a, (Iterator(j),)))))
+        code = ll.seq(ll.ZeroOut(a), _fill(a, 0.5), ll.ZeroOut(out), total)
+        routines.append((n, out, backend.link(context, backend.compile((), code, shared=True, name="grow"))))
+    assert [a.nbytes for a in context.arenas["grow"]] == [4 * 8192, 16 * 8192]   # the third reuses the first
+    assert memory.report(context).scratch_bytes == 20 * 8192
+    for _ in range(2):
+        for n, out, routine in routines:                                 # each still writes its own arena
+            routine()
+            assert context.array(out)[0] == 0.5 * n
 
 
 # ---------------------------------------------------------------- planner on and off, bit for bit

@@ -78,7 +78,7 @@ class CcContext(HostTransfers):
     arrays: dict[Tnode, np.ndarray] = field(default_factory=dict, repr=False)
     merge_buffers: dict[Tnode, np.ndarray] = field(default_factory=dict, repr=False)
     scratch: dict[Tnode, np.ndarray] = field(default_factory=dict, repr=False)
-    arenas: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    arenas: dict[str, list[np.ndarray]] = field(default_factory=dict, repr=False)
     backend: Any = field(default=None, repr=False)
 
     def holds(self, tn: Tnode) -> bool:
@@ -117,19 +117,22 @@ class CcContext(HostTransfers):
 
     def planned_scratch(self, routine: str, plan: scratch_plan.ScratchPlan, nodes: Sequence[Tnode]
                         ) -> list[np.ndarray]:
-        """The scratch arrays of `routine`'s nodes as views of one arena at the planned offsets
-        (`scratch_plan`). The arena is allocated once per context and routine name: a relinked
-        routine, or its profiled variant, reuses it when it is large enough (every routine writes
+        """The scratch arrays of `routine`'s nodes as views of an arena at the planned offsets
+        (`scratch_plan`). Arenas are allocated once per context and routine name: a relinked
+        routine, or its profiled variant, reuses one that is large enough (every routine writes
         its scratch before reading it within a call, and routines of a context run one at a
-        time); a larger plan gets a new arena, the old one living on with the routines using it."""
-        arena = self.arenas.get(routine)
-        if arena is None or arena.nbytes < plan.size:
+        time); a larger plan gets another, and the context keeps both, since the routines linked
+        before still use the first (the C code holds its address)."""
+        arenas = self.arenas.setdefault(routine, [])
+        arena = next((a for a in arenas if a.nbytes >= plan.size), None)
+        if arena is None:
             named = ", ".join(f"{tn.debug_name()} {tuple(tn.dims)}" for tn in nodes[:3])
             more = f" and {len(nodes) - 3} more" if len(nodes) > 3 else ""
             raw = memory.zeros(f"scratch arena of routine {routine!r} (for {named}{more})",
                                (plan.size + scratch_plan.ALIGN,), np.dtype(np.uint8))
             base = -raw.ctypes.data % scratch_plan.ALIGN
-            arena = self.arenas[routine] = raw[base:base + plan.size]
+            arena = raw[base:base + plan.size]
+            arenas.append(arena)
         return [arena[o:o + n].view(tn.prec.dtype).reshape(tn.dims)
                 for tn, o, n in zip(nodes, plan.offsets, plan.nbytes, strict=True)]
 
