@@ -179,6 +179,18 @@ def _train(build, tag: str, threads: int, planned: bool, monkeypatch) -> tuple[l
     return values, step.routine
 
 
+@pytest.mark.parametrize("machine", ["avx2", "avx512"])
+@pytest.mark.parametrize("build", [_mlp, _convnet], ids=["mlp", "convnet"])
+def test_steps_scheduled_for_either_machine_give_the_same_bits_planned(build, machine, monkeypatch):
+    monkeypatch.setenv("EINJIT_MACHINE", machine)                        # other register blocks and panels
+    tag = f"sp_{build.__name__[1:]}_{machine}"
+    on, planned = _train(build, tag, 1, True, monkeypatch)
+    off, _ = _train(build, tag, 1, False, monkeypatch)
+    assert planned.scratch_plan.size < planned.scratch_plan.parts_bytes
+    for a, b in zip(on, off, strict=True):
+        assert np.array_equal(a, b)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("build", [_mlp, _convnet, _gpt], ids=["mlp", "convnet", "gpt"])
 def test_steps_give_the_same_bits_with_the_planner_on_and_off(build, threads, monkeypatch):
