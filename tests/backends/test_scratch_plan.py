@@ -4,6 +4,8 @@ same bits with the planner on and off (the C is the same; only the scratch addre
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -211,3 +213,44 @@ def test_steps_give_the_same_bits_with_the_planner_on_and_off(build, threads, mo
     if build is _gpt:
         assert report.scratch_parts_bytes > 2 * report.scratch_bytes      # most activations die within a few nests
 
+
+
+
+_CACHED = """
+import json, sys
+sys.path.insert(0, {here!r})
+import numpy as np
+from einjit import train
+from einjit.backends.cc import program_cache
+from test_scratch_plan import _mlp
+loss, updates, _ = _mlp("sp_cached")
+train.init_params(loss, seed=0)
+step = train.to_routine([train.grad_update(loss), *updates], name="sp_cached_step")
+for _ in range(3):
+    step()
+plan = step.scratch_plan
+print(json.dumps({{"hits": program_cache.stats.hits, "offsets": plan.offsets, "size": plan.size,
+                  "loss": float(np.asarray(loss.numpy()).ravel()[0])}}))
+"""
+
+
+def test_a_program_cache_hit_links_by_the_recorded_plan(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "EINJIT_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(here.parents[1] / "src"),
+           "EINJIT_SCRATCH_PLAN": "1"}
+    for var in ("EINJIT_DUMP_DIR", "EINJIT_DEBUG", "EINJIT_PROFILE"):
+        env.pop(var, None)
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _CACHED.format(here=str(here))], env=env, capture_output=True,
+                              text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert (first["hits"], second["hits"]) == (0, 1)
+    assert (second["offsets"], second["size"], second["loss"]) == (first["offsets"], first["size"], first["loss"])
