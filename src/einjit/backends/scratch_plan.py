@@ -107,7 +107,7 @@ def _aligned(n: int) -> int:
 
 def live_intervals(llc: ll.LLStmt, nodes: Sequence[Tnode]) -> list[Interval]:
     """The live interval of each of `nodes` over `llc`'s top-level statements (see the module)."""
-    wanted = {tn: k for k, tn in enumerate(nodes)}
+    wanted = set(nodes)
     first: dict[Tnode, int] = {}
     last: dict[Tnode, int] = {}
     written_first: set[Tnode] = set()
@@ -169,7 +169,6 @@ def plan_routine(llc: ll.LLStmt, scratch: Sequence[Tnode]) -> ScratchPlan:
     return ScratchPlan(offsets, tuple(b.nbytes for b in buffers), size, tuple(buffers))
 
 
-
 def scratch_nodes(llc: ll.LLStmt, syntax: CSyntax) -> list[Tnode]:
     """The nodes `c_syntax.render_routine` makes scratch parameters, in their order (by id):
     the local nodes it does not put on the stack, except those only parallel regions use
@@ -187,8 +186,8 @@ BARRIER = '__asm__ __volatile__("" ::: "memory"); /* einjit: scratch bytes chang
 
 def with_barriers(llc: ll.LLStmt, plan: ScratchPlan) -> ll.LLStmt:
     """`llc` with a `BARRIER` before each top-level statement where an array starts to live in
-    bytes that an array dead by then used: every access of the dead array stays before it,
-    every access of the new one after it, whatever gcc concludes from `restrict`."""
+    bytes that another array, dead by then, used: every access of the dead array stays before
+    it, every access of the new one after it, whatever gcc concludes from `restrict`."""
     top = list(ll.flatten(llc))
     ivs = plan.intervals
     ends = [(o, o + n) for o, n in zip(plan.offsets, plan.nbytes, strict=True)]
