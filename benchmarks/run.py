@@ -283,14 +283,15 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import machine
     from bench_deploy import deploy_rows
+    from bench_memory import describe_bytes, gpt_memory_row
     from bench_memory import run_row as memory_row
     sizes = ([int(n) for n in ARGS.sizes.split(",")] if ARGS.sizes
              else [256, 512] if ARGS.quick else [256, 512, 1000, 1024])
     groups = {"matmul": lambda: matmul_rows(sizes), "mlp": mlp_step_rows, "convnet": convnet_rows,
               "atl": lambda: atl_rows(512 if ARGS.quick else 1024),
               "compile": lambda: [chain_row(), compile_row(), *gpt_compile_rows((2, 4) if ARGS.quick else (2, 4, 12))],
-              "memory": lambda: [memory_row()], "deploy": lambda: deploy_rows(ARGS.threads, ARGS.quick),
-              "gpt": gpt_rows}
+              "memory": lambda: [memory_row(), gpt_memory_row()],
+              "deploy": lambda: deploy_rows(ARGS.threads, ARGS.quick), "gpt": lambda: [*gpt_rows(), gpt_memory_row()]}
     only = [g for g in ARGS.only.split(",") if g] or list(groups)
     unknown = sorted(set(only) - set(groups))
     if unknown:
@@ -303,6 +304,9 @@ def main() -> None:
     print(MACHINE)
     print(f"threads: {ARGS.threads} (einjit and every peer); ratio = peer time / einjit time, > 1: einjit faster")
     for r in rows:
+        if "einjit_bytes" in r:
+            print(f"{r['workload']:<52} {describe_bytes(r)}")
+            continue
         line = f"{r['workload']:<52} einjit {_fmt(r['einjit_s'])}"
         if "einjit_gflops" in r:
             line += f" ({r['einjit_gflops']:6.1f} GFLOP/s, {100 * r['share_of_peak']:3.0f}% of peak)"

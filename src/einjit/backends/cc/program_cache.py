@@ -39,6 +39,7 @@ from einjit.backends.cc import toolchain as cc
 from einjit.backends.cc.backend import CcBackend, CcProcedure
 from einjit.backends.interface import Compiled
 from einjit.backends.params import MemClass, Param, ParamKind
+from einjit.backends.scratch_plan import ScratchPlan
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
 from einjit.ir import ops
@@ -165,6 +166,7 @@ def store(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], 
         "mem_classes": [(ref(tn), mem.name) for tn, mem in proc.mem_classes.items()],
         "inputs": [ref(tn) for tn in compiled.inputs],
         "written": [ref(tn) for tn in written],
+        "plan": None if proc.plan is None else (proc.plan.offsets, proc.plan.nbytes, proc.plan.size),
         "c_name": proc.procedure.name,
         "source": proc.procedure.source,
     }
@@ -215,6 +217,21 @@ class _Record:
     written: tuple[Tnode, ...]
     c_name: str
     source: str
+    plan: ScratchPlan | None
+
+
+def _plan(x: Any, params: Sequence[Param]) -> ScratchPlan | None:
+    """The scratch plan, checked to place exactly the routine's scratch parameters inside its
+    arena: a forged plan must not make two live arrays overlap or a view run past the arena."""
+    if x is None:
+        return None
+    offsets, nbytes, size = x
+    plan = ScratchPlan(tuple(_count(o) for o in offsets), tuple(_count(n) for n in nbytes), _count(size))
+    scratch = [p.tn for p in params if p.kind is ParamKind.SCRATCH and p.tn is not None]
+    _want(plan.nbytes == tuple(int(tn.size) * int(tn.prec.itemsize) for tn in scratch)
+          and len(plan.offsets) == len(plan.nbytes)
+          and all(o + n <= plan.size for o, n in zip(plan.offsets, plan.nbytes, strict=True)))
+    return plan
 
 
 def _decode(record: Any, graph: list[Tnode], bindings: Sequence[StaticSymbol]) -> _Record:
@@ -243,7 +260,7 @@ def _decode(record: Any, graph: list[Tnode], bindings: Sequence[StaticSymbol]) -
                    [node(r) for r in record["kept"]], params,
                    {node(r): MemClass[_text(mem)] for r, mem in record["mem_classes"]},
                    frozenset(node(r) for r in record["inputs"]), tuple(node(r) for r in record["written"]),
-                   c_name, _text(record["source"]))
+                   c_name, _text(record["source"]), _plan(record["plan"], params))
 
 
 def load(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], name: str, backend: Any
@@ -276,7 +293,7 @@ def load(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], n
         local_storage.mark_kept(tn)
     procedure = cc.Procedure(record.c_name, record.source, record.params, tuple(bindings), built.path, fn,
                              built.source_path)
-    cc_proc = CcProcedure(procedure.name, procedure, record.mem_classes)
+    cc_proc = CcProcedure(procedure.name, procedure, record.mem_classes, plan=record.plan)
     stats.hits += 1
     config.debug(1, f"program cache: {name}: hit {path}")
     return Hit(Compiled(backend.name, cc_proc, tuple(bindings), name, record.inputs), record.written)
