@@ -129,6 +129,9 @@ class CSyntax:
     parallel_for_pragma: str = "#pragma omp for schedule(dynamic)"
     """Loops on threads hand out iterations dynamically: on a busy machine a descheduled
     thread then delays only its current iteration, not a fixed share of the loop."""
+    thread_min_work: int = parallel_loops.THREAD_MIN_WORK
+    """At more than one thread, nests whose outermost parallel loop runs at least this many
+    assignments go on threads (`parallel_loops.thread_nests`)."""
     shared_region_pragma: str = "#pragma omp parallel num_threads({n})"
     """One region around consecutive threaded nests (`parallel_loops.shared_regions`): each
     nest an orphaned `parallel_for_pragma` loop, the statements between them `single_pragma`."""
@@ -742,7 +745,7 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     placement = local_placement([tn for tn in ll.nodes_of(llc) if tn.is_local()], syntax)
     w.on_stack = placement.on_stack
     if syntax.num_threads > 1:
-        llc = parallel_loops.thread_nests(llc, syntax.num_threads)
+        llc = parallel_loops.thread_nests(llc, syntax.num_threads, syntax.thread_min_work)
         w.region_only = region_only_nodes(llc)
     top = list(ll.flatten(llc))
     outlined = syntax.outline_min_nests and sum(isinstance(s, ll.ForLoop) for s in top) >= syntax.outline_min_nests

@@ -1,0 +1,173 @@
+"""OpenMP threads beyond the contraction panel loop (`backends/parallel_loops.py`): pointwise
+and reduction nests on threads, consecutive threaded nests in one parallel region. gcc's code at
+2 threads computes what the reference interpreter computes, bit for bit (only loops over output
+cells are threaded, so no sum changes order), and what it computes at 1 thread. Two threads on
+a one-core machine still run (OpenMP time-slices them), so none of this needs two cores."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from einjit.backends import parallel_loops
+from einjit.backends.c_syntax import C_SYNTAX
+from einjit.backends.cc import toolchain as cc
+from einjit.backends.cc.backend import CcBackend, run_once
+from einjit.ir import interpret, ops
+from einjit.ir import low_level as ll
+from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
+from einjit.ir.tnode import Tnode
+
+REGION = "#pragma omp parallel num_threads(2)"
+FOR = "#pragma omp for schedule(dynamic)"
+
+
+def options(threads: int, min_work: int = 1, outline: int = 0) -> cc.CcOptions:
+    return cc.CcOptions(threads=threads, syntax=replace(C_SYNTAX, thread_min_work=min_work),
+                        outline_min_nests=outline)
+
+
+def it(*syms):
+    return tuple(Iterator(s) for s in syms)
+
+
+def inputs_for(*tns, seed=0):
+    rng = np.random.default_rng(seed)
+    return {tn: rng.standard_normal(tn.dims).astype(tn.prec.dtype) for tn in tns}
+
+
+def run_c(code, ins, opts, name):
+    ctx = run_once(code, {tn: v.copy() for tn, v in ins.items()}, name=name, options=opts,
+                   context=CcBackend(opts).init(name))
+    return ctx
+
+
+def check_threads(code, ins, outs, name, **kw):
+    """Run `code` in the interpreter and in C at 1 and 2 threads: all bit-identical. Returns the
+    2-thread source and the interpreter's arrays."""
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})
+    sources = {}
+    for threads in (1, 2):
+        opts = options(threads, **kw)
+        sources[threads] = cc.compile_proc(code, name=name, options=opts).source
+        ctx = run_c(code, ins, opts, name)
+        for out in outs:
+            np.testing.assert_array_equal(ctx.array(out), want[out], err_msg=f"{out.name} at {threads} threads")
+    assert "omp" not in sources[1]
+    return sources[2], want
+
+
+def pointwise(src: Tnode, dst: Tnode, scale: float, other: Tnode | None = None) -> ll.LLStmt:
+    """`dst = relu(src * scale + other)` over every cell."""
+    i, j = get_symbol("i"), get_symbol("j")
+    value: ll.LLScalar = ll.Binop(ops.Binop.MUL, ll.Get(src, it(i, j)), ll.Constant(scale))
+    if other is not None:
+        value = ll.Binop(ops.Binop.ADD, value, ll.Get(other, it(i, j)))
+    body = ll.Set(dst, it(i, j), ll.Unop(ops.Unop.RELU, value))
+    return ll.ForLoop(i, 0, dst.dims[0] - 1, ll.ForLoop(j, 0, dst.dims[1] - 1, body))
+
+
+def test_pointwise_nest_runs_on_threads_bit_identical():
+    x, y, out = Tnode("x", (40, 24)), Tnode("y", (40, 24)), Tnode("out", (40, 24))
+    code = pointwise(x, out, 0.5, y)
+    ins = inputs_for(x, y)
+    source, want = check_threads(code, ins, [out], "pointwise")
+    assert f"{REGION}" not in source and "#pragma omp parallel for schedule(dynamic) num_threads(2)" in source
+    np.testing.assert_allclose(want[out], np.maximum(ins[x] * 0.5 + ins[y], 0), rtol=1e-6)
+
+
+def test_small_nests_stay_serial():
+    x, out = Tnode("x", (4, 8)), Tnode("out", (4, 8))
+    code = pointwise(x, out, 2.0)
+    assert parallel_loops.work(code) == 32
+    assert "omp" not in cc.compile_proc(code, name="small", options=options(2, min_work=64)).source
+    assert "omp" in cc.compile_proc(code, name="small", options=options(2, min_work=32)).source
+
+
+def matvec() -> tuple[ll.LLStmt, Tnode, Tnode, Tnode]:
+    """`out[i] = sum_k a[i, k] * v[k]`: the sum is over `k`, the threads over `i`."""
+    a, v, out = Tnode("a", (33, 20)), Tnode("v", (20,)), Tnode("out", (33,))
+    i, k = get_symbol("i"), get_symbol("k")
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(a, it(i, k)), ll.Get(v, it(k)), ll.Get(out, it(i)))
+    return ll.seq(ll.ZeroOut(out), ll.ForLoop(i, 0, 32, ll.ForLoop(k, 0, 19, ll.Set(out, it(i), fma)))), a, v, out
+
+
+def test_row_reduction_threads_its_output_cells_only():
+    code, a, v, out = matvec()
+    threaded = parallel_loops.thread_nests(code, 2, 1)
+    loops = [s for s in ll.iter_stmts(threaded) if isinstance(s, ll.ForLoop)]
+    assert [lp.parallel for lp in loops] == [True, False]  # i on threads, the summed k not
+    ins = inputs_for(a, v)
+    _, want = check_threads(code, ins, [out], "matvec")
+    np.testing.assert_allclose(want[out], ins[a].astype(np.float64) @ ins[v], rtol=1e-5)
+
+
+def test_a_sum_into_one_cell_is_never_threaded():
+    x, total = Tnode("x", (64, 64)), Tnode("total", (1,))
+    i, j, cell = get_symbol("i"), get_symbol("j"), (FixedIdx(0),)
+    acc = ll.Set(total, cell, ll.Binop(ops.Binop.ADD, ll.Get(total, cell), ll.Get(x, it(i, j))))
+    code = ll.seq(ll.Set(total, cell, ll.Constant(0.0)), ll.ForLoop(i, 0, 63, ll.ForLoop(j, 0, 63, acc)))
+    threaded = parallel_loops.thread_nests(code, 2, 1)
+    assert not any(isinstance(s, ll.ForLoop) and s.parallel for s in ll.iter_stmts(threaded))
+    ins = inputs_for(x)
+    source, want = check_threads(code, ins, [total], "total")
+    assert "omp" not in source
+    np.testing.assert_allclose(want[total][0], ins[x].astype(np.float64).sum(), rtol=1e-4)
+
+
+def region_program():
+    """`a = relu(2x)`, `b = relu(y/2)` (independent of `a`), `s = x[0, 0]` (a serial
+    statement), then `c = relu(3a + b)`, which needs both."""
+    x, y = Tnode("x", (48, 40)), Tnode("y", (48, 40))
+    a, b, c, s = Tnode("a", (48, 40)), Tnode("b", (48, 40)), Tnode("c", (48, 40)), Tnode("s", (1,))
+    first = ll.Set(s, (FixedIdx(0),), ll.Get(x, (FixedIdx(0), FixedIdx(0))))
+    code = ll.seq(pointwise(x, a, 2.0), pointwise(y, b, 0.5), first, pointwise(a, c, 3.0, b))
+    return code, (x, y), (a, b, c, s)
+
+
+def test_consecutive_nests_share_one_parallel_region():
+    code, ins_nodes, outs = region_program()
+    ins = inputs_for(*ins_nodes)
+    source, want = check_threads(code, ins, outs, "region")
+    body = source[source.index("void region("):]
+    assert body.count("#pragma omp parallel") == 1 and body.count(REGION) == 1
+    pragmas = [line.strip() for line in body.splitlines() if "#pragma omp" in line]
+    # a and b are independent (no barrier between them), nor between b and the serial
+    # statement; c reads a and b, so the single waits; the region's end is the last barrier
+    assert pragmas == [REGION, FOR + " nowait", FOR + " nowait", "#pragma omp single", FOR + " nowait"]
+    x, y = (ins[n].astype(np.float64) for n in ins_nodes)
+    np.testing.assert_allclose(want[outs[2]], np.maximum(3 * np.maximum(2 * x, 0) + np.maximum(y / 2, 0), 0),
+                               rtol=1e-6)
+
+
+def test_dependent_nests_keep_their_barrier():
+    x, a, c = Tnode("x", (48, 40)), Tnode("a", (48, 40)), Tnode("c", (48, 40))
+    code = ll.seq(pointwise(x, a, 2.0), pointwise(a, c, 3.0))
+    source, _ = check_threads(code, inputs_for(x), [a, c], "chain")
+    pragmas = [line.strip() for line in source.splitlines() if "#pragma omp" in line]
+    assert pragmas == [REGION, FOR, FOR + " nowait"]
+
+
+def test_outlined_nests_are_orphaned_loops_of_one_region():
+    """Outlined (one function per nest), a threaded nest is an `omp for` in its function,
+    binding to the region the routine opens around the calls."""
+    code, ins_nodes, outs = region_program()
+    source, _ = check_threads(code, inputs_for(*ins_nodes), outs, "outlined", outline=2)
+    routine = source[source.index("void outlined("):].split("/* einjit: translation unit */")[0]
+    calls = [line.strip() for line in routine.splitlines() if "outlined_nest" in line]
+    assert calls == ["outlined_nest0(x, a);", "outlined_nest1(y, b);", "outlined_nest2(a, b, c);"]
+    assert routine.count(REGION) == 1 and "#pragma omp single" in routine
+    assert source.count("#pragma omp parallel") == 1 and source.count(FOR) == 3
+
+
+def test_a_threaded_inner_loop_ends_the_region():
+    """A nest that threads a loop below a serial one opens its own region: the others do not
+    share theirs with it."""
+    x, a, b = Tnode("x", (48, 40)), Tnode("a", (48, 40)), Tnode("b", (48, 40))
+    inner = pointwise(x, b, 0.5)
+    serial = ll.ForLoop(get_symbol("r"), 0, 1, replace(inner, parallel=True))
+    code = ll.seq(pointwise(x, a, 2.0), serial, pointwise(x, b, 3.0))
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1)))
+    assert parallel_loops.shared_regions(top) == []
+    assert parallel_loops.shared_regions([top[0], top[2]])[0].units[0].nowait
