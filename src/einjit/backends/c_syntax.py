@@ -117,7 +117,7 @@ class CSyntax:
     zero_out_memset: bool = True
     unroll_pragma: str = "#pragma GCC unroll {n}"
     num_threads: int = 1
-    parallel_pragma: str = "#pragma omp parallel for schedule(dynamic) num_threads({n}){private}"
+    parallel_pragma: str = "#pragma omp parallel for schedule(dynamic{chunk}) num_threads({n}){private}"
     parallel_region_pragma: str = "#pragma omp parallel num_threads({n}){private}"
     private_heap_decl: str = "{t} *{restrict} {name} = ({t} *)malloc({size} * sizeof({t}));\nif (!{name}) abort();"
     """A thread's own copy of a scratch node, written before it is read (the `parallel`
@@ -126,9 +126,11 @@ class CSyntax:
     private_stack_decl: str = "{t} {name}[{size}];"
     """A thread's own copy of a stack local that only its parallel region uses (again written
     before it is read)."""
-    parallel_for_pragma: str = "#pragma omp for schedule(dynamic)"
+    parallel_for_pragma: str = "#pragma omp for schedule(dynamic{chunk})"
     """Loops on threads hand out iterations dynamically: on a busy machine a descheduled
-    thread then delays only its current iteration, not a fixed share of the loop."""
+    thread then delays only its current iteration, not a fixed share of the loop. Light
+    iterations go in chunks (`chunk_clause` of `parallel_loops.chunk`)."""
+    chunk_clause: str = ", {k}"
     thread_min_work: int = parallel_loops.THREAD_MIN_WORK
     """At more than one thread, nests whose outermost parallel loop runs at least this many
     assignments go on threads (`parallel_loops.thread_nests`)."""
@@ -595,7 +597,8 @@ class _Writer:
         if self.orphan is not None:
             return self.orphaned_head(loop, indent, declared, private)
         if not declared:
-            self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private))
+            self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private,
+                                                                       chunk=self.chunk(loop)))
             return indent, []
         inner = indent + "  "
         self.lines.append(indent + self.syn.parallel_region_pragma.format(n=self.syn.num_threads, private=private))
@@ -606,16 +609,21 @@ class _Writer:
                           restrict=self.syn.restrict)
             decl = self.syn.private_heap_decl if tn in heap else self.syn.private_stack_decl
             self.lines.extend(inner + line for line in decl.format(**fields).split("\n"))
-        self.lines.append(inner + self.syn.parallel_for_pragma)
+        self.lines.append(inner + self.syn.parallel_for_pragma.format(chunk=self.chunk(loop)))
         frees = [inner + self.syn.private_heap_free.format(name=self.node_name(tn, written=True)) for tn in heap]
         return inner, [*frees, indent + "}"]
 
-    def orphaned_head(self, loop: ll.LLStmt, indent: str, declared: list[Tnode],
+    def chunk(self, loop: ll.ForLoop) -> str:
+        k = parallel_loops.chunk(loop, self.syn.num_threads)
+        return self.syn.chunk_clause.format(k=k) if k > 1 else ""
+
+    def orphaned_head(self, loop: ll.ForLoop, indent: str, declared: list[Tnode],
                       private: str) -> tuple[str, list[str]]:
         """`parallel_head` inside a shared region: an `omp for` binding to the enclosing
         region (called outside one, it runs on the calling thread alone). Every thread runs
         the block, so the copies declared in it are its own."""
-        pragma = self.syn.parallel_for_pragma + private + (self.syn.nowait_clause if self.orphan else "")
+        pragma = (self.syn.parallel_for_pragma.format(chunk=self.chunk(loop)) + private
+                  + (self.syn.nowait_clause if self.orphan else ""))
         if not declared:
             self.lines.append(indent + pragma)
             return indent, []
@@ -749,6 +757,11 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
         w.region_only = region_only_nodes(llc)
     top = list(ll.flatten(llc))
     outlined = syntax.outline_min_nests and sum(isinstance(s, ll.ForLoop) for s in top) >= syntax.outline_min_nests
+    if syntax.num_threads > 1 and parallel_loops.shared_regions(top):
+        # A loop inside `omp parallel` is compiled into a function of its own that reaches the
+        # routine's stack arrays through a pointer to each (`(*p)[i]`), which gcc does not
+        # vectorize; an orphaned `omp for` in a nest function stays where it is, on pointers.
+        outlined = True
     nest_functions = _render_outlined(w, name, top, bindings, itype) if outlined else ()
     if not outlined:
         w.top_level(top, "  ")

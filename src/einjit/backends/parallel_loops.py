@@ -23,12 +23,17 @@ from einjit.ir.indexing import AxisIndex, Iterator, gather_indices
 from einjit.ir.passes.local_storage import is_routine_local
 from einjit.ir.tnode import Tnode
 
-__all__ = ["THREAD_MIN_WORK", "Access", "Region", "Unit", "accesses", "is_parallel", "opaque", "parallel_chain",
-           "reads", "scheduler_locals", "shared_regions", "thread_nests", "work"]
+__all__ = ["CHUNK_WORK", "THREAD_MIN_WORK", "Access", "Region", "Unit", "accesses", "chunk", "is_parallel", "opaque",
+           "parallel_chain", "reads", "scheduler_locals", "shared_regions", "thread_nests", "work"]
 
 THREAD_MIN_WORK = 1 << 15
 """Assignments a loop must run (one execution of it) to be put on threads: about 10 µs of
 pointwise work, several times a fork-join (1-2 µs with libgomp's spinning threads)."""
+
+CHUNK_WORK = 2048
+"""Assignments a thread takes at once from a threaded loop with light iterations (a loop over
+single cells): each hand-out is an atomic operation, and a loop split into single iterations
+would not be vectorized."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +144,18 @@ def work(stmt: ll.LLStmt) -> int:
             case ll.ZeroOut(tn):
                 total += tn.size
     return total
+
+
+def chunk(loop: ll.ForLoop, threads: int) -> int:
+    """How many iterations of a threaded `loop` a thread takes at once: 1 for heavy iterations,
+    else about `CHUNK_WORK` assignments' worth, at most an even share per thread, and a
+    multiple of 8 (whole vectors) when the body has no loop left to vectorize."""
+    per = max(1, work(loop.body))
+    if per >= CHUNK_WORK:
+        return 1
+    k = min(-(-CHUNK_WORK // per), -(-(loop.to_ - loop.from_ + 1) // threads))
+    innermost = not any(isinstance(s, ll.ForLoop) for s in ll.iter_stmts(loop.body))
+    return -(-k // 8) * 8 if innermost else k
 
 
 def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK) -> ll.LLStmt:

@@ -6,9 +6,11 @@ a one-core machine still run (OpenMP time-slices them), so none of this needs tw
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from einjit.backends import parallel_loops
 from einjit.backends.c_syntax import C_SYNTAX
@@ -20,7 +22,8 @@ from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
 from einjit.ir.tnode import Tnode
 
 REGION = "#pragma omp parallel num_threads(2)"
-FOR = "#pragma omp for schedule(dynamic)"
+FOR = "#pragma omp for schedule(dynamic, 24)"
+"""48 rows of 40 cells: 24 rows (960 assignments) per hand-out, an even share per thread."""
 
 
 def options(threads: int, min_work: int = 1, outline: int = 0) -> cc.CcOptions:
@@ -73,7 +76,7 @@ def test_pointwise_nest_runs_on_threads_bit_identical():
     code = pointwise(x, out, 0.5, y)
     ins = inputs_for(x, y)
     source, want = check_threads(code, ins, [out], "pointwise")
-    assert f"{REGION}" not in source and "#pragma omp parallel for schedule(dynamic) num_threads(2)" in source
+    assert REGION not in source and "#pragma omp parallel for schedule(dynamic, 20) num_threads(2)" in source
     np.testing.assert_allclose(want[out], np.maximum(ins[x] * 0.5 + ins[y], 0), rtol=1e-6)
 
 
@@ -126,16 +129,34 @@ def region_program():
     return code, (x, y), (a, b, c, s)
 
 
-def test_consecutive_nests_share_one_parallel_region():
+def _pragmas(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if "#pragma omp" in line]
+
+
+def _functions(source: str, routine: str) -> dict[str, str]:
+    """The routine's function and its nest functions (definitions), by name."""
+    found = re.finditer(rf"^[^\n;]*\bvoid ({routine}\w*)\([^;]*?\{{\n(.*?)^}}", source, re.M | re.S)
+    return {m.group(1): m.group(2) for m in found}
+
+
+@pytest.mark.parametrize("outline", [0, 2], ids=["outlined for threads", "outlined by size"])
+def test_consecutive_nests_share_one_parallel_region(outline):
+    """The routine opens one region around the nests' calls; each threaded nest is an
+    orphaned `omp for` in its function (outlined even below `outline_min_nests`: a loop
+    compiled inside `omp parallel` would reach stack arrays through pointers gcc does not
+    vectorize), the serial statement an `omp single` in the region."""
     code, ins_nodes, outs = region_program()
     ins = inputs_for(*ins_nodes)
-    source, want = check_threads(code, ins, outs, "region")
-    body = source[source.index("void region("):]
-    assert body.count("#pragma omp parallel") == 1 and body.count(REGION) == 1
-    pragmas = [line.strip() for line in body.splitlines() if "#pragma omp" in line]
-    # a and b are independent (no barrier between them), nor between b and the serial
-    # statement; c reads a and b, so the single waits; the region's end is the last barrier
-    assert pragmas == [REGION, FOR + " nowait", FOR + " nowait", "#pragma omp single", FOR + " nowait"]
+    source, want = check_threads(code, ins, outs, "region", outline=outline)
+    functions = _functions(source, "region")
+    body = functions.pop("region")
+    assert source.count("#pragma omp parallel") == 1
+    # c reads a and b, so the single before it ends with a barrier; a and b are independent
+    # (no barrier between them), and the single's statement touches neither
+    assert _pragmas(body) == [REGION, "#pragma omp single"]
+    assert [line.strip() for line in body.splitlines() if "region_nest" in line] == [
+        "region_nest0(x, a);", "region_nest1(y, b);", "region_nest2(a, b, c);"]
+    assert [_pragmas(f) for f in functions.values()] == [[FOR + " nowait"]] * 3
     x, y = (ins[n].astype(np.float64) for n in ins_nodes)
     np.testing.assert_allclose(want[outs[2]], np.maximum(3 * np.maximum(2 * x, 0) + np.maximum(y / 2, 0), 0),
                                rtol=1e-6)
@@ -145,20 +166,9 @@ def test_dependent_nests_keep_their_barrier():
     x, a, c = Tnode("x", (48, 40)), Tnode("a", (48, 40)), Tnode("c", (48, 40))
     code = ll.seq(pointwise(x, a, 2.0), pointwise(a, c, 3.0))
     source, _ = check_threads(code, inputs_for(x), [a, c], "chain")
-    pragmas = [line.strip() for line in source.splitlines() if "#pragma omp" in line]
-    assert pragmas == [REGION, FOR, FOR + " nowait"]
-
-
-def test_outlined_nests_are_orphaned_loops_of_one_region():
-    """Outlined (one function per nest), a threaded nest is an `omp for` in its function,
-    binding to the region the routine opens around the calls."""
-    code, ins_nodes, outs = region_program()
-    source, _ = check_threads(code, inputs_for(*ins_nodes), outs, "outlined", outline=2)
-    routine = source[source.index("void outlined("):].split("/* einjit: translation unit */")[0]
-    calls = [line.strip() for line in routine.splitlines() if "outlined_nest" in line]
-    assert calls == ["outlined_nest0(x, a);", "outlined_nest1(y, b);", "outlined_nest2(a, b, c);"]
-    assert routine.count(REGION) == 1 and "#pragma omp single" in routine
-    assert source.count("#pragma omp parallel") == 1 and source.count(FOR) == 3
+    functions = _functions(source, "chain")
+    assert _pragmas(functions.pop("chain")) == [REGION]
+    assert [_pragmas(f) for f in functions.values()] == [[FOR], [FOR + " nowait"]]
 
 
 def test_a_threaded_inner_loop_ends_the_region():
