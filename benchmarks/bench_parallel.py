@@ -191,7 +191,7 @@ def thread_rows(threads: int, repeats: int) -> list[dict]:
             t1, tn = best_times([one, many], repeats)
             name = f"fp32 matmul {'w @ x (A·Bᵀ)' if transposed else 'a @ b'} n={n}"
             flops = 2.0 * n**3
-            rows.append({"workload": name, "t1_s": t1, "tn_s": tn, "speedup": t1 / tn,
+            rows.append({"workload": name, "t1_s": t1, "tn_s": tn, "speedup": t1 / tn, "flops": flops,
                          "gflops": flops / tn / 1e9, "share_of_peak": flops / tn / 1e9 / peak})
     with tempfile.TemporaryDirectory() as cache:
         os.environ["EINJIT_CACHE_DIR"] = cache
