@@ -106,6 +106,42 @@ def test_row_reduction_threads_its_output_cells_only():
     np.testing.assert_allclose(want[out], ins[a].astype(np.float64) @ ins[v], rtol=1e-5)
 
 
+def column_sums(inner: int) -> tuple[ll.LLStmt, Tnode, Tnode]:
+    """`db[j, e] = sum_{b, t} g[b, t, j, e]` (a bias gradient), the summed loops outside."""
+    g, db = Tnode("g", (6, 10, 4, inner)), Tnode("db", (4, inner))
+    b, t, j, e = (get_symbol(n) for n in "btje")
+    add = ll.Set(db, it(j, e), ll.Binop(ops.Binop.ADD, ll.Get(db, it(j, e)), ll.Get(g, it(b, t, j, e))))
+    loops = ll.ForLoop(b, 0, 5, ll.ForLoop(t, 0, 9, ll.ForLoop(j, 0, 3, ll.ForLoop(e, 0, inner - 1, add))))
+    return ll.seq(ll.ZeroOut(db), loops), g, db
+
+
+@pytest.mark.parametrize("inner", [1, 48])
+def test_sums_over_outer_loops_move_an_output_loop_outermost(inner):
+    """The summed loops are outermost; the outermost loop over output cells (j) moves outside
+    them, so each cell still adds its terms in order, and one fork-join does the nest."""
+    code, g, db = column_sums(inner)
+    nest = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1)))[1]
+    assert nest.parallel and nest.index.name == "j" and nest.to_ == 3
+    assert not any(s.parallel for s in ll.iter_stmts(nest.body) if isinstance(s, ll.ForLoop))
+    ins = inputs_for(g)
+    _, want = check_threads(code, ins, [db], f"colsum{inner}")
+    np.testing.assert_allclose(want[db], ins[g].astype(np.float64).sum((0, 1)), rtol=1e-5, atol=1e-5)
+
+
+def test_an_innermost_output_loop_moves_out_in_vector_chunks():
+    g, db = Tnode("g", (6, 10, 64)), Tnode("db", (64,))
+    b, t, e = (get_symbol(n) for n in "bte")
+    add = ll.Set(db, it(e), ll.Binop(ops.Binop.ADD, ll.Get(db, it(e)), ll.Get(g, it(b, t, e))))
+    code = ll.seq(ll.ZeroOut(db), ll.ForLoop(b, 0, 5, ll.ForLoop(t, 0, 9, ll.ForLoop(e, 0, 63, add))))
+    nest = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1)))[1]
+    chain = [nest, nest.body, nest.body.body, nest.body.body.body]
+    assert [(lp.to_ + 1, lp.parallel) for lp in chain] == [(8, True), (6, False), (10, False), (8, False)]
+    ins = inputs_for(g)
+    source, want = check_threads(code, ins, [db], "vecsum")
+    assert "db[8*e" in source.replace(" ", "") or "db[(8*e" in source.replace(" ", "")
+    np.testing.assert_allclose(want[db], ins[g].astype(np.float64).sum((0, 1)), rtol=1e-5, atol=1e-5)
+
+
 def test_a_sum_into_one_cell_is_never_threaded():
     x, total = Tnode("x", (64, 64)), Tnode("total", (1,))
     i, j, cell = get_symbol("i"), get_symbol("j"), (FixedIdx(0),)

@@ -19,8 +19,9 @@ from collections.abc import Iterator as PyIterator
 from dataclasses import dataclass
 
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import AxisIndex, Iterator, gather_indices
+from einjit.ir.indexing import AxisIndex, Iterator, Symbol, gather_indices, get_symbol, make_affine, subst_index
 from einjit.ir.passes.local_storage import is_routine_local
+from einjit.ir.sched import nests
 from einjit.ir.tnode import Tnode
 
 __all__ = ["CHUNK_WORK", "THREAD_MIN_WORK", "Access", "Region", "Unit", "accesses", "chunk", "is_parallel", "opaque",
@@ -190,8 +191,10 @@ def _thread_outermost(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLo
     candidates = [k for k, loop in enumerate(chain)
                   if loop.to_ - loop.from_ + 1 >= threads and work(loop) >= min_work
                   and is_parallel(loop, scheduler_locals(loop))]
-    if not candidates:
-        return nest
+    if not candidates or candidates[0] > 0:
+        hoisted = _hoisted(chain, threads) if work(nest) >= min_work else nest
+        if hoisted is not nest or not candidates:
+            return hoisted
     pick = next((k for k in candidates if chain[k].to_ - chain[k].from_ + 1 >= 2 * threads), candidates[0])
     marked: ll.LLStmt = dataclasses.replace(chain[pick], parallel=True)
     for loop in reversed(chain[:pick]):
@@ -313,3 +316,43 @@ def _shared_access(s: ll.LLStmt) -> tuple[set[Tnode], set[Tnode]]:
     private = scheduler_locals(s) if isinstance(s, ll.ForLoop) and s.parallel else set()
     found = [a for a in accesses(s) if a.tn not in private]
     return {a.tn for a in found if not a.write}, {a.tn for a in found if a.write}
+
+
+def _hoisted(chain: list[ll.ForLoop], threads: int) -> ll.ForLoop:
+    """A perfect nest around one assignment whose outer loops are summed (a bias gradient:
+    `db[j] += g[b, t, j]`) with its outermost parallel loop moved outermost and put on threads;
+    the nest as it is when there is none. Moving a loop whose iterations are independent
+    outermost keeps each cell's updates in their order, so results are bit-identical. An
+    innermost loop moves in chunks of whole vectors (`db[16*j0 + j1]`): the inner part stays
+    innermost, unit-stride and vectorized."""
+    inner = list(ll.flatten(chain[-1].body))
+    if len(inner) != 1 or not isinstance(inner[0], ll.Set) or scheduler_locals(chain[0]):
+        return chain[0]
+    st = inner[0]
+    if any(isinstance(x, ll.LocalScope) for x in ll.iter_scalars(st.llsc)) or any(
+            gather_indices(a.idcs) for a in accesses(st) if a.idcs is not None):
+        return chain[0]
+    for k in range(1, len(chain)):
+        loop = chain[k]
+        extent = loop.to_ - loop.from_ + 1
+        if loop.from_ != 0 or extent < threads or not is_parallel(loop, set()):
+            continue
+        rest = chain[:k] + chain[k + 1:]
+        if k < len(chain) - 1:
+            return dataclasses.replace(loop, body=_rewrap(rest, st), parallel=True)
+        pieces = next((n for n in (4 * threads, 2 * threads, threads) if extent % n == 0 and extent // n % 8 == 0), 0)
+        if not pieces:
+            continue
+        size = extent // pieces
+        outer, lane = get_symbol(loop.index.name), get_symbol(loop.index.name)
+        env: dict[Symbol, AxisIndex] = {loop.index: make_affine([(size, outer), (1, lane)])}
+        moved = ll.Set(st.tn, tuple(subst_index(env, i) for i in st.idcs), nests.subst(st.llsc, env), st.debug)
+        body = _rewrap(rest, ll.ForLoop(lane, 0, size - 1, moved))
+        return ll.ForLoop(outer, 0, pieces - 1, body, parallel=True)
+    return chain[0]
+
+
+def _rewrap(loops: list[ll.ForLoop], body: ll.LLStmt) -> ll.LLStmt:
+    for loop in reversed(loops):
+        body = dataclasses.replace(loop, body=body)
+    return body
