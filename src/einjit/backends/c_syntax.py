@@ -143,7 +143,9 @@ class CSyntax:
     classify: Callable[[Tnode, bool], MemClass] | None = None
     outline_min_nests: int = 0
     """A routine with at least this many top-level loop nests renders each nest as its own
-    function (`c_outline`), nests identical up to names as one function; 0: never."""
+    function (`c_outline`), nests identical up to names as one function; 0: never by size. A
+    routine with a shared parallel region (`num_threads` > 1) is always outlined, its threaded
+    nests orphaned `omp for` loops in their functions."""
     units: int = 1
     """How many translation units the outlined nest functions are spread over, beside the
     routine's own (gcc compiles them in parallel); 1 keeps everything in one."""
