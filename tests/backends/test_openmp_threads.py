@@ -18,7 +18,7 @@ from einjit.backends.cc import toolchain as cc
 from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
+from einjit.ir.indexing import FixedIdx, GatherIdx, Iterator, get_symbol
 from einjit.ir.tnode import Tnode
 
 REGION = "#pragma omp parallel num_threads(2)"
@@ -140,6 +140,24 @@ def test_an_innermost_output_loop_moves_out_in_vector_chunks():
     source, want = check_threads(code, ins, [db], "vecsum")
     assert "db[8*e" in source.replace(" ", "") or "db[(8*e" in source.replace(" ", "")
     np.testing.assert_allclose(want[db], ins[g].astype(np.float64).sum((0, 1)), rtol=1e-5, atol=1e-5)
+
+
+def test_an_embedding_scatter_threads_its_feature_chunks():
+    """`dw[ids[b], e] += g[b, e]`: rows collide (repeated ids), so the batch loop stays serial;
+    chunks of the feature loop go to threads, each adding its columns in batch order."""
+    ids, g, dw = Tnode("ids", (50,), ops.int32), Tnode("g", (50, 32)), Tnode("dw", (6, 32))
+    b, e = get_symbol("b"), get_symbol("e")
+    row = GatherIdx(ids, it(b), 6)
+    add = ll.Set(dw, (row, Iterator(e)), ll.Binop(ops.Binop.ADD, ll.Get(dw, (row, Iterator(e))), ll.Get(g, it(b, e))))
+    code = ll.seq(ll.ZeroOut(dw), ll.ForLoop(b, 0, 49, ll.ForLoop(e, 0, 31, add)))
+    nest = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1)))[1]
+    assert nest.parallel and nest.to_ == 3 and not nest.body.parallel
+    rng = np.random.default_rng(3)
+    ins = {ids: rng.integers(0, 6, 50).astype(np.int32), g: rng.standard_normal((50, 32)).astype(np.float32)}
+    _, want = check_threads(code, ins, [dw], "scatter")
+    expect = np.zeros((6, 32))
+    np.add.at(expect, ins[ids], ins[g].astype(np.float64))
+    np.testing.assert_allclose(want[dw], expect, rtol=1e-5, atol=1e-5)
 
 
 def test_a_sum_into_one_cell_is_never_threaded():

@@ -320,7 +320,8 @@ def _shared_access(s: ll.LLStmt) -> tuple[set[Tnode], set[Tnode]]:
 
 def _hoisted(chain: list[ll.ForLoop], threads: int) -> ll.ForLoop:
     """A perfect nest around one assignment whose outer loops are summed (a bias gradient:
-    `db[j] += g[b, t, j]`) with its outermost parallel loop moved outermost and put on threads;
+    `db[j] += g[b, t, j]`, an embedding's scatter `dw[ids[b, t], j] += g[b, t, j]`) with its
+    outermost parallel loop moved outermost and put on threads;
     the nest as it is when there is none. Moving a loop whose iterations are independent
     outermost keeps each cell's updates in their order, so results are bit-identical. An
     innermost loop moves in chunks of whole vectors (`db[16*j0 + j1]`): the inner part stays
@@ -329,8 +330,7 @@ def _hoisted(chain: list[ll.ForLoop], threads: int) -> ll.ForLoop:
     if len(inner) != 1 or not isinstance(inner[0], ll.Set) or scheduler_locals(chain[0]):
         return chain[0]
     st = inner[0]
-    if any(isinstance(x, ll.LocalScope) for x in ll.iter_scalars(st.llsc)) or any(
-            gather_indices(a.idcs) for a in accesses(st) if a.idcs is not None):
+    if any(isinstance(x, ll.LocalScope) for x in ll.iter_scalars(st.llsc)):
         return chain[0]
     for k in range(1, len(chain)):
         loop = chain[k]
