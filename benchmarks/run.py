@@ -20,7 +20,9 @@ Every run first measures the machine (`machine.py`: the fp32 FMA peak and the me
 bandwidth at the run's thread count): a GFLOP/s row also shows its share of that peak, a
 memory-bound row (ATL matvec) its GB/s and share of the bandwidth for its working set. The
 compile group adds the GPT-like step's cold and warm compiles at 2, 4 and 12 blocks
-(`bench_compile.py`; `--quick`: 2 and 4).
+(`bench_compile.py`; `--quick`: 2 and 4). At `--threads N` > 1 the threads group compiles
+`a @ b` and `w @ x` (n = 512, 1024), the convnet step and the 2-block GPT step at 1 and at N
+threads and times them side by side: its "1 thread" ratio is the speed-up of N threads.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="threads for einjit and every peer")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, no n=1024, no 12-block GPT compile")
     ap.add_argument("--only", default="", help="comma-separated row groups to run: matmul, mlp, convnet, atl, "
-                    "compile, memory, deploy, gpt (default: all)")
+                    "compile, memory, deploy, gpt, threads (default: all)")
     ap.add_argument("--sizes", default="", help="comma-separated matmul sizes (default: 256,512,1000,1024; "
                     "awkward sizes such as 1000,1023,784 take the remainder path)")
     return ap.parse_args()
@@ -250,7 +252,21 @@ def gpt_rows() -> list[dict]:
     """The GPT training step (2 and 4 blocks, d=128, 4 heads, T=64, B=16, V=96) against
     PyTorch eager and `torch.compile`, and per-token KV-cache decoding (`bench_gpt.py`)."""
     from bench_gpt import decode_rows, step_rows
-    return step_rows() + decode_rows()
+    threads = ARGS.threads if ARGS else 1
+    return step_rows(threads) + decode_rows(threads=threads)
+
+
+def thread_rows() -> list[dict]:
+    """At `--threads N` > 1: `a @ b`, `w @ x`, the convnet and the GPT step compiled at 1 and at
+    N threads and timed side by side (`bench_parallel.thread_rows`); the "1 thread" ratio is
+    the speed-up of N threads."""
+    from bench_parallel import thread_rows as rows_of
+
+    threads = ARGS.threads if ARGS else 1
+    if threads < 2:
+        return []
+    return [row(f"{r['workload']}, {threads} threads", r["tn_s"], {"1 thread": r["t1_s"]},
+                r.get("flops")) for r in rows_of(threads, 7)]
 
 
 def compile_row() -> dict:
@@ -291,7 +307,8 @@ def main() -> None:
               "atl": lambda: atl_rows(512 if ARGS.quick else 1024),
               "compile": lambda: [chain_row(), compile_row(), *gpt_compile_rows((2, 4) if ARGS.quick else (2, 4, 12))],
               "memory": lambda: [memory_row(), gpt_memory_row()],
-              "deploy": lambda: deploy_rows(ARGS.threads, ARGS.quick), "gpt": lambda: [*gpt_rows(), gpt_memory_row()]}
+              "deploy": lambda: deploy_rows(ARGS.threads, ARGS.quick), "gpt": lambda: [*gpt_rows(), gpt_memory_row()],
+              "threads": thread_rows}
     only = [g for g in ARGS.only.split(",") if g] or list(groups)
     unknown = sorted(set(only) - set(groups))
     if unknown:

@@ -17,12 +17,13 @@ array through a `const` pointer. Virtual nodes have no storage and must not appe
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from einjit.backends import c_outline, c_vectors
+from einjit.backends import c_outline, c_vectors, parallel_loops
 from einjit.backends.params import MemClass, Param, ParamKind, repeated_names
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
@@ -116,7 +117,7 @@ class CSyntax:
     zero_out_memset: bool = True
     unroll_pragma: str = "#pragma GCC unroll {n}"
     num_threads: int = 1
-    parallel_pragma: str = "#pragma omp parallel for schedule(dynamic) num_threads({n}){private}"
+    parallel_pragma: str = "#pragma omp parallel for schedule(dynamic{chunk}) num_threads({n}){private}"
     parallel_region_pragma: str = "#pragma omp parallel num_threads({n}){private}"
     private_heap_decl: str = "{t} *{restrict} {name} = ({t} *)malloc({size} * sizeof({t}));\nif (!{name}) abort();"
     """A thread's own copy of a scratch node, written before it is read (the `parallel`
@@ -125,14 +126,26 @@ class CSyntax:
     private_stack_decl: str = "{t} {name}[{size}];"
     """A thread's own copy of a stack local that only its parallel region uses (again written
     before it is read)."""
-    parallel_for_pragma: str = "#pragma omp for schedule(dynamic)"
+    parallel_for_pragma: str = "#pragma omp for schedule(dynamic{chunk})"
     """Loops on threads hand out iterations dynamically: on a busy machine a descheduled
-    thread then delays only its current iteration, not a fixed share of the loop."""
+    thread then delays only its current iteration, not a fixed share of the loop. Light
+    iterations go in chunks (`chunk_clause` of `parallel_loops.chunk`)."""
+    chunk_clause: str = ", {k}"
+    thread_min_work: int = parallel_loops.THREAD_MIN_WORK
+    """At more than one thread, nests whose outermost parallel loop runs at least this many
+    assignments go on threads (`parallel_loops.thread_nests`)."""
+    shared_region_pragma: str = "#pragma omp parallel num_threads({n})"
+    """One region around consecutive threaded nests (`parallel_loops.shared_regions`): each
+    nest an orphaned `parallel_for_pragma` loop, the statements between them `single_pragma`."""
+    single_pragma: str = "#pragma omp single"
+    nowait_clause: str = " nowait"
     loop_head: Callable[[ll.ForLoop, str, str], str | None] | None = None
     classify: Callable[[Tnode, bool], MemClass] | None = None
     outline_min_nests: int = 0
     """A routine with at least this many top-level loop nests renders each nest as its own
-    function (`c_outline`), nests identical up to names as one function; 0: never."""
+    function (`c_outline`), nests identical up to names as one function; 0: never by size. A
+    routine with a shared parallel region (`num_threads` > 1) is always outlined, its threaded
+    nests orphaned `omp for` loops in their functions."""
     units: int = 1
     """How many translation units the outlined nest functions are spread over, beside the
     routine's own (gcc compiles them in parallel); 1 keeps everything in one."""
@@ -346,6 +359,9 @@ class _Writer:
         self.temps = 0
         self.parallel_depth = 0
         self.nest_owned: set[Tnode] = set()
+        self.orphan: bool | None = None
+        """In a shared region: render the next threaded loop as an orphaned `omp for`, with
+        `nowait` when True."""
 
     # -- names and storage
 
@@ -635,8 +651,11 @@ class _Writer:
         declared = [tn for tn in nodes if tn in self.region_only or tn not in self.on_stack]
         stack = ", ".join(self.node_name(tn, written=True) for tn in nodes if tn not in declared)
         private = f" private({stack})" if stack else ""
+        if self.orphan is not None:
+            return self.orphaned_head(loop, indent, declared, private)
         if not declared:
-            self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private))
+            self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private,
+                                                                       chunk=self.chunk(loop)))
             return indent, []
         inner = indent + "  "
         self.lines.append(indent + self.syn.parallel_region_pragma.format(n=self.syn.num_threads, private=private))
@@ -647,9 +666,71 @@ class _Writer:
             fields = dict(t=t, name=self.node_name(tn, written=True), size=size, restrict=self.syn.restrict)
             decl = self.syn.private_heap_decl if tn in heap else self.syn.private_stack_decl
             self.lines.extend(inner + line for line in decl.format(**fields).split("\n"))
-        self.lines.append(inner + self.syn.parallel_for_pragma)
+        self.lines.append(inner + self.syn.parallel_for_pragma.format(chunk=self.chunk(loop)))
         frees = [inner + self.syn.private_heap_free.format(name=self.node_name(tn, written=True)) for tn in heap]
         return inner, [*frees, indent + "}"]
+
+    def chunk(self, loop: ll.ForLoop) -> str:
+        k = parallel_loops.chunk(loop, self.syn.num_threads)
+        return self.syn.chunk_clause.format(k=k) if k > 1 else ""
+
+    def orphaned_head(self, loop: ll.ForLoop, indent: str, declared: list[Tnode],
+                      private: str) -> tuple[str, list[str]]:
+        """`parallel_head` inside a shared region: an `omp for` binding to the enclosing
+        region (called outside one, it runs on the calling thread alone). Every thread runs
+        the block, so the copies declared in it are its own."""
+        pragma = (self.syn.parallel_for_pragma.format(chunk=self.chunk(loop)) + private
+                  + (self.syn.nowait_clause if self.orphan else ""))
+        if not declared:
+            self.lines.append(indent + pragma)
+            return indent, []
+        inner = indent + "  "
+        self.lines.append(indent + "{")
+        heap = [tn for tn in declared if tn not in self.on_stack]
+        for tn in declared:
+            fields = dict(t=self.syn.type_name(tn.prec), name=self.node_name(tn, written=True), size=tn.size,
+                          restrict=self.syn.restrict)
+            decl = self.syn.private_heap_decl if tn in heap else self.syn.private_stack_decl
+            self.lines.extend(inner + line for line in decl.format(**fields).split("\n"))
+        self.lines.append(inner + pragma)
+        frees = [inner + self.syn.private_heap_free.format(name=self.node_name(tn, written=True)) for tn in heap]
+        return inner, [*frees, indent + "}"]
+
+    def region_part(self, region: parallel_loops.Region, k: int, indent: str, emit: Callable[[str], None]) -> None:
+        """Emit top-level statement `region.start + k` of a shared region (`emit(indent)`
+        renders it), opening the region before its first statement and closing it after its
+        last; statements run by one thread go in one `omp single` block per unit."""
+        inner = indent + "  "
+        unit = region.unit_of(k)
+        nowait = self.syn.nowait_clause if unit.nowait else ""
+        if k == 0:
+            self.lines.append(indent + self.syn.shared_region_pragma.format(n=self.syn.num_threads))
+            self.lines.append(indent + "{")
+        if unit.role == "single":
+            if k == unit.first:
+                self.lines.append(inner + self.syn.single_pragma + nowait)
+                self.lines.append(inner + "{")
+            emit(inner + "  ")
+            if k == unit.stop - 1:
+                self.lines.append(inner + "}")
+        else:
+            self.orphan = unit.nowait if unit.role == "for" else None
+            emit(inner)
+            self.orphan = None
+        if k == region.stop - region.start - 1:
+            self.lines.append(indent + "}")
+
+    def top_level(self, top: list[ll.LLStmt], indent: str) -> None:
+        """The routine's statements, consecutive threaded nests sharing parallel regions."""
+        starts = {r.start: r for r in parallel_loops.shared_regions(top)} if self.syn.num_threads > 1 else {}
+        region: parallel_loops.Region | None = None
+        for k, s in enumerate(top):
+            region = starts.get(k, region)
+            if region is None or k >= region.stop:
+                region = None
+                self.stmt(s, indent)
+                continue
+            self.region_part(region, k - region.start, indent, functools.partial(self.stmt, s))
 
     def zero_out(self, tn: Tnode, indent: str) -> None:
         name, t = self.node_name(tn, written=True), self.syn.type_name(tn.prec)
@@ -729,12 +810,18 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     placement = local_placement([tn for tn in ll.nodes_of(llc) if tn.is_local()], syntax)
     w.on_stack = placement.on_stack
     if syntax.num_threads > 1:
+        llc = parallel_loops.thread_nests(llc, syntax.num_threads, syntax.thread_min_work)
         w.region_only = region_only_nodes(llc)
     top = list(ll.flatten(llc))
     outlined = syntax.outline_min_nests and sum(isinstance(s, ll.ForLoop) for s in top) >= syntax.outline_min_nests
+    if syntax.num_threads > 1 and parallel_loops.shared_regions(top):
+        # A loop inside `omp parallel` is compiled into a function of its own that reaches the
+        # routine's stack arrays through a pointer to each (`(*p)[i]`), which gcc does not
+        # vectorize; an orphaned `omp for` in a nest function stays where it is, on pointers.
+        outlined = True
     nest_functions = _render_outlined(w, name, top, bindings, itype) if outlined else ()
     if not outlined:
-        w.stmt(llc, "  ")
+        w.top_level(top, "  ")
 
     params: list[Param] = []
     decls: list[str] = []
@@ -793,7 +880,9 @@ def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequ
     its uses; every other array is a pointer parameter."""
     rendered: list[tuple[ll.ForLoop, _Writer] | ll.LLStmt] = []
     users: dict[Tnode, int] = {}
-    for s in top:
+    regions = parallel_loops.shared_regions(top) if w.syn.num_threads > 1 else []
+    place = {r.start + k: (r, k) for r in regions for k in range(r.stop - r.start)}
+    for i, s in enumerate(top):
         if not isinstance(s, ll.ForLoop):
             before = set(w.nodes)
             w.stmt(s, "  ")
@@ -803,16 +892,19 @@ def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequ
             continue
         nw = _Writer(w.syn, tuple(bindings), itype)
         nw.on_stack, nw.region_only = w.on_stack, w.region_only
+        if i in place and (unit := place[i][0].unit_of(place[i][1])).role == "for":
+            nw.orphan = unit.nowait
         nw.stmt(s, "  ")
         for tn in nw.nodes.values():
             users[tn] = users.get(tn, 0) + 1
         rendered.append((s, nw))
     w.lines = []
     nests: list[c_outline.Nest] = []
-    for item in rendered:
+
+    def emit(item: tuple[ll.ForLoop, _Writer] | ll.LLStmt, indent: str) -> None:
         if not isinstance(item, tuple):
-            w.stmt(item, "  ")
-            continue
+            w.stmt(item, indent)
+            return
         loop, nw = item
         w.nodes.update(nw.nodes)
         w.written |= nw.written
@@ -831,12 +923,23 @@ def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequ
         private = [tn.name for tn in nw.nodes.values() if tn in w.region_only]
         renamed = [*(tn.name for tn in owned), *private, *_bound_names(loop)]
         nests.append(c_outline.Nest(args, decls, nw.lines, renamed))
-        w.lines.append(f"  {c_outline.CALL_MARK}{len(nests) - 1}")
+        w.lines.append(f"{indent}{c_outline.CALL_MARK}{len(nests) - 1}")
+
+    for i, item in enumerate(rendered):
+        if i in place:
+            w.region_part(*place[i], "  ", functools.partial(emit, item))
+        else:
+            emit(item, "  ")
     statics = [(symbol_name(b.symbol), "int" if itype == "int" else "long long") for b in bindings]
     functions, calls = c_outline.share(name, nests, statics, w.syn.restrict)
-    w.lines = [calls[int(line.strip()[len(c_outline.CALL_MARK):])] if c_outline.CALL_MARK in line else line
-               for line in w.lines]
+    w.lines = [_call_line(line, calls) if c_outline.CALL_MARK in line else line for line in w.lines]
     return functions
+
+
+def _call_line(line: str, calls: list[str]) -> str:
+    """The nest call a `CALL_MARK` line stands for, at the line's indentation."""
+    indent, mark = line.split(c_outline.CALL_MARK)
+    return indent + calls[int(mark)].lstrip()
 
 
 def _bound_names(loop: ll.ForLoop) -> list[str]:

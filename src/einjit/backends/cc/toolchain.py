@@ -88,8 +88,10 @@ class CcOptions:
     from the interpreter. Fused multiply-adds are explicit in the IR (`Ternop.FMA`, which the
     simplifier introduces) and compile to FMA instructions under `-march=native`.
 
-    `threads`: how many OpenMP threads the loops the scheduler marks `parallel` (the outer
-    loops of large contractions) run on; 1 compiles without `-fopenmp` and renders no pragma.
+    `threads`: how many OpenMP threads the loops marked `parallel` run on (the outer loops of
+    large contractions, marked by the scheduler; the outermost loop over output cells of every
+    other nest big enough to pay, marked when rendering: `parallel_loops.thread_nests`); 1
+    compiles without `-fopenmp` and renders no pragma.
     Default: `EINJIT_NUM_THREADS`, else the machine's core count. Idle threads spin for a
     while before they sleep (libgomp's default), so the next parallel loop of a step starts
     at once. On a machine oversubscribed by other processes the spinning takes cores the
