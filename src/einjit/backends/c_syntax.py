@@ -688,8 +688,8 @@ class _Writer:
         self.lines.append(indent + "{")
         heap = [tn for tn in declared if tn not in self.on_stack]
         for tn in declared:
-            fields = dict(t=self.syn.type_name(tn.prec), name=self.node_name(tn, written=True), size=tn.size,
-                          restrict=self.syn.restrict)
+            t, size = storage(tn, self.syn)
+            fields = dict(t=t, name=self.node_name(tn, written=True), size=size, restrict=self.syn.restrict)
             decl = self.syn.private_heap_decl if tn in heap else self.syn.private_stack_decl
             self.lines.extend(inner + line for line in decl.format(**fields).split("\n"))
         self.lines.append(inner + pragma)
@@ -999,14 +999,16 @@ def local_placement(local_nodes: Iterable[Tnode], syntax: CSyntax = C_SYNTAX) ->
     A local goes on the stack when it is at most `stack_limit_bytes` and the stack total
     stays within `stack_total_bytes` — a thread's stack is a few MiB at best and a routine
     may hold dozens of locals; without scratch (`local_scratch_decl=None`) every local that
-    fits one array's limit stays on the stack."""
+    fits one array's limit stays on the stack. A register block always stays on the stack: it
+    is at most a few vector registers, and its vector type needs the alignment that the stack
+    gives and scratch arrays and `malloc` (16 bytes) do not."""
     order = sorted(set(local_nodes), key=lambda tn: (is_routine_local(tn), tn.id))
     on_stack: set[Tnode] = set()
     total = 0
     for tn in order:
         nbytes = tn.size * tn.prec.itemsize
-        if nbytes <= syntax.stack_limit_bytes and (syntax.local_scratch_decl is None
-                                                   or total + nbytes <= syntax.stack_total_bytes):
+        fits = syntax.local_scratch_decl is None or total + nbytes <= syntax.stack_total_bytes
+        if c_vectors.is_block(tn) or (nbytes <= syntax.stack_limit_bytes and fits):
             on_stack.add(tn)
             total += nbytes
     return LocalPlacement(on_stack)
