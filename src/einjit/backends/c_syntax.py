@@ -17,6 +17,7 @@ array through a `const` pointer. Virtual nodes have no storage and must not appe
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -670,12 +671,13 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     name = c_name(name)
     itype = index_type(name, llc)
     w = _Writer(syntax, tuple(bindings), itype)
-    placement = local_placement([tn for tn in ll.nodes_of(llc) if tn.is_local()], syntax)
+    top = list(ll.flatten(llc))
+    outlined = syntax.outline_min_nests and sum(isinstance(s, ll.ForLoop) for s in top) >= syntax.outline_min_nests
+    locals_ = [tn for tn in ll.nodes_of(llc) if tn.is_local()]
+    placement = outlined_placement(top, locals_, syntax) if outlined else local_placement(locals_, syntax)
     w.on_stack = placement.on_stack
     if syntax.num_threads > 1:
         w.region_only = region_only_nodes(llc)
-    top = list(ll.flatten(llc))
-    outlined = syntax.outline_min_nests and sum(isinstance(s, ll.ForLoop) for s in top) >= syntax.outline_min_nests
     nest_functions = _render_outlined(w, name, top, bindings, itype) if outlined else ()
     if not outlined:
         w.stmt(llc, "  ")
@@ -850,6 +852,32 @@ def local_placement(local_nodes: Iterable[Tnode], syntax: CSyntax = C_SYNTAX) ->
                                                    or total + nbytes <= syntax.stack_total_bytes):
             on_stack.add(tn)
             total += nbytes
+    return LocalPlacement(on_stack)
+
+
+def outlined_placement(top: Sequence[ll.LLStmt], local_nodes: Iterable[Tnode], syntax: CSyntax = C_SYNTAX
+                       ) -> LocalPlacement:
+    """`local_placement` for a routine rendered as one function per nest: a local that one
+    nest alone touches is declared in that nest's function, on the stack only while the nest
+    runs, so it counts against that nest's stack total (what the routine's own locals leave),
+    not against every other nest's. Placed by the routine's total, the register blocks and
+    panels of the later blocks of a deep model became scratch parameters, and their nests
+    compiled as functions of their own instead of calls of the first block's."""
+    local_nodes = set(local_nodes)
+    users: dict[Tnode, set[int]] = {}
+    for k, s in enumerate(top):
+        for tn in ll.nodes_of(s):
+            if tn in local_nodes:
+                users.setdefault(tn, set()).add(k)
+    owner = {tn: k for tn, ks in users.items() if len(ks) == 1 for k in ks if isinstance(top[k], ll.ForLoop)}
+    shared = local_placement([tn for tn in local_nodes if tn not in owner], syntax)
+    left = syntax.stack_total_bytes - sum(tn.size * tn.prec.itemsize for tn in shared.on_stack)
+    by_nest: dict[int, list[Tnode]] = {}
+    for tn, k in owner.items():
+        by_nest.setdefault(k, []).append(tn)
+    on_stack = set(shared.on_stack)
+    for nodes in by_nest.values():
+        on_stack |= local_placement(nodes, dataclasses.replace(syntax, stack_total_bytes=max(left, 0))).on_stack
     return LocalPlacement(on_stack)
 
 
