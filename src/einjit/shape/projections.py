@@ -34,7 +34,7 @@ from einjit.shape.row import (
     expand_row,
     fresh_proj_id,
 )
-from einjit.shape.shape import Shape, Terminal, UpdateStep, logic_args, logic_to_spec
+from einjit.shape.shape import Broadcast, Shape, Terminal, Transpose, UpdateStep, logic_args, logic_to_spec
 
 Key = tuple[str, int]
 _anon = itertools.count()
@@ -58,6 +58,39 @@ def derive_projections(update_step: UpdateStep) -> Projections:
     debug = f"{logic_to_spec(update_step.logic)} for {_name(lhs)}"
     return _Builder(state.env, gen.specials, debug).build(state.log, local_lhs, local_args,
                                                           to_dims(lhs), tuple(to_dims(a) for a in args))
+
+
+def projections_key(update_step: UpdateStep) -> tuple | None:
+    """What `derive_projections(update_step)` is a function of, without deriving: the logic,
+    and the solved rows (dims with labels) of the result and the arguments, with shapes and
+    rows numbered in order of first appearance (a tensor used twice is numbered once, as
+    inference sees it). None while a shape is unsolved: only deriving tells then. The program
+    cache keys a program by this instead of the projections, which cost a local inference
+    per operation (most of a warm compile)."""
+    lhs, args = update_step.shape, logic_args(update_step.logic)
+    shapes = (lhs, *args)
+    if not all(sh.is_solved() for sh in shapes):
+        return None
+    numbers: dict[tuple, int] = {}
+
+    def number(x: tuple) -> int:
+        return numbers.setdefault(x, len(numbers))
+
+    def row(r: Row) -> tuple:
+        return (number(("row", r.id.sh_id, r.id.kind)),
+                tuple((d.d, d.label) for d in r.dims if isinstance(d, Dim)))
+
+    match update_step.logic:
+        case Broadcast(kind, _, _):
+            logic: tuple = ("broadcast", kind)
+        case Transpose(kind, _):
+            logic = ("transpose", kind)
+        case Terminal(init):
+            logic = ("terminal", init)
+        case _:
+            return None
+    return logic + tuple((number(("shape", sh.id)), row(sh.batch), row(sh.input), row(sh.output))
+                         for sh in shapes)
 
 
 def _name(sh: Shape) -> str:

@@ -77,22 +77,35 @@ def _einjit_fingerprint() -> str:
     return digest.hexdigest()
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+
+
 def _canonical(x: Any) -> str:
     """A text of an assignment (or a part of one) that names nodes and symbols as the program
     does, so it is the same in every process for the same model."""
-    if isinstance(x, Tnode):
+    kind = type(x)
+    if kind in _PLAIN:
+        return repr(x)
+    if kind is Tnode:
         return x.name
+    if kind is tuple or kind is list:
+        return "(" + ", ".join([_canonical(v) for v in x]) + ")"
     if isinstance(x, asg.Lazy):
+        described = x.key()
+        if described is not None:
+            return f"derived from {_canonical(described)}"
         value = x.force()
         # Projections hold symbols, dims and indices only: their repr is already canonical.
         return repr(value) if isinstance(value, Projections) else _canonical(value)
     if isinstance(x, np.ndarray):
         return f"array {x.dtype} {x.shape} {hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()}"
-    if isinstance(x, (tuple, list)):
-        return "(" + ", ".join(_canonical(v) for v in x) + ")"
-    if dataclasses.is_dataclass(x) and not isinstance(x, type) and not isinstance(x, (Symbol, StaticSymbol)):
-        fields = ", ".join(_canonical(getattr(x, f.name)) for f in dataclasses.fields(x))
-        return f"{type(x).__name__}({fields})"
+    names = _FIELDS.get(kind)
+    if names is None:
+        dataclass_ = dataclasses.is_dataclass(kind) and kind not in (Symbol, StaticSymbol)
+        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind)) if dataclass_ else ()
+    if names:
+        return f"{kind.__name__}(" + ", ".join([_canonical(getattr(x, n)) for n in names]) + ")"
     return repr(x)
 
 
