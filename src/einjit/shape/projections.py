@@ -14,7 +14,17 @@ from __future__ import annotations
 
 import itertools
 
-from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, Projections, Symbol, get_symbol, make_affine
+from einjit.ir.indexing import (
+    Affine,
+    AxisIndex,
+    FixedIdx,
+    Iterator,
+    Projections,
+    Symbol,
+    get_symbol,
+    make_affine,
+    subst_index,
+)
 from einjit.shape.errors import ShapeError
 from einjit.shape.inference import InferenceState, finish_inference, is_active, propagate_shapes, to_dims
 from einjit.shape.logic import ConvSpec, Generated, Special, constraints_of
@@ -48,6 +58,11 @@ def derive_projections(update_step: UpdateStep) -> Projections:
         if not is_active(update_step):
             propagate_shapes(update_step)
         finish_inference()
+    debug = f"{logic_to_spec(update_step.logic)} for {_name(lhs)}"
+    key = projections_key(update_step)
+    known = None if key is None else _derived.get(key)
+    if known is not None:
+        return _renamed(known, debug)
     local_lhs, local_args = _fresh_copy(lhs), tuple(_fresh_copy(a) for a in args)
     state = InferenceState()
     state.log = []
@@ -55,9 +70,31 @@ def derive_projections(update_step: UpdateStep) -> Projections:
            else constraints_of(update_step.logic, local_lhs, local_args))
     state.add(gen, (local_lhs, *local_args))
     state.close()
-    debug = f"{logic_to_spec(update_step.logic)} for {_name(lhs)}"
-    return _Builder(state.env, gen.specials, debug).build(state.log, local_lhs, local_args,
-                                                          to_dims(lhs), tuple(to_dims(a) for a in args))
+    derived = _Builder(state.env, gen.specials, debug).build(state.log, local_lhs, local_args,
+                                                             to_dims(lhs), tuple(to_dims(a) for a in args))
+    if key is not None:
+        if len(_derived) >= _DERIVED_LIMIT:
+            _derived.clear()
+        _derived[key] = derived
+    return derived
+
+
+_derived: dict[tuple, Projections] = {}
+"""Projections derived so far, by `projections_key`: the same operation on tensors of the same
+shapes (every block of a deep model, every step of an unrolled loop) is derived once, and
+later ones get a copy with fresh loop symbols. Deriving is a local shape inference per
+operation: a third of lowering a GPT training step."""
+_DERIVED_LIMIT = 4096
+
+
+def _renamed(p: Projections, debug: str) -> Projections:
+    """`p` with fresh product iterators (each operation's loops are its own), created in the
+    order of `p`'s own, as deriving would."""
+    fresh: dict[Symbol, AxisIndex] = {s: Iterator(get_symbol(s.name)) for s in p.product_iterators}
+    iterators = tuple(i.symbol for i in fresh.values() if isinstance(i, Iterator))
+    return Projections(p.product_space, iterators, p.lhs_dims, p.rhs_dims,
+                       tuple(subst_index(fresh, i) for i in p.project_lhs),
+                       tuple(tuple(subst_index(fresh, i) for i in r) for r in p.project_rhs), debug)
 
 
 def projections_key(update_step: UpdateStep) -> tuple | None:
