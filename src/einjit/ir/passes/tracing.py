@@ -117,9 +117,9 @@ class TracedArray:
     `assignments`: positions written. `written_boxes`: per axis `(lo, hi)` ranges of cells that
     loop iterations tracing skipped have written (exact: only for writes indexed by distinct
     loop symbols and fixed indices), so that a later read of such a cell is not taken for a
-    read before write; `boxes_seen`, every box ever recorded (a loop left partly untraced
-    inside another traced loop records the same box once per outer iteration: only the first
-    changes what is written). `accesses`: positions read, with how often, or `RECURRENT` when read
+    read before write (a set: a loop left partly untraced inside another traced loop records
+    the same box once per outer iteration; boxes inside others are kept, as dropping them cost
+    more than the reads that scan them). `accesses`: positions read, with how often, or `RECURRENT` when read
     before written. `zero_initialized_by_code`: the first thing the code
     does to the node is `ZeroOut`. `read_before_write`: some position is recurrent.
     `read_only`: never written nor zeroed here. `is_scalar_constexpr`: all dims are 1 and the
@@ -138,7 +138,7 @@ class TracedArray:
 
     tn: Tnode
     assignments: set[Position] = field(default_factory=set)
-    written_boxes: list[tuple[tuple[int, int], ...]] = field(default_factory=list)
+    written_boxes: set[tuple[tuple[int, int], ...]] = field(default_factory=set)
     accesses: dict[Position, Visits] = field(default_factory=dict)
     zero_initialized_by_code: bool = False
     zeroed_out: bool = False
@@ -150,7 +150,6 @@ class TracedArray:
     is_simple: bool = True
     is_local_reduction: bool = True
     run_time_indexed: bool = False
-    boxes_seen: set[tuple[tuple[int, int], ...]] = field(default_factory=set, repr=False)
 
     def is_written(self, pos: Position) -> bool:
         """Whether the code traced so far has written (or zeroed) the cell at `pos`."""
@@ -523,14 +522,7 @@ def _apply(st: _State, events: list[tuple], nodes: dict[Tnode, Tnode], symbols: 
             for s in ev[2]:
                 st.reverse_node_map.setdefault(symbols[s], owner)
         elif op == _BOX:
-            ta = st.node(nodes[ev[1]])
-            new = ev[2]
-            if new in ta.boxes_seen:
-                continue
-            ta.boxes_seen.add(new)
-            ta.written_boxes = [b for b in ta.written_boxes
-                                if not all(lo <= l2 and h2 <= hi for (lo, hi), (l2, h2) in zip(new, b, strict=True))]
-            ta.written_boxes.append(new)
+            st.node(nodes[ev[1]]).written_boxes.add(ev[2])
         elif op == _ZERO:
             ta = st.node(nodes[ev[1]])
             if not ta.assignments and not ta.accesses:
