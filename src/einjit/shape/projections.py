@@ -44,7 +44,7 @@ from einjit.shape.row import (
     expand_row,
     fresh_proj_id,
 )
-from einjit.shape.shape import Broadcast, Shape, Terminal, Transpose, UpdateStep, logic_args, logic_to_spec
+from einjit.shape.shape import BatchSlice, Broadcast, Shape, Terminal, Transpose, UpdateStep, logic_args, logic_to_spec
 
 Key = tuple[str, int]
 _anon = itertools.count()
@@ -120,6 +120,8 @@ def projections_key(update_step: UpdateStep) -> tuple | None:
     match update_step.logic:
         case Broadcast(kind, _, _):
             logic: tuple = ("broadcast", kind)
+        case Transpose(BatchSlice(symbol) as kind, _):
+            logic = ("transpose", kind, symbol.static_range)  # not part of the symbol's equality
         case Transpose(kind, _):
             logic = ("transpose", kind)
         case Terminal(init):
