@@ -12,7 +12,7 @@ restores what the passes changed — each node's memory mode, the routine-local 
 nodes kept in context — and rebuilds the compiled routine from the recorded source (its
 shared object then comes from the object cache) and parameters.
 
-Nodes are recorded by their position in the assignments (`guessed_nodes`); nodes the passes
+Nodes are recorded by their position in the assignments (`graph_nodes`); nodes the passes
 create (the scheduler's register blocks and panels) are recorded by label, dims, precision
 and mode and made afresh. A program whose code touches a node that is neither is not
 recorded. Records are pickles in the cache directory, like the shared objects einjit loads
@@ -81,6 +81,41 @@ _FIELDS: dict[type, tuple[str, ...]] = {}
 _PLAIN = frozenset({int, float, str, bool, type(None)})
 
 
+def _field_names(kind: type) -> tuple[str, ...]:
+    """The fields a canonical text or a node search walks: a dataclass's (symbols are leaves)."""
+    names = _FIELDS.get(kind)
+    if names is None:
+        dataclass_ = dataclasses.is_dataclass(kind) and kind not in (Symbol, StaticSymbol)
+        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind)) if dataclass_ else ()
+    return names
+
+
+def graph_nodes(asgns: asg.Asgns) -> list[Tnode]:
+    """The program's nodes in a deterministic order: every node an assignment writes or reads
+    (`guessed_nodes`), then those only its run-time indices name (the ids of a gather, inside
+    projections that have no key and are computed for the key anyway)."""
+    nodes = {tn: None for tn in asg.guessed_nodes(asgns)}
+
+    def search(x: Any, inside: bool) -> None:
+        kind = type(x)
+        if kind is Tnode:
+            if inside:
+                nodes.setdefault(x, None)
+        elif kind is tuple or kind is list:
+            for v in x:
+                search(v, inside)
+        elif isinstance(x, asg.Lazy):
+            if x.key() is None:
+                search(x.force(), True)
+        else:
+            for n in _field_names(kind):
+                search(getattr(x, n), inside)
+
+    for a in asg.flatten_with_comments(asgns):
+        search(a, False)
+    return list(nodes)
+
+
 def _canonical(x: Any) -> str:
     """A text of an assignment (or a part of one) that names nodes and symbols as the program
     does, so it is the same in every process for the same model."""
@@ -100,10 +135,7 @@ def _canonical(x: Any) -> str:
         return repr(value) if isinstance(value, Projections) else _canonical(value)
     if isinstance(x, np.ndarray):
         return f"array {x.dtype} {x.shape} {hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()}"
-    names = _FIELDS.get(kind)
-    if names is None:
-        dataclass_ = dataclasses.is_dataclass(kind) and kind not in (Symbol, StaticSymbol)
-        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind)) if dataclass_ else ()
+    names = _field_names(kind)
     if names:
         return f"{kind.__name__}(" + ", ".join([_canonical(getattr(x, n)) for n in names]) + ")"
     return repr(x)
@@ -126,7 +158,7 @@ def key(asgns: asg.Asgns, bindings: Sequence[StaticSymbol], name: str, settings:
              repr([(b, b.static_range) for b in bindings]), asg.to_doc(asgns)]
     parts += [_canonical(a) for a in asg.flatten_with_comments(asgns)]
     parts += [f"{tn.name} {tn.dims} {tn.prec.name} {tn.memory_mode} {tn.provenance} "
-              f"{local_storage.kept_in_context(tn)} {local_storage.local_to(tn)}" for tn in asg.guessed_nodes(asgns)]
+              f"{local_storage.kept_in_context(tn)} {local_storage.local_to(tn)}" for tn in graph_nodes(asgns)]
     return cache.cache_key(*parts)
 
 
@@ -140,7 +172,7 @@ def store(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], 
           newest_id: int) -> None:
     """Record what the passes decided for the program (`newest_id`: the largest node id before
     lowering; newer nodes are the passes' own)."""
-    graph = asg.guessed_nodes(asgns)
+    graph = graph_nodes(asgns)
     index = {tn: ("g", k) for k, tn in enumerate(graph)}
     fresh: list[Tnode] = []
     proc: CcProcedure = compiled.procedure
@@ -193,7 +225,7 @@ def load(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], n
         record = pickle.loads(path.read_bytes())
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
         return None
-    graph = asg.guessed_nodes(asgns)
+    graph = graph_nodes(asgns)
     if record.get("nodes") != len(graph) or len(graph) != len(set(graph)):
         return None
     options = backend.simple.options
