@@ -90,10 +90,17 @@ def _field_names(kind: type) -> tuple[str, ...]:
     return names
 
 
+_last_graph: list = [None, []]
+"""The assignments `graph_nodes` last answered for, and its answer: the key, the lookup and
+the record of one compile ask for the same assignments' nodes."""
+
+
 def graph_nodes(asgns: asg.Asgns) -> list[Tnode]:
     """The program's nodes in a deterministic order: every node an assignment writes or reads
     (`guessed_nodes`), then those only its run-time indices name (the ids of a gather, inside
     projections that have no key and are computed for the key anyway)."""
+    if _last_graph[0] is asgns:
+        return list(_last_graph[1])
     nodes = {tn: None for tn in asg.guessed_nodes(asgns)}
 
     def search(x: Any, inside: bool) -> None:
@@ -113,6 +120,7 @@ def graph_nodes(asgns: asg.Asgns) -> list[Tnode]:
 
     for a in asg.flatten_with_comments(asgns):
         search(a, False)
+    _last_graph[:] = [asgns, list(nodes)]
     return list(nodes)
 
 
@@ -129,7 +137,9 @@ def _canonical(x: Any) -> str:
     if isinstance(x, asg.Lazy):
         described = x.key()
         if described is not None:
-            return f"derived from {_canonical(described)}"
+            # Keys hold numbers, strings and frozen dataclasses of those (symbols print by their
+            # stable names): their repr is canonical.
+            return f"derived from {described!r}"
         value = x.force()
         # Projections hold symbols, dims and indices only: their repr is already canonical.
         return repr(value) if isinstance(value, Projections) else _canonical(value)
