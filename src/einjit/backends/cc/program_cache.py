@@ -4,13 +4,14 @@ rebuilt from a record of what einjit's passes decided, without running them.
 The compiled-object cache (`cache.py`) skips gcc, but its key is the generated source, so
 every compile still lowered, optimized and rendered the program first: for a GPT training
 step that is seconds of Python before the cache answers. This cache is keyed by the graph
-itself, taken before any pass runs: every assignment (its operation, nodes, projections,
-fetched constants), every node's dims, precision and memory mode, whether an earlier routine
-keeps it, the static bindings, the optimizer settings, the compiler options and target, and
-einjit's own source (a change to a pass must not reuse what the old pass decided). A hit
-restores what the passes changed — each node's memory mode, the routine-local marks, the
-nodes kept in context — and rebuilds the compiled routine from the recorded source (its
-shared object then comes from the object cache) and parameters.
+itself, taken before any pass runs: every assignment (its operation, nodes, projections —
+described by what they are derived from, the operation's logic and solved rows, without
+deriving them (`Lazy.key`) — fetched constants), every node's dims, precision and memory
+mode, whether an earlier routine keeps it, the static bindings, the optimizer settings, the
+compiler options and target, and einjit's own source (a change to a pass must not reuse what
+the old pass decided). A hit restores what the passes changed — each node's memory mode, the
+routine-local marks, the nodes kept in context — and rebuilds the compiled routine from the
+recorded source (its shared object then comes from the object cache) and parameters.
 
 Nodes are recorded by their position in the assignments (`graph_nodes`); nodes the passes
 create (the scheduler's register blocks and panels) are recorded by label, dims, precision
