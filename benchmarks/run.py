@@ -19,10 +19,11 @@ faster. `--json` prints the machine's figures and the rows as JSON, so runs can 
 Every run first measures the machine (`machine.py`: the fp32 FMA peak and the memory
 bandwidth at the run's thread count): a GFLOP/s row also shows its share of that peak, a
 memory-bound row (ATL matvec) its GB/s and share of the bandwidth for its working set. The
-compile group adds the GPT-like step's cold and warm compiles at 2, 4 and 12 blocks
-(`bench_compile.py`; `--quick`: 2 and 4). At `--threads N` > 1 the threads group compiles
-`a @ b` and `w @ x` (n = 512, 1024), the convnet step and the 2-block GPT step at 1 and at N
-threads and times them side by side: its "1 thread" ratio is the speed-up of N threads.
+compile group adds the GPT-like step's cold and warm compiles at 2 and 4 blocks and the
+GPT-2-small-shaped step's at 2 and 12 (`bench_compile.py`; `--quick`: no 12-block row). At
+`--threads N` > 1 the threads group compiles `a @ b` and `w @ x` (n = 512, 1024), the convnet
+step and the 2-block GPT step at 1 and at N threads and times them side by side: its
+"1 thread" ratio is the speed-up of N threads.
 """
 
 from __future__ import annotations
@@ -278,17 +279,20 @@ def compile_row() -> dict:
 
 
 def gpt_compile_rows(blocks: tuple[int, ...]) -> list[dict]:
-    """Cold and warm compiles of the GPT-like step (`bench_compile.GPT_ROWS`) in fresh
-    processes; the per-block time is what must stay flat as the model deepens."""
+    """Cold and warm compiles of the GPT-like step (`bench_compile.GPT_ROWS`) and of the
+    GPT-2-small-shaped `models.GPT` step (`bench_compile.GPT2_ROWS`) in fresh processes; the
+    per-block time is what must stay flat as the model deepens."""
     import bench_compile
 
     rows = []
-    for label, cfg in bench_compile.GPT_ROWS.items():
+    steps = [(label, cfg, "gpt_compile") for label, cfg in bench_compile.GPT_ROWS.items()]
+    steps += [(label, cfg, "gpt2_compile") for label, cfg in bench_compile.GPT2_ROWS.items()]
+    for label, cfg, function in steps:
         if cfg["blocks"] not in blocks:
             continue
         with tempfile.TemporaryDirectory() as cache:
             for kind in ("cold", "warm"):
-                _, wall, python_s, gcc_s = bench_compile.gpt_compile_seconds(cfg, cache)
+                _, wall, python_s, gcc_s = bench_compile.gpt_compile_seconds(cfg, cache, function)
                 rows.append(row(f"{label} {kind} compile ({wall / cfg['blocks']:.2f} s/block; CPU einjit "
                                 f"{python_s:.1f} s, gcc {gcc_s:.1f} s)", wall, {}))
     return rows

@@ -17,6 +17,7 @@ array through a `const` pointer. Virtual nodes have no storage and must not appe
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -807,18 +808,11 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     name = c_name(name)
     itype = index_type(name, llc)
     w = _Writer(syntax, tuple(bindings), itype)
-    placement = local_placement([tn for tn in ll.nodes_of(llc) if tn.is_local()], syntax)
-    w.on_stack = placement.on_stack
+    layout = routine_layout(llc, syntax)
+    llc, top, outlined = layout.llc, layout.top, layout.outlined
     if syntax.num_threads > 1:
-        llc = parallel_loops.thread_nests(llc, syntax.num_threads, syntax.thread_min_work)
         w.region_only = region_only_nodes(llc)
-    top = list(ll.flatten(llc))
-    outlined = syntax.outline_min_nests and sum(isinstance(s, ll.ForLoop) for s in top) >= syntax.outline_min_nests
-    if syntax.num_threads > 1 and parallel_loops.shared_regions(top):
-        # A loop inside `omp parallel` is compiled into a function of its own that reaches the
-        # routine's stack arrays through a pointer to each (`(*p)[i]`), which gcc does not
-        # vectorize; an orphaned `omp for` in a nest function stays where it is, on pointers.
-        outlined = True
+    w.on_stack = layout.placement.on_stack
     nest_functions = _render_outlined(w, name, top, bindings, itype) if outlined else ()
     if not outlined:
         w.top_level(top, "  ")
@@ -835,7 +829,7 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
             local_nodes.append(tn)
             if tn in w.region_only or tn in w.nest_owned:
                 continue
-            if tn in placement.on_stack:
+            if tn in layout.placement.on_stack:
                 local_decls.append("  " + syntax.local_stack_decl.format(t=t, name=tn.name, size=size))
             continue
         const = "" if tn.id in w.written else "const "
@@ -846,7 +840,7 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
             raise RenderError(f"einjit: merge buffer of {tn.debug_name()} read, but the node is Local")
         params.append(Param(ParamKind.MERGE_BUFFER, f"merge_{tn.name}", tn=tn))
         decls.append(f"const {syntax.type_name(tn.prec)} *{r} merge_{tn.name}")
-    scratch = [tn for tn in local_nodes if tn not in placement.on_stack and tn not in w.region_only]
+    scratch = [tn for tn in local_nodes if tn not in layout.placement.on_stack and tn not in w.region_only]
     for tn in scratch:
         params.append(Param(ParamKind.SCRATCH, tn.name, tn=tn, mem=MemClass.LOCAL_ONLY))
         decls.append(_scratch_decl(tn, syntax))
@@ -993,6 +987,34 @@ class LocalPlacement:
     on_stack: set[Tnode]
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class RoutineLayout:
+    """How `render_routine` lays a routine out: its code with the nests threads run (`llc`),
+    its top-level statements, whether each nest becomes a function, and where its locals live.
+    The scratch planner places exactly the locals this leaves off the stack."""
+
+    llc: ll.LLStmt
+    top: list[ll.LLStmt]
+    outlined: bool
+    placement: LocalPlacement
+
+
+def routine_layout(llc: ll.LLStmt, syntax: CSyntax = C_SYNTAX) -> RoutineLayout:
+    if syntax.num_threads > 1:
+        llc = parallel_loops.thread_nests(llc, syntax.num_threads, syntax.thread_min_work)
+    top = list(ll.flatten(llc))
+    outlined = bool(syntax.outline_min_nests
+                    and sum(isinstance(s, ll.ForLoop) for s in top) >= syntax.outline_min_nests)
+    if syntax.num_threads > 1 and parallel_loops.shared_regions(top):
+        # A loop inside `omp parallel` is compiled into a function of its own that reaches the
+        # routine's stack arrays through a pointer to each (`(*p)[i]`), which gcc does not
+        # vectorize; an orphaned `omp for` in a nest function stays where it is, on pointers.
+        outlined = True
+    locals_ = [tn for tn in ll.nodes_of(llc) if tn.is_local()]
+    placement = outlined_placement(top, locals_, syntax) if outlined else local_placement(locals_, syntax)
+    return RoutineLayout(llc, top, outlined, placement)
+
+
 def local_placement(local_nodes: Iterable[Tnode], syntax: CSyntax = C_SYNTAX) -> LocalPlacement:
     """Place local arrays: the scheduler's locals first (register blocks and panels are
     private per OpenMP thread, which needs them on the stack), then the others, each by id.
@@ -1011,6 +1033,32 @@ def local_placement(local_nodes: Iterable[Tnode], syntax: CSyntax = C_SYNTAX) ->
         if c_vectors.is_block(tn) or (nbytes <= syntax.stack_limit_bytes and fits):
             on_stack.add(tn)
             total += nbytes
+    return LocalPlacement(on_stack)
+
+
+def outlined_placement(top: Sequence[ll.LLStmt], local_nodes: Iterable[Tnode], syntax: CSyntax = C_SYNTAX
+                       ) -> LocalPlacement:
+    """`local_placement` for a routine rendered as one function per nest: a local that one
+    nest alone touches is declared in that nest's function, on the stack only while the nest
+    runs, so it counts against that nest's stack total (what the routine's own locals leave),
+    not against every other nest's. Placed by the routine's total, the register blocks and
+    panels of the later blocks of a deep model became scratch parameters, and their nests
+    compiled as functions of their own instead of calls of the first block's."""
+    local_nodes = set(local_nodes)
+    users: dict[Tnode, set[int]] = {}
+    for k, s in enumerate(top):
+        for tn in ll.nodes_of(s):
+            if tn in local_nodes:
+                users.setdefault(tn, set()).add(k)
+    owner = {tn: k for tn, ks in users.items() if len(ks) == 1 for k in ks if isinstance(top[k], ll.ForLoop)}
+    shared = local_placement([tn for tn in local_nodes if tn not in owner], syntax)
+    left = syntax.stack_total_bytes - sum(tn.size * tn.prec.itemsize for tn in shared.on_stack)
+    by_nest: dict[int, list[Tnode]] = {}
+    for tn, k in owner.items():
+        by_nest.setdefault(k, []).append(tn)
+    on_stack = set(shared.on_stack)
+    for nodes in by_nest.values():
+        on_stack |= local_placement(nodes, dataclasses.replace(syntax, stack_total_bytes=max(left, 0))).on_stack
     return LocalPlacement(on_stack)
 
 

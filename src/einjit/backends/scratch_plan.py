@@ -56,7 +56,7 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
-from einjit.backends.c_syntax import CSyntax, local_placement, region_only_nodes
+from einjit.backends.c_syntax import CSyntax, region_only_nodes, routine_layout
 from einjit.ir import low_level as ll
 from einjit.ir.tnode import Tnode
 
@@ -173,10 +173,11 @@ def scratch_nodes(llc: ll.LLStmt, syntax: CSyntax) -> list[Tnode]:
     """The nodes `c_syntax.render_routine` makes scratch parameters, in their order (by id):
     the local nodes it does not put on the stack, except those only parallel regions use
     (each thread allocates its own copy of those inside the region)."""
-    local = [tn for tn in ll.nodes_of(llc) if tn.is_local()]
-    heap = set(local) - local_placement(local, syntax).on_stack
+    layout = routine_layout(llc, syntax)
+    local = [tn for tn in ll.nodes_of(layout.llc) if tn.is_local()]
+    heap = set(local) - layout.placement.on_stack
     if syntax.num_threads > 1:
-        heap -= region_only_nodes(llc)
+        heap -= region_only_nodes(layout.llc)
     return sorted(heap, key=lambda tn: tn.id)
 
 

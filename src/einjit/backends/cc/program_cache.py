@@ -4,15 +4,16 @@ rebuilt from a record of what einjit's passes decided, without running them.
 The compiled-object cache (`cache.py`) skips gcc, but its key is the generated source, so
 every compile still lowered, optimized and rendered the program first: for a GPT training
 step that is seconds of Python before the cache answers. This cache is keyed by the graph
-itself, taken before any pass runs: every assignment (its operation, nodes, projections,
-fetched constants), every node's dims, precision and memory mode, whether an earlier routine
-keeps it, the static bindings, the optimizer settings, the compiler options and target, and
-einjit's own source (a change to a pass must not reuse what the old pass decided). A hit
-restores what the passes changed — each node's memory mode, the routine-local marks, the
-nodes kept in context — and rebuilds the compiled routine from the recorded source (its
-shared object then comes from the object cache) and parameters.
+itself, taken before any pass runs: every assignment (its operation, nodes, projections —
+described by what they are derived from, the operation's logic and solved rows, without
+deriving them (`Lazy.key`) — fetched constants), every node's dims, precision and memory
+mode, whether an earlier routine keeps it, the static bindings, the optimizer settings, the
+compiler options and target, and einjit's own source (a change to a pass must not reuse what
+the old pass decided). A hit restores what the passes changed — each node's memory mode, the
+routine-local marks, the nodes kept in context — and rebuilds the compiled routine from the
+recorded source (its shared object then comes from the object cache) and parameters.
 
-Nodes are recorded by their position in the assignments (`guessed_nodes`); nodes the passes
+Nodes are recorded by their position in the assignments (`graph_nodes`); nodes the passes
 create (the scheduler's register blocks and panels) are recorded by label, dims, precision
 and mode and made afresh. A program whose code touches a node that is neither is not
 recorded. Records are JSON (names of enum members and precisions, node references by
@@ -79,22 +80,77 @@ def _einjit_fingerprint() -> str:
     return digest.hexdigest()
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+
+
+def _field_names(kind: type) -> tuple[str, ...]:
+    """The fields a canonical text or a node search walks: a dataclass's (symbols are leaves)."""
+    names = _FIELDS.get(kind)
+    if names is None:
+        dataclass_ = dataclasses.is_dataclass(kind) and kind not in (Symbol, StaticSymbol)
+        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind)) if dataclass_ else ()
+    return names
+
+
+_last_graph: list = [None, []]
+"""The assignments `graph_nodes` last answered for, and its answer: the key, the lookup and
+the record of one compile ask for the same assignments' nodes."""
+
+
+def graph_nodes(asgns: asg.Asgns) -> list[Tnode]:
+    """The program's nodes in a deterministic order: every node an assignment writes or reads
+    (`guessed_nodes`), then those only its run-time indices name (the ids of a gather, inside
+    projections that have no key and are computed for the key anyway)."""
+    if _last_graph[0] is asgns:
+        return list(_last_graph[1])
+    nodes = {tn: None for tn in asg.guessed_nodes(asgns)}
+
+    def search(x: Any, inside: bool) -> None:
+        kind = type(x)
+        if kind is Tnode:
+            if inside:
+                nodes.setdefault(x, None)
+        elif kind is tuple or kind is list:
+            for v in x:
+                search(v, inside)
+        elif isinstance(x, asg.Lazy):
+            if x.key() is None:
+                search(x.force(), True)
+        else:
+            for n in _field_names(kind):
+                search(getattr(x, n), inside)
+
+    for a in asg.flatten_with_comments(asgns):
+        search(a, False)
+    _last_graph[:] = [asgns, list(nodes)]
+    return list(nodes)
+
+
 def _canonical(x: Any) -> str:
     """A text of an assignment (or a part of one) that names nodes and symbols as the program
     does, so it is the same in every process for the same model."""
-    if isinstance(x, Tnode):
+    kind = type(x)
+    if kind in _PLAIN:
+        return repr(x)
+    if kind is Tnode:
         return x.name
+    if kind is tuple or kind is list:
+        return "(" + ", ".join([_canonical(v) for v in x]) + ")"
     if isinstance(x, asg.Lazy):
+        described = x.key()
+        if described is not None:
+            # Keys hold numbers, strings and frozen dataclasses of those (symbols print by their
+            # stable names): their repr is canonical.
+            return f"derived from {described!r}"
         value = x.force()
         # Projections hold symbols, dims and indices only: their repr is already canonical.
         return repr(value) if isinstance(value, Projections) else _canonical(value)
     if isinstance(x, np.ndarray):
         return f"array {x.dtype} {x.shape} {hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()}"
-    if isinstance(x, (tuple, list)):
-        return "(" + ", ".join(_canonical(v) for v in x) + ")"
-    if dataclasses.is_dataclass(x) and not isinstance(x, type) and not isinstance(x, (Symbol, StaticSymbol)):
-        fields = ", ".join(_canonical(getattr(x, f.name)) for f in dataclasses.fields(x))
-        return f"{type(x).__name__}({fields})"
+    names = _field_names(kind)
+    if names:
+        return f"{kind.__name__}(" + ", ".join([_canonical(getattr(x, n)) for n in names]) + ")"
     return repr(x)
 
 
@@ -115,7 +171,7 @@ def key(asgns: asg.Asgns, bindings: Sequence[StaticSymbol], name: str, settings:
              repr([(b, b.static_range) for b in bindings]), asg.to_doc(asgns)]
     parts += [_canonical(a) for a in asg.flatten_with_comments(asgns)]
     parts += [f"{tn.name} {tn.dims} {tn.prec.name} {tn.memory_mode} {tn.provenance} "
-              f"{local_storage.kept_in_context(tn)} {local_storage.local_to(tn)}" for tn in asg.guessed_nodes(asgns)]
+              f"{local_storage.kept_in_context(tn)} {local_storage.local_to(tn)}" for tn in graph_nodes(asgns)]
     return cache.cache_key(*parts)
 
 
@@ -129,7 +185,7 @@ def store(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], 
           newest_id: int) -> None:
     """Record what the passes decided for the program (`newest_id`: the largest node id before
     lowering; newer nodes are the passes' own)."""
-    graph = asg.guessed_nodes(asgns)
+    graph = graph_nodes(asgns)
     index = {tn: ("g", k) for k, tn in enumerate(graph)}
     fresh: list[Tnode] = []
     proc: CcProcedure = compiled.procedure
@@ -268,7 +324,7 @@ def load(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], n
     """The routine rebuilt from its record, with the passes' decisions restored; None when
     there is no usable record."""
     path = _path(program_key)
-    graph = asg.guessed_nodes(asgns)
+    graph = graph_nodes(asgns)
     if len(graph) != len(set(graph)):
         return None
     try:

@@ -123,6 +123,17 @@ class CcOptions:
     one per core). gcc's time on one function grows faster than the function; the MLP and
     convnet steps (55 and 66 nests) stay one function, a transformer step (a hundred nests
     or more per block) is outlined. 0 never outlines.
+
+    No lower `-O` level for large routines: outlined, the largest function is one nest
+    (at most ~0.5 s of gcc), and what costs is the number of distinct nests. Measured on the
+    outlined 4-block GPT step (63 functions, 3 units), gcc CPU: `-O2` 3.2 s, `-O1` 2.6 s,
+    `-O2 -fno-tree-slp-vectorize` 2.9 s, `-O2 -fno-ivopts` 3.2 s; and `-O1` on the 2-block
+    step saved a third of gcc's time (3.5 -> 2.3 s) but the step ran 4.7x slower (611 vs
+    130 ms: no vectorization). Even the routine's own unit (the nests' calls and the
+    statements outside nests) keeps `-O2`: at `-O1` its loss reduction called the scalar
+    `logf` instead of libmvec's vector one, and the loss changed in the last bit. The one
+    routine that would need a lower level, a GPT step as a single function (4 blocks: 124 s
+    of gcc), is outlined past `outline_min_nests` instead.
     """
 
     compiler: str = field(default_factory=_default_compiler)
