@@ -294,7 +294,7 @@ def _decode(record: Any, graph: list[Tnode], bindings: Sequence[StaticSymbol]) -
     """Raises `_BadRecord`, `KeyError`, `TypeError` or `ValueError` for a record that is not
     one `store` wrote for this program."""
     _want(isinstance(record, dict) and record.get("version") == _VERSION and record.get("nodes") == len(graph))
-    fresh = [Tnode(_text(label), tuple(_count(d) for d in dims), ops.PRECISIONS[_text(prec)],
+    fresh = [Tnode([_text(part) for part in label], tuple(_count(d) for d in dims), ops.PRECISIONS[_text(prec)],
                    memory_mode=_mode(mode), provenance=_count(provenance))
              for label, dims, prec, mode, provenance in record["fresh"]]
 
