@@ -38,6 +38,23 @@ CPU seconds because the wall clock measured a load of 9-11 on the 2 cores (issue
 - `-O1` instead of `-O2` on the outlined 2-block step: gcc 2.34 instead of 3.54 s, but the
   step ran 611 instead of 130 ms (no vectorization), so `-O2` stays; the outlined step ran
   73.4 ms against 70.9 ms as one function, side by side.
+
+Compile time linear in depth (issue 21 item 1; CPU seconds, load 7-12 on the 2 cores, so
+wall times were 3-10x these):
+- tracing executes each top-level statement once per structure and replays the events for
+  the same nest in other blocks (127 executions for the 1150 statements of the 4-block step);
+  projections are derived once per operation shape; shape inference applies each operation
+  in place (a 4x larger graph: 4x the calls, was 16x the copying); a nest's own locals are
+  placed by that nest's stack (the later blocks' register blocks had become scratch
+  parameters and their nests separate functions: 70 -> 63 functions for 4 blocks);
+- 4-block step cold: einjit 4.8 -> 2.0 s, gcc 4.3 -> 3.2 s (three units, about 1.6 s of wall
+  on two cores), so about 3.6 s on a quiet machine; warm 0.26 -> 0.12 s (the key no longer
+  derives projections);
+- GPT-2 small shape (`GPT2_ROWS`, gathered vocab 50257): 2 blocks einjit 1.2 s, gcc 2.4 s;
+  12 blocks einjit 7.1 -> 5.6-6.2 s, gcc 6.0-6.5 s, about 9 s on a quiet machine: 0.45 s of
+  einjit and 0.4 s of gcc per block beyond the second (the routine's own unit, calls and
+  memsets, grows with depth). Warm: `models.GPT` steps were never recorded (a gather's ids
+  are named only inside its projections); now recorded, 4 blocks warm in 0.17-0.25 s.
 """
 
 from __future__ import annotations
@@ -56,11 +73,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 GPT_ROWS = {
     "GPT step, 2 blocks (d=64)": dict(blocks=2, d=64, heads=4, seq=64, batch=4, vocab=256),
     "GPT step, 4 blocks (d=64)": dict(blocks=4, d=64, heads=4, seq=64, batch=4, vocab=256),
-    "GPT step, 12 blocks (d=768, T=128)": dict(blocks=12, d=768, heads=12, seq=128, batch=1, vocab=512),
 }
-"""GPT-like training steps for the compile-time-per-depth rows. The 12-block row has GPT-2
-small's width, heads and context; its vocabulary is small because embedding is a one-hot
-contraction here (no gather)."""
+"""GPT-like training steps built by hand (`gpt_step`) for the compile-time-per-depth rows."""
+
+GPT2_ROWS = {
+    "GPT-2 small shape, 2 blocks": dict(blocks=2),
+    "GPT-2 small shape, 12 blocks": dict(blocks=12),
+}
+"""`einjit.models.GPT` training steps of GPT-2 small's shape (d=768, 12 heads, T=128, vocab
+50257, token and position rows gathered by id, tied head), batch 1: compile time per block
+from 2 to 12 blocks."""
 
 STEPS = {
     "moons step (B=10)": "import bench_train; print(bench_train.einjit_step_time(10, 1, {cache!r})[1])",
@@ -150,11 +172,34 @@ def gpt_compile(blocks: int, d: int, heads: int, seq: int, batch: int, vocab: in
         c2.children_user + c2.children_system - c1.children_user - c1.children_system
 
 
-def gpt_compile_seconds(cfg: dict, cache: str) -> tuple[float, float, float, float]:
-    """`gpt_compile` in a fresh process on the cache directory `cache`."""
+def gpt2_compile(blocks: int) -> tuple[float, float, float, float]:
+    """`gpt_compile` for the `einjit.models.GPT` step of GPT-2 small's shape with `blocks`
+    blocks (SGD update, batch 1)."""
+    import einjit as ej
+    from einjit import nn, train
+    from einjit.models import GPT, GPTConfig
+
+    t0 = time.perf_counter()
+    model = GPT(GPTConfig(vocab_size=50257, block_size=128, n_layer=blocks, n_head=12, d_model=768),
+                label=f"gpt2_{blocks}")
+    x = ej.input("tokens", batch_dims=[1, 128], prec="int32")
+    y = ej.input("targets", batch_dims=[1, 128], prec="int32")
+    loss = nn.cross_entropy(model(x), y)
+    train.init_params(loss, seed=0)
+    code = [train.grad_update(loss), train.sgd_update(loss, 0.01)]
+    t1, c1 = time.perf_counter(), os.times()
+    train.to_routine(code, name=f"gpt2_{blocks}")
+    t2, c2 = time.perf_counter(), os.times()
+    return t1 - t0, t2 - t1, c2.user + c2.system - c1.user - c1.system, \
+        c2.children_user + c2.children_system - c1.children_user - c1.children_system
+
+
+def gpt_compile_seconds(cfg: dict, cache: str, function: str = "gpt_compile") -> tuple[float, float, float, float]:
+    """`gpt_compile` (or another `function` of this module) in a fresh process on the cache
+    directory `cache`."""
     env = {**os.environ, "EINJIT_CACHE_DIR": cache, "EINJIT_NUM_THREADS": "1"}
     code = (f"import sys; sys.path.insert(0, {HERE!r}); import bench_compile; "
-            f"print(*bench_compile.gpt_compile(**{cfg!r}))")
+            f"print(*bench_compile.{function}(**{cfg!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     build, wall, python_s, gcc_s = map(float, out.stdout.split()[-4:])
     return build, wall, python_s, gcc_s
@@ -184,14 +229,16 @@ def main() -> None:
         growth = f"  ({t / previous[1]:.1f}x the time for {n / previous[0]:.0f}x the nodes)" if previous else ""
         print(f"optimizer, chain of {n:5d} virtual nodes  {t * 1e3:8.1f} ms{growth}")
         previous = (n, t)
-    for label, cfg in GPT_ROWS.items():
+    rows = [(label, cfg, "gpt_compile") for label, cfg in GPT_ROWS.items()]
+    rows += [(label, cfg, "gpt2_compile") for label, cfg in GPT2_ROWS.items()]
+    for label, cfg, function in rows:
         if cfg["blocks"] > args.max_blocks:
             continue
         with tempfile.TemporaryDirectory() as cache:
             for kind in ("cold", "warm"):
-                build, wall, python_s, gcc_s = gpt_compile_seconds(cfg, cache)
+                build, wall, python_s, gcc_s = gpt_compile_seconds(cfg, cache, function)
                 print(f"{kind} compile, {label:34s} {wall:7.2f} s; CPU: einjit {python_s:.2f} s, gcc {gcc_s:.2f} s; "
-                      f"{wall / cfg['blocks']:.2f} s per block (graph built in {build:.2f} s before)")
+                      f"{wall / cfg['blocks']:.2f} s per block (graph built in {build:.2f} s before)", flush=True)
     for label, snippet in STEPS.items():
         runs = [cold_compile_seconds(snippet) for _ in range(args.repeats)]
         walls = [w for w, _, _ in runs]

@@ -44,12 +44,18 @@ import numpy as np  # noqa: E402  (after the thread settings)
 B, T, D, HEADS, V = 16, 64, 128, 4, 96
 
 
-def _torch():
+def _threads(threads: int | None) -> int:
+    """The thread count of a row: given, else `EINJIT_NUM_THREADS` (what `--threads` sets)."""
+    return threads if threads is not None else int(os.environ.get("EINJIT_NUM_THREADS", "1"))
+
+
+def _torch(threads: int | None = None):
+    """PyTorch at the row's thread count (the peer gets the threads einjit gets)."""
     try:
         import torch
     except ImportError:
         return None
-    torch.set_num_threads(int(os.environ.get("EINJIT_NUM_THREADS", "1")))
+    torch.set_num_threads(_threads(threads))
     return torch
 
 
@@ -130,11 +136,14 @@ def row(name: str, einjit_s: float, peers: dict[str, float | None]) -> dict:
     return out
 
 
-def einjit_train_step(n_layer: int, *, mixed_precision: str | None = None):
-    """(model, step, batch, compile seconds): the GPT step of the benchmark's shape
-    (`mixed_precision`: as for `fit.train_step`)."""
+def einjit_train_step(n_layer: int, threads: int | None = None, *, mixed_precision: str | None = None):
+    """(model, step, batch, compile seconds): the GPT step of the benchmark's shape, compiled
+    for `threads` OpenMP threads (default: `EINJIT_NUM_THREADS`; `mixed_precision`: as for
+    `fit.train_step`)."""
     import einjit as ej
     from einjit import fit, nn, train
+    from einjit.backends.cc import toolchain as cc
+    from einjit.backends.cc.backend import CcBackend
     from einjit.models import GPT, GPTConfig
 
     model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=n_layer, n_head=HEADS, d_model=D),
@@ -145,16 +154,17 @@ def einjit_train_step(n_layer: int, *, mixed_precision: str | None = None):
     opt = nn.AdamW(model.params(), 1e-3)
     train.init_params(loss, seed=0)
     t0 = time.perf_counter()
+    backend = CcBackend(cc.CcOptions(threads=_threads(threads)))
     step = fit.train_step(loss, opt.update(), inputs=[x, y], name=f"gpt{n_layer}_step{mixed_precision or ''}",
-                          mixed_precision=mixed_precision)
+                          backend=backend, mixed_precision=mixed_precision)
     compile_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     ids = rng.integers(0, V, (B, T + 1)).astype(np.int32)
     return model, step, (ids, ids[:, :-1].copy(), ids[:, 1:].copy()), compile_s
 
 
-def torch_train_step(model, ids, compiled: bool):
-    torch = _torch()
+def torch_train_step(model, ids, compiled: bool, threads: int | None = None):
+    torch = _torch(threads)
     import torch.nn.functional as F
 
     net = torch_gpt(model)
@@ -176,17 +186,18 @@ def best_time(fns, repeats: int = 5, min_time: float = 1.0) -> list[float]:
     return best_times(fns, repeats, min_time)
 
 
-def step_rows() -> list[dict]:
+def step_rows(threads: int | None = None) -> list[dict]:
+    """The training step of 2 and 4 blocks, einjit and its peers at `threads` threads each."""
     rows = []
     for n_layer in (2, 4):
-        model, step, (ids, xb, yb), compile_s = einjit_train_step(n_layer)
+        model, step, (ids, xb, yb), compile_s = einjit_train_step(n_layer, threads)
         fns = [lambda step=step, xb=xb, yb=yb: step(xb, yb)]
         names = []
-        if _torch() is not None:
-            fns.append(torch_train_step(model, ids, False))
+        if _torch(threads) is not None:
+            fns.append(torch_train_step(model, ids, False, threads))
             names.append("torch")
             try:
-                fn = torch_train_step(model, ids, True)
+                fn = torch_train_step(model, ids, True, threads)
                 fn()
                 fns.append(fn)
                 names.append("torch.compile")
@@ -195,12 +206,14 @@ def step_rows() -> list[dict]:
         times = best_time(fns)
         peers: dict[str, float | None] = {"torch": None, "torch.compile": None}
         peers.update(dict(zip(names, times[1:], strict=True)))
-        rows.append(row(f"GPT train step, {n_layer} blocks d={D} h={HEADS} T={T} B={B} V={V}", times[0], peers))
+        rows.append(row(f"GPT train step, {n_layer} blocks d={D} h={HEADS} T={T} B={B} V={V}, "
+                        f"{_threads(threads)} thread(s)", times[0], peers))
         rows.append(row(f"GPT {n_layer} blocks train step cold compile (build + optimize + gcc)", compile_s, {}))
     return rows
 
 
-def decode_rows(n_tokens: int = 48) -> list[dict]:
+def decode_rows(n_tokens: int = 48, threads: int | None = None) -> list[dict]:
+    """Greedy decoding; einjit's routines use the default backend (`EINJIT_NUM_THREADS`)."""
     from einjit import train
     from einjit.models import GPT, GPTConfig
     from einjit.models.generate import Generator
@@ -213,7 +226,7 @@ def decode_rows(n_tokens: int = 48) -> list[dict]:
     gen.generate(prompt, n_tokens, temperature=0.0)
     ej_s = (time.perf_counter() - t0) / n_tokens
     peers: dict[str, float | None] = {"torch": None}
-    torch = _torch()
+    torch = _torch(threads)
     if torch is not None:
         net = torch_gpt(model).eval()
         with torch.no_grad():

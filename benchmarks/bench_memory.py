@@ -1,4 +1,5 @@
-"""Bytes a training step keeps between calls, with routine-local storage on and off.
+"""Bytes a training step keeps between calls, with routine-local storage on and off, and the
+GPT step's bytes against PyTorch's with the scratch planner.
 
     python benchmarks/bench_memory.py [--json] [--rounds N]
 
@@ -10,6 +11,14 @@ array, as before local storage) and with the default — it prints the step's ke
 once per context; their values are not needed between calls), and the time per step of
 both, measured side by side (calls interleaved round by round; medians of the rounds). One
 thread (`EINJIT_NUM_THREADS`, default 1).
+
+The GPT row (`gpt_memory_row`: 2 blocks, d=128, 4 heads, T=64, B=16, V=96, AdamW, the step of
+`bench_gpt.py`) counts what einjit's memory report says the step holds — context arrays
+(parameters, gradients, AdamW moments, inputs), stack locals and the scratch arena, where
+intermediates whose lifetimes do not meet share bytes (`backends/scratch_plan.py`) — against
+PyTorch's parameters, gradients, AdamW state and the tensors autograd saves for backprop
+(`bench_gpt.torch_step_bytes`), and what einjit would hold with one array per intermediate
+(`EINJIT_SCRATCH_PLAN=0`).
 """
 
 from __future__ import annotations
@@ -91,6 +100,34 @@ def run_row() -> dict:
             "einjit_s": r["step_s_after"], "local_off_s": r["step_s_before"], "vs_local_off": r["speedup"]}
 
 
+def gpt_memory_row(n_layer: int = 2) -> dict:
+    """The GPT step's bytes (einjit's memory report) against PyTorch's for the same step."""
+    import bench_gpt
+
+    model, step, (ids, xb, yb), _ = bench_gpt.einjit_train_step(n_layer)
+    step(xb, yb)
+    report = step.routine.memory
+    held = report.kept_bytes + report.local_bytes
+    ej_bytes = held + report.scratch_bytes
+    torch_bytes = bench_gpt.torch_step_bytes(model, ids) if bench_gpt._torch() is not None else None
+    return {"workload": f"GPT {n_layer} blocks d={bench_gpt.D} T={bench_gpt.T} B={bench_gpt.B} train step memory",
+            "einjit_bytes": ej_bytes, "einjit_kept": report.kept_bytes, "einjit_stack": report.local_bytes,
+            "einjit_arena": report.scratch_bytes, "einjit_scratch_arrays": report.scratch_parts_bytes,
+            "einjit_unplanned_bytes": held + (report.scratch_parts_bytes or 0), "torch_bytes": torch_bytes,
+            "einjit_over_torch": None if torch_bytes is None else ej_bytes / torch_bytes}
+
+
+def describe_bytes(r: dict) -> str:
+    """A memory row in words: einjit's bytes, its arena, and the ratio to PyTorch's."""
+    from einjit.memory import human
+
+    text = (f"einjit {human(r['einjit_bytes'])} (scratch arena {human(r['einjit_arena'])} for "
+            f"{human(r['einjit_scratch_arrays'])} of arrays; {human(r['einjit_unplanned_bytes'])} without the planner)")
+    if r["torch_bytes"] is None:
+        return text + " | torch not installed"
+    return text + f" | torch {human(r['torch_bytes'])} (einjit / torch {r['einjit_over_torch']:.2f}x)"
+
+
 def main() -> None:
     args = _parse()
     os.environ.setdefault("EINJIT_NUM_THREADS", "1")
@@ -99,8 +136,9 @@ def main() -> None:
     from einjit.memory import human
 
     rows = memory_rows(args.rounds)
+    gpt = gpt_memory_row()
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps([*rows, gpt], indent=1))
         return
     print(f"{'workload':<34} {'kept before':>12} {'kept after':>12} {'stack':>10} {'scratch':>10} "
           f"{'step before':>12} {'step after':>12} {'speed-up':>8}")
@@ -108,6 +146,7 @@ def main() -> None:
         print(f"{r['workload']:<34} {human(r['kept_bytes_before']):>12} {human(r['kept_bytes_after']):>12} "
               f"{human(r['stack_bytes_after']):>10} {human(r['scratch_bytes_after']):>10} "
               f"{_fmt(r['step_s_before']):>12} {_fmt(r['step_s_after']):>12} {r['speedup']:>7.2f}×")
+    print(f"{gpt['workload']}: {describe_bytes(gpt)}")
 
 
 def _fmt(seconds: float) -> str:

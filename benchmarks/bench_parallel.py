@@ -1,5 +1,13 @@
-"""Data-parallel speed-up: one training step of a 784 → 256 → 256 → 10 ReLU MLP (squared error,
-SGD with momentum, float32, synthetic data) on a batch of 256, computed
+"""Two cores, two ways: OpenMP threads inside one routine, and data-parallel devices.
+
+`threads` (thread scaling): the same code compiled at 1 and at N OpenMP threads in one
+process (`CcOptions(threads=...)`) and timed side by side, batches interleaved round by round
+(best of the rounds), so the load of other processes hits both alike: `a @ b` and `w @ x`
+(n = 512 and 1024, as GFLOP/s and as a share of the measured N-core FMA peak), the
+MNIST-size convnet step (`bench_convnet`) and the GPT training step (`bench_gpt`, 2 blocks).
+
+`dp` (data-parallel speed-up): one training step of a 784 → 256 → 256 → 10 ReLU MLP (squared
+error, SGD with momentum, float32, synthetic data) on a batch of 256, computed
 
 - on one device: the whole step fused into one C routine, called from the main thread;
 - on 1 and 2 multicore devices with `einjit.training.parallel.DataParallel` (each of the 2 devices a
@@ -10,16 +18,20 @@ Steps are scheduled back to back and timed to a final sync. The same step sequen
 every configuration, so the final parameters are compared too (float32 rounding apart, they
 must agree: the speed-up does not come from skipping work).
 
-    python benchmarks/bench_parallel.py [--steps N] [--devices N]
+    python benchmarks/bench_parallel.py [--only threads,dp] [--threads N] [--steps N] [--devices N]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
+import tempfile
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 BATCH, N_IN, HIDDEN, N_OUT, UNION_BATCHES = 256, 784, 256, 10, 4
 
@@ -88,12 +100,128 @@ def max_relative_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
     return max(float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) or 1.0)) for x, y in zip(a, b, strict=True))
 
 
+# ---------------------------------------------------------------- thread scaling
+
+
+def _options(threads: int):
+    from einjit.backends.cc import toolchain as cc
+    return cc.CcOptions(threads=threads)
+
+
+def matmul_pair(n: int, transposed: bool, threads: int):
+    """`c = a @ b` (or `a @ bᵀ`) compiled at 1 and at `threads` threads, each checked against NumPy."""
+    from einjit.backends.cc.backend import CcBackend
+    from einjit.ir import low_level as ll
+    from einjit.ir import ops
+    from einjit.ir.indexing import Iterator, get_symbol
+    from einjit.ir.optimize import optimize_proc
+    from einjit.ir.tnode import Tnode, hosted
+
+    a, b, c = Tnode("a", (n, n)), Tnode("b", (n, n)), Tnode("c", (n, n))
+    for tn in (a, b, c):
+        tn.update_memory_mode(hosted(), 0)
+    i, j, k = get_symbol("i"), get_symbol("j"), get_symbol("k")
+    bi = (Iterator(j), Iterator(k)) if transposed else (Iterator(k), Iterator(j))
+    prod = ll.Binop(ops.Binop.MUL, ll.Get(a, (Iterator(i), Iterator(k))), ll.Get(b, bi))
+    acc = ll.Set(c, (Iterator(i), Iterator(j)), ll.Binop(ops.Binop.ADD, ll.Get(c, (Iterator(i), Iterator(j))), prod))
+    code = ll.seq(ll.ZeroOut(c), ll.ForLoop(i, 0, n - 1, ll.ForLoop(j, 0, n - 1, ll.ForLoop(k, 0, n - 1, acc))))
+    opt = optimize_proc(code, name=f"mm{n}")
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    routines = []
+    for t in (1, threads):
+        backend = CcBackend(_options(t))
+        ctx = backend.init(f"mm{n}_{t}")
+        ctx.array(a)[...], ctx.array(b)[...] = x, y
+        routine = backend.link(ctx, backend.compile((), opt, shared=True, name=f"mm{n}_{int(transposed)}_{t}"))
+        routine()
+        np.testing.assert_allclose(ctx.array(c), x @ (y.T if transposed else y), rtol=1e-3, atol=1e-3)
+        routines.append(routine)
+    return routines
+
+
+def convnet_pair(threads: int):
+    """The `bench_convnet` step compiled at 1 and at `threads` threads."""
+    import einjit as ej
+    from bench_convnet import C1, C2, N_CLASSES, B, _data
+    from einjit import nn, train
+
+    x_val, y_val = _data(np.random.default_rng(0))
+    model = nn.Sequential(nn.Conv2d(1, C1, 3, label="conv1"), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(C1, C2, 3, label="conv2"), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(400, N_CLASSES, label="fc"))
+    x = ej.input("x", batch_dims=[B], output_dims=[1, 28, 28], values=x_val)
+    y = ej.input("y", batch_dims=[B], output_dims=[N_CLASSES], values=y_val)
+    loss = nn.cross_entropy(model(x), y)
+    opt = nn.SGD(loss, 0.01)
+    train.init_params(loss)
+    code = [train.grad_update(loss), opt.update()]
+    return [train.to_routine(code, name=f"scaling_convnet_{t}", options=_options(t)) for t in (1, threads)]
+
+
+def gpt_pair(threads: int, n_layer: int = 2):
+    """The `bench_gpt` training step (forward, backprop, AdamW) compiled at 1 and at `threads` threads."""
+    import einjit as ej
+    from bench_gpt import HEADS, B, D, T, V
+    from einjit import nn, train
+    from einjit.ir import assignments as asg
+    from einjit.models import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=n_layer, n_head=HEADS, d_model=D), label="scaling")
+    ids = np.random.default_rng(0).integers(0, V, (B, T + 1)).astype(np.int32)
+    x = ej.input("scaling_tokens", batch_dims=[B, T], prec="int32", values=ids[:, :-1].copy())
+    y = ej.input("scaling_targets", batch_dims=[B, T], prec="int32", values=ids[:, 1:].copy())
+    loss = nn.cross_entropy(model(x), y)
+    opt = nn.AdamW(model.params(), 1e-3)
+    train.init_params(loss, seed=0)
+    code = asg.sequence(train.grad_update(loss), opt.update())
+    return [train.to_routine(code, name=f"scaling_gpt{n_layer}_{t}", options=_options(t)) for t in (1, threads)]
+
+
+def thread_rows(threads: int, repeats: int) -> list[dict]:
+    """Each workload at 1 and at `threads` threads, side by side (see the module docstring)."""
+    from machine import measure
+    from run import best_times
+
+    peak = measure(threads).fma_peak_gflops
+    rows = []
+    for n in (512, 1024):
+        for transposed in (False, True):
+            one, many = matmul_pair(n, transposed, threads)
+            t1, tn = best_times([one, many], repeats)
+            name = f"fp32 matmul {'w @ x (A·Bᵀ)' if transposed else 'a @ b'} n={n}"
+            flops = 2.0 * n**3
+            rows.append({"workload": name, "t1_s": t1, "tn_s": tn, "speedup": t1 / tn, "flops": flops,
+                         "gflops": flops / tn / 1e9, "share_of_peak": flops / tn / 1e9 / peak})
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["EINJIT_CACHE_DIR"] = cache
+        for name, pair in (("MNIST-size convnet step (einjit.nn), B=64", convnet_pair),
+                           ("GPT train step, 2 blocks d=128 h=4 T=64 B=16", gpt_pair)):
+            one, many = pair(threads)
+            t1, tn = best_times([one, many], repeats, 1.0)
+            rows.append({"workload": name, "t1_s": t1, "tn_s": tn, "speedup": t1 / tn})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="threads,dp", help="comma-separated groups: threads, dp")
+    parser.add_argument("--threads", type=int, default=2, help="the thread count compared with 1 (threads)")
+    parser.add_argument("--repeats", type=int, default=7, help="interleaved rounds; the best is kept (threads)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--devices", type=int, default=2)
     args = parser.parse_args()
+    groups = set(args.only.split(","))
+    if "threads" in groups:
+        print(f"thread scaling, 1 vs {args.threads} threads side by side; {os.cpu_count()} CPUs, "
+              f"load average {os.getloadavg()[0]:.2f}")
+        for r in thread_rows(args.threads, args.repeats):
+            extra = f"  {r['gflops']:6.1f} GFLOP/s, {100 * r['share_of_peak']:4.0f}% of peak" if "gflops" in r else ""
+            print(f"  {r['workload']:48s} 1 thread {1e3 * r['t1_s']:8.2f} ms  {args.threads} threads "
+                  f"{1e3 * r['tn_s']:8.2f} ms  speed-up {r['speedup']:4.2f}x{extra}")
+    if "dp" not in groups:
+        return
     print(f"MLP {N_IN} → {HIDDEN} → {HIDDEN} → {N_OUT}, batch {BATCH}, float32, SGD + momentum; "
           f"{args.steps} timed steps; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
     fused, reference = fused_one_device(args.steps, args.warmup)

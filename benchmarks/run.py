@@ -22,8 +22,11 @@ faster. `--json` prints the machine's figures and the rows as JSON, so runs can 
 Every run first measures the machine (`machine.py`: the fp32 FMA peak and the memory
 bandwidth at the run's thread count): a GFLOP/s row also shows its share of that peak, a
 memory-bound row (ATL matvec) its GB/s and share of the bandwidth for its working set. The
-compile group adds the GPT-like step's cold and warm compiles at 2, 4 and 12 blocks
-(`bench_compile.py`; `--quick`: 2 and 4).
+compile group adds the GPT-like step's cold and warm compiles at 2 and 4 blocks and the
+GPT-2-small-shaped step's at 2 and 12 (`bench_compile.py`; `--quick`: no 12-block row). At
+`--threads N` > 1 the threads group compiles `a @ b` and `w @ x` (n = 512, 1024), the convnet
+step and the 2-block GPT step at 1 and at N threads and times them side by side: its
+"1 thread" ratio is the speed-up of N threads.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="threads for einjit and every peer")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, no n=1024, no 12-block GPT compile")
     ap.add_argument("--only", default="", help="comma-separated row groups to run: matmul, mlp, convnet, atl, "
-                    "compile, memory, deploy, gpt, bf16 (default: all)")
+                    "compile, memory, deploy, gpt, threads, bf16 (default: all)")
     ap.add_argument("--sizes", default="", help="comma-separated matmul sizes (default: 256,512,1000,1024; "
                     "awkward sizes such as 1000,1023,784 take the remainder path)")
     return ap.parse_args()
@@ -253,7 +256,21 @@ def gpt_rows() -> list[dict]:
     """The GPT training step (2 and 4 blocks, d=128, 4 heads, T=64, B=16, V=96) against
     PyTorch eager and `torch.compile`, and per-token KV-cache decoding (`bench_gpt.py`)."""
     from bench_gpt import decode_rows, step_rows
-    return step_rows() + decode_rows()
+    threads = ARGS.threads if ARGS else 1
+    return step_rows(threads) + decode_rows(threads=threads)
+
+
+def thread_rows() -> list[dict]:
+    """At `--threads N` > 1: `a @ b`, `w @ x`, the convnet and the GPT step compiled at 1 and at
+    N threads and timed side by side (`bench_parallel.thread_rows`); the "1 thread" ratio is
+    the speed-up of N threads."""
+    from bench_parallel import thread_rows as rows_of
+
+    threads = ARGS.threads if ARGS else 1
+    if threads < 2:
+        return []
+    return [row(f"{r['workload']}, {threads} threads", r["tn_s"], {"1 thread": r["t1_s"]},
+                r.get("flops")) for r in rows_of(threads, 7)]
 
 
 def compile_row() -> dict:
@@ -265,17 +282,20 @@ def compile_row() -> dict:
 
 
 def gpt_compile_rows(blocks: tuple[int, ...]) -> list[dict]:
-    """Cold and warm compiles of the GPT-like step (`bench_compile.GPT_ROWS`) in fresh
-    processes; the per-block time is what must stay flat as the model deepens."""
+    """Cold and warm compiles of the GPT-like step (`bench_compile.GPT_ROWS`) and of the
+    GPT-2-small-shaped `models.GPT` step (`bench_compile.GPT2_ROWS`) in fresh processes; the
+    per-block time is what must stay flat as the model deepens."""
     import bench_compile
 
     rows = []
-    for label, cfg in bench_compile.GPT_ROWS.items():
+    steps = [(label, cfg, "gpt_compile") for label, cfg in bench_compile.GPT_ROWS.items()]
+    steps += [(label, cfg, "gpt2_compile") for label, cfg in bench_compile.GPT2_ROWS.items()]
+    for label, cfg, function in steps:
         if cfg["blocks"] not in blocks:
             continue
         with tempfile.TemporaryDirectory() as cache:
             for kind in ("cold", "warm"):
-                _, wall, python_s, gcc_s = bench_compile.gpt_compile_seconds(cfg, cache)
+                _, wall, python_s, gcc_s = bench_compile.gpt_compile_seconds(cfg, cache, function)
                 rows.append(row(f"{label} {kind} compile ({wall / cfg['blocks']:.2f} s/block; CPU einjit "
                                 f"{python_s:.1f} s, gcc {gcc_s:.1f} s)", wall, {}))
     return rows
@@ -293,14 +313,16 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import machine
     from bench_deploy import deploy_rows
+    from bench_memory import describe_bytes, gpt_memory_row
     from bench_memory import run_row as memory_row
     sizes = ([int(n) for n in ARGS.sizes.split(",")] if ARGS.sizes
              else [256, 512] if ARGS.quick else [256, 512, 1000, 1024])
     groups = {"matmul": lambda: matmul_rows(sizes), "mlp": mlp_step_rows, "convnet": convnet_rows,
               "atl": lambda: atl_rows(512 if ARGS.quick else 1024),
               "compile": lambda: [chain_row(), compile_row(), *gpt_compile_rows((2, 4) if ARGS.quick else (2, 4, 12))],
-              "memory": lambda: [memory_row()], "deploy": lambda: deploy_rows(ARGS.threads, ARGS.quick),
-              "gpt": gpt_rows, "bf16": lambda: bf16_rows([512] if ARGS.quick else [512, 1024])}
+              "memory": lambda: [memory_row(), gpt_memory_row()],
+              "deploy": lambda: deploy_rows(ARGS.threads, ARGS.quick), "gpt": lambda: [*gpt_rows(), gpt_memory_row()],
+              "threads": thread_rows, "bf16": lambda: bf16_rows([512] if ARGS.quick else [512, 1024])}
     only = [g for g in ARGS.only.split(",") if g] or list(groups)
     unknown = sorted(set(only) - set(groups))
     if unknown:
@@ -317,6 +339,9 @@ def main() -> None:
         print(f"bf16 kernels: {bench_bf16.bf16_path()}")
     print(f"threads: {ARGS.threads} (einjit and every peer); ratio = peer time / einjit time, > 1: einjit faster")
     for r in rows:
+        if "einjit_bytes" in r:
+            print(f"{r['workload']:<52} {describe_bytes(r)}")
+            continue
         line = f"{r['workload']:<52} einjit {_fmt(r['einjit_s'])}"
         if "einjit_gflops" in r:
             line += f" ({r['einjit_gflops']:6.1f} GFLOP/s, {100 * r['share_of_peak']:3.0f}% of peak)"

@@ -3,7 +3,8 @@ and no import circle crosses a package boundary.
 
 Every import counts, also those inside functions and `TYPE_CHECKING` blocks: a deferred import
 is still a dependency. The root package `einjit` (whose `__getattr__` serves names from every
-layer) and `python -m einjit` sit in the top layer with the demos.
+layer) and `python -m einjit` sit in the top layer with the demos, as do the old names of the
+modules that moved (`einjit.train` is `einjit.training.train`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("einjit", "__main__", "demos"),
+    ("einjit", "__main__", "demos", "train", "fit", "data", "checkpoint", "datasets"),
     ("training", "nn", "models", "export"),
     ("tensor", "atl"),
     ("backends",),

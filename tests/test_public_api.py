@@ -5,6 +5,10 @@ for type checkers is held to that list here, name by name and source by source."
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import einjit
@@ -37,3 +41,22 @@ def test_public_list_serves_every_name():
         assert name in einjit.__all__ and getattr(einjit, name) is not None, name
     from einjit.training import train
     assert einjit.train is train
+
+
+def test_moved_modules_import_by_their_old_names():
+    """`import einjit.train` (and `fit`, `data`, `checkpoint`, `datasets`) keeps working after
+    the modules moved into `training/` and `demos/`: in a fresh interpreter, whichever spelling
+    comes first, each name is the moved module itself."""
+    script = textwrap.dedent("""
+        import einjit.train, einjit.fit, einjit.data, einjit.checkpoint, einjit.datasets
+        from einjit import train
+        from einjit.demos import datasets
+        from einjit.training import checkpoint, data, fit
+        import einjit.training.train
+        assert einjit.train is train is einjit.training.train and einjit.datasets is datasets
+        assert (einjit.fit, einjit.data, einjit.checkpoint) == (fit, data, checkpoint)
+        assert callable(einjit.train.forward_once)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(INIT.parent.parent)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr

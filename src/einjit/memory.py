@@ -28,8 +28,9 @@ class AllocationError(EinjitError, MemoryError):
 def available_bytes() -> int | None:
     """Memory the process can still get (RAM available plus free swap), None if unknown."""
     try:
-        with open("/proc/meminfo") as f:
-            info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f) if v.split()}
+        with open("/proc/meminfo") as f:  # only the two lines used: linking checks hundreds of arrays
+            info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f
+                                                              if line.startswith(("MemAvailable:", "SwapFree:")))}
         if "MemAvailable" in info:
             return info["MemAvailable"] + info.get("SwapFree", 0)
     except (OSError, ValueError):
@@ -83,10 +84,13 @@ class MemoryReport:
     optimizer state, results), device memory on CUDA. This is what a model costs while it is
     loaded. `local_bytes`: routine-local arrays on the stack (or a GPU thread's local
     memory), which exist only during a call. `scratch_bytes`: routine-local arrays too large
-    for the stack, in scratch arrays allocated once per context and node (their values are
-    not needed between calls, but the arrays stay allocated; see `CSyntax`). `host_bytes`:
-    constant hosted arrays a routine reads in place from the host, which no context copies.
-    `arrays` lists `(node, memory class, bytes)` for each array, largest first.
+    for the stack, allocated once per context (their values are not needed between calls, but
+    the memory stays allocated; see `CSyntax`): the planned arena, where arrays whose
+    lifetimes do not meet share bytes (`backends/scratch_plan.py`), or one array each.
+    `scratch_parts_bytes`: what those arrays take one array each (`scratch_bytes` when nothing
+    is planned). `host_bytes`: constant hosted arrays a routine reads in place from the host,
+    which no context copies. `arrays` lists `(node, memory class, bytes)` for each array,
+    largest first.
     """
 
     kept_bytes: int
@@ -94,10 +98,19 @@ class MemoryReport:
     scratch_bytes: int = 0
     host_bytes: int = 0
     arrays: tuple[tuple[str, str, int], ...] = field(default=(), repr=False)
+    scratch_parts_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.scratch_parts_bytes is None:
+            object.__setattr__(self, "scratch_parts_bytes", self.scratch_bytes)
 
     def __str__(self) -> str:
+        parts = self.scratch_parts_bytes
+        planned = ""
+        if parts is not None and parts != self.scratch_bytes:
+            planned = f" (one arena for {human(parts)} of arrays)"
         lines = [f"kept between calls {human(self.kept_bytes)}, local {human(self.local_bytes)}, "
-                 f"scratch {human(self.scratch_bytes)}, read from the host {human(self.host_bytes)}"]
+                 f"scratch {human(self.scratch_bytes)}{planned}, read from the host {human(self.host_bytes)}"]
         lines += [f"  {name:<32} {cls:<20} {human(n)}" for name, cls, n in self.arrays]
         return "\n".join(lines)
 
@@ -111,7 +124,7 @@ def report(obj: Any) -> MemoryReport:
     `scratch_bytes` the scratch arrays of the routine-local nodes of routines linked into it."""
     classes = getattr(obj, "mem_classes", None)
     if classes is not None:
-        return _routine_report(classes)
+        return _routine_report(classes, getattr(obj, "scratch_plan", None))
     inner = getattr(obj, "inner", None)
     if inner is not None and hasattr(inner, "holds"):
         return report(inner)
@@ -122,11 +135,15 @@ def report(obj: Any) -> MemoryReport:
     if not arrays and not any(hasattr(obj, a) for a in ("arrays", "buffers")):
         raise TypeError(f"einjit: memory.report expects a compiled routine or a context, got {type(obj).__name__}")
     arrays += [(tn.debug_name(), "Scratch", _nbytes(tn)) for tn in getattr(obj, "scratch", None) or {}]
+    arrays += [(f"scratch arena of {routine}", "Scratch", int(arena.nbytes))
+               for routine, arenas in (getattr(obj, "arenas", None) or {}).items() for arena in arenas]
     return MemoryReport(sum(n for _, cls, n in arrays if cls != "Scratch"),
                         scratch_bytes=sum(n for _, cls, n in arrays if cls == "Scratch"), arrays=_largest_first(arrays))
 
 
-def _routine_report(classes: Any) -> MemoryReport:
+def _routine_report(classes: Any, plan: Any = None) -> MemoryReport:
+    """`plan`: the routine's scratch plan (`backends.scratch_plan.ScratchPlan`), whose arena
+    holds its scratch arrays; None when they are one array each."""
     by_class: dict[str, int] = {}
     arrays: list[tuple[str, str, int]] = []
     locals_ = [tn for tn, cls in classes.items() if cls.value == "Local_only"]
@@ -138,10 +155,14 @@ def _routine_report(classes: Any) -> MemoryReport:
             name = "Local_only (scratch)"
         arrays.append((tn.debug_name(), name, _nbytes(tn)))
         by_class[name] = by_class.get(name, 0) + _nbytes(tn)
+    parts = by_class.get("Local_only (scratch)", 0)
+    if plan is not None:
+        arrays.append(("scratch arena", "Scratch arena", int(plan.size)))
     return MemoryReport(kept_bytes=by_class.get("From_context", 0) + by_class.get("Global", 0),
                         local_bytes=by_class.get("Local_only", 0),
-                        scratch_bytes=by_class.get("Local_only (scratch)", 0),
-                        host_bytes=by_class.get("Constant_from_host", 0), arrays=_largest_first(arrays))
+                        scratch_bytes=parts if plan is None else int(plan.size),
+                        host_bytes=by_class.get("Constant_from_host", 0), arrays=_largest_first(arrays),
+                        scratch_parts_bytes=parts if plan is None else int(plan.parts_bytes))
 
 
 def _nbytes(tn: Any) -> int:

@@ -123,3 +123,31 @@ def test_two_processes_compiling_the_same_program_at_once_both_succeed(tmp_path)
     after = subprocess.run([sys.executable, "-c", _RACER, "3.25"], env=env, capture_output=True, text=True,
                            timeout=120, check=True)
     assert after.stdout.split() == ["0", "1"]
+
+
+def test_the_object_handed_out_is_the_one_read_and_checked():
+    stats, runs = cache.CacheStats(), []
+    assert get(stats, make(runs), key="data").data == b"object"
+    assert get(stats, make(runs), key="data").data == b"object" and stats.cache_hits == 1
+
+
+def test_a_shared_object_replaced_after_its_check_is_not_what_runs(monkeypatch):
+    """Time of check, time of use: the file at the cache path is swapped for another valid
+    object (trailer and all) right after the cache validated it; what runs is what was checked."""
+    other, _ = fill(-9.0)
+    forged = cache.read_object(cc.compile_proc(other, name="swapped").so_path)
+    checked = cache.get_or_build
+
+    def racing(kind, key_parts, **kw):
+        built = checked(kind, key_parts, **kw)
+        key = cache.cache_key(*key_parts)
+        tmp = built.path.with_name("swap.tmp")
+        tmp.write_bytes(forged + cache._trailer(key, forged))
+        os.replace(tmp, built.path)
+        return built
+
+    monkeypatch.setattr(cache, "get_or_build", racing)
+    code, out = fill(7.125)
+    backend = backends.get("cc")
+    backend.link(default_context(backend), backend.compile((), code, shared=True, name="swapped"))()
+    np.testing.assert_array_equal(out.host_array(), [7.125] * 4)

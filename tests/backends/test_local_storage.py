@@ -147,24 +147,49 @@ def test_large_locals_go_to_the_scratch_and_the_stack_has_a_total_budget():
     assert c_syntax.local_placement(small, no_scratch).on_stack == set(small)
 
 
-def test_a_large_intermediate_lives_in_a_scratch_array_allocated_once():
+def _big_sum_routines(context):
     n = 5000                                                             # 40 KB of doubles
     x = ej.ndarray(np.linspace(0, 1, n), label="big_x")
     t = ej.exp(ej.mul(x, 2.0), label="big_t")
     total = ej.sum(ej.mul(t, t), "...|...->... => 0", label="big_total")
-    context = CcBackend().init("big", share_host_arrays=True)
     step = train.to_routine(train.forward(total), name="big_sum", context=context,
                             settings=VirtualizeSettings(max_visits=0))
+    return n, t, total, step, lambda: train.to_routine(fit.forward_code(total), name="big_sum", context=context,
+                                                       settings=VirtualizeSettings(max_visits=0))
+
+
+def test_a_large_intermediate_lives_in_a_scratch_array_allocated_once(monkeypatch):
+    monkeypatch.setenv("EINJIT_SCRATCH_PLAN", "0")                       # one array each, the planner off
+    context = CcBackend().init("big", share_host_arrays=True)
+    n, t, total, step, again = _big_sum_routines(context)
     scratch = {tn: id(a) for tn, a in context.scratch.items()}
     step()
     step()
     assert {tn: id(a) for tn, a in context.scratch.items()} == scratch    # none allocated per call
     assert len(scratch) == 3 and context.scratch[t.value_tn].dtype == np.float64   # 2x, t and t*t
     assert step.memory.scratch_bytes == memory.report(context).scratch_bytes == 3 * 8 * n
-    again = train.to_routine(fit.forward_code(total), name="big_sum", context=context,
-                             settings=VirtualizeSettings(max_visits=0))
-    again()
+    assert step.scratch_plan is None and not context.arenas
+    again()()
     assert {tn: id(a) for tn, a in context.scratch.items()} == scratch   # another routine reuses them
+    np.testing.assert_allclose(total.numpy().ravel()[0], np.exp(4 * np.linspace(0, 1, n)).sum(), rtol=1e-12)
+
+
+def test_large_intermediates_share_one_planned_arena_allocated_once():
+    context = CcBackend().init("big_planned", share_host_arrays=True)
+    n, _, total, step, again = _big_sum_routines(context)
+    [[arena]] = context.arenas.values()
+    step()
+    step()
+    assert [list(map(id, v)) for v in context.arenas.values()] == [[id(arena)]]   # none allocated per call
+    assert not context.scratch
+    plan = step.scratch_plan
+    assert plan.parts_bytes == 3 * 8 * n and plan.size == arena.nbytes <= plan.parts_bytes
+    report = step.memory
+    assert report.scratch_bytes == plan.size == memory.report(context).scratch_bytes
+    assert report.scratch_parts_bytes == 3 * 8 * n
+    assert f"scratch {memory.human(plan.size)}" in str(report)
+    again()()
+    assert [list(map(id, v)) for v in context.arenas.values()] == [[id(arena)]]   # the same name reuses it
     np.testing.assert_allclose(total.numpy().ravel()[0], np.exp(4 * np.linspace(0, 1, n)).sum(), rtol=1e-12)
 
 

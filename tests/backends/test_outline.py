@@ -63,12 +63,12 @@ def rendered_step(blocks: int, syntax: c_syntax.CSyntax) -> c_syntax.CProgram:
     return c_syntax.render_program([("step", lowered.llc)], (), syntax)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_outlined_and_split_step_is_bit_identical_to_one_function(threads, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("blocks", "threads"), [(1, 1), (3, 1), (5, 1), (3, 2)])
+def test_outlined_and_split_step_is_bit_identical_to_one_function(blocks, threads, tmp_path, monkeypatch):
     monkeypatch.setenv("EINJIT_CACHE_DIR", str(tmp_path))
-    whole = trained(3, cc.CcOptions(threads=threads, outline_min_nests=0))
-    outlined = trained(3, cc.CcOptions(threads=threads, outline_min_nests=1, jobs=1))
-    split = trained(3, cc.CcOptions(threads=threads, outline_min_nests=1, jobs=3))
+    whole = trained(blocks, cc.CcOptions(threads=threads, outline_min_nests=0))
+    outlined = trained(blocks, cc.CcOptions(threads=threads, outline_min_nests=1, jobs=1))
+    split = trained(blocks, cc.CcOptions(threads=threads, outline_min_nests=1, jobs=3))
     assert whole["losses"][-1] < whole["losses"][0]
     for name, value in whole.items():
         np.testing.assert_array_equal(outlined[name], value, err_msg=name)
@@ -108,3 +108,28 @@ def test_outlined_source_is_stable_and_small_routines_are_not_outlined():
     source = c_syntax.render_program([("small", lowered.llc)], (), default).source
     assert source == c_syntax.render_program([("small", lowered.llc)], (), c_syntax.C_SYNTAX).source
     assert "_nest" not in source and UNIT_MARK not in source
+
+
+def test_a_nests_own_locals_count_against_that_nests_stack_alone():
+    """Four nests each with a 4 KiB local of its own and one local they share: by the
+    routine's total (12 KiB allowed) the last nests' locals would go to scratch parameters,
+    and those nests would no longer be calls of one function; each nest's function holds its
+    own local only while it runs."""
+    from einjit.ir import low_level as ll
+    from einjit.ir.indexing import Iterator, get_symbol
+    from einjit.ir.tnode import LOCAL, Tnode
+
+    shared = Tnode("shared", (1024,), memory_mode=LOCAL)
+    top: list[ll.LLStmt] = []
+    own = []
+    for k in range(4):
+        tn = Tnode(f"own{k}", (1024,), memory_mode=LOCAL)
+        i = get_symbol()
+        top.append(ll.ForLoop(i, 0, 1023, ll.Set(tn, (Iterator(i),), ll.Get(shared, (Iterator(i),)))))
+        own.append(tn)
+    syntax = c_syntax.CSyntax(stack_limit_bytes=4096, stack_total_bytes=3 * 4096)
+    assert c_syntax.local_placement([shared, *own], syntax).on_stack == {shared, own[0], own[1]}
+    assert c_syntax.outlined_placement(top, [shared, *own], syntax).on_stack == {shared, *own}
+    # A nest whose own locals exceed what the shared ones leave puts the excess in scratch.
+    big = c_syntax.CSyntax(stack_limit_bytes=4096, stack_total_bytes=4096)
+    assert c_syntax.outlined_placement(top, [shared, *own], big).on_stack == {shared}

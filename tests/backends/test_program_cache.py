@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,70 @@ def test_another_constant_misses(tmp_path):
     run(tmp_path)
     other = run(tmp_path, lr=0.05)
     assert (other["hits"], other["stores"]) == (0, 1)
+
+
+class _Payload:
+    """Unpickling this touches a file: what loading a pickled record would run."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+def test_records_are_data_a_planted_pickle_or_a_forged_record_is_a_miss(tmp_path):
+    first = run(tmp_path)
+    (record,) = (tmp_path / "program").iterdir()
+    assert json.loads(record.read_bytes())["nodes"] > 0
+    marker = tmp_path / "pwned"
+    record.write_bytes(pickle.dumps(_Payload(marker)))
+    planted = run(tmp_path)
+    assert not marker.exists()
+    assert (planted["hits"], planted["stores"]) == (0, 1) and planted["losses"] == first["losses"]
+    forged = json.loads(record.read_bytes())
+    forged["inputs"] = [["g", -1]]  # a negative position would wrap around to another node
+    record.write_text(json.dumps(forged))
+    again = run(tmp_path)
+    assert (again["hits"], again["stores"]) == (0, 1) and again["losses"] == first["losses"]
+
+
+GATHER_SCRIPT = """
+import json
+import numpy as np
+import einjit as ej
+from einjit import nn, train
+from einjit.backends.cc import program_cache
+from einjit.models import GPT, GPTConfig
+model = GPT(GPTConfig(vocab_size=50, block_size=8, n_layer=2, n_head=2, d_model=16), label="g")
+x = ej.input("tokens", batch_dims=[2, 8], prec="int32")
+y = ej.input("targets", batch_dims=[2, 8], prec="int32")
+loss = nn.cross_entropy(model(x), y)
+train.init_params(loss, seed=0)
+step = train.to_routine([train.grad_update(loss), train.sgd_update(loss, 0.1)], name="gstep")
+ids = np.random.default_rng(0).integers(0, 50, (2, 9)).astype(np.int32)
+x.value_tn.host_array()[...] = ids[:, :-1].reshape(x.value_tn.host_array().shape)
+y.value_tn.host_array()[...] = ids[:, 1:].reshape(y.value_tn.host_array().shape)
+losses = []
+for _ in range(3):
+    step()
+    losses.append(float(loss.value_tn.host_array().reshape(-1)[0]))
+print(json.dumps({"hits": program_cache.stats.hits, "stores": program_cache.stats.stores, "losses": losses}))
+"""
+
+
+def test_a_program_gathering_by_ids_is_cached_and_computes_the_same(tmp_path):
+    """The ids of a gather appear only inside its projections, not among the nodes the
+    assignments read: the record must still find them."""
+    env = {**os.environ, "EINJIT_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(HERE.parents[1] / "src")}
+    for var in ("EINJIT_DUMP_DIR", "EINJIT_DEBUG", "EINJIT_PROFILE"):
+        env.pop(var, None)
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", GATHER_SCRIPT], env=env, capture_output=True, text=True,
+                              timeout=600, check=False)
+        assert done.returncode == 0, done.stderr
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert (first["hits"], first["stores"], second["hits"], second["stores"]) == (0, 1, 1, 0)
+    assert second["losses"] == first["losses"] and first["losses"][-1] < first["losses"][0]

@@ -42,6 +42,12 @@ def single_ops(rng) -> dict[str, tuple[onnx.ModelProto, dict[str, np.ndarray]]]:
     add("Relu", [helper.make_node("Relu", ["x"], ["y"])], [("x", [2, 3, 4])], [("y", [2, 3, 4])], values={"x": x})
     add("Gelu", [helper.make_node("Gelu", ["x"], ["y"])], [("x", [2, 3, 4])], [("y", [2, 3, 4])], values={"x": x},
         opset=20)
+    add("Gelu-tanh", [helper.make_node("Gelu", ["x"], ["y"], approximate="tanh")], [("x", [2, 3, 4])],
+        [("y", [2, 3, 4])], values={"x": x}, opset=20)
+    add("ReduceMax", [helper.make_node("ReduceMax", ["x"], ["y"], axes=[1], keepdims=0)], [("x", [2, 3, 4])],
+        [("y", [2, 4])], values={"x": x})
+    add("ReduceMax-18", [helper.make_node("ReduceMax", ["x", "axes"], ["y"], keepdims=1)], [("x", [2, 3, 4])],
+        [("y", [2, 3, 1])], [("axes", np.array([-1], np.int64))], {"x": x}, opset=18)
     add("Erf-GELU", [helper.make_node("Div", ["x", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
                      helper.make_node("Add", ["e", "one"], ["p"]), helper.make_node("Mul", ["x", "p"], ["m"]),
                      helper.make_node("Mul", ["m", "half"], ["y"])],
@@ -57,6 +63,10 @@ def single_ops(rng) -> dict[str, tuple[onnx.ModelProto, dict[str, np.ndarray]]]:
         {"x": img})
     add("Softmax", [helper.make_node("Softmax", ["x"], ["y"], axis=1)], [("x", [2, 3, 4])], [("y", [2, 3, 4])],
         values={"x": x})
+    add("LogSoftmax", [helper.make_node("LogSoftmax", ["x"], ["y"], axis=-1)], [("x", [2, 3, 4])],
+        [("y", [2, 3, 4])], values={"x": x})
+    add("Log", [helper.make_node("Log", ["x"], ["y"])], [("x", [2, 3, 4])], [("y", [2, 3, 4])],
+        values={"x": np.abs(x) + 0.5})
     add("LayerNormalization", [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], epsilon=1e-5)],
         [("x", [2, 3, 4])], [("y", [2, 3, 4])], [("g", rand(rng, 4)), ("b", rand(rng, 4))], {"x": x})
     add("MaxPool", [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],

@@ -37,12 +37,16 @@ def _symbols(lib) -> tuple[set[str], set[str]]:
     return defined, undefined
 
 
-def _check_symbols(directory, name: str) -> None:
+def _check_symbols(directory, name: str) -> set[str]:
+    """The library defines only the API; what it leaves undefined is libc's, libm's, OpenMP's
+    or libmvec's (`_ZGV...`, returned)."""
     defined, undefined = _symbols(directory / f"lib{name}.a")
     assert defined == {f"{name}_{f}" for f in API}
     libm = {s for s in undefined if re.fullmatch(r"(exp|log|sqrt|tanh|erf|pow|fmax|fmin|fabs|sin|cos)f?", s)}
     openmp = {s for s in undefined if s.startswith(("GOMP_", "omp_"))}
-    assert undefined - libm - openmp <= LIBC, undefined - libm - openmp - LIBC
+    libmvec = {s for s in undefined if s.startswith("_ZGV")}
+    assert undefined - libm - openmp - libmvec <= LIBC, undefined - libm - openmp - libmvec - LIBC
+    return libmvec
 
 
 @pytest.mark.parametrize("kind", ["mlp", "convnet"])
@@ -63,12 +67,104 @@ def test_exported_model_matches_einjit(tmp_path, kind, weights):
 
 
 def test_export_is_byte_stable(tmp_path):
+    """The same step exported twice, and the same model built and trained again from scratch
+    after unrelated tensors (other tensor ids, other node ids): the same bytes, every file."""
+    from einjit import shape as sh
+    from einjit.tensor import random as rnd
     model = trained("mlp", steps=2)
     step = fit.predictor(model, batch_dims=[1], output_dims=[1, 8, 8])
     first = export_c(step, tmp_path / "a", name="mlp", weights="file")
     second = export_c(step, tmp_path / "b", name="mlp", weights="file")
-    for a, b in zip(first.files, second.files, strict=True):
-        assert a.name == b.name and a.read_bytes() == b.read_bytes(), a.name
+    sh.reset_state()
+    rnd.reset_streams()
+    unrelated = [ej.relu(ej.input(f"other{k}", batch_dims=[3], output_dims=[2])) for k in range(5)]
+    assert unrelated[-1].id > step.outputs[0].id
+    rebuilt = fit.predictor(trained("mlp", steps=2), batch_dims=[1], output_dims=[1, 8, 8])
+    third = export_c(rebuilt, tmp_path / "c", name="mlp", weights="file")
+    for a, b, c in zip(first.files, second.files, third.files, strict=True):
+        assert a.name == b.name == c.name and a.read_bytes() == b.read_bytes() == c.read_bytes(), a.name
+
+
+def test_values_file_is_standard_safetensors(tmp_path):
+    """The values file opens with the safetensors package, keyed by the parameters' labels."""
+    st = pytest.importorskip("safetensors.numpy", reason="reading the file back needs the safetensors package")
+    model = trained("mlp", steps=2)
+    lib = export_c(fit.predictor(model, batch_dims=[1], output_dims=[1, 8, 8]), tmp_path / "lib", name="mlp",
+                   weights="file")
+    values = st.load_file(str(lib.weights_file))
+    assert sorted(values) == sorted(p.label_str for p in model.params())
+    for p in model.params():
+        np.testing.assert_array_equal(values[p.label_str], p.numpy())
+
+
+def _routine_body(source: str, header: str) -> str:
+    """The body of the function whose definition starts with `header`, its loop iterators
+    renumbered in order of appearance (the two lowerings number them apart)."""
+    start = source.index("{", source.index(header))
+    body = source[start:source.index("\n}\n", start)]
+    names: dict[str, str] = {}
+    return re.sub(r"\bi\d+\b", lambda m: names.setdefault(m.group(0), f"i{len(names)}"), body)
+
+
+def test_exported_routine_is_the_code_einjit_runs(tmp_path, monkeypatch):
+    """The routine in the library is the one einjit compiles and runs for the same step, line
+    for line (scheduled, register-blocked, vectorized alike), up to the loop iterators' numbers."""
+    from einjit import nn
+    monkeypatch.setenv("EINJIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("EINJIT_DEBUG", "3")  # the C backend keeps the sources it compiles
+    monkeypatch.setenv("EINJIT_NUM_THREADS", "1")
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 120, label="fc1"), nn.ReLU(), nn.Linear(120, 10, label="fc2"))
+    x = ej.input("images", batch_dims=[100], output_dims=[1, 8, 8])
+    train.init_params(model(x), seed=0)
+    step = fit.forward_step(model(x), inputs=[x], name="same_code")
+    step(np.zeros((100, 1, 8, 8), np.float32))
+    (compiled,) = [p for p in (tmp_path / "cache").rglob("*.c") if "void same_code(" in p.read_text()]
+    lib = export_c(step, tmp_path / "lib", name="same")
+    einjit_body = _routine_body(compiled.read_text(), "void same_code(")
+    assert "register-blocked" in einjit_body
+    assert _routine_body((lib.directory / "same.c").read_text(), "static void same_forward(") == einjit_body
+
+
+def test_vector_math(tmp_path):
+    """A softmax over the GELU of 32 hidden units (exp in a loop of 32, which gcc vectorizes):
+    by default the library needs libc and libm only and matches einjit to 1e-6; with
+    vector_math=True it calls glibc's libmvec as einjit does and matches it bit for bit."""
+    from einjit.backends.cc import toolchain
+    if not toolchain.CcOptions(threads=1).effective_syntax().prelude:
+        pytest.skip("libmvec is glibc's, on x86-64 Linux")
+    model = trained("mlp", steps=2)
+    x = ej.input("images", batch_dims=[16], output_dims=[1, 8, 8])
+    hidden = ej.nn.Sequential(*model.layers[:2])(x)
+    step = fit.forward_step(ej.softmax(ej.gelu(hidden), label="probs"), inputs=[x])
+    xs, _ = images(16, seed=5)
+    want = step(xs).reshape(1, -1)
+    for vector_math in (False, True):
+        lib = export_c(step, tmp_path / f"vm{vector_math}", name="probs", vector_math=vector_math)
+        assert ("-lmvec" in (lib.directory / "Makefile").read_text()) == vector_math
+        build(lib.directory)
+        vector_calls = _check_symbols(lib.directory, "probs")
+        got = run_main(lib.directory, xs, 16 * 32)
+        if vector_math:
+            assert vector_calls, "gcc vectorized no math call"
+            np.testing.assert_array_equal(got, want)
+        else:
+            assert not vector_calls
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_makefile_uses_the_backends_flags(tmp_path):
+    """The Makefile compiles with the C backend's flags: its optimization level and target CPU
+    as OPT and ARCH, the rest as they are; the library, like einjit, contracts no a*b+c."""
+    from einjit.backends.cc import toolchain
+    model = trained("mlp", steps=1)
+    lib = export_c(fit.predictor(model, batch_dims=[2], output_dims=[1, 8, 8]), tmp_path / "lib", name="mlp")
+    text = (lib.directory / "Makefile").read_text()
+    backend = [f for f in toolchain.CcOptions(threads=1).flags if f not in ("-fPIC", "-shared")]
+    opt = next(f for f in backend if f.startswith("-O"))
+    arch = next(f for f in backend if f.startswith("-march="))
+    assert f"OPT ?= {opt}\n" in text and f"ARCH ?= {arch}\n" in text
+    assert "EINJIT_FLAGS = $(OPT) $(ARCH) " + " ".join(f for f in backend if f not in (opt, arch)) + "\n" in text
+    assert "-ffp-contract=off" in text and "-fopenmp" not in text
 
 
 def test_model_with_input_dims_and_threads(tmp_path):
@@ -82,6 +178,30 @@ def test_model_with_input_dims_and_threads(tmp_path):
     got = run_main(lib.directory, xs, 20)
     want = fit.predictor(model, batch_dims=[2], output_dims=[1, 8, 8])(xs)
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-6, atol=1e-6)
+
+
+def test_threads_run_large_contractions_on_openmp(tmp_path):
+    """threads=2: a contraction large enough for threads runs under an OpenMP pragma (the header
+    says so, the library calls libgomp) and computes what einjit computes; a small model
+    exported for threads says in its header that it runs single-threaded."""
+    x = ej.input("x", batch_dims=[128], output_dims=[256])
+    w = ej.param("w", output_dims=[256], input_dims=[256])
+    y = ej.relu(w @ x, label="y")
+    train.init_params(y, seed=0)
+    step = fit.forward_step(y, inputs=[x])
+    lib = export_c(step, tmp_path / "big", name="big", threads=2, weights="file")
+    header = (lib.directory / "big.h").read_text()
+    assert "Parallel loops run on 2 OpenMP threads" in header
+    assert "#pragma omp parallel" in (lib.directory / "big.c").read_text()
+    build(lib.directory)
+    _check_symbols(lib.directory, "big")
+    assert any(s.startswith("GOMP_") for s in _symbols(lib.directory / "libbig.a")[1])
+    xs = np.random.default_rng(6).standard_normal((128, 256)).astype(np.float32)
+    got = run_main(lib.directory, xs[None], 128 * 256)
+    np.testing.assert_allclose(got.reshape(128, 256), step(xs), rtol=1e-6, atol=1e-6)
+    small = export_c(fit.predictor(trained("mlp", steps=1), batch_dims=[2], output_dims=[1, 8, 8]), tmp_path / "small",
+                     name="small", threads=2)
+    assert "runs single-threaded" in (small.directory / "small.h").read_text()
 
 
 def test_swapped_values_file_and_bad_file(tmp_path):

@@ -13,8 +13,8 @@ onnx = pytest.importorskip("onnx", reason="ONNX import tests need the onnx packa
 ort = pytest.importorskip("onnxruntime", reason="ONNX import tests need onnxruntime")
 
 import onnx_graphs  # noqa: E402
-from digits_models import build  # noqa: E402
-from einjit.export import ExportError, export_c, onnx_load  # noqa: E402
+from digits_models import build, run_main  # noqa: E402
+from einjit.export import ExportError, export_c, export_onnx, onnx_load  # noqa: E402
 
 RNG_SEED = 0
 
@@ -35,11 +35,19 @@ def _einjit(tmp_path, m, values, dims=1):
 
 @pytest.mark.parametrize("op", sorted(onnx_graphs.single_ops(np.random.default_rng(RNG_SEED))))
 def test_operator_matches_onnxruntime(tmp_path, op):
+    """Each operator imported matches ONNX Runtime, then exports to C, builds, and the example
+    program computes the same outputs from the inputs in a file."""
     m, values = onnx_graphs.single_ops(np.random.default_rng(RNG_SEED))[op]
     want = _ort(m, values)
-    _, _, got = _einjit(tmp_path, m, values)
+    imported, step, got = _einjit(tmp_path, m, values)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g.reshape(w.shape), w, rtol=1e-5, atol=1e-5)
+    lib = export_c(step, tmp_path / "c", name="op")
+    build(lib.directory)
+    record = np.concatenate([np.zeros(0, np.float32)]
+                            + [np.asarray(values[n], np.float32).reshape(-1) for n in imported.inputs])
+    out = run_main(lib.directory, record[None, :], sum(w.size for w in want))
+    np.testing.assert_allclose(out[0], np.concatenate([w.reshape(-1) for w in want]), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("which", ["mlp", "convnet", "transformer"])
@@ -135,6 +143,10 @@ def test_pytorch_exported_model(tmp_path, which):
     with torch.no_grad():
         np.testing.assert_allclose(got.reshape(want[0].shape), module(x).numpy(), rtol=1e-4, atol=1e-5)
     export_c(step, tmp_path / "c", name=f"torch_{which}")
+    again = export_onnx(step, tmp_path / "again.onnx")
+    np.testing.assert_allclose(_ort(again, {again.graph.input[0].name: x.numpy()})[0], want[0], rtol=1e-5, atol=1e-5)
+    ops = [n.op_type for n in again.graph.node]
+    assert (ops.count("LayerNormalization"), ops.count("Softmax")) == ((4, 2) if which == "transformer" else (0, 0))
 
 
 def test_gather_of_input_ids_is_an_embedding_lookup(tmp_path):

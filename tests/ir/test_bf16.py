@@ -14,18 +14,20 @@ running it."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
 import numpy as np
 import pytest
 
-from einjit.backends import c_syntax
+from einjit.backends import c_syntax, c_vectors
 from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.ir import bf16, interpret, ops
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import Iterator, get_symbol
+from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
 from einjit.ir.optimize import VirtualizeSettings
+from einjit.ir.sched import nests
 from einjit.ir.sched.machine import MACHINES
 from einjit.ir.sched.schedule import Blocking, schedule_llc
 from einjit.ir.tnode import Tnode
@@ -128,7 +130,10 @@ def test_float_result_of_bf16_operands(machine, n, m, p, transposed):
     code, a, b, c = matmul(n, m, p, transposed, ops.single)
     sched = schedule_llc(code, ON, Blocking(machine=MACHINES[machine], min_work=1, min_unroll_work=1))
     pairs = machine == "avx512_bf16" and m % 2 == 0
-    assert _local_precs(sched) == {"acc": ops.single, "pack": ops.bf16 if pairs else ops.single}
+    precs = _local_precs(sched)
+    assert precs.pop("pack") is (ops.bf16 if pairs else ops.single)
+    # the block, and with vector blocks a padded tail panel's `edge`
+    assert "acc" in precs and set(precs.values()) == {ops.single}
     ins = _operands(a, b)
     want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[c]
     np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[c], want)
@@ -193,3 +198,24 @@ def test_avx512_bf16_kernel_compiles_to_vdpbf16ps(tmp_path, transposed):
 def test_odd_depth_keeps_the_float_panel():
     source = _scheduled_source(16, 63, 64, False)
     assert "_mm512_dpbf16_ps" not in source
+
+
+def test_vector_blocks_widen_bf16_reads_and_never_load_them_as_floats():
+    """A float register block's lane loop broadcasts a bf16 read that does not depend on the
+    lane, widened first (`einjit_bf16_load`); one that runs along the lane stays on the scalar
+    lane path, since a vector load would take two bf16 cells for one float."""
+    rb = nests.register_block(1, 16, ops.single, 64, get_symbol("j"))
+    own = ll.Get(rb.node, rb.at(FixedIdx(0)))
+    for prec in (ops.single, ops.bf16):
+        x = Tnode("x", (16,), prec)
+        along = ll.Set(rb.node, own.idcs, ll.Binop(ops.Binop.ADD, own, ll.Get(x, (Iterator(rb.lane),))))
+        fixed = ll.Set(rb.node, own.idcs, ll.Binop(ops.Binop.ADD, own, ll.Get(x, (FixedIdx(3),))))
+        assert c_vectors.lane_statement(ll.ForLoop(rb.lane, 0, 15, fixed)) is fixed
+        assert (c_vectors.lane_statement(ll.ForLoop(rb.lane, 0, 15, along)) is along) == (prec is ops.single)
+    for machine in ("avx2", "avx512"):
+        code = matmul(16, 64, 64, False, ops.bf16)[0]
+        sched = schedule_llc(code, ON, Blocking(machine=MACHINES[machine], min_work=1, min_unroll_work=1))
+        source = c_syntax.render_program([("bf16_mm", sched)]).source
+        assert "_splat_f32x" in source and "_splat_f32x16(a[" not in source and "_splat_f32x8(a[" not in source
+        assert "(einjit_bf16_load(a[" in source
+        assert not re.search(r"einjit_(load|store)_f32x\d+\(&[abc]\[", source)

@@ -78,9 +78,9 @@ def test_tracing_unrolls_a_prefix_and_remembers_the_rest_is_written():
                  ll.Set(u, (FixedIdx(0),), ll.Get(t, (FixedIdx(7),))))
     tt = trace(llc, max_tracing_dim=5).traced_store[t]
     assert tt.assignments == {(p,) for p in range(5)}
-    assert tt.written_boxes == [((0, 7),)]
+    assert tt.written_boxes == {((0, 7),)}
     assert tt.accesses == {(7,): 1} and not tt.read_before_write
-    assert trace(llc, max_tracing_dim=8).traced_store[t].written_boxes == []
+    assert trace(llc, max_tracing_dim=8).traced_store[t].written_boxes == set()
 
 
 def test_untraced_loop_runs_once_in_the_trace():
@@ -89,7 +89,7 @@ def test_untraced_loop_runs_once_in_the_trace():
     llc = ll.ForLoop(i, 0, 3, ll.ForLoop(j, 0, 1, ll.Set(t, (it(i), it(j)), C(1.0))), trace_it=False)
     tt = trace(llc).traced_store[t]
     assert tt.assignments == {(0, 0), (0, 1)}
-    assert tt.written_boxes == [((0, 3), (0, 1))]
+    assert tt.written_boxes == {((0, 3), (0, 1))}
 
 
 def test_read_before_write_is_recurrent():

@@ -81,3 +81,22 @@ def test_greedy_tokens_match_transformers(tmp_path):
     with torch.no_grad():
         want = hf.generate(torch.tensor(prompt), max_new_tokens=10, do_sample=False, pad_token_id=0).numpy()
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_short_prompt_through_the_decode_routine_gives_the_prefills_logits(monkeypatch):
+    """`prompt_logits` runs a prompt of at most a quarter block through the decode routine one
+    position at a time: the logits and the caches it leaves equal the prefill's."""
+    from einjit import train
+    model = GPT(GPTConfig(vocab_size=13, block_size=16, n_layer=2, n_head=2, d_model=8), label="short")
+    train.init_params(model.params(), seed=4)
+    gen = Generator(model)
+    prompt = np.array([[3, 1, 4, 1]])
+    with monkeypatch.context() as m:
+        m.setattr(gen, "logits", lambda ids: pytest.fail("a 4-token prompt in a 16-token block was prefilled"))
+        stepped = gen.prompt_logits(prompt)
+    after_steps = gen.next_logits(np.array([5]), 4)
+    prefilled = gen.logits(prompt)
+    np.testing.assert_allclose(stepped, prefilled, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gen.next_logits(np.array([5]), 4), after_steps, rtol=1e-5, atol=1e-6)
+    long_prompt = np.arange(8)[None, :] % 13
+    np.testing.assert_array_equal(gen.prompt_logits(long_prompt), gen.logits(long_prompt))

@@ -308,3 +308,25 @@ def test_wrong_shapes_of_normalization_embedding_and_pooling_layers_are_named():
     with pytest.raises(sh.ShapeError, match=r"AvgPool2d avg9: the height axis of its input maps .* is 4, "
                                            r"expected at least 5 \(kernel 5"):
         nn.AvgPool2d(5, label="avg9")(x)
+
+
+def test_params_before_the_first_call_are_listed_or_refused_never_empty():
+    """A layer whose parameter shapes follow its input (`Linear` spans all of the input's
+    output axes) refuses `params()` before its first call, naming itself; layers whose shapes
+    the constructor fixes list their parameters at once; after a call, every parameter is there."""
+    model = nn.Sequential(nn.Linear(2, 4, label="fc1"), nn.BatchNorm(4, label="bn"), nn.ReLU(),
+                          nn.Linear(4, 3, label="fc2"))
+    for layer in (model, model.layers[0]):
+        with pytest.raises(ej.TensorError, match=r"Linear fc1 makes its parameters on its first call.*call the model"):
+            layer.params()
+    with pytest.raises(ej.TensorError, match=r"Conv2d c1 makes its parameters on its first call"):
+        nn.Conv2d(1, 2, 3, label="c1").params()
+    with pytest.raises(ej.TensorError, match=r"Embedding e1 makes its parameters on its first call"):
+        nn.Embedding(5, 2, label="e1").state_tensors()
+    assert [p.label_str for p in model.layers[1].params()] == ["bn.gamma", "bn.beta"]
+    assert [p.dims for p in nn.LayerNorm(3, label="ln").params()] == [(3,), (3,)]
+    assert nn.ReLU().params() == [] and nn.Dropout(0.5).params() == [] and nn.Flatten().params() == []
+    y = model(ej.input("x", batch_dims=[5], output_dims=[2]))
+    listed = [p.label_str for p in model.params()]
+    assert listed == ["fc1.w", "fc1.b", "bn.gamma", "bn.beta", "fc2.w", "fc2.b"]
+    assert sorted(listed) == sorted(p.label_str for p in y.params())

@@ -85,3 +85,28 @@ def test_labels_outside_the_class_range_are_errors():
 def test_unknown_reduction_is_an_error():
     with pytest.raises(ej.TensorError, match="reduction must be one of"):
         nn.mse(ej.ndarray(Z, batch_axes=1), 0.0, reduction="avg")
+
+
+def test_per_sample_cross_entropy_times_weights_keeps_the_logits_shape():
+    """`reduction="none"` gives one loss per sample; weighting it must not reach back through
+    shape inference and give the logits (still open when the loss is built) a size-1 axis."""
+    rng = np.random.default_rng(3)
+    xv, wv, weights = rng.standard_normal((6, 5)), rng.standard_normal((4, 5)), rng.uniform(size=6)
+    with ej.default_precision("double"):
+        x = ej.input("x", batch_dims=[6], output_dims=[5], values=xv)
+        w = ej.param("w", input_dims=[5], output_dims=[4], values=wv.ravel())
+        logits = w @ x
+        per_sample = nn.cross_entropy(logits, LABELS, reduction="none").hosted()
+        weighted = (per_sample * ej.ndarray(weights, batch_axes=1, label="weights")).hosted()
+        loss = ej.sum(weighted, "...|...->... => 0")
+        train.init_params(loss)
+        routine = train.to_routine(train.grad_update(loss))
+        w.value_tn.host_array()[...] = wv.reshape(w.value_tn.host_array().shape)
+        routine()
+    z = xv @ wv.T
+    assert logits.dims == (6, 4) and per_sample.dims == (6,)
+    np.testing.assert_allclose(per_sample.value.numpy(), _ce_ref(z, HOT), rtol=1e-12)
+    np.testing.assert_allclose(weighted.value.numpy().ravel(), _ce_ref(z, HOT) * weights, rtol=1e-12)
+    softmax = np.exp(z - _lse(z)[:, None])
+    np.testing.assert_allclose(w.grad.numpy().reshape(4, 5), ((softmax - HOT) * weights[:, None]).T @ xv,
+                               rtol=1e-10)

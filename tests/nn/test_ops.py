@@ -129,6 +129,25 @@ def test_gelu_matches_torch_values_and_gradients():
         np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-12, atol=1e-14)
 
 
+def test_gelu_tanh_saturates_without_nan_in_single_precision():
+    """The tanh form is computed through `exp` (a sigmoid gate): where the `exp` overflows the
+    gate is exactly 0, so far-negative inputs give 0 and a zero gradient, far-positive ones x
+    and a gradient of 1, and moderate ones PyTorch's values."""
+    torch = pytest.importorskip("torch")
+    v = np.array([-1e4, -100.0, -30.0, -3.0, -0.5, 0.0, 0.7, 4.0, 30.0, 1e4], np.float32)
+    x = ej.param("x", values=v, output_dims=[v.size])
+    loss = ej.sum(act.gelu(x, approximate="tanh"))
+    train.init_params(loss)
+    train.to_routine(train.grad_update(loss), name="gelu_sat")()
+    tx = torch.tensor(v, requires_grad=True)
+    ty = torch.nn.functional.gelu(tx, approximate="tanh")
+    ty.sum().backward()
+    assert np.isfinite(x.grad.numpy()).all()
+    np.testing.assert_allclose(loss.value.numpy().ravel()[0], ty.sum().item(), rtol=1e-6)
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(x.grad.numpy()[[0, 1, -1]], [0.0, 0.0, 1.0])
+
+
 def test_gelu_refuses_an_unknown_approximation():
     with pytest.raises(ej.TensorError, match="approximate must be 'none' or 'tanh', got 'fast'"):
         act.gelu(ej.number(1.0), approximate="fast")

@@ -117,6 +117,10 @@ def test_a_local_array_larger_than_memory_is_refused_before_compiling(monkeypatc
     backend = CcBackend()
     postponed = backend.compile((), code, name="too_big_local")
     runs = cc.stats.compiler_invocations
-    with pytest.raises(memory.AllocationError, match=r"scratch array of scratch.*\(64, 128\) needs 32\.0 KiB"):
+    with pytest.raises(memory.AllocationError, match=r"scratch arena of routine 'too_big_local' \(for scratch#\d+ "
+                                                      r"\(64, 128\)\).* needs 32\.1 KiB"):
         backend.link(backend.init("limits"), postponed)
     assert cc.stats.compiler_invocations == runs
+    monkeypatch.setenv("EINJIT_SCRATCH_PLAN", "0")                      # one array each: named the same way
+    with pytest.raises(memory.AllocationError, match=r"scratch array of scratch.*\(64, 128\) needs 32\.0 KiB"):
+        backend.link(backend.init("limits"), postponed)

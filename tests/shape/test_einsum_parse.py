@@ -124,6 +124,17 @@ def test_shape_spec_sizes_labels_and_unknowns():
     ("i, o+o => o", 6, "'o' appears twice"),
     ("i, a$b => i", 5, "unexpected character '$'"),
     ("i, 3 => 2x,", 9, "malformed axis entry '2x'"),
+    ("ij)=>ji", 3, "unmatched ')'"),
+    (")=>", 1, "unmatched ')'"),
+    ("ij=>j)i", 6, "unmatched ')'"),
+    ("i(j=>ij", 2, "unclosed '('"),
+    ("a, b) => b, a", 5, "unmatched ')'"),
+    ("(a|b)=>a", 1, "unclosed '('"),
+    ("(i;j)=>ij", 1, "unclosed '('"),
+    ("i!j=>ij", 2, "unexpected character '!'"),
+    ("i@j=>ij", 2, "unexpected character '@'"),
+    ("i[j]=>ij", 2, "unexpected character '['"),
+    ("i, a#b => i", 5, "unexpected character '#'"),
 ])
 def test_parse_errors_name_spec_and_column(spec, column, fragment):
     with pytest.raises(ShapeError) as err:
@@ -139,6 +150,8 @@ def test_parse_errors_name_spec_and_column(spec, column, fragment):
     ("rgb=_", 1, "a label needs a known size"),
     ("a=>b", 2, "describes one shape"),
     ("=3", 1, "empty label"),
+    ("(3->4", 1, "unclosed '('"),
+    ("3)", 2, "unmatched ')'"),
 ])
 def test_shape_spec_errors(spec, column, fragment):
     with pytest.raises(ShapeError) as err:

@@ -213,3 +213,30 @@ def test_too_short_with_asymmetric_padding_names_both_ends():
     conv = ej.einsum("o+k-0:1, ; k, => o,", x, ej.ndarray(np.ones(2), label="k"))
     with pytest.raises(ej.ShapeError, match=r"indexed up to 6, but has size 4 .*with padding 0:1"):
         train.forward_once(conv + ej.ndarray(np.zeros(6), label="z"))
+
+
+@pytest.mark.parametrize("right", [1, 2])
+def test_window_padded_after_its_end_only_reads_zeros(right):
+    """`o-0:r` projects to a plain loop index that runs `r` cells past the argument: the read
+    is guarded (zeros, as `np.pad`), and the gradient writes only inside `x`."""
+    xv, rng = np.arange(1.0, 7.0), np.random.default_rng(right)
+    wv = rng.standard_normal(6 + right)
+    x = ej.param("x", values=xv, output_dims=[6])
+    window = ej.einsum(f"o-0:{right}, => o,", x).hosted()
+    w = ej.ndarray(wv, label="w")
+    loss = ej.sum(window * w, "...|...->... => 0")
+    (c_out, c_gx), (i_out, i_gx) = run_both(loss, [(x, xv), (w, wv)], [window.value, x.grad])
+    np.testing.assert_array_equal(c_out, np.pad(xv, (0, right)))
+    np.testing.assert_array_equal(c_gx, wv[:6])
+    np.testing.assert_array_equal(i_out, c_out)
+    np.testing.assert_array_equal(i_gx, c_gx)
+
+
+def test_window_padded_after_its_end_inside_a_padded_convolution():
+    """Inlined under the outer convolution's guard, the inner window's read past `x` must still
+    give 0 (it used to be clamped to the last cell of `x`)."""
+    xv, kv = np.arange(1.0, 7.0), np.array([1.0, 10.0, 100.0])
+    inner = ej.einsum("o-0:1, => o,", ej.ndarray(xv, label="x"))
+    outer = ej.einsum("o+k-1, ; k, => o,", inner, ej.ndarray(kv, label="k"))
+    xp = np.pad(xv, (1, 2))
+    np.testing.assert_array_equal(train.forward_once(outer), [xp[o:o + 3] @ kv for o in range(7)])

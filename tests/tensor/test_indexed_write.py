@@ -1,6 +1,6 @@
-"""`ej.write_at`: a KV-cache slice written in place at a run-time position (a static symbol),
-against NumPy and the interpreter; one compiled routine for every position; positions out
-of range refused."""
+"""`ej.write_at`: a KV-cache slice written in place at a run-time position (a static symbol, or
+a hosted integer read inside the routine), against NumPy and the interpreter; one compiled
+routine for every position; static positions out of range refused, hosted ones clamped."""
 
 from __future__ import annotations
 
@@ -107,3 +107,87 @@ def test_wrong_shapes_and_arguments_are_named():
         train.to_routine(train.forward(out), bindings=[pos], name="bad_write")
     with pytest.raises(ej.ShapeError, match="dims must be positive"):
         ej.buffer("zero", output_dims=[0])
+
+
+# ---------------------------------------------------------------- a hosted-integer position
+
+
+def hosted_decode_step(n_new=1, prec="single", pos_dims=(1,)):
+    """As `decode_step`, the rows written at the positions an integer input holds."""
+    with ej.default_precision(prec):
+        cache = ej.buffer("hcache", batch_dims=[B], output_dims=[TM, H, E])
+        new = ej.input("hnew", batch_dims=[B], output_dims=[n_new, H, E])
+        where = ej.input("hpos", batch_dims=list(pos_dims), prec="int32")
+        updated = ej.write_at(cache, new, where, axis=1)
+        total = ej.sum(updated * updated, "...|...->... => 0", label="htotal")
+    return cache, new, where, total
+
+
+def _numpy_write(cache: np.ndarray, v: np.ndarray, positions) -> np.ndarray:
+    out = cache.copy()
+    for i, p in enumerate(positions):
+        out[:, min(max(p, 0), TM - 1)] = v[:, i]
+    return out
+
+
+def test_a_hosted_integer_position_writes_every_position_with_one_routine(compiles):
+    cache, new, where, total = hosted_decode_step()
+    step = train.to_routine(train.forward(total), name="hosted_write")
+    compiled = compiles[0]
+    want = np.zeros((B, TM, H, E), np.float32)
+    rng = np.random.default_rng(3)
+    for t in [0, 4, 1, 5, 2, 2]:
+        v = rng.standard_normal((B, 1, H, E)).astype(np.float32)
+        new.set_values(v)
+        where.set_values(np.array([t], np.int32))
+        step()
+        want = _numpy_write(want, v, [t])
+        np.testing.assert_array_equal(cache.value.numpy(), want)
+        np.testing.assert_allclose(total.value.numpy()[0], (want * want).sum(), rtol=1e-5)
+    assert compiles[0] == compiled
+
+
+def test_bad_hosted_positions_are_clamped_into_the_cache_never_past_it():
+    cache, new, where, total = hosted_decode_step()
+    guard = np.full((B, TM, H, E), 7.0, np.float32)
+    cache.set_values(guard)
+    step = train.to_routine(train.forward(total), name="hosted_clamped")
+    want = guard.copy()
+    for bad in (-1, -1000, TM, TM + 5, 2**31 - 1, -2**31):
+        v = np.full((B, 1, H, E), float(bad % 97), np.float32)
+        new.set_values(v)
+        where.set_values(np.array([bad], np.int32))
+        step()
+        want = _numpy_write(want, v, [bad])
+        np.testing.assert_array_equal(cache.value.numpy(), want)   # row 0 or row TM - 1, nothing else
+    assert (want[:, 1:TM - 1] == 7.0).all()
+
+
+def test_several_rows_at_hosted_positions_match_numpy_and_the_interpreter():
+    cache, new, where, total = hosted_decode_step(n_new=3, prec="double", pos_dims=(3, 1))
+    code = train.forward(total)
+    v = np.random.default_rng(4).standard_normal((B, 3, H, E))
+    start = np.random.default_rng(5).standard_normal((B, TM, H, E))
+    positions = np.array([4, -2, 9], np.int32).reshape(where.value_tn.dims)   # rows 4, 0 and 5 (clamped)
+    want = _numpy_write(start, v, positions.ravel())
+    llc = asg.to_low_level(code)
+    got = interpret.run(llc, {cache.value_tn: start.copy(), new.value_tn: v.copy(), where.value_tn: positions})
+    np.testing.assert_array_equal(got[cache.value_tn], want)
+    cache.set_values(start)
+    new.set_values(v)
+    where.set_values(positions)
+    train.to_routine(code, name="hosted_write3")()
+    np.testing.assert_array_equal(cache.value.numpy(), want)
+    np.testing.assert_allclose(total.value.numpy()[0], (want * want).sum(), rtol=1e-12)
+
+
+def test_wrong_hosted_positions_are_named():
+    cache = ej.buffer("hk", batch_dims=[B], output_dims=[TM, H, E])
+    new = ej.input("hv", batch_dims=[B], output_dims=[2, H, E])
+    with pytest.raises(ej.TensorError, match="position tensor hf must have an integer precision"):
+        ej.write_at(cache, new, ej.input("hf", batch_dims=[2]), axis=1)
+    one = ej.input("hone", batch_dims=[1], prec="int32")
+    out = ej.write_at(cache, new, one, axis=1)
+    with pytest.raises(ej.ShapeError, match=r"position tensor hone has dims \(1, 1\); it must hold one position per "
+                                            r"written row \(2 cells"):
+        train.to_routine(train.forward(out), name="bad_hosted_write")

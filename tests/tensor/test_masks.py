@@ -11,7 +11,7 @@ import einjit as ej
 from einjit import shape as sh
 from einjit import train
 from einjit.ir import assignments as asg
-from einjit.ir import interpret
+from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.optimize import optimize_proc
 
@@ -130,3 +130,30 @@ def test_masked_softmax_without_a_mask_is_softmax_and_bad_axes_are_named():
         train.forward_once(ej.causal_mask(x, query_axis=1, key_axis=-1))
     with pytest.raises(ej.TensorError, match="offset must be an int or a static symbol"):
         ej.causal_mask(x, query_axis=0, key_axis=1, offset=1.5)
+
+
+def test_masked_entries_never_reach_the_exponential_and_far_out_scores_change_nothing():
+    """Masked scores of any size (here 1e6 above the kept ones) leave the kept weights and
+    their gradients as NumPy computes them without those entries; the exponential is taken of
+    0 at masked entries (`masked_softmax` in masks.py), never of -1e30."""
+    rng = np.random.default_rng(3)
+    x_np, w = rng.standard_normal((B, T, H, S)), rng.standard_normal((B, T, H, S))
+    keep = causal_keep(0)
+    x_np = np.where(keep, x_np, 1e6)
+    sc = scores_of(x_np)
+    p = ej.masked_softmax(sc, ej.causal_mask(sc, query_axis=1, key_axis=-1), axis=-1).hosted()
+    loss = ej.sum(p * ej.ndarray(w, batch_axes=2), "...|...->... => 0", label="loss")
+    train.init_params(loss)
+    step = train.to_routine(train.grad_update(loss), name="far_masked_softmax")
+    step()
+    want_p, want_grad = reference(x_np, keep, w)
+    np.testing.assert_allclose(p.value.numpy(), want_p, rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(sc.grad.numpy(), want_grad, rtol=1e-12, atol=1e-14)
+    assert (p.value.numpy()[~keep] == 0.0).all()
+    fresh = scores_of(x_np)
+    again = ej.masked_softmax(fresh, ej.causal_mask(fresh, query_axis=1, key_axis=-1), axis=-1)
+    train.init_params(again)
+    opt = optimize_proc(asg.to_low_level(train.forward(again)), name="exp_of_kept")
+    exps = [sc for st in ll.iter_stmts(opt.llc) if isinstance(st, ll.Set) for sc in ll.iter_scalars(st.llsc)
+            if isinstance(sc, ll.Unop) and sc.op is ops.Unop.EXP]
+    assert exps and all(isinstance(e.arg, ll.Ternop) and e.arg.op is ops.Ternop.WHERE for e in exps)

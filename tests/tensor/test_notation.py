@@ -285,3 +285,20 @@ def test_tensors_print_with_axis_kinds_values_and_gradients():
     assert "Tensor a" in text and "differentiable" in text
     assert "value [output 1, output 2]" in text and "grad [output 1, output 2]" in text
     assert "4." in text
+
+
+@pytest.mark.parametrize("text, ref", [
+    ("c =: a < b", lambda a, b: a < b),
+    ("c =: b == a", lambda a, b: b == a),
+    ("c =: a <> b", lambda a, b: a != b),
+    ("c =: (a < b) * b", lambda a, b: (a < b) * b),
+    ("c =: where(b < a, a, b)", lambda a, b: np.where(b < a, a, b)),
+    ("c =+ (a < 1.5) + (b == 2)", lambda a, b: (a < 1.5) * 1.0 + (b == 2)),
+])
+@pytest.mark.parametrize("a_shape, b_shape", [((2, 3), (3,)), ((3,), (2, 1)), ((2, 1), (1, 3))])
+def test_comparisons_broadcast_as_other_pointwise_binops(text, ref, a_shape, b_shape):
+    rng = np.random.default_rng(len(text))
+    av, bv = rng.integers(0, 4, a_shape).astype(np.float64), rng.integers(0, 4, b_shape).astype(np.float64)
+    c = ej.input("c", output_dims=[2, 3], values=np.zeros((2, 3)))
+    run(ej.cd(text, c=c, a=const(av, label="a"), b=const(bv, label="b")))
+    np.testing.assert_array_equal(c.value.numpy(), np.broadcast_to(ref(av, bv), (2, 3)))

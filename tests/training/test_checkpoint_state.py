@@ -267,3 +267,43 @@ def test_a_path_that_is_no_path_is_a_checkpoint_error(tmp_path, bad):
         ej.save(loss, bad)
     with pytest.raises(CheckpointError, match=r"NUL byte|a checkpoint path is a str"):
         ej.load(loss, bad)
+
+
+def test_a_checkpoint_saved_with_its_optimizer_loads_into_the_model_alone(tmp_path):
+    """As `model.load_state_dict(ckpt["model"])` in PyTorch: the model's values load, the
+    optimizer state is returned (not loaded anywhere), and a wholly unknown entry is still refused."""
+    model, loss = _bn_model()
+    opt = nn.Adam(loss, 0.1)
+    opt.step()
+    saved = _values(checkpoint.state_of(loss).values())
+    ej.save(model, tmp_path / "s.safetensors", optimizer=opt)
+    fresh, fresh_loss = _bn_model()
+    for t in checkpoint.state_of(fresh_loss).values():
+        t.set_values(np.zeros(t.dims))
+    rest = ej.load(fresh, tmp_path / "s.safetensors")
+    for name, value in _values(checkpoint.state_of(fresh_loss).values()).items():
+        np.testing.assert_array_equal(value, saved[name], err_msg=name)
+    assert sorted(rest) == sorted(opt.state_tensors()) and rest["adam.schedule_step"][0] == 1
+    for name, t in opt.state_tensors().items():
+        np.testing.assert_array_equal(rest[name], t.numpy(), err_msg=name)
+    assert ej.load(fresh, tmp_path / "s.safetensors", optimizer=nn.Adam(fresh_loss, 0.1)) == {}
+    arrays = checkpoint.read(tmp_path / "s.safetensors")
+    checkpoint.write({**arrays, "stranger": np.zeros(2)}, tmp_path / "odd.safetensors")
+    with pytest.raises(CheckpointError, match=r"in the file but not in the model: 'adam.lr'"):
+        ej.load(fresh, tmp_path / "odd.safetensors")
+    with pytest.raises(CheckpointError, match="einjit.optimizer_state.*einjit's own"):
+        ej.save(model, tmp_path / "m.safetensors", optimizer=opt, metadata={"einjit.optimizer_state": "[]"})
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_a_checkpoint_file_has_the_mode_a_plain_file_gets(tmp_path, umask):
+    _, _, loss, _ = build(4, seed=1)
+    old = os.umask(umask)
+    try:
+        ej.save(loss, tmp_path / "new.safetensors")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+    (tmp_path / "new.safetensors").chmod(0o640)
+    ej.save(loss, tmp_path / "new.safetensors")
+    assert (tmp_path / "new.safetensors").stat().st_mode & 0o777 == 0o640

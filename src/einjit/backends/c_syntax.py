@@ -17,12 +17,14 @@ array through a `const` pointer. Virtual nodes have no storage and must not appe
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from einjit.backends import bf16_dot, c_outline
+from einjit.backends import bf16_dot, c_outline, c_vectors, parallel_loops
 from einjit.backends.params import MemClass, Param, ParamKind, repeated_names
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
@@ -116,7 +118,7 @@ class CSyntax:
     zero_out_memset: bool = True
     unroll_pragma: str = "#pragma GCC unroll {n}"
     num_threads: int = 1
-    parallel_pragma: str = "#pragma omp parallel for schedule(dynamic) num_threads({n}){private}"
+    parallel_pragma: str = "#pragma omp parallel for schedule(dynamic{chunk}) num_threads({n}){private}"
     parallel_region_pragma: str = "#pragma omp parallel num_threads({n}){private}"
     private_heap_decl: str = "{t} *{restrict} {name} = ({t} *)malloc({size} * sizeof({t}));\nif (!{name}) abort();"
     """A thread's own copy of a scratch node, written before it is read (the `parallel`
@@ -125,14 +127,26 @@ class CSyntax:
     private_stack_decl: str = "{t} {name}[{size}];"
     """A thread's own copy of a stack local that only its parallel region uses (again written
     before it is read)."""
-    parallel_for_pragma: str = "#pragma omp for schedule(dynamic)"
+    parallel_for_pragma: str = "#pragma omp for schedule(dynamic{chunk})"
     """Loops on threads hand out iterations dynamically: on a busy machine a descheduled
-    thread then delays only its current iteration, not a fixed share of the loop."""
+    thread then delays only its current iteration, not a fixed share of the loop. Light
+    iterations go in chunks (`chunk_clause` of `parallel_loops.chunk`)."""
+    chunk_clause: str = ", {k}"
+    thread_min_work: int = parallel_loops.THREAD_MIN_WORK
+    """At more than one thread, nests whose outermost parallel loop runs at least this many
+    assignments go on threads (`parallel_loops.thread_nests`)."""
+    shared_region_pragma: str = "#pragma omp parallel num_threads({n})"
+    """One region around consecutive threaded nests (`parallel_loops.shared_regions`): each
+    nest an orphaned `parallel_for_pragma` loop, the statements between them `single_pragma`."""
+    single_pragma: str = "#pragma omp single"
+    nowait_clause: str = " nowait"
     loop_head: Callable[[ll.ForLoop, str, str], str | None] | None = None
     classify: Callable[[Tnode, bool], MemClass] | None = None
     outline_min_nests: int = 0
     """A routine with at least this many top-level loop nests renders each nest as its own
-    function (`c_outline`), nests identical up to names as one function; 0: never."""
+    function (`c_outline`), nests identical up to names as one function; 0: never by size. A
+    routine with a shared parallel region (`num_threads` > 1) is always outlined, its threaded
+    nests orphaned `omp for` loops in their functions."""
     units: int = 1
     """How many translation units the outlined nest functions are spread over, beside the
     routine's own (gcc compiles them in parallel); 1 keeps everything in one."""
@@ -180,6 +194,7 @@ HELPERS = {
   return i < 0 ? 0 : (i >= n ? n - 1 : i);
 }}
 """,
+    **c_vectors.HELPERS,
     "uniform01": """\
 /* VecUnop.UNIFORM_HASH: splitmix64 of a counter, top 53 bits scaled to [0, 1). */
 {q} double einjit_uniform01(unsigned long long x) {{
@@ -364,6 +379,9 @@ class _Writer:
         self.temps = 0
         self.parallel_depth = 0
         self.nest_owned: set[Tnode] = set()
+        self.orphan: bool | None = None
+        """In a shared region: render the next threaded loop as an orphaned `omp for`, with
+        `nowait` when True."""
 
     # -- names and storage
 
@@ -432,6 +450,58 @@ class _Writer:
             return clamped_flat_index(dims, idcs, clamped)
         return flat_index(dims, idcs)
 
+    def cell(self, tn: Tnode, idcs: tuple[AxisIndex, ...], what: str) -> str:
+        """`x[i]`; in a register block, a lane of one of its vectors: `acc[3][l]`."""
+        index = self.index(tn, idcs, what)
+        name = self.node_name(tn, written=what == "write")
+        if not c_vectors.is_block(tn):
+            return f"{name}[{index}]"
+        self.helpers.add(c_vectors.helper(tn))
+        return f"{name}[{flat_index(tn.dims[:-1], idcs[:-1])}][{axis_index_text(idcs[-1])}]"
+
+    # -- vector statements (`c_vectors`)
+
+    def vector_set(self, st: ll.Set, lane: Symbol, indent: str) -> None:
+        """A loop over a register block's lanes (`c_vectors.lane_statement`) as one statement."""
+        vec = next(x.tn for x in (st, *ll.iter_scalars(st.llsc))
+                   if isinstance(x, (ll.Set, ll.Get)) and c_vectors.is_block(x.tn))
+        self.helpers.add(c_vectors.helper(vec))
+        value = self.vector(st.llsc, vec, lane)
+        at = self.vector_ref(st.tn, st.idcs, vec, lane, "write")
+        note = " " + _comment(st.debug) if st.debug else ""
+        if c_vectors.is_block(st.tn):
+            self.lines.append(f"{indent}{at} = {value};{note}")
+        else:
+            self.lines.append(f"{indent}einjit_store_{c_vectors.vector_name(vec)}({at}, {value});{note}")
+
+    def vector_ref(self, tn: Tnode, idcs: tuple[AxisIndex, ...], vec: Tnode, lane: Symbol, what: str) -> str:
+        """A block's vector `acc[3]`, or the address of another array's first lane `&x[i]`
+        (its vector's other lanes checked in bounds too)."""
+        first = c_vectors.at_lane_zero(idcs, lane)
+        name = self.node_name(tn, written=what == "write")
+        if c_vectors.is_block(tn):
+            self.index(tn, first, what)
+            return f"{name}[{flat_index(tn.dims[:-1], idcs[:-1])}]"
+        return f"&{name}[{self.index(tn, first, what, extra_last=vec.dims[-1] - 1)}]"
+
+    def vector(self, sc: ll.LLScalar, vec: Tnode, lane: Symbol) -> str:
+        """`sc` over the lanes of `vec`'s vectors."""
+        short = c_vectors.vector_name(vec)
+        match sc:
+            case ll.Constant(v):
+                return f"einjit_splat_{short}({constant_literal(v, vec.prec, self.syn)})"
+            case ll.Get(tn, idcs) if c_vectors.access_mode(tn, idcs, lane) == "splat":
+                return f"einjit_splat_{short}({self.loaded(self.cell(tn, idcs, 'read'), tn.prec)})"
+            case ll.Get(tn, idcs) if c_vectors.is_block(tn):
+                return self.vector_ref(tn, idcs, vec, lane, "read")
+            case ll.Get(tn, idcs):
+                return f"einjit_load_{short}({self.vector_ref(tn, idcs, vec, lane, 'read')})"
+            case ll.Ternop(ops.Ternop.FMA, a, b, c):
+                return f"einjit_fma_{short}({', '.join(self.vector(x, vec, lane) for x in (a, b, c))})"
+            case ll.Binop(op, a, b):
+                return op.c_template.format(self.vector(a, vec, lane), self.vector(b, vec, lane))
+        raise TypeError(f"not a vector scalar: {sc!r}")
+
     # -- scalars
 
     def typed(self, text: str, prec: ops.Prec) -> str:
@@ -455,8 +525,7 @@ class _Writer:
                 lit = _int_literal(int(b), ops.int64)
                 return self.typed(lit, prec) if prec is not ops.int64 else lit
             case ll.Get(tn, idcs):
-                text = f"{self.node_name(tn)}[{self.index(tn, idcs, 'read')}]"
-                return self.cast(self.loaded(text, tn.prec), tn.prec.computed_in, prec)
+                return self.cast(self.loaded(self.cell(tn, idcs, "read"), tn.prec), tn.prec.computed_in, prec)
             case ll.GetMergeBuffer(tn, idcs):
                 self.merges.setdefault(tn.id, tn)
                 text = f"merge_{tn.name}[{self.index(tn, idcs, 'merge-buffer read')}]"
@@ -564,6 +633,9 @@ class _Writer:
                 case ll.ForLoop(index, from_, to_, body, _):
                     if index in self.loops or index in self.static_ranges:
                         raise RenderError(f"einjit: loop symbol {index!r} is already bound in an enclosing scope")
+                    if (lane_set := c_vectors.lane_statement(s)) is not None:
+                        self.vector_set(lane_set, index, indent)
+                        continue
                     name = symbol_name(index)
                     dot = bf16_dot.kernel(s) if self.syn.bf16_dot else None
                     if dot is not None:
@@ -571,17 +643,18 @@ class _Writer:
                     if s.unroll and self.syn.unroll_pragma:
                         self.lines.append(indent + self.syn.unroll_pragma.format(n=to_ - from_ + 1))
                     region: list[str] = []
+                    at = indent  # a parallel region indents its loop, not the statements after it
                     if s.parallel and self.syn.num_threads > 1 and not self.parallel_depth:
-                        indent, region = self.parallel_head(s, indent)
+                        at, region = self.parallel_head(s, indent)
                     head = self.syn.loop_head(s, name, self.index_type) if self.syn.loop_head else None
-                    self.lines.append(indent + (head or f"for ({self.index_type} {name} = {from_}; "
-                                                        f"{name} < {to_ + 1}; ++{name}) {{"))
+                    self.lines.append(at + (head or f"for ({self.index_type} {name} = {from_}; "
+                                                    f"{name} < {to_ + 1}; ++{name}) {{"))
                     self.loops[index] = (from_, to_)
                     self.parallel_depth += s.parallel
-                    self.stmt(body, indent + "  ")
+                    self.stmt(body, at + "  ")
                     self.parallel_depth -= s.parallel
                     del self.loops[index]
-                    self.lines.append(indent + "}")
+                    self.lines.append(at + "}")
                     self.lines.extend(region)
                     if dot is not None:
                         self.lines.append("#endif")
@@ -589,7 +662,7 @@ class _Writer:
                     self.zero_out(tn, indent)
                 case ll.Set(tn, idcs, llsc, debug):
                     def render_set(pre, ind, tn=tn, idcs=idcs, llsc=llsc, debug=debug):
-                        lhs = f"{self.node_name(tn, written=True)}[{self.index(tn, idcs, 'write')}]"
+                        lhs = self.cell(tn, idcs, "write")
                         note = " " + _comment(debug) if debug else ""
                         return f"{lhs} = {self.stored(self.scalar(llsc, tn.prec, pre, ind), tn.prec)};{note}"
                     self.with_scalar(indent, render_set)
@@ -624,21 +697,86 @@ class _Writer:
         declared = [tn for tn in nodes if tn in self.region_only or tn not in self.on_stack]
         stack = ", ".join(self.node_name(tn, written=True) for tn in nodes if tn not in declared)
         private = f" private({stack})" if stack else ""
+        if self.orphan is not None:
+            return self.orphaned_head(loop, indent, declared, private)
         if not declared:
-            self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private))
+            self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private,
+                                                                       chunk=self.chunk(loop)))
             return indent, []
         inner = indent + "  "
         self.lines.append(indent + self.syn.parallel_region_pragma.format(n=self.syn.num_threads, private=private))
         self.lines.append(indent + "{")
         heap = [tn for tn in declared if tn not in self.on_stack]
         for tn in declared:
-            fields = dict(t=self.syn.type_name(tn.prec), name=self.node_name(tn, written=True), size=tn.size,
-                          restrict=self.syn.restrict)
+            t, size = storage(tn, self.syn)
+            fields = dict(t=t, name=self.node_name(tn, written=True), size=size, restrict=self.syn.restrict)
             decl = self.syn.private_heap_decl if tn in heap else self.syn.private_stack_decl
             self.lines.extend(inner + line for line in decl.format(**fields).split("\n"))
-        self.lines.append(inner + self.syn.parallel_for_pragma)
+        self.lines.append(inner + self.syn.parallel_for_pragma.format(chunk=self.chunk(loop)))
         frees = [inner + self.syn.private_heap_free.format(name=self.node_name(tn, written=True)) for tn in heap]
         return inner, [*frees, indent + "}"]
+
+    def chunk(self, loop: ll.ForLoop) -> str:
+        k = parallel_loops.chunk(loop, self.syn.num_threads)
+        return self.syn.chunk_clause.format(k=k) if k > 1 else ""
+
+    def orphaned_head(self, loop: ll.ForLoop, indent: str, declared: list[Tnode],
+                      private: str) -> tuple[str, list[str]]:
+        """`parallel_head` inside a shared region: an `omp for` binding to the enclosing
+        region (called outside one, it runs on the calling thread alone). Every thread runs
+        the block, so the copies declared in it are its own."""
+        pragma = (self.syn.parallel_for_pragma.format(chunk=self.chunk(loop)) + private
+                  + (self.syn.nowait_clause if self.orphan else ""))
+        if not declared:
+            self.lines.append(indent + pragma)
+            return indent, []
+        inner = indent + "  "
+        self.lines.append(indent + "{")
+        heap = [tn for tn in declared if tn not in self.on_stack]
+        for tn in declared:
+            t, size = storage(tn, self.syn)
+            fields = dict(t=t, name=self.node_name(tn, written=True), size=size, restrict=self.syn.restrict)
+            decl = self.syn.private_heap_decl if tn in heap else self.syn.private_stack_decl
+            self.lines.extend(inner + line for line in decl.format(**fields).split("\n"))
+        self.lines.append(inner + pragma)
+        frees = [inner + self.syn.private_heap_free.format(name=self.node_name(tn, written=True)) for tn in heap]
+        return inner, [*frees, indent + "}"]
+
+    def region_part(self, region: parallel_loops.Region, k: int, indent: str, emit: Callable[[str], None]) -> None:
+        """Emit top-level statement `region.start + k` of a shared region (`emit(indent)`
+        renders it), opening the region before its first statement and closing it after its
+        last; statements run by one thread go in one `omp single` block per unit."""
+        inner = indent + "  "
+        unit = region.unit_of(k)
+        nowait = self.syn.nowait_clause if unit.nowait else ""
+        if k == 0:
+            self.lines.append(indent + self.syn.shared_region_pragma.format(n=self.syn.num_threads))
+            self.lines.append(indent + "{")
+        if unit.role == "single":
+            if k == unit.first:
+                self.lines.append(inner + self.syn.single_pragma + nowait)
+                self.lines.append(inner + "{")
+            emit(inner + "  ")
+            if k == unit.stop - 1:
+                self.lines.append(inner + "}")
+        else:
+            self.orphan = unit.nowait if unit.role == "for" else None
+            emit(inner)
+            self.orphan = None
+        if k == region.stop - region.start - 1:
+            self.lines.append(indent + "}")
+
+    def top_level(self, top: list[ll.LLStmt], indent: str) -> None:
+        """The routine's statements, consecutive threaded nests sharing parallel regions."""
+        starts = {r.start: r for r in parallel_loops.shared_regions(top)} if self.syn.num_threads > 1 else {}
+        region: parallel_loops.Region | None = None
+        for k, s in enumerate(top):
+            region = starts.get(k, region)
+            if region is None or k >= region.stop:
+                region = None
+                self.stmt(s, indent)
+                continue
+            self.region_part(region, k - region.start, indent, functools.partial(self.stmt, s))
 
     def zero_out(self, tn: Tnode, indent: str) -> None:
         name, t = self.node_name(tn, written=True), self.syn.type_name(tn.prec)
@@ -716,15 +854,14 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     name = c_name(name)
     itype = index_type(name, llc)
     w = _Writer(syntax, tuple(bindings), itype)
-    placement = local_placement([tn for tn in ll.nodes_of(llc) if tn.is_local()], syntax)
-    w.on_stack = placement.on_stack
+    layout = routine_layout(llc, syntax)
+    llc, top, outlined = layout.llc, layout.top, layout.outlined
     if syntax.num_threads > 1:
         w.region_only = region_only_nodes(llc)
-    top = list(ll.flatten(llc))
-    outlined = syntax.outline_min_nests and sum(isinstance(s, ll.ForLoop) for s in top) >= syntax.outline_min_nests
+    w.on_stack = layout.placement.on_stack
     nest_functions = _render_outlined(w, name, top, bindings, itype) if outlined else ()
     if not outlined:
-        w.stmt(llc, "  ")
+        w.top_level(top, "  ")
 
     params: list[Param] = []
     decls: list[str] = []
@@ -733,13 +870,13 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
     r = syntax.restrict
     for tn in sorted(w.nodes.values(), key=lambda n: n.id):
         mem = (syntax.classify or mem_class)(tn, tn.id in w.written)
-        t = syntax.type_name(tn.prec)
+        t, size = storage(tn, syntax)
         if mem is MemClass.LOCAL_ONLY:
             local_nodes.append(tn)
             if tn in w.region_only or tn in w.nest_owned:
                 continue
-            if tn in placement.on_stack:
-                local_decls.append("  " + syntax.local_stack_decl.format(t=t, name=tn.name, size=tn.size))
+            if tn in layout.placement.on_stack:
+                local_decls.append("  " + syntax.local_stack_decl.format(t=t, name=tn.name, size=size))
             continue
         const = "" if tn.id in w.written else "const "
         params.append(Param(ParamKind.ARRAY, tn.name, tn=tn, mem=mem))
@@ -749,7 +886,7 @@ def render_routine(name: str, llc: ll.LLStmt, bindings: Sequence[StaticSymbol] =
             raise RenderError(f"einjit: merge buffer of {tn.debug_name()} read, but the node is Local")
         params.append(Param(ParamKind.MERGE_BUFFER, f"merge_{tn.name}", tn=tn))
         decls.append(f"const {syntax.type_name(tn.prec)} *{r} merge_{tn.name}")
-    scratch = [tn for tn in local_nodes if tn not in placement.on_stack and tn not in w.region_only]
+    scratch = [tn for tn in local_nodes if tn not in layout.placement.on_stack and tn not in w.region_only]
     for tn in scratch:
         params.append(Param(ParamKind.SCRATCH, tn.name, tn=tn, mem=MemClass.LOCAL_ONLY))
         decls.append(_scratch_decl(tn, syntax))
@@ -783,7 +920,9 @@ def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequ
     its uses; every other array is a pointer parameter."""
     rendered: list[tuple[ll.ForLoop, _Writer] | ll.LLStmt] = []
     users: dict[Tnode, int] = {}
-    for s in top:
+    regions = parallel_loops.shared_regions(top) if w.syn.num_threads > 1 else []
+    place = {r.start + k: (r, k) for r in regions for k in range(r.stop - r.start)}
+    for i, s in enumerate(top):
         if not isinstance(s, ll.ForLoop):
             before = set(w.nodes)
             w.stmt(s, "  ")
@@ -793,16 +932,19 @@ def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequ
             continue
         nw = _Writer(w.syn, tuple(bindings), itype)
         nw.on_stack, nw.region_only = w.on_stack, w.region_only
+        if i in place and (unit := place[i][0].unit_of(place[i][1])).role == "for":
+            nw.orphan = unit.nowait
         nw.stmt(s, "  ")
         for tn in nw.nodes.values():
             users[tn] = users.get(tn, 0) + 1
         rendered.append((s, nw))
     w.lines = []
     nests: list[c_outline.Nest] = []
-    for item in rendered:
+
+    def emit(item: tuple[ll.ForLoop, _Writer] | ll.LLStmt, indent: str) -> None:
         if not isinstance(item, tuple):
-            w.stmt(item, "  ")
-            continue
+            w.stmt(item, indent)
+            return
         loop, nw = item
         w.nodes.update(nw.nodes)
         w.written |= nw.written
@@ -811,22 +953,33 @@ def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequ
         owned = [tn for tn in nw.nodes.values() if users[tn] == 1 and tn in w.on_stack and tn not in w.region_only
                  and (w.syn.classify or mem_class)(tn, tn.id in nw.written) is MemClass.LOCAL_ONLY]
         w.nest_owned.update(owned)
-        args = [c_outline.Arg(tn.name, w.syn.type_name(tn.prec), tn.id in nw.written)
+        args = [c_outline.Arg(tn.name, storage(tn, w.syn)[0], tn.id in nw.written)
                 for tn in sorted(nw.nodes.values(), key=lambda n: n.id)
                 if tn not in owned and tn not in w.region_only]
         args += [c_outline.Arg(f"merge_{tn.name}", w.syn.type_name(tn.prec), False)
                  for tn in sorted(nw.merges.values(), key=lambda n: n.id)]
-        decls = [w.syn.local_stack_decl.format(t=w.syn.type_name(tn.prec), name=tn.name, size=tn.size)
-                 for tn in sorted(owned, key=lambda n: n.id)]
+        decls = [w.syn.local_stack_decl.format(t=t, name=tn.name, size=size)
+                 for tn in sorted(owned, key=lambda n: n.id) for t, size in [storage(tn, w.syn)]]
         private = [tn.name for tn in nw.nodes.values() if tn in w.region_only]
         renamed = [*(tn.name for tn in owned), *private, *_bound_names(loop)]
         nests.append(c_outline.Nest(args, decls, nw.lines, renamed))
-        w.lines.append(f"  {c_outline.CALL_MARK}{len(nests) - 1}")
+        w.lines.append(f"{indent}{c_outline.CALL_MARK}{len(nests) - 1}")
+
+    for i, item in enumerate(rendered):
+        if i in place:
+            w.region_part(*place[i], "  ", functools.partial(emit, item))
+        else:
+            emit(item, "  ")
     statics = [(symbol_name(b.symbol), "int" if itype == "int" else "long long") for b in bindings]
     functions, calls = c_outline.share(name, nests, statics, w.syn.restrict)
-    w.lines = [calls[int(line.strip()[len(c_outline.CALL_MARK):])] if c_outline.CALL_MARK in line else line
-               for line in w.lines]
+    w.lines = [_call_line(line, calls) if c_outline.CALL_MARK in line else line for line in w.lines]
     return functions
+
+
+def _call_line(line: str, calls: list[str]) -> str:
+    """The nest call a `CALL_MARK` line stands for, at the line's indentation."""
+    indent, mark = line.split(c_outline.CALL_MARK)
+    return indent + calls[int(mark)].lstrip()
 
 
 def _bound_names(loop: ll.ForLoop) -> list[str]:
@@ -880,22 +1033,78 @@ class LocalPlacement:
     on_stack: set[Tnode]
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class RoutineLayout:
+    """How `render_routine` lays a routine out: its code with the nests threads run (`llc`),
+    its top-level statements, whether each nest becomes a function, and where its locals live.
+    The scratch planner places exactly the locals this leaves off the stack."""
+
+    llc: ll.LLStmt
+    top: list[ll.LLStmt]
+    outlined: bool
+    placement: LocalPlacement
+
+
+def routine_layout(llc: ll.LLStmt, syntax: CSyntax = C_SYNTAX) -> RoutineLayout:
+    if syntax.num_threads > 1:
+        llc = parallel_loops.thread_nests(llc, syntax.num_threads, syntax.thread_min_work)
+    top = list(ll.flatten(llc))
+    outlined = bool(syntax.outline_min_nests
+                    and sum(isinstance(s, ll.ForLoop) for s in top) >= syntax.outline_min_nests)
+    if syntax.num_threads > 1 and parallel_loops.shared_regions(top):
+        # A loop inside `omp parallel` is compiled into a function of its own that reaches the
+        # routine's stack arrays through a pointer to each (`(*p)[i]`), which gcc does not
+        # vectorize; an orphaned `omp for` in a nest function stays where it is, on pointers.
+        outlined = True
+    locals_ = [tn for tn in ll.nodes_of(llc) if tn.is_local()]
+    placement = outlined_placement(top, locals_, syntax) if outlined else local_placement(locals_, syntax)
+    return RoutineLayout(llc, top, outlined, placement)
+
+
 def local_placement(local_nodes: Iterable[Tnode], syntax: CSyntax = C_SYNTAX) -> LocalPlacement:
     """Place local arrays: the scheduler's locals first (register blocks and panels are
     private per OpenMP thread, which needs them on the stack), then the others, each by id.
     A local goes on the stack when it is at most `stack_limit_bytes` and the stack total
     stays within `stack_total_bytes` — a thread's stack is a few MiB at best and a routine
     may hold dozens of locals; without scratch (`local_scratch_decl=None`) every local that
-    fits one array's limit stays on the stack."""
+    fits one array's limit stays on the stack. A register block always stays on the stack: it
+    is at most a few vector registers, and its vector type needs the alignment that the stack
+    gives and scratch arrays and `malloc` (16 bytes) do not."""
     order = sorted(set(local_nodes), key=lambda tn: (is_routine_local(tn), tn.id))
     on_stack: set[Tnode] = set()
     total = 0
     for tn in order:
         nbytes = tn.size * tn.prec.itemsize
-        if nbytes <= syntax.stack_limit_bytes and (syntax.local_scratch_decl is None
-                                                   or total + nbytes <= syntax.stack_total_bytes):
+        fits = syntax.local_scratch_decl is None or total + nbytes <= syntax.stack_total_bytes
+        if c_vectors.is_block(tn) or (nbytes <= syntax.stack_limit_bytes and fits):
             on_stack.add(tn)
             total += nbytes
+    return LocalPlacement(on_stack)
+
+
+def outlined_placement(top: Sequence[ll.LLStmt], local_nodes: Iterable[Tnode], syntax: CSyntax = C_SYNTAX
+                       ) -> LocalPlacement:
+    """`local_placement` for a routine rendered as one function per nest: a local that one
+    nest alone touches is declared in that nest's function, on the stack only while the nest
+    runs, so it counts against that nest's stack total (what the routine's own locals leave),
+    not against every other nest's. Placed by the routine's total, the register blocks and
+    panels of the later blocks of a deep model became scratch parameters, and their nests
+    compiled as functions of their own instead of calls of the first block's."""
+    local_nodes = set(local_nodes)
+    users: dict[Tnode, set[int]] = {}
+    for k, s in enumerate(top):
+        for tn in ll.nodes_of(s):
+            if tn in local_nodes:
+                users.setdefault(tn, set()).add(k)
+    owner = {tn: k for tn, ks in users.items() if len(ks) == 1 for k in ks if isinstance(top[k], ll.ForLoop)}
+    shared = local_placement([tn for tn in local_nodes if tn not in owner], syntax)
+    left = syntax.stack_total_bytes - sum(tn.size * tn.prec.itemsize for tn in shared.on_stack)
+    by_nest: dict[int, list[Tnode]] = {}
+    for tn, k in owner.items():
+        by_nest.setdefault(k, []).append(tn)
+    on_stack = set(shared.on_stack)
+    for nodes in by_nest.values():
+        on_stack |= local_placement(nodes, dataclasses.replace(syntax, stack_total_bytes=max(left, 0))).on_stack
     return LocalPlacement(on_stack)
 
 
@@ -903,7 +1112,15 @@ def _scratch_decl(tn: Tnode, syn: CSyntax) -> str:
     if syn.local_scratch_decl is None:
         raise RenderError(f"einjit: local tensor {tn.debug_name()} needs {tn.size * tn.prec.itemsize} bytes, "
                           f"over the {syn.stack_limit_bytes}-byte limit for locals of this backend")
-    return syn.local_scratch_decl.format(t=syn.type_name(tn.prec), name=tn.name, restrict=syn.restrict)
+    return syn.local_scratch_decl.format(t=storage(tn, syn)[0], name=tn.name, restrict=syn.restrict)
+
+
+def storage(tn: Tnode, syn: CSyntax) -> tuple[str, int]:
+    """The element type of a node's array and its length: a register block holds vectors
+    (`c_vectors`)."""
+    if c_vectors.is_block(tn):
+        return c_vectors.type_name(tn), c_vectors.vectors(tn)
+    return syn.type_name(tn.prec), tn.size
 
 
 def render_program(routines: Sequence[tuple[str, ll.LLStmt]], bindings: Sequence[StaticSymbol] = (),

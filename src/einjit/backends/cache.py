@@ -12,6 +12,10 @@ object of another program copied over it is rebuilt instead of run. The trailer 
 nothing for its readers: the dynamic loader ignores bytes after an ELF object's last section,
 and `read_object` strips it.
 
+A cached file is opened and read once: the bytes validated are the bytes handed out
+(`CompiledObject.data`), and users load those, never the path again — a file replaced between
+the check and a second open would otherwise run unchecked.
+
 Directories and files the cache cannot create or write are `config.ConfigError`s naming the
 path: a compile never fails with a bare `OSError`.
 
@@ -22,6 +26,7 @@ reader sees one complete file or the other, never a partial one.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import tempfile
@@ -51,11 +56,13 @@ class CacheStats:
 
 @dataclass(frozen=True)
 class CompiledObject:
-    """A cached object and, when kept, its source beside it."""
+    """A cached object and, when kept, its source beside it; `data` is the object as validated
+    (without its trailer), what a user loads."""
 
     path: Path
     source_path: Path | None
     hit: bool
+    data: bytes = dataclasses.field(repr=False)
 
 
 def _directory(kind: str) -> Path:
@@ -67,13 +74,19 @@ def _trailer(key: str, data: bytes) -> bytes:
     return _MAGIC + tag + hashlib.sha256(tag + data).digest()
 
 
-def _valid(path: Path, key: str) -> bool:
-    """Whether the file at `path` holds an intact object stored under `key`."""
+def _read_valid(path: Path, key: str) -> tuple[bool, bytes | None]:
+    """Whether a file is at `path`, and the object it holds when it is intact and stored under
+    `key` (read through one open: what is checked is what is returned)."""
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return False, None
     except OSError:
-        return False
-    return len(data) >= _TRAILER and data[-_TRAILER:] == _trailer(key, data[:-_TRAILER])
+        return True, None
+    if len(data) >= _TRAILER and data[-_TRAILER:] == _trailer(key, data[:-_TRAILER]):
+        return True, data[:-_TRAILER]
+    return True, None
 
 
 def read_object(path: Path) -> bytes:
@@ -107,11 +120,12 @@ def _get_or_build(directory: Path, key: str, path: Path, kept: Path, *, kind: st
                   keep_source: bool) -> CompiledObject:
     if keep_source:
         atomic_write(kept, source.encode())
-    if path.exists():
-        if _valid(path, key):
-            stats.cache_hits += 1
-            config.debug(1, f"{kind}: {label}: cache hit {path}")
-            return CompiledObject(path, kept if keep_source else None, True)
+    found, valid = _read_valid(path, key)
+    if valid is not None:
+        stats.cache_hits += 1
+        config.debug(1, f"{kind}: {label}: cache hit {path}")
+        return CompiledObject(path, kept if keep_source else None, True, valid)
+    if found:
         stats.rebuilds += 1
         config.debug(1, f"{kind}: {label}: cached object {path} is truncated, corrupt or not stored under its "
                         "key; rebuilding")
@@ -133,4 +147,4 @@ def _get_or_build(directory: Path, key: str, path: Path, kept: Path, *, kind: st
     finally:
         tmp_out.unlink(missing_ok=True)
         Path(tmp_src).unlink(missing_ok=True)
-    return CompiledObject(path, kept if keep_source else None, False)
+    return CompiledObject(path, kept if keep_source else None, False, data)

@@ -149,6 +149,9 @@ class Routine(Generic[Ctx]):
     await_: Callable[[], None] | None = field(default=None, repr=False)
     run_now: Callable[[], None] | None = field(default=None, repr=False)
     profiler: Callable[[int], Any] | None = field(default=None, repr=False)
+    scratch_plan: Any = field(default=None, repr=False)
+    """Where its scratch arrays share an arena (`backends.scratch_plan.ScratchPlan`), None when
+    they are one array each; the memory report counts the arena."""
 
     def profile(self, runs: int = 10) -> Any:
         """Run the routine's instrumented variant `runs` times in this context (with the

@@ -3,19 +3,38 @@
 A loop is parallel when its iterations are independent: every shared node its body writes
 is sliced by the loop's index at one axis in all its accesses, and the private nodes (given
 by the caller: per-thread or per-iteration scratch) are written before they are read. The
-CUDA backend spreads such loops over a grid; a CPU backend could spread them over threads.
+CUDA backend spreads such loops over a grid; the C backend, at more than one thread, runs
+the outermost such loop of every top-level nest big enough to pay on OpenMP threads
+(`thread_nests`): pointwise and reduction nests, convolutions, attention's batch × heads.
+
+Only loops over output cells are threaded: a loop summed into one cell is never parallel
+(its cell is not sliced by the loop's index), so each cell is computed by one thread in the
+order of the 1-thread code and results are bit-identical at any thread count.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator as PyIterator
 from dataclasses import dataclass
 
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import AxisIndex, Iterator, gather_indices
+from einjit.ir.indexing import AxisIndex, Iterator, Symbol, gather_indices, get_symbol, make_affine, subst_index
+from einjit.ir.passes.local_storage import is_routine_local
+from einjit.ir.sched import nests
 from einjit.ir.tnode import Tnode
 
-__all__ = ["Access", "accesses", "is_parallel", "opaque", "parallel_chain", "reads"]
+__all__ = ["CHUNK_WORK", "THREAD_MIN_WORK", "Access", "Region", "Unit", "accesses", "chunk", "is_parallel", "opaque",
+           "parallel_chain", "reads", "scheduler_locals", "shared_regions", "thread_nests", "work"]
+
+THREAD_MIN_WORK = 1 << 15
+"""Assignments a loop must run (one execution of it) to be put on threads: about 10 µs of
+pointwise work, several times a fork-join (1-2 µs with libgomp's spinning threads)."""
+
+CHUNK_WORK = 2048
+"""Assignments a thread takes at once from a threaded loop with light iterations (a loop over
+single cells): each hand-out is an atomic operation, and a loop split into single iterations
+would not be vectorized."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,3 +122,237 @@ def parallel_chain(stmt: ll.LLStmt, private: set[Tnode]) -> tuple[ll.ForLoop, ..
             break
         cur = inner[0]
     return tuple(chain)
+
+
+def scheduler_locals(stmt: ll.LLStmt) -> set[Tnode]:
+    """The scheduler's locals `stmt` writes (register blocks, packed panels, partial sums):
+    per-iteration scratch, which each thread gets its own copy of. Routine-local nodes
+    (`ir.local_storage`) are shared like context arrays."""
+    return {s.tn for s in ll.iter_stmts(stmt) if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut))
+            and s.tn.is_local() and not is_routine_local(s.tn)}
+
+
+def work(stmt: ll.LLStmt) -> int:
+    """How many assignments one execution of `stmt` runs (statements in local scopes
+    included): the size measure threads are judged by."""
+    total = 0
+    for s in ll.flatten(stmt):
+        match s:
+            case ll.ForLoop(_, from_, to_, body):
+                total += max(0, to_ - from_ + 1) * work(body)
+            case ll.Set(llsc=sc) | ll.SetLocal(value=sc) | ll.SetFromVec(arg=sc):
+                total += 1 + sum(work(x.body) for x in ll.iter_scalars(sc) if isinstance(x, ll.LocalScope))
+            case ll.ZeroOut(tn):
+                total += tn.size
+    return total
+
+
+def chunk(loop: ll.ForLoop, threads: int) -> int:
+    """How many iterations of a threaded `loop` a thread takes at once: 1 for heavy iterations,
+    else about `CHUNK_WORK` assignments' worth, at most an even share per thread, and a
+    multiple of 8 (whole vectors) when the body has no loop left to vectorize."""
+    per = max(1, work(loop.body))
+    if per >= CHUNK_WORK:
+        return 1
+    k = min(-(-CHUNK_WORK // per), -(-(loop.to_ - loop.from_ + 1) // threads))
+    innermost = not any(isinstance(s, ll.ForLoop) for s in ll.iter_stmts(loop.body))
+    return -(-k // 8) * 8 if innermost else k
+
+
+def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK) -> ll.LLStmt:
+    """`llc` with the outermost parallel loop of each top-level nest marked `parallel` where
+    one execution of it runs at least `min_work` assignments and it has at least `threads`
+    iterations. The search descends only through perfect nests (a loop whose body is one
+    loop) and prefers a loop with `2 * threads` iterations or more, for balance. Nests the
+    scheduler already threads (a loop marked `parallel`) are left as they are, and so is a
+    nest whose per-iteration scratch another top-level statement also touches (threads
+    would each keep their own copy of it)."""
+    top = list(ll.flatten(llc))
+    touched: dict[Tnode, int] = {}
+    for s in top:
+        for tn in ll.nodes_of(s):
+            touched[tn] = touched.get(tn, 0) + 1
+    out: list[ll.LLStmt] = []
+    for s in top:
+        if (isinstance(s, ll.ForLoop) and not any(isinstance(x, ll.ForLoop) and x.parallel for x in ll.iter_stmts(s))
+                and all(touched[tn] == 1 for tn in scheduler_locals(s))):
+            s = _thread_outermost(s, threads, min_work)
+        out.append(s)
+    return ll.seq(*out)
+
+
+def _thread_outermost(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
+    chain: list[ll.ForLoop] = []
+    cur: ll.LLStmt = nest
+    while isinstance(cur, ll.ForLoop):
+        chain.append(cur)
+        inner = list(ll.flatten(cur.body))
+        cur = inner[0] if len(inner) == 1 else ll.Noop()
+    candidates = [k for k, loop in enumerate(chain)
+                  if loop.to_ - loop.from_ + 1 >= threads and work(loop) >= min_work
+                  and is_parallel(loop, scheduler_locals(loop))]
+    if not candidates or candidates[0] > 0:
+        hoisted = _hoisted(chain, threads) if work(nest) >= min_work else nest
+        if hoisted is not nest or not candidates:
+            return hoisted
+    pick = next((k for k in candidates if chain[k].to_ - chain[k].from_ + 1 >= 2 * threads), candidates[0])
+    marked: ll.LLStmt = dataclasses.replace(chain[pick], parallel=True)
+    for loop in reversed(chain[:pick]):
+        marked = dataclasses.replace(loop, body=marked)
+    assert isinstance(marked, ll.ForLoop)
+    return marked
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """Statements `first` to `stop` (exclusive, numbered within their region) that run as one
+    construct: "for" (one nest whose outermost loop the threads share), "single" (statements
+    one thread runs), "plain" (comments: no code). `nowait`: no barrier after it, since
+    nothing up to the next barrier touches what it writes or writes what it reads."""
+
+    role: str
+    first: int
+    stop: int
+    nowait: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """Consecutive top-level statements `start` to `stop` (exclusive) that run in one
+    parallel region (one fork-join instead of one per nest), as `units`."""
+
+    start: int
+    stop: int
+    units: tuple[Unit, ...]
+
+    def unit_of(self, k: int) -> Unit:
+        """The unit of statement `start + k`."""
+        return next(u for u in self.units if u.first <= k < u.stop)
+
+
+def shared_regions(top: list[ll.LLStmt]) -> list[Region]:
+    """The parallel regions of a routine's top-level statements `top` (`ll.flatten` of it).
+
+    A nest whose outermost loop is `parallel` becomes an orphaned `omp for` in a region, if
+    its per-iteration scratch (`scheduler_locals`) is its own; statements between such nests
+    run on one thread (one `omp single` for each run of them), so small serial nests or a
+    `memset` between two threaded nests cost a barrier, not a fork-join. A statement that
+    threads an inner loop (its own region), or backend-staged code, ends a region. Regions of
+    fewer than two threaded nests are left out: they would gain nothing."""
+    touched: dict[Tnode, int] = {}
+    for s in top:
+        for tn in ll.nodes_of(s):
+            touched[tn] = touched.get(tn, 0) + 1
+    kinds = [_role(s, touched) for s in top]
+    regions: list[Region] = []
+    k = 0
+    while k < len(top):
+        if kinds[k] != "for":
+            k += 1
+            continue
+        stop = k
+        while stop < len(top) and kinds[stop] != "end":
+            stop += 1
+        while kinds[stop - 1] != "for":
+            stop -= 1
+        if kinds[k:stop].count("for") >= 2:
+            regions.append(Region(k, stop, _units(top[k:stop], kinds[k:stop])))
+        k = stop
+    return regions
+
+
+def _role(s: ll.LLStmt, touched: dict[Tnode, int]) -> str:
+    if isinstance(s, ll.Comment):
+        return "plain"
+    if opaque(s):
+        return "end"
+    threaded = [x for x in ll.iter_stmts(s) if isinstance(x, ll.ForLoop) and x.parallel]
+    if not threaded:
+        return "single"
+    if isinstance(s, ll.ForLoop) and s.parallel and all(touched[tn] == 1 for tn in scheduler_locals(s)):
+        return "for"
+    return "end"
+
+
+def _units(stmts: list[ll.LLStmt], kinds: list[str]) -> tuple[Unit, ...]:
+    """`stmts` as units: each "for" alone, each run of other statements one "single" (or
+    "plain" if they are all comments); then whether each may skip its barrier: the next unit
+    touches nothing that a unit since the last barrier writes, and writes nothing they read.
+    The last one always may (the region ends with a barrier)."""
+    spans: list[tuple[str, int, int]] = []
+    for k, kind in enumerate(kinds):
+        if kind == "for" or not spans or spans[-1][0] == "for":
+            spans.append((kind, k, k + 1))
+        else:
+            role = "single" if "single" in (kind, spans[-1][0]) else "plain"
+            spans[-1] = (role, spans[-1][1], k + 1)
+    shared = []
+    for _, first, stop in spans:
+        reads: set[Tnode] = set()
+        writes: set[Tnode] = set()
+        for s in stmts[first:stop]:
+            r, w = _shared_access(s)
+            reads |= r
+            writes |= w
+        shared.append((reads, writes))
+    units: list[Unit] = []
+    reads, writes = set(), set()
+    for n, (role, first, stop) in enumerate(spans):
+        reads |= shared[n][0]
+        writes |= shared[n][1]
+        later = [m for m in range(n + 1, len(spans)) if spans[m][0] != "plain"]
+        nowait = True
+        if later:
+            nr, nw = shared[later[0]]
+            if writes & (nr | nw) or reads & nw:
+                nowait = False
+                reads, writes = set(), set()
+        units.append(Unit(role, first, stop, nowait))
+    return tuple(units)
+
+
+def _shared_access(s: ll.LLStmt) -> tuple[set[Tnode], set[Tnode]]:
+    """The nodes `s` reads and writes, but per-iteration scratch."""
+    private = scheduler_locals(s) if isinstance(s, ll.ForLoop) and s.parallel else set()
+    found = [a for a in accesses(s) if a.tn not in private]
+    return {a.tn for a in found if not a.write}, {a.tn for a in found if a.write}
+
+
+def _hoisted(chain: list[ll.ForLoop], threads: int) -> ll.ForLoop:
+    """A perfect nest around one assignment whose outer loops are summed (a bias gradient:
+    `db[j] += g[b, t, j]`, an embedding's scatter `dw[ids[b, t], j] += g[b, t, j]`) with its
+    outermost parallel loop moved outermost and put on threads;
+    the nest as it is when there is none. Moving a loop whose iterations are independent
+    outermost keeps each cell's updates in their order, so results are bit-identical. An
+    innermost loop moves in chunks of whole vectors (`db[16*j0 + j1]`): the inner part stays
+    innermost, unit-stride and vectorized."""
+    inner = list(ll.flatten(chain[-1].body))
+    if len(inner) != 1 or not isinstance(inner[0], ll.Set) or scheduler_locals(chain[0]):
+        return chain[0]
+    st = inner[0]
+    if any(isinstance(x, ll.LocalScope) for x in ll.iter_scalars(st.llsc)):
+        return chain[0]
+    for k in range(1, len(chain)):
+        loop = chain[k]
+        extent = loop.to_ - loop.from_ + 1
+        if loop.from_ != 0 or extent < threads or not is_parallel(loop, set()):
+            continue
+        rest = chain[:k] + chain[k + 1:]
+        if k < len(chain) - 1:
+            return dataclasses.replace(loop, body=_rewrap(rest, st), parallel=True)
+        pieces = next((n for n in (4 * threads, 2 * threads, threads) if extent % n == 0 and extent // n % 8 == 0), 0)
+        if not pieces:
+            continue
+        size = extent // pieces
+        outer, lane = get_symbol(loop.index.name), get_symbol(loop.index.name)
+        env: dict[Symbol, AxisIndex] = {loop.index: make_affine([(size, outer), (1, lane)])}
+        moved = ll.Set(st.tn, tuple(subst_index(env, i) for i in st.idcs), nests.subst(st.llsc, env), st.debug)
+        body = _rewrap(rest, ll.ForLoop(lane, 0, size - 1, moved))
+        return ll.ForLoop(outer, 0, pieces - 1, body, parallel=True)
+    return chain[0]
+
+
+def _rewrap(loops: list[ll.ForLoop], body: ll.LLStmt) -> ll.LLStmt:
+    for loop in reversed(loops):
+        body = dataclasses.replace(loop, body=body)
+    return body

@@ -2,9 +2,11 @@
 
 The routine is lowered, optimized and rendered exactly as the C backend does for a forward
 step (`lower_assignments`, `localize`, `render_program`); only the syntax differs: the routine
-is `static` (the library's one global entry points are its documented API) and libmvec's
-vector math is left out (libc and libm are the only dependencies). What einjit hands the
-routine as context arrays becomes, in the library:
+is `static` (the library's one global entry points are its documented API) and, unless
+`vector_math=True`, glibc's libmvec vector math is left out (libc and libm are then the only
+dependencies; loops calling exp, log, tanh... run scalar, with libm's correctly rounded
+results rather than libmvec's few-ulp ones, so outputs of such models can differ from einjit's
+in the last bits). What einjit hands the routine as context arrays becomes, in the library:
 
 - inputs and outputs: the caller's pointers, arguments of `NAME_run`;
 - values the routine only reads (parameters, running statistics, constants): `static const`
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from einjit.backends.c_syntax import C_SYNTAX, ParamKind, render_program
+from einjit.backends.c_syntax import C_SYNTAX, CSyntax, ParamKind, render_program
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.interface import lower_assignments, read_first
 from einjit.export.errors import ExportError
@@ -205,7 +207,7 @@ def _port(t: Tensor, name: str) -> Port:
 
 def export_c(model: object, directory: str | Path, *, name: str = "model", inputs: Sequence[Tensor] | None = None,
              batch_dims: Sequence[int] = (1,), input_dims: Sequence[int] = (), output_dims: Sequence[int] = (1,),
-             weights: str = "auto", threads: int = 1) -> CLibrary:
+             weights: str = "auto", threads: int = 1, vector_math: bool = False) -> CLibrary:
     """Write `model`'s forward routine as a C library into `directory` (created if needed):
     `NAME.h` (the documented API), `NAME.c`, `Makefile`, an example `main.c`, and with
     `weights="file"` (or `"auto"` past `EMBED_LIMIT_BYTES`) `NAME.safetensors`.
@@ -214,6 +216,8 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
     with `inputs=[...]`, or a model (an `nn` layer, an `@ej.op` function) whose input has
     `batch_dims`/`input_dims`/`output_dims`. The batch size is fixed at export. `threads > 1`
     runs the routine's parallel loops on OpenMP threads (then the library needs `-fopenmp`).
+    `vector_math=True` vectorizes math calls with glibc's libmvec as einjit does (x86-64 glibc;
+    the library then links `-lmvec`, and computes what einjit computes bit for bit).
     Layers with a train/eval mode are exported in the mode they are in: call `model.eval()`
     first for inference.
     """
@@ -229,9 +233,8 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
     for t in ins:
         if t.op_label != "input":
             raise ExportError(f"einjit: export_c: {t.describe()} is not an ej.input tensor")
+    syntax = _syntax(threads, vector_math)
     routine = f"{prefix}_forward"
-    syntax = replace(C_SYNTAX, function_qualifier="static", num_threads=threads,
-                     includes=("math.h", "stdint.h", "stdio.h", "stdlib.h", "string.h"))
     with stable_names():
         _, lowered = lower_assignments((), fit.forward_code(*outputs), routine)
         localize([(routine, lowered, read_first(lowered))])
@@ -243,7 +246,7 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
         values = _values(arrays)
         total = sum(v.nbytes for v in values.values())
         embed = weights == "embed" or (weights == "auto" and total <= EMBED_LIMIT_BYTES)
-        prelude = _prelude(prefix, arrays, values, embed)
+        prelude = syntax.prelude + _prelude(prefix, arrays, values, embed)
         program = render_program([(routine, lowered.llc)], (), replace(syntax, prelude=prelude))
     in_ports = tuple(_port(t, n) for t, n in zip(ins, in_names, strict=True))
     out_ports = tuple(_port(t, n) for t, n in zip(outputs, out_names, strict=True))
@@ -251,9 +254,10 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
                                                                  values, embed)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    files = {f"{prefix}.h": _header(prefix, in_ports, out_ports, arrays, embed, threads),
+    parallel = "#pragma omp" in program.source
+    files = {f"{prefix}.h": _header(prefix, in_ports, out_ports, arrays, embed, threads, vector_math, parallel),
              f"{prefix}.c": source, "main.c": _main(prefix, in_ports, out_ports, embed),
-             "Makefile": _makefile(prefix, threads)}
+             "Makefile": _makefile(prefix, threads, vector_math)}
     written = []
     for fname, text in files.items():
         path = directory / fname
@@ -265,6 +269,19 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
         checkpoint.write({a.key: values[a.tn] for a in arrays if a.tn in values}, weights_file)
         written.append(weights_file)
     return CLibrary(directory, prefix, in_ports, out_ports, tuple(written), weights_file)
+
+
+def _syntax(threads: int, vector_math: bool) -> CSyntax:
+    """The C backend's syntax for `threads` threads (whatever it adds, the library gets),
+    without outlining (one routine), with the routine `static` and the library's includes."""
+    def backend(vector: bool) -> CSyntax:
+        return cc.CcOptions(threads=threads, vector_math=vector, outline_min_nests=0).effective_syntax()
+
+    syntax = backend(vector_math)
+    if vector_math and syntax.prelude == backend(False).prelude:
+        raise ExportError("einjit: export_c: vector_math=True needs glibc's libmvec (x86-64 Linux with glibc)")
+    includes = tuple(sorted({*syntax.includes, "math.h", "stdint.h", "stdio.h", "stdlib.h", "string.h"}))
+    return replace(syntax, function_qualifier="static", includes=includes)
 
 
 def _named(arrays: list[_Array], ins: list[Tensor], outs: list[Tensor], in_names: list[str], out_names: list[str],
@@ -476,7 +493,7 @@ def _loader(prefix: str, arrays: list[_Array], values: dict[Tnode, np.ndarray]) 
 
 
 def _header(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], arrays: list[_Array], embed: bool,
-            threads: int) -> str:
+            threads: int, vector_math: bool, parallel: bool) -> str:
     guard = prefix.upper() + "_H"
     ports = [f" *   {p.name}: {p.c_type} {_dims_text(p.dims)}, {p.size} values (label {p.label!r})" for p in ins]
     out_ports = [f" *   {p.name}: {p.c_type} {_dims_text(p.dims)}, {p.size} values (label {p.label!r})"
@@ -494,8 +511,14 @@ def _header(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], arrays: 
         usage = f"{prefix}_create(\"{prefix}.safetensors\")"
     args = ", ".join([f"const {p.c_type} *{p.name}" for p in ins] + [f"{p.c_type} *{p.name}" for p in outs])
     names = ", ".join(p.name for p in ins + outs)
-    threads_text = (f" * Parallel loops run on {threads} OpenMP threads (link with -fopenmp)." if threads > 1
-                    else " * Single-threaded; no dependency beyond libc and libm.")
+    libs = "libc, libm and glibc's libmvec (link with -lmvec)" if vector_math else "libc and libm"
+    if threads > 1 and parallel:
+        threads_text = f" * Parallel loops run on {threads} OpenMP threads (link with -fopenmp); needs {libs}."
+    elif threads > 1:
+        threads_text = (f" * Exported for {threads} OpenMP threads, but no loop of this model is large enough to\n"
+                        f" * pay for them: it runs single-threaded; needs {libs}.")
+    else:
+        threads_text = f" * Single-threaded; no dependency beyond {libs}."
     macros = [f"#define {prefix.upper()}_{p.name.upper()}_SIZE {p.size}" for p in ins + outs]
     return "\n".join([
         f"/* {prefix}.h: the C API of the einjit model {prefix!r} (generated by einjit.export.export_c).",
@@ -554,7 +577,8 @@ def _main(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], embed: boo
         f" *   ./main INPUT OUTPUT{'' if embed else ' [WEIGHTS]'}",
         " *",
         " * INPUT holds records of raw values in the host's byte order (NumPy: array.tofile), each record",
-        " * one call's inputs one after the other: " + ", ".join(f"{p.name} ({p.size} {p.c_type})" for p in ins) + ".",
+        (" * one call's inputs one after the other: " + ", ".join(f"{p.name} ({p.size} {p.c_type})" for p in ins) + "."
+         if ins else " * (the model has no inputs: INPUT is not read, and the program makes one call)."),
         " * OUTPUT receives one record per input record: " + ", ".join(f"{p.name} ({p.size} {p.c_type})"
                                                                         for p in outs) + ".",
         " */",
@@ -598,6 +622,8 @@ def _main(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], embed: boo
         size = f"{prefix.upper()}_{p.name.upper()}_SIZE"
         lines += [f"    if (fwrite({p.name}_values_, sizeof({p.c_type}), {size}, output_file_) != {size}) {{",
                   "      fprintf(stderr, \"%s: cannot write %s\\n\", argv[0], argv[2]);", "      return 1;", "    }"]
+    if not ins:
+        lines.append("    break; /* no inputs: one call */")
     lines += ["    records_++;", "  }", "  fclose(input_file_);", "  if (fclose(output_file_) != 0) {",
               "    fprintf(stderr, \"%s: cannot write %s\\n\", argv[0], argv[2]);", "    return 1;", "  }",
               f"  {prefix}_destroy(model_);", "  return 0;", "}", ""]
@@ -611,19 +637,26 @@ def compile_flags(threads: int = 1) -> tuple[str, ...]:
     return flags + (("-fopenmp",) if threads > 1 else ())
 
 
-def _makefile(prefix: str, threads: int) -> str:
-    flags = " ".join(f for f in compile_flags(threads) if f not in ("-march=native", "-O2"))
-    openmp = " -fopenmp" if threads > 1 else ""
+def _makefile(prefix: str, threads: int, vector_math: bool) -> str:
+    """The C backend's flags, its optimization level and target CPU as the variables OPT and
+    ARCH (so a build for another CPU changes one variable, and a backend that changes its
+    level changes the default here too)."""
+    every = compile_flags(threads)
+    opt = next((f for f in every if f.startswith("-O")), "-O2")
+    arch = next((f for f in every if f.startswith("-march=")), "-march=native")
+    flags = " ".join(f for f in every if f not in (opt, arch))
+    libs = " ".join(["-lm", *(["-fopenmp"] if threads > 1 else []), *(["-lmvec"] if vector_math else [])])
     return f"""\
 # Build the einjit model {prefix!r}: `make` builds lib{prefix}.a and the example program main.
 # ARCH picks the target CPU (the default builds for this machine; e.g. ARCH=-march=x86-64-v2).
+# The schedule (tile sizes, vector widths) was chosen for the exporting machine's kind of CPU.
 CC ?= cc
 AR ?= ar
-ARCH ?= -march=native
-OPT ?= -O2
+ARCH ?= {arch}
+OPT ?= {opt}
 CFLAGS ?= -Wall -Wextra
 EINJIT_FLAGS = $(OPT) $(ARCH) {flags}
-LDLIBS = -lm{openmp}
+LDLIBS = {libs}
 
 all: lib{prefix}.a main
 

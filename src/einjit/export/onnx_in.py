@@ -53,6 +53,7 @@ _UNARY = {
     "Erf": ("t =: erf(t1)", f"g1 =+ g * ({2 / math.sqrt(math.pi)!r} * exp(-(t1 * t1)))"),
     "Sqrt": ("t =: sqrt(t1)", "g1 =+ g / (2 * t)"),
     "Exp": ("t =: exp(t1)", "g1 =+ g * t"),
+    "Log": ("t =: log(t1)", "g1 =+ g / t1"),
     "Tanh": ("t =: tanh(t1)", "g1 =+ g * (1 - t * t)"),
     "Sigmoid": ("t =: recip(1 + exp(-t1))", "g1 =+ g * (t * (1 - t))"),
     "Neg": ("t =: -t1", "g1 =- g"),
@@ -246,10 +247,12 @@ def _unary(imp: _Importer, node, attrs) -> None:
 
 
 def _gelu(imp: _Importer, node, attrs) -> None:
-    if attrs.get("approximate", b"none") not in (b"none", "none"):
-        raise imp.error("Gelu", f"approximate={attrs['approximate']!r}; only the erf form ('none') is supported")
+    approximate = attrs.get("approximate", b"none")
+    approximate = approximate.decode() if isinstance(approximate, bytes) else str(approximate)
+    if approximate not in activations.GELU_APPROXIMATIONS:
+        raise imp.error("Gelu", f"approximate={approximate!r}; supported: {', '.join(activations.GELU_APPROXIMATIONS)}")
     x = imp.tensor(node.input[0])
-    imp.set(node.output[0], activations.gelu(x, label=node.output[0]), imp.shapes[node.input[0]])
+    imp.set(node.output[0], activations.gelu(x, approximate, label=node.output[0]), imp.shapes[node.input[0]])
 
 
 def _matmul_spec(a: Shape, b: Shape, imp: _Importer, op: str) -> tuple[str, Shape]:
@@ -454,7 +457,8 @@ def _transpose(imp: _Importer, node, attrs) -> None:
 def _softmax(imp: _Importer, node, attrs) -> None:
     x = node.input[0]
     axis = int(attrs.get("axis", -1))
-    imp.set(node.output[0], reductions.softmax(imp.tensor(x), axis, label=node.output[0]), imp.shapes[x])
+    fn = reductions.log_softmax if node.op_type == "LogSoftmax" else reductions.softmax
+    imp.set(node.output[0], fn(imp.tensor(x), axis, label=node.output[0]), imp.shapes[x])
 
 
 def _layer_norm(imp: _Importer, node, attrs) -> None:
@@ -590,7 +594,8 @@ def _einsum(imp: _Importer, node, attrs) -> None:
 def _reduce_max(imp: _Importer, node, attrs) -> None:
     x = node.input[0]
     shape = imp.shapes[x]
-    axes = {int(a) % len(shape) for a in attrs.get("axes", range(len(shape)))}
+    given = _axes(imp, node, attrs, "ReduceMax")
+    axes = {int(a) % len(shape) for a in (range(len(shape)) if given is None else given)}
     keep = bool(attrs.get("keepdims", 1))
     names = _labels(shape)
     kept = [("0" if keep else None) if k in axes else n for k, n in enumerate(names)]
@@ -704,9 +709,9 @@ HANDLERS: dict[str, Callable[[_Importer, object, dict], None]] = {
     **{op: _binary for op in _BINARY}, **{op: _unary for op in _UNARY},
     "Gelu": _gelu, "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "MaxPool": _pool, "AveragePool": _pool,
     "GlobalAveragePool": _global_average_pool, "Reshape": _reshape, "Flatten": _flatten, "Transpose": _transpose,
-    "Softmax": _softmax, "LayerNormalization": _layer_norm, "Gather": _gather, "Concat": _concat,
-    "Constant": _constant, "Einsum": _einsum, "ReduceMax": _reduce_max, "Shape": _shape_op, "Cast": _cast,
-    "Mod": _mod, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Slice": _slice,
+    "Softmax": _softmax, "LogSoftmax": _softmax, "LayerNormalization": _layer_norm, "Gather": _gather,
+    "Concat": _concat, "Constant": _constant, "Einsum": _einsum, "ReduceMax": _reduce_max, "Shape": _shape_op,
+    "Cast": _cast, "Mod": _mod, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Slice": _slice,
 }
 
 

@@ -1,4 +1,4 @@
-"""`export_onnx`: an einjit forward graph as an ONNX model (opset 17).
+"""`export_onnx`: an einjit forward graph as an ONNX model (opset 17 by default, up to 21).
 
 Each computed tensor is translated from its operation and its projections — how the
 operation's loops index the result and the arguments — so the translation does not depend on
@@ -7,8 +7,10 @@ axis reshaped away, affine window axes (`stride*o+k-pad`) the strides, dilations
 `Conv`, `MaxPool` or `AveragePool`. Contractions are written as `Gemm` or `MatMul` when their
 letters match (`w @ x` of a linear layer is `Gemm(x, w, transB=1)`) and as `Einsum` otherwise;
 sums as `Einsum`, maxima as `ReduceMax`, pointwise operations as the ONNX operator after the
-operands are permuted (`Transpose`) and reshaped to broadcast as NumPy does. Softmax, layer and
-batch norms are einjit compositions of these and are written as such. Leaves (parameters,
+operands are permuted (`Transpose`) and reshaped to broadcast as NumPy does. Softmax and layer
+norm, which einjit composes from these, are recognized (`onnx_fused`) and written as `Softmax`,
+`LogSoftmax` and `LayerNormalization`; GELU as `Gelu` from opset 20, before it as its erf (or tanh) formula;
+a batch norm stays a composition. Leaves (parameters,
 constants, and inputs other than the exported ones, such as a layer's train/eval
 mode) become initializers with their current values; inputs and outputs are named after
 their labels. An operation with no ONNX form (a random draw, a dropout in training mode) is
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from einjit.export import onnx_fused
 from einjit.export.c_library import identifier, resolve_step
 from einjit.export.errors import ExportError
 from einjit.ir import assignments as asg
@@ -32,10 +35,14 @@ from einjit.ir.indexing import Affine, FixedIdx, Iterator, Projections
 from einjit.tensor.tensor import Tensor
 
 OPSET = 17
+#: The opsets `export_onnx` writes: 17 (LayerNormalization) up to 21; `Gelu` from 20.
+OPSETS = range(17, 22)
+GELU_OPSET = 20
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _BINARY = {"+": "Add", "-": "Sub", "*": "Mul", "/": "Div", "**": "Pow"}
 _UNARY = {"relu": "Relu", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "tanh": "Tanh", "sigmoid": "Sigmoid",
-          "neg": "Neg", "recip": "Reciprocal", "abs": "Abs", "sin": "Sin", "cos": "Cos"}
+          "neg": "Neg", "recip": "Reciprocal", "abs": "Abs", "sin": "Sin", "cos": "Cos", "erf": "Erf",
+          "reciprocal": "Reciprocal", "identity": "Identity"}
 _CONTRACTIONS = ("@", "einsum", "conv", "gather")
 _PERMUTES = ("einsum", "sum", "T", "transpose")
 
@@ -84,8 +91,9 @@ def _error(t: Tensor, why: str) -> ExportError:
 
 
 class _Exporter:
-    def __init__(self, w: _Writer):
+    def __init__(self, w: _Writer, opset: int):
         self.w = w
+        self.opset = opset
 
     def letters(self, proj: Projections) -> dict:
         if len(proj.product_iterators) > len(_LETTERS):
@@ -147,7 +155,25 @@ class _Exporter:
             name = self.w.reshape(name, dims, f"{t.label_str}_bcast")
         return name
 
-    def tensor(self, t: Tensor) -> str:
+    def fused(self, t: Tensor, f: onnx_fused.Fused) -> str:
+        x = self.w.names[f.x.id]
+        base = t.label_str
+        if f.op in ("Softmax", "LogSoftmax"):
+            return self.w.node(f.op, [x], base, axis=f.axes[0])
+        normalized = [f.x.dims[k] for k in f.axes]
+
+        def operand(v: Tensor | None, fill: float, what: str) -> str:
+            if v is None:
+                return self.w.const(np.full(normalized, fill, np.float32), f"{base}_{what}")
+            name = self.w.names[v.id]
+            return name if list(v.dims) == normalized else self.w.reshape(name, normalized, f"{base}_{what}")
+
+        return self.w.node("LayerNormalization", [x, operand(f.scale, 1.0, "scale"), operand(f.bias, 0.0, "bias")],
+                           base, axis=f.axes[0], epsilon=f.epsilon)
+
+    def tensor(self, t: Tensor, fused: onnx_fused.Fused | None = None) -> str:
+        if fused is not None:
+            return self.fused(t, fused)
         op = t.op_label
         proj = _projections(t)
         letters = self.letters(proj)
@@ -169,7 +195,8 @@ class _Exporter:
             root = self.w.node("Sqrt", [self.aligned(t, 0, proj, letters, out)], f"{base}_sqrt")
             return self.finish(t, self.w.node("Reciprocal", [root], base), proj)
         if op == "gelu" and n == 1:
-            return self.finish(t, self.gelu(self.aligned(t, 0, proj, letters, out), base), proj)
+            x = self.aligned(t, 0, proj, letters, out)
+            return self.finish(t, self.gelu(x, onnx_fused.gelu_approximation(t), base), proj)
         if op == "dropout" and n == 3:
             mode = t.children[2].value_tn.array
             if mode is None or float(np.asarray(mode).reshape(-1)[0]) != 0.0:
@@ -180,7 +207,7 @@ class _Exporter:
             name, text = self.operand(t, 0, proj, letters)
             axes = [k for k, c in enumerate(text) if c not in out]
             kept = [c for c in text if c in out]
-            red = self.w.node(f"Reduce{op.capitalize()}", [name], base, axes=axes, keepdims=0) if axes else name
+            red = self.reduce(f"Reduce{op.capitalize()}", name, axes, base) if axes else name
             if kept != list(out):
                 red = self.w.node("Transpose", [red], f"{base}_perm", perm=[kept.index(c) for c in out])
             return self.finish(t, red, proj)
@@ -191,13 +218,32 @@ class _Exporter:
             return self.finish(t, self.contraction(t, proj, letters, out), proj)
         raise _error(t, "no ONNX form for this operation")
 
-    def gelu(self, x: str, base: str) -> str:
-        half = self.w.const(np.array(0.5, np.float32), f"{base}_half")
-        one = self.w.const(np.array(1.0, np.float32), f"{base}_one")
-        sqrt2 = self.w.const(np.array(math.sqrt(2.0), np.float32), f"{base}_sqrt2")
-        erf = self.w.node("Erf", [self.w.node("Div", [x, sqrt2], f"{base}_scaled")], f"{base}_erf")
-        phi = self.w.node("Mul", [self.w.node("Add", [erf, one], f"{base}_cdf2"), half], f"{base}_cdf")
-        return self.w.node("Mul", [x, phi], base)
+    def reduce(self, op: str, name: str, axes: list[int], base: str) -> str:
+        """A reduction without kept axes; from opset 18 its axes are an input, not an attribute."""
+        if self.opset >= 18:
+            return self.w.node(op, [name, self.w.const(np.array(axes, np.int64), f"{base}_axes")], base, keepdims=0)
+        return self.w.node(op, [name], base, axes=axes, keepdims=0)
+
+    def gelu(self, x: str, approximate: str, base: str) -> str:
+        """`Gelu` from opset 20; before it, `x * Phi(x)` from `Erf`, or the tanh formula."""
+        if self.opset >= GELU_OPSET:
+            return self.w.node("Gelu", [x], base, approximate=approximate)
+
+        def number(v: float, what: str) -> str:
+            return self.w.const(np.array(v, np.float32), f"{base}_{what}")
+
+        half, one = number(0.5, "half"), number(1.0, "one")
+        if approximate == "tanh":
+            cube = self.w.node("Mul", [self.w.node("Mul", [x, x], f"{base}_sq"), x], f"{base}_cube")
+            inner = self.w.node("Add", [x, self.w.node("Mul", [cube, number(0.044715, "cubic")], f"{base}_cubic")],
+                                f"{base}_inner")
+            arg = self.w.node("Mul", [inner, number(math.sqrt(2.0 / math.pi), "sqrt_2_pi")], f"{base}_arg")
+            phi2 = self.w.node("Add", [self.w.node("Tanh", [arg], f"{base}_tanh"), one], f"{base}_cdf2")
+        else:
+            erf = self.w.node("Erf", [self.w.node("Div", [x, number(math.sqrt(2.0), "sqrt2")], f"{base}_scaled")],
+                              f"{base}_erf")
+            phi2 = self.w.node("Add", [erf, one], f"{base}_cdf2")
+        return self.w.node("Mul", [x, self.w.node("Mul", [phi2, half], f"{base}_cdf")], base)
 
     def contraction(self, t: Tensor, proj: Projections, letters: dict, out: str) -> str:
         (a, ta), (b, tb) = self.operand(t, 0, proj, letters), self.operand(t, 1, proj, letters)
@@ -221,6 +267,8 @@ class _Exporter:
         op = t.op_label
         base = t.label_str
         if op == "flatten" and len(t.children) == 1:
+            return self.w.reshape(self.w.names[t.children[0].id], proj.lhs_dims, base)
+        if op == "reshape" and len(t.children) == 1 and _row_major_split(proj):
             return self.w.reshape(self.w.names[t.children[0].id], proj.lhs_dims, base)
         if op not in ("conv", "einsum", "maxpool", "avgpool") or len(t.children) != 2:
             raise _error(t, "an affine (window) index outside a convolution or pooling has no ONNX form here")
@@ -261,6 +309,25 @@ class _Exporter:
                            dilations=dilations, pads=pads)
 
 
+def _row_major_split(proj: Projections) -> bool:
+    """The result is its one-axis argument split row-major (`onnx_load`'s reshape): the
+    argument is read at `sum(stride_k * i_k)` with the row-major strides of the result."""
+    (idx,) = proj.project_rhs[0] if len(proj.project_rhs[0]) == 1 else (None,)
+    if not isinstance(idx, Affine) or idx.offset != 0:
+        return False
+    strides = {}
+    for k, (i, d) in enumerate(zip(proj.project_lhs, proj.lhs_dims, strict=True)):
+        match i:
+            case Iterator(s):
+                strides[s] = math.prod(proj.lhs_dims[k + 1:])
+            case FixedIdx(0) if d == 1:
+                pass
+            case _:
+                return False
+    return sorted(((c, s) for c, s in idx.symbols), key=repr) == sorted(((c, s) for s, c in strides.items()
+                                                                         if proj.iterator_dims()[s] > 1), key=repr)
+
+
 def _leaf_values(t: Tensor) -> np.ndarray:
     """A leaf's values: its host array, or the constant its code fills it with (numbers)."""
     arr = t.value_tn.array
@@ -275,54 +342,72 @@ def _leaf_values(t: Tensor) -> np.ndarray:
                       f"first) and no constant form")
 
 
-def _graph_order(outputs: list[Tensor]) -> list[Tensor]:
-    """The tensors the outputs need, in creation (topological) order; a dropout's random draw
-    is not needed (an exported dropout is the identity)."""
+def _graph_order(outputs: list[Tensor]) -> tuple[list[Tensor], dict[int, onnx_fused.Fused]]:
+    """The tensors the outputs need, in creation (topological) order, and the softmaxes and
+    layer norms among them: those need their `Fused.inputs`, not their children (the
+    intermediate tensors are written only if something else needs them). A dropout's random
+    draw is not needed (an exported dropout is the identity)."""
     seen: dict[int, Tensor] = {}
+    fused: dict[int, onnx_fused.Fused] = {}
     stack = list(outputs)
     while stack:
         t = stack.pop()
         if t.id in seen:
             continue
         seen[t.id] = t
-        stack.extend(c for k, c in enumerate(t.children) if not (t.op_label == "dropout" and k == 1))
-    return [seen[k] for k in sorted(seen)]
+        f = onnx_fused.recognize(t) if t.children else None
+        if f is not None:
+            fused[t.id] = f
+            stack.extend(f.inputs)
+        else:
+            stack.extend(c for k, c in enumerate(t.children) if not (t.op_label == "dropout" and k == 1))
+    return [seen[k] for k in sorted(seen)], fused
 
 
 def export_onnx(model: object, path: str | os.PathLike, *, inputs: Sequence[Tensor] | None = None,
                 batch_dims: Sequence[int] = (1,), input_dims: Sequence[int] = (), output_dims: Sequence[int] = (1,),
-                graph_name: str = "einjit") -> object:
+                graph_name: str = "einjit", opset: int = OPSET) -> object:
     """Write `model` (what `export_c` takes: a forward step, output tensors with `inputs=`, or
-    a model with its input dims) as an ONNX model at `path`; returns the `onnx.ModelProto`."""
+    a model with its input dims) as an ONNX model of opset `opset` (`OPSETS`) at `path`;
+    returns the `onnx.ModelProto`."""
     try:
         import onnx
         from onnx import helper, numpy_helper
     except ImportError:
         raise ExportError("einjit: export_onnx needs the onnx package: pip install 'einjit[onnx]'") from None
+    if opset not in OPSETS or opset > onnx.defs.onnx_opset_version():
+        raise ExportError(f"einjit: export_onnx: opset {opset!r} is not supported: einjit writes opsets "
+                          f"{OPSETS.start} to {min(OPSETS.stop - 1, onnx.defs.onnx_opset_version())} "
+                          f"(with onnx {onnx.__version__})")
     outputs, ins = resolve_step(model, inputs, batch_dims, input_dims, output_dims)
     w = _Writer(helper, numpy_helper)
-    ex = _Exporter(w)
+    ex = _Exporter(w, opset)
     graph_inputs = []
     for t in ins:
         name = w.fresh(t.label_str)
         w.names[t.id] = name
         graph_inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(t.dims)))
-    for t in _graph_order(outputs):
+    order, fused = _graph_order(outputs)
+    for t in order:
         if t.id in w.names:
             continue
         if not t.children:
             w.names[t.id] = w.const(_leaf_values(t), t.label_str)
             continue
-        w.names[t.id] = ex.tensor(t)
+        w.names[t.id] = ex.tensor(t, fused.get(t.id))
     graph_outputs = []
+    computed = {out for n in w.nodes for out in n.output}
     for k, t in enumerate(outputs):
-        name = identifier(t.label_str, f"output{k}")
-        if name in w.used or name != w.names[t.id]:
-            name = w.node("Identity", [w.names[t.id]], name if name not in w.used else f"output{k}")
+        name = w.names[t.id]
+        if name != identifier(t.label_str, f"output{k}") or name not in computed:
+            # An output computed under another name, an input or a value itself, or given twice.
+            name = w.node("Identity", [name], identifier(t.label_str, f"output{k}"))
+        computed.discard(name)
         graph_outputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, list(t.dims)))
     graph = helper.make_graph(w.nodes, graph_name, graph_inputs, graph_outputs, w.inits)
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="einjit")
-    proto.ir_version = 8
+    opsets = [helper.make_opsetid("", opset)]
+    proto = helper.make_model(graph, opset_imports=opsets, producer_name="einjit")
+    proto.ir_version = helper.find_min_ir_version_for(opsets)
     onnx.checker.check_model(proto)
     Path(path).write_bytes(proto.SerializeToString())
     return proto

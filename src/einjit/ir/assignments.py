@@ -34,14 +34,27 @@ T = TypeVar("T")
 
 
 class Lazy(Generic[T]):
-    """A value computed on first use and then remembered."""
+    """A value computed on first use and then remembered.
 
-    __slots__ = ("_thunk", "_value", "_forced")
+    `key`, when given, describes cheaply what the value is a function of (hashable, printing
+    the same in every process for the same inputs), or returns None when only computing it
+    tells: the program cache keys a program by it without computing the value."""
 
-    def __init__(self, thunk: Callable[[], T]):
+    __slots__ = ("_thunk", "_value", "_forced", "_key", "_known_key")
+
+    def __init__(self, thunk: Callable[[], T], key: Callable[[], object] | None = None):
         self._thunk: Callable[[], T] | None = thunk
         self._value: T | None = None
         self._forced = False
+        self._key = key
+        self._known_key: object = None
+
+    def key(self) -> object:
+        """What the value is a function of (see the class), or None when unknown; remembered
+        once known (it describes inputs that no longer change, such as solved shapes)."""
+        if self._known_key is None and self._key is not None:
+            self._known_key = self._key()
+        return self._known_key
 
     @classmethod
     def of(cls, value: T) -> "Lazy[T]":
@@ -363,7 +376,11 @@ Ranges = dict[Symbol, tuple[int, int]]
 
 
 def _index_range(idx: AxisIndex, ranges: Ranges) -> tuple[int, int] | None:
-    """The least and greatest values an affine index takes over the loops (None if unknown)."""
+    """The least and greatest values an affine index takes over the loops (None if unknown).
+    A plain iterator counts too: a window padded after its end only (`o-0:1`) projects to one,
+    and its loop runs past the array."""
+    if isinstance(idx, Iterator):
+        return ranges.get(idx.symbol)
     if not isinstance(idx, Affine):
         return None
     lo = hi = idx.offset
@@ -442,8 +459,7 @@ def _unsafe_axes(lhs: Tnode, lhs_idcs: tuple[AxisIndex, ...], ranges: Ranges) ->
     for idx, d in zip(lhs_idcs, lhs.dims, strict=True):
         rng = _index_range(idx, ranges)
         if rng is not None and (rng[0] < 0 or rng[1] >= d):
-            assert isinstance(idx, Affine)  # only an affine index has a range
-            unsafe.append((idx, d))
+            unsafe.append((Affine(((1, idx.symbol),), 0) if isinstance(idx, Iterator) else cast(Affine, idx), d))
     return unsafe
 
 

@@ -31,6 +31,7 @@ INPUT = 80
 STATE = 81
 SCHEDULED_LOCAL = 90
 ROUTINE_LOCAL = 91
+REGISTER_BLOCK = 92
 
 NON_VIRTUAL_REASONS: dict[int, str] = {
     4: "its computation accesses it with inconsistent index patterns",
@@ -74,7 +75,9 @@ PROVENANCES: dict[int, str] = {
     HOSTED_BY_WRITE: "hosted: its values were written from the host (set_values) before it was compiled",
     INPUT: "hosted volatile: an input (ej.input / ej.scalar), written from the host between runs",
     STATE: "hosted: a state tensor (random-number counter, running statistics) that routines update in place",
-    SCHEDULED_LOCAL: "local: a register block or packed panel the loop scheduler made for one routine",
+    SCHEDULED_LOCAL: "local: a packed panel or edge buffer the loop scheduler made for one routine",
+    REGISTER_BLOCK: "local: a block of accumulators the loop scheduler made for one routine, its last axis one "
+                    "vector (the C backend declares it as an array of vectors)",
     ROUTINE_LOCAL: "local: one routine writes it before reading it and no other routine compiled so far uses it, so "
                    "its values live only during a call (VirtualizeSettings.local_storage)",
 }

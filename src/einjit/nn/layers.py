@@ -78,6 +78,10 @@ class Layer:
     """A labelled definition with a train/eval flag."""
 
     kind = "layer"
+    #: Whether the layer makes its parameters on its first call, their shapes following the
+    #: input's axes (`Linear`'s weight spans every output axis of its input): before that call
+    #: `params()` has nothing true to list, and says so rather than answering `[]`.
+    params_on_call = False
 
     def __init__(self, label: str | None = None):
         self.label = label or _auto_label(self.kind.lower())
@@ -102,6 +106,10 @@ class Layer:
         return self.train(False)
 
     def params(self) -> list[Tensor]:
+        if self.params_on_call and not self._params:
+            raise TensorError(f"einjit: {self.kind} {self.label} makes its parameters on its first call (their "
+                              f"shapes follow the input's axes), and has not been called yet: call the model on an "
+                              f"input once (`y = model(x)`) before asking for its params() or saving it")
         return list(self._params)
 
     def buffers(self) -> list[Tensor]:
@@ -170,6 +178,7 @@ class Linear(Layer):
     """`w @ x + b` over all output axes of `x` (`in_features` is their total size)."""
 
     kind = "Linear"
+    params_on_call = True
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = True, init: str = "kaiming_uniform",
                  label: str | None = None):
@@ -256,6 +265,7 @@ class Conv2d(Layer):
     """2-D convolution over `batch|->channels, height, width` (cross-correlation, as PyTorch)."""
 
     kind = "Conv2d"
+    params_on_call = True
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, *, stride=1, padding=0, dilation=1,
                  bias: bool = True, init: str = "kaiming_uniform", label: str | None = None):
@@ -424,6 +434,11 @@ class BatchNorm(Layer):
     def buffers(self) -> list[Tensor]:
         return [self.running_mean, self.running_var]
 
+    def params(self) -> list[Tensor]:
+        """`gamma` and `beta`, created on first request (their shape is the constructor's)."""
+        n = self.num_features
+        return [self._own_param("gamma", n, "ones"), self._own_param("beta", n, "zeros")]
+
     def _specs(self, x: Tensor) -> tuple[str, str]:
         dims, _ = _output_dims(x)
         if not dims:
@@ -436,8 +451,7 @@ class BatchNorm(Layer):
 
     def __call__(self, x: Tensor) -> Tensor:
         reduce_spec, bspec = self._specs(x)
-        gamma = self._own_param("gamma", self.num_features, "ones")
-        beta = self._own_param("beta", self.num_features, "zeros")
+        gamma, beta = self.params()
         m = self.mode_tensor()
         batch_mean = reductions.mean(x, reduce_spec)
         batch_centered = reductions.broadcast_op("-", x, batch_mean, bspec)
@@ -518,6 +532,7 @@ class Embedding(Layer):
     table are clamped into it (`ej.take`); NumPy ids out of range are an error."""
 
     kind = "Embedding"
+    params_on_call = True
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *, label: str | None = None):
         super().__init__(label)

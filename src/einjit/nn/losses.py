@@ -84,12 +84,15 @@ def cross_entropy(logits: Tensor, target: Like, *, axis: int = -1, reduction: st
         ids = class_ids(arr, _class_count(logits, axis))
         target = ndarray(ids, batch_axes=n_batch, prec=ops.int32, label="targets")
     y = as_tensor(target)
-    full, reduced, _ = reductions.axis_specs(logits, axis, False)
+    # Closed: the per-sample loss has the logits' rows less the class axis, and nothing that
+    # multiplies it later can reach back and give the logits a leading size-1 axis.
+    full, reduced, _ = reductions.axis_specs(logits, axis, False, closed=True)
     if y.value_tn.prec.is_float:
         picked = einsum(f"{full}; {full} => {reduced}", y, logits, label="target_logit")
     else:
         picked = take(logits, y, spec=f"{full}; {full} => {reduced}", label="target_logit")
-    per_sample = reductions.logsumexp(logits, axis) - picked
+    per_sample = reductions.broadcast_op("-", reductions.logsumexp(logits, axis, closed=True), picked,
+                                         f"{reduced}; {reduced} => {reduced}")
     return _reduce(per_sample, reduction, label or "cross_entropy")
 
 

@@ -10,7 +10,7 @@ operation's loops index its arrays.
 from einjit.shape.einsum import EinsumSpec, parse_einsum, parse_shape_spec
 from einjit.shape.errors import ShapeError
 from einjit.shape.inference import finish_inference, propagate_shapes, reset_state, to_dims, track
-from einjit.shape.projections import derive_projections
+from einjit.shape.projections import derive_projections, projections_key
 from einjit.shape.row import (
     Bounds,
     Broadcastable,
@@ -63,6 +63,6 @@ __all__ = [
     "InputEqualsOutput", "Kind", "Logic", "NotConstrained", "Permute", "PointwiseBin", "PointwiseUn",
     "RangeOverOffsets", "Row", "RowEq", "RowId", "RowIneq", "RowVar", "ShapeError", "Shape", "Solved",
     "Terminal", "TotalElems", "Transpose", "TransposeIO", "TransposeType", "Unconstrained", "UpdateStep",
-    "Var", "derive_projections", "finish_inference", "logic_args", "logic_to_spec", "parse_einsum",
+    "Var", "derive_projections", "finish_inference", "logic_args", "logic_to_spec", "parse_einsum", "projections_key",
     "parse_shape_spec", "propagate_shapes", "reset_state", "to_dims", "track",
 ]

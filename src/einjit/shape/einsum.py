@@ -219,7 +219,23 @@ def _parse_slot(src: _Source, start: int, end: int, multi: bool, entry) -> SlotS
     return SlotSpec(**rows)
 
 
+def _check_parens(src: _Source, start: int, end: int) -> None:
+    """Parentheses only group the axes of one row: each `(` closes in the row it opens, so a
+    stray `)` (or one closing across `|`, `->`, `;`, `=>`) is not silently ignored."""
+    opened: list[int] = []
+    for i in range(start, end):
+        if src.text[i] == "(":
+            opened.append(i)
+        elif src.text[i] == ")":
+            if not opened:
+                raise src.error(i, "unmatched ')': parentheses group axes within one row")
+            opened.pop()
+    if opened:
+        raise src.error(opened[-1], "unclosed '(': parentheses group axes within one row")
+
+
 def _parse_row(src: _Source, seg: tuple[int, int], kind: str, multi: bool, entry) -> RowSpec:
+    _check_parens(src, *seg)
     tokens = _tokens_multi(src, *seg) if multi else _tokens_single(src, *seg)
     row_var, axes = None, []
     for i, (tok, pos) in enumerate(tokens):

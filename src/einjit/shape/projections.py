@@ -14,7 +14,17 @@ from __future__ import annotations
 
 import itertools
 
-from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, Projections, Symbol, get_symbol, make_affine
+from einjit.ir.indexing import (
+    Affine,
+    AxisIndex,
+    FixedIdx,
+    Iterator,
+    Projections,
+    Symbol,
+    get_symbol,
+    make_affine,
+    subst_index,
+)
 from einjit.shape.errors import ShapeError
 from einjit.shape.inference import InferenceState, finish_inference, is_active, propagate_shapes, to_dims
 from einjit.shape.logic import ConvSpec, Generated, Special, constraints_of
@@ -34,7 +44,7 @@ from einjit.shape.row import (
     expand_row,
     fresh_proj_id,
 )
-from einjit.shape.shape import Shape, Terminal, UpdateStep, logic_args, logic_to_spec
+from einjit.shape.shape import BatchSlice, Broadcast, Shape, Terminal, Transpose, UpdateStep, logic_args, logic_to_spec
 
 Key = tuple[str, int]
 _anon = itertools.count()
@@ -48,6 +58,11 @@ def derive_projections(update_step: UpdateStep) -> Projections:
         if not is_active(update_step):
             propagate_shapes(update_step)
         finish_inference()
+    debug = f"{logic_to_spec(update_step.logic)} for {_name(lhs)}"
+    key = projections_key(update_step)
+    known = None if key is None else _derived.get(key)
+    if known is not None:
+        return _renamed(known, debug)
     local_lhs, local_args = _fresh_copy(lhs), tuple(_fresh_copy(a) for a in args)
     state = InferenceState()
     state.log = []
@@ -55,9 +70,66 @@ def derive_projections(update_step: UpdateStep) -> Projections:
            else constraints_of(update_step.logic, local_lhs, local_args))
     state.add(gen, (local_lhs, *local_args))
     state.close()
-    debug = f"{logic_to_spec(update_step.logic)} for {_name(lhs)}"
-    return _Builder(state.env, gen.specials, debug).build(state.log, local_lhs, local_args,
-                                                          to_dims(lhs), tuple(to_dims(a) for a in args))
+    derived = _Builder(state.env, gen.specials, debug).build(state.log, local_lhs, local_args,
+                                                             to_dims(lhs), tuple(to_dims(a) for a in args))
+    if key is not None:
+        if len(_derived) >= _DERIVED_LIMIT:
+            _derived.clear()
+        _derived[key] = derived
+    return derived
+
+
+_derived: dict[tuple, Projections] = {}
+"""Projections derived so far, by `projections_key`: the same operation on tensors of the same
+shapes (every block of a deep model, every step of an unrolled loop) is derived once, and
+later ones get a copy with fresh loop symbols. Deriving is a local shape inference per
+operation: a third of lowering a GPT training step."""
+_DERIVED_LIMIT = 4096
+
+
+def _renamed(p: Projections, debug: str) -> Projections:
+    """`p` with fresh product iterators (each operation's loops are its own), created in the
+    order of `p`'s own, as deriving would."""
+    fresh: dict[Symbol, AxisIndex] = {s: Iterator(get_symbol(s.name)) for s in p.product_iterators}
+    iterators = tuple(i.symbol for i in fresh.values() if isinstance(i, Iterator))
+    return Projections(p.product_space, iterators, p.lhs_dims, p.rhs_dims,
+                       tuple(subst_index(fresh, i) for i in p.project_lhs),
+                       tuple(tuple(subst_index(fresh, i) for i in r) for r in p.project_rhs), debug)
+
+
+def projections_key(update_step: UpdateStep) -> tuple | None:
+    """What `derive_projections(update_step)` is a function of, without deriving: the logic,
+    and the solved rows (dims with labels) of the result and the arguments, with shapes and
+    rows numbered in order of first appearance (a tensor used twice is numbered once, as
+    inference sees it). None while a shape is unsolved: only deriving tells then. The program
+    cache keys a program by this instead of the projections, which cost a local inference
+    per operation (most of a warm compile)."""
+    lhs, args = update_step.shape, logic_args(update_step.logic)
+    shapes = (lhs, *args)
+    if not all(sh.is_solved() for sh in shapes):
+        return None
+    numbers: dict[tuple, int] = {}
+
+    def number(x: tuple) -> int:
+        return numbers.setdefault(x, len(numbers))
+
+    def row(r: Row) -> tuple:
+        return (number(("row", r.id.sh_id, r.id.kind)),
+                tuple((d.d, d.label) for d in r.dims if isinstance(d, Dim)))
+
+    match update_step.logic:
+        case Broadcast(kind, _, _):
+            logic: tuple = ("broadcast", kind)
+        case Transpose(BatchSlice(symbol) as kind, _):
+            logic = ("transpose", kind, symbol.static_range)  # not part of the symbol's equality
+        case Transpose(kind, _):
+            logic = ("transpose", kind)
+        case Terminal(init):
+            logic = ("terminal", init)
+        case _:
+            return None
+    return logic + tuple((number(("shape", sh.id)), row(sh.batch), row(sh.input), row(sh.output))
+                         for sh in shapes)
 
 
 def _name(sh: Shape) -> str:

@@ -4,7 +4,8 @@
 positive inputs nor loses the linear part; its derivative, the sigmoid, is `recip(1 + exp(-x))`,
 which saturates to 0 or 1 without producing NaN. `gelu` is the exact (erf) form, as PyTorch's
 default, and `gelu(x, approximate="tanh")` the tanh form GPT-2 was trained with
-(`0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, PyTorch's `approximate="tanh"`). Templates
+(`0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, PyTorch's `approximate="tanh"`), computed
+as `x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3))`, the same function through one `exp`. Templates
 with a constant (a slope, clip bounds) are parsed once per constant.
 """
 
@@ -22,7 +23,11 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _SQRT_2_PI = math.sqrt(2.0 / math.pi)
 _GELU_CUBIC = 0.044715
 GELU_APPROXIMATIONS = ("none", "tanh")
-_GELU_TANH_INNER = f"tanh({_SQRT_2_PI!r} * (t1 + {_GELU_CUBIC!r} * (t1 * t1 * t1)))"
+_GELU_SIGMOID = f"recip(1 + exp({-2 * _SQRT_2_PI!r} * (t1 + {_GELU_CUBIC!r} * (t1 * t1 * t1))))"
+"""`0.5 (1 + tanh(u)) = sigmoid(2u)`: the tanh form's gate through one `exp`, which gcc
+vectorizes with libmvec at about twice the rate of `tanh` (the transformer's MLP applies it
+to 4 x d_model values per token, forward and backward). For large negative `u` the `exp`
+overflows to infinity and the gate is exactly 0, as `tanh` saturates to -1."""
 
 _UNARY = {
     "abs": (Template("t =: abs(t1)"), Template("g1 =+ where(t1 < 0, -g, g)")),
@@ -30,9 +35,9 @@ _UNARY = {
     "gelu": (Template(f"t =: t1 * (0.5 + 0.5 * erf({_SQRT1_2!r} * t1))"),
              Template(f"g1 =+ g * ((0.5 + 0.5 * erf({_SQRT1_2!r} * t1)) "
                       f"+ t1 * ({_INV_SQRT_2PI!r} * exp(-0.5 * (t1 * t1))))")),
-    "gelu_tanh": (Template(f"t =: 0.5 * t1 * (1 + {_GELU_TANH_INNER})"),
-                  Template(f"g1 =+ g * (0.5 * (1 + {_GELU_TANH_INNER}) + 0.5 * t1 * (1 - {_GELU_TANH_INNER} * "
-                           f"{_GELU_TANH_INNER}) * {_SQRT_2_PI!r} * (1 + {3 * _GELU_CUBIC!r} * (t1 * t1)))")),
+    "gelu_tanh": (Template(f"t =: t1 * {_GELU_SIGMOID}"),
+                  Template(f"g1 =+ g * ({_GELU_SIGMOID} + t1 * {_GELU_SIGMOID} * (1 - {_GELU_SIGMOID}) * "
+                           f"{2 * _SQRT_2_PI!r} * (1 + {3 * _GELU_CUBIC!r} * (t1 * t1)))")),
 }
 
 

@@ -126,11 +126,17 @@ def infer_projections(lhs: sh.Shape, kind: LogicSpec, shapes: list[sh.Shape], wh
         s2 = sh.UpdateStep(lhs, sh.Broadcast(sh.PointwiseBin(), shapes[0], shapes[2]))
         sh.propagate_shapes(s1)
         sh.propagate_shapes(s2)
-        return asg.Lazy(lambda: merge_ternary(sh.derive_projections(s1), sh.derive_projections(s2)))
+        return asg.Lazy(lambda: merge_ternary(sh.derive_projections(s1), sh.derive_projections(s2)),
+                        key=lambda: _all_known("ternary", sh.projections_key(s1), sh.projections_key(s2)))
     logic = kind(shapes) if callable(kind) else logic_of(kind, len(shapes), shapes, where)
     step = sh.UpdateStep(lhs, logic)
     sh.propagate_shapes(step)
-    return asg.Lazy(lambda: sh.derive_projections(step))
+    return asg.Lazy(lambda: sh.derive_projections(step), key=lambda: sh.projections_key(step))
+
+
+def _all_known(*parts: object) -> tuple | None:
+    """A key made of `parts`, or None if one of them is unknown."""
+    return None if any(p is None for p in parts) else parts
 
 
 def merge_ternary(p1: Projections, p2: Projections) -> Projections:
@@ -164,7 +170,7 @@ def retarget(proj: asg.Lazy, lhs_slot: str, rhs_slots: list[str], where: str) ->
         return Projections(p.product_space, p.product_iterators, ld, tuple(d for d, _ in picked), lp,
                            tuple(i for _, i in picked), f"{p.debug_info} [{lhs_slot} <- {', '.join(rhs_slots)}]")
 
-    return asg.Lazy(build)
+    return asg.Lazy(build, key=lambda: _all_known("retarget", proj.key(), lhs_slot, tuple(rhs_slots)))
 
 
 # ------------------------------------------------------------------ instantiation
@@ -426,7 +432,7 @@ def _with_numbers(proj: asg.Lazy, is_number: list[bool]) -> asg.Lazy:
         return Projections(p.product_space, p.product_iterators, p.lhs_dims, tuple(d for d, _ in picked),
                            p.project_lhs, tuple(i for _, i in picked), p.debug_info)
 
-    return asg.Lazy(build)
+    return asg.Lazy(build, key=lambda: _all_known("with numbers", proj.key(), tuple(is_number)))
 
 
 def pointwise_tensor(op, args: list[Operand], *, where: str) -> Tensor:

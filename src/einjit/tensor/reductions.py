@@ -51,8 +51,14 @@ def _known_rows(x: Tensor) -> dict[str, tuple[int, bool]]:
             for kind in _KINDS}
 
 
-def axis_specs(x: Tensor, axis: int | Sequence[int] | None, keepdims: bool) -> tuple[str, str, str]:
-    """(full slot, reduced slot, reduce spec) for reducing `x` over layout axes `axis`."""
+def axis_specs(x: Tensor, axis: int | Sequence[int] | None, keepdims: bool, *, closed: bool = False
+               ) -> tuple[str, str, str]:
+    """(full slot, reduced slot, reduce spec) for reducing `x` over layout axes `axis`.
+
+    `closed`: a row that loses an axis gets no row variable in either slot, so it has exactly
+    the axes known now. Otherwise the result's row variable is the argument's, and a later
+    broadcast of the result against a one-cell axis closes it (to its least upper bound) to
+    `[1]` — in the argument too, which then gains a leading size-1 axis."""
     rows = _known_rows(x)
     names: list[tuple[str, str]] = []
     for kind in _KINDS:
@@ -66,10 +72,12 @@ def axis_specs(x: Tensor, axis: int | Sequence[int] | None, keepdims: bool) -> t
                               f"{n} known axes (batch, output, input); use an einsum spec for axes not inferred yet")
         picked.add(a % n)
 
+    shut = {names[a][0] for a in picked} if closed and not keepdims else set()
+
     def slot(drop: bool) -> str:
         parts = {}
         for kind in _KINDS:
-            entries = ["..."] if rows[kind][1] else []
+            entries = ["..."] if rows[kind][1] and kind not in shut else []
             for k, (knd, name) in enumerate(names):
                 if knd != kind:
                     continue
@@ -141,18 +149,20 @@ def broadcast_op(op: str, full: Tensor, reduced: Tensor, spec: str, *, label=Non
     return make_op(op, [full, reduced], logic=spec, forward=fwd, backprop=bwd, label=label)
 
 
-def stable_parts(x: Tensor, axis: int) -> tuple[Tensor, str, str]:
-    """`x - max(x)` over `axis`, the reduce spec and the broadcast spec."""
-    full, reduced, spec = axis_specs(x, axis, False)
+def stable_parts(x: Tensor, axis: int, *, closed: bool = False) -> tuple[Tensor, str, str]:
+    """`x - max(x)` over `axis`, the reduce spec and the broadcast spec (`closed`: see
+    `axis_specs`)."""
+    full, reduced, spec = axis_specs(x, axis, False, closed=closed)
     m = _extremum(_MAX, x, spec, None, False, None, GradSpec.PROHIBIT_GRAD)
     bspec = f"{full}; {reduced} => {full}"
     return broadcast_op("-", x, m, bspec), spec, bspec
 
 
-def logsumexp(a: Like, axis: int = -1, *, label=None) -> Tensor:
-    """`log(sum(exp(x)))` over `axis` (removed), computed as `m + log(sum(exp(x - m)))`."""
+def logsumexp(a: Like, axis: int = -1, *, label=None, closed: bool = False) -> Tensor:
+    """`log(sum(exp(x)))` over `axis` (removed), computed as `m + log(sum(exp(x - m)))`
+    (`closed`: see `axis_specs`)."""
     x = as_tensor(a)
-    shifted, spec, _ = stable_parts(x, axis)
+    shifted, spec, _ = stable_parts(x, axis, closed=closed)
     m = shifted.children[1]
     return binop("+", m, log(einsum(spec, exp(shifted))), label=label or "logsumexp")
 

@@ -4,7 +4,9 @@ A model's state is what a PyTorch `state_dict` holds: its parameters *and* its b
 state tensors its layers keep between calls (`nn.BatchNorm`'s running statistics, random-number
 counters). An optimizer's state — learning rate, schedule position, step count, moments — is
 saved and loaded with it through `optimizer=`, so a resumed run repeats an uninterrupted one
-bit for bit.
+bit for bit. The file's metadata lists which entries are optimizer state (`_OPTIMIZER_KEY`),
+so a model alone loads from it, as `model.load_state_dict(torch.load(f)["model"])` would:
+`load` without `optimizer=` skips those entries and returns them.
 
 einjit writes and reads the format itself with NumPy (an 8-byte little-endian header length,
 a JSON header `{name: {"dtype", "shape", "data_offsets"}}`, then the raw little-endian data),
@@ -14,12 +16,13 @@ key `__metadata__` is the format's own, so no tensor may be named so.
 
 Saving is atomic (a temporary file in the same directory, flushed, then renamed), so a crash
 or a full disk never leaves a half-written checkpoint under the real name, and the old file
-stays as it was. Reading looks at the header and the file's size before allocating anything,
-so an absurd header or an endless file (a device, a pipe) is refused cheaply. Loading checks
-everything — header, sizes, names, dims, dtypes, and that every target can be written —
-before writing anything, so a refused file leaves the model as it was; values are written in
-place, so routines already compiled continue from them. Every failure is a `CheckpointError`
-naming the path and the cause.
+stays as it was. The file gets the mode a plain `open(path, "wb")` would give it: an existing
+file's, else `0666` less the umask (not the temporary file's private `0600`). Reading looks at
+the header and the file's size before allocating anything, so an absurd header or an endless
+file (a device, a pipe) is refused cheaply. Loading checks everything — header, sizes, names,
+dims, dtypes, and that every target can be written — before writing anything, so a refused
+file leaves the model as it was; values are written in place, so routines already compiled
+continue from them. Every failure is a `CheckpointError` naming the path and the cause.
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ _DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "U8": np.uin
 _CODES = {np.dtype(v): k for k, v in _DTYPES.items()}
 _MAX_HEADER = 100_000_000
 _RESERVED = "__metadata__"
+_OPTIMIZER_KEY = "einjit.optimizer_state"
+"""The metadata entry listing (as a JSON array) the names that hold optimizer state."""
 
 
 class CheckpointError(EinjitError, ValueError):
@@ -148,6 +153,12 @@ def save(what: Saveable, path: str | os.PathLike, *, optimizer: Stateful | Itera
     path = _path(path)
     sh.finish_inference()
     named = _named(what, optimizer)
+    optimizer_names = sorted(set(named) - set(_named(what, None)))
+    if metadata and _OPTIMIZER_KEY in metadata:
+        raise CheckpointError(f"einjit: checkpoint metadata key {_OPTIMIZER_KEY!r} is einjit's own (it lists the "
+                              f"optimizer state); name your entry otherwise")
+    if optimizer_names:
+        metadata = {**(metadata or {}), _OPTIMIZER_KEY: json.dumps(optimizer_names)}
     write({name: named[name].value.read() for name in named}, path, metadata)
 
 
@@ -178,6 +189,7 @@ def write(arrays: Mapping[str, np.ndarray], path: str | os.PathLike, metadata: M
         raise _io_error("write", path, e) from None
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), _plain_file_mode(path))
             f.write(struct.pack("<Q", len(text)))
             f.write(text)
             for arr in blobs:
@@ -191,6 +203,29 @@ def write(arrays: Mapping[str, np.ndarray], path: str | os.PathLike, metadata: M
     except BaseException:
         _remove(tmp)
         raise
+
+
+def _plain_file_mode(path: Path) -> int:
+    """The mode `open(path, "wb")` gives: the existing file's, else 0666 less the umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux tells it (setting it to read it
+    back would briefly change it for every thread)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def _remove(tmp: str) -> None:
@@ -209,6 +244,11 @@ def _read_exactly(f: BinaryIO, n: int, path: Path, what: str) -> bytes:
 
 def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """The arrays of a safetensors file, validated (a corrupted file raises `CheckpointError`)."""
+    return _read(path)[0]
+
+
+def _read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The arrays and the metadata of a safetensors file."""
     path = _path(path)
     try:
         with open(path, "rb") as f:
@@ -221,7 +261,7 @@ def read(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise _io_error("read", path, e) from None
 
 
-def _parse(f: BinaryIO, size: int, path: Path) -> dict[str, np.ndarray]:
+def _parse(f: BinaryIO, size: int, path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     if size < 8:
         raise CheckpointError(f"einjit: {path} is not a safetensors checkpoint: {size} bytes, no header")
     (n,) = struct.unpack("<Q", _read_exactly(f, 8, path, "the header length"))
@@ -243,10 +283,26 @@ def _parse(f: BinaryIO, size: int, path: Path) -> dict[str, np.ndarray]:
                               f"({data_size} bytes, entries at {spans[:4]}...)")
     if not entries and data_size:
         raise CheckpointError(f"einjit: {path} is corrupted: {data_size} data bytes but no entries")
+    metadata = header.get(_RESERVED, {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise CheckpointError(f"einjit: {path} is corrupted: its {_RESERVED} is not a map of strings")
     data = _read_exactly(f, data_size, path, "the data")
     view = memoryview(data)
     return {name: np.frombuffer(view[begin:end], dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
-            for name, (dtype, shape, begin, end) in entries.items()}
+            for name, (dtype, shape, begin, end) in entries.items()}, metadata
+
+
+def _optimizer_names(metadata: Mapping[str, str], path: Path) -> set[str]:
+    text = metadata.get(_OPTIMIZER_KEY)
+    if text is None:
+        return set()
+    try:
+        names = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        names = None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise CheckpointError(f"einjit: {path} is corrupted: its metadata {_OPTIMIZER_KEY!r} is not a list of names")
+    return set(names)
 
 
 def _entry(path: Path, name: str, info: object, data_size: int) -> tuple[np.dtype, tuple[int, ...], int, int]:
@@ -272,13 +328,17 @@ def _entry(path: Path, name: str, info: object, data_size: int) -> tuple[np.dtyp
 
 
 def load(what: Saveable, path: str | os.PathLike, *,
-         optimizer: Stateful | Iterable[Stateful] | None = None) -> None:
+         optimizer: Stateful | Iterable[Stateful] | None = None) -> dict[str, np.ndarray]:
     """Write a checkpoint's values into the tensors of `what` and `optimizer` (named as in
     `save`), refusing — and changing nothing — unless names, dims and dtypes all match and
-    every target can be written."""
+    every target can be written. Without `optimizer=`, the optimizer state a file was saved
+    with is not loaded: it is returned, by name (an empty dict otherwise)."""
     sh.finish_inference()
     named = _named(what, optimizer)
-    arrays = read(path)
+    arrays, metadata = _read(path)
+    skipped = {} if optimizer is not None else {
+        name: arrays.pop(name) for name in sorted(_optimizer_names(metadata, _path(path)) - set(named))
+        if name in arrays}
     problems = [f"missing from the file: {name!r}" for name in sorted(set(named) - set(arrays))]
     problems += [f"in the file but not in the model: {name!r}" for name in sorted(set(arrays) - set(named))]
     writes = []
@@ -298,3 +358,4 @@ def load(what: Saveable, path: str | os.PathLike, *,
                               + "\n  ".join(problems))
     for write in writes:
         write()
+    return skipped

@@ -1,6 +1,6 @@
 void scheduled(const float *restrict img, const float *restrict w, float *restrict out) {
   float pack[288] = {0};
-  float acc[128] = {0};
+  einjit_f32x16 acc[8] = {0};
   memset(out, 0, sizeof(float) * 1152);
   for (int jp0 = 0; jp0 < 1; ++jp0) {
     /* channel-blocked 8x16 convolution into out1 */
@@ -18,17 +18,21 @@ void scheduled(const float *restrict img, const float *restrict w, float *restri
         for (int ib8 = 0; ib8 < 1; ++ib8) {
           #pragma GCC unroll 8
           for (int ir9 = 0; ir9 < 8; ++ir9) {
-            for (int jr5 = 0; jr5 < 16; ++jr5) {
-              acc[ir9 * 16 + jr5] = out[(8*ib8 + ir9) * 144 + (16*jp0 + jr5) * 9 + y6 * 3 + x7];
+            #pragma GCC unroll 1
+            for (int jv10 = 0; jv10 < 1; ++jv10) {
+              for (int jl11 = 0; jl11 < 16; ++jl11) {
+                acc[ir9 + jv10][jl11] = out[(8*ib8 + ir9) * 144 + (16*jp0 + 16*jv10 + jl11) * 9 + y6 * 3 + x7];
+              }
             }
           }
-          for (int c10 = 0; c10 < 2; ++c10) {
-            for (int u11 = 0; u11 < 3; ++u11) {
-              for (int v12 = 0; v12 < 3; ++v12) {
+          for (int c12 = 0; c12 < 2; ++c12) {
+            for (int u13 = 0; u13 < 3; ++u13) {
+              for (int v14 = 0; v14 < 3; ++v14) {
                 #pragma GCC unroll 8
                 for (int ir9 = 0; ir9 < 8; ++ir9) {
-                  for (int jr5 = 0; jr5 < 16; ++jr5) {
-                    acc[ir9 * 16 + jr5] = fmaf(img[(8*ib8 + ir9) * 50 + c10 * 25 + (y6 + u11) * 5 + (x7 + v12)], pack[c10 * 144 + u11 * 48 + v12 * 16 + jr5], acc[ir9 * 16 + jr5]);
+                  #pragma GCC unroll 1
+                  for (int jv10 = 0; jv10 < 1; ++jv10) {
+                    acc[ir9 + jv10] = einjit_fma_f32x16(einjit_splat_f32x16(img[(8*ib8 + ir9) * 50 + c12 * 25 + (y6 + u13) * 5 + (x7 + v14)]), einjit_load_f32x16(&pack[c12 * 144 + u13 * 48 + v14 * 16 + (16*jv10)]), acc[ir9 + jv10]);
                   }
                 }
               }
@@ -36,8 +40,11 @@ void scheduled(const float *restrict img, const float *restrict w, float *restri
           }
           #pragma GCC unroll 8
           for (int ir9 = 0; ir9 < 8; ++ir9) {
-            for (int jr5 = 0; jr5 < 16; ++jr5) {
-              out[(8*ib8 + ir9) * 144 + (16*jp0 + jr5) * 9 + y6 * 3 + x7] = acc[ir9 * 16 + jr5];
+            #pragma GCC unroll 1
+            for (int jv10 = 0; jv10 < 1; ++jv10) {
+              for (int jl11 = 0; jl11 < 16; ++jl11) {
+                out[(8*ib8 + ir9) * 144 + (16*jp0 + 16*jv10 + jl11) * 9 + y6 * 3 + x7] = acc[ir9 + jv10][jl11];
+              }
             }
           }
         }

@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from einjit import memory
+from einjit.backends import scratch_plan
 from einjit.backends.c_syntax import CSyntax, MemClass, Param, ParamKind, render_routine
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.cc.timer import CcTimer
@@ -77,6 +78,7 @@ class CcContext(HostTransfers):
     arrays: dict[Tnode, np.ndarray] = field(default_factory=dict, repr=False)
     merge_buffers: dict[Tnode, np.ndarray] = field(default_factory=dict, repr=False)
     scratch: dict[Tnode, np.ndarray] = field(default_factory=dict, repr=False)
+    arenas: dict[str, list[np.ndarray]] = field(default_factory=dict, repr=False)
     backend: Any = field(default=None, repr=False)
 
     def holds(self, tn: Tnode) -> bool:
@@ -113,6 +115,27 @@ class CcContext(HostTransfers):
             self.scratch[tn] = buf
         return buf
 
+    def planned_scratch(self, routine: str, plan: scratch_plan.ScratchPlan, nodes: Sequence[Tnode]
+                        ) -> list[np.ndarray]:
+        """The scratch arrays of `routine`'s nodes as views of an arena at the planned offsets
+        (`scratch_plan`). Arenas are allocated once per context and routine name: a relinked
+        routine, or its profiled variant, reuses one that is large enough (every routine writes
+        its scratch before reading it within a call, and routines of a context run one at a
+        time); a larger plan gets another, and the context keeps both, since the routines linked
+        before still use the first (the C code holds its address)."""
+        arenas = self.arenas.setdefault(routine, [])
+        arena = next((a for a in arenas if a.nbytes >= plan.size), None)
+        if arena is None:
+            named = ", ".join(f"{tn.debug_name()} {tuple(tn.dims)}" for tn in nodes[:3])
+            more = f" and {len(nodes) - 3} more" if len(nodes) > 3 else ""
+            raw = memory.zeros(f"scratch arena of routine {routine!r} (for {named}{more})",
+                               (plan.size + scratch_plan.ALIGN,), np.dtype(np.uint8))
+            base = -raw.ctypes.data % scratch_plan.ALIGN
+            arena = raw[base:base + plan.size]
+            arenas.append(arena)
+        return [arena[o:o + n].view(tn.prec.dtype).reshape(tn.dims)
+                for tn, o, n in zip(nodes, plan.offsets, plan.nbytes, strict=True)]
+
     def merge_buffer(self, tn: Tnode) -> np.ndarray:
         """The buffer that receives another context's copy of `tn` (zeroed until filled)."""
         buf = self.merge_buffers.get(tn)
@@ -141,6 +164,9 @@ class CcProcedure:
     context: CcContext | None = None
     entry: Callable | None = field(default=None, repr=False)
     scratch: tuple[np.ndarray, ...] | None = field(default=None, repr=False)
+    plan: scratch_plan.ScratchPlan | None = field(default=None, repr=False)
+    """Where the scratch arrays go in an arena (`scratch_plan`); None: one array each. For
+    context-specialized code, the plan its `scratch` arrays were made by."""
 
 
 def _mem_classes(proc: cc.Procedure, llc: ll.LLStmt) -> dict[Tnode, CpuMemClass]:
@@ -171,10 +197,12 @@ class CcSimpleBackend:
                       context: CcContext | None = None) -> list[CcProcedure]:
         if context is not None:
             return self._compile_specialized(routines, tuple(bindings), context)
-        procs = cc.compile_batch([(n, low_level_of(c)) for n, c in routines], bindings=tuple(bindings),
-                                 options=self.options)
-        return [CcProcedure(p.name, p, _mem_classes(p, low_level_of(c)))
-                for p, (_, c) in zip(procs, routines, strict=True)]
+        syntax = self.options.effective_syntax()
+        placed = [scratch_plan.place(low_level_of(c), syntax) for _, c in routines]
+        codes = [(n, llc) for (n, _), (llc, _) in zip(routines, placed, strict=True)]
+        procs = cc.compile_batch(codes, bindings=tuple(bindings), options=self.options)
+        return [CcProcedure(p.name, p, _mem_classes(p, llc), plan=_checked_plan(p.params, plan))
+                for p, (llc, plan) in zip(procs, placed, strict=True)]
 
     def _compile_specialized(self, routines: Sequence[tuple[str, Any]], bindings: tuple[StaticSymbol, ...],
                              context: CcContext) -> list[CcProcedure]:
@@ -186,14 +214,18 @@ class CcSimpleBackend:
     def _compile_specialized_named(self, routines: Sequence[tuple[str, Any]], bindings: tuple[StaticSymbol, ...],
                                    context: CcContext) -> list[CcProcedure]:
         syntax = self.options.syntax
+        options_syntax = self.options.effective_syntax()
         glue: list[str] = []
         bodies: list[tuple[str, ll.LLStmt]] = []
         scratches: list[tuple[np.ndarray, ...]] = []
+        plans: list[scratch_plan.ScratchPlan | None] = []
         for name, code in routines:
-            llc = low_level_of(code)
+            llc, plan = scratch_plan.place(low_level_of(code), options_syntax)
             body = c_name(name) + _BODY_SUFFIX
             rendered = render_routine(body, llc, bindings, syntax)
-            arrays = self._arrays(context, rendered.params, routine_inputs(code), name)
+            plan = _checked_plan(rendered.params, plan) if scratch_plan.enabled() else None
+            arrays = self._arrays(context, rendered.params, routine_inputs(code), name, plan=plan)
+            plans.append(plan)
             scratch = tuple(a for p, a in zip(_computed(rendered.params), arrays, strict=True)
                             if p.kind is ParamKind.SCRATCH)
             glue.append(_entry_source(c_name(name), rendered.code.split("\n", 1)[0], rendered.params, arrays, syntax))
@@ -202,22 +234,28 @@ class CcSimpleBackend:
         prelude = syntax.prelude + "\n".join(["/* Entry points specialized to one context's arrays. */", *glue])
         options = dataclasses.replace(self.options, syntax=dataclasses.replace(syntax, prelude=prelude))
         procs = cc.compile_batch(bodies, bindings=bindings, options=options)
-        lib = ctypes.CDLL(str(procs[0].so_path)) if procs else None
+        lib = cc.library(procs[0].so_path) if procs else None
         out = []
-        for (name, _), proc, (_, llc), scratch in zip(routines, procs, bodies, scratches, strict=True):
+        for (name, _), proc, (_, llc), scratch, plan in zip(routines, procs, bodies, scratches, plans, strict=True):
             assert lib is not None  # loaded since there are procedures
             entry = lib[c_name(name)]
             entry.restype = None
-            out.append(CcProcedure(name, proc, _mem_classes(proc, llc), context, entry, scratch))
+            out.append(CcProcedure(name, proc, _mem_classes(proc, llc), context, entry, scratch, plan))
         return out
 
     # -- linking
 
     def _arrays(self, context: CcContext, params: Sequence[Param], inputs: frozenset[Tnode],
-                routine: str, scratch: tuple[np.ndarray, ...] | None = None) -> list[np.ndarray]:
+                routine: str, scratch: tuple[np.ndarray, ...] | None = None,
+                plan: scratch_plan.ScratchPlan | None = None) -> list[np.ndarray]:
         """The arrays for the array, merge-buffer and scratch parameters (the given scratch
-        arrays in order, or new ones); inputs must be held already."""
+        arrays in order, or new ones: views of the context's arena for the routine when there
+        is a plan and `scratch_plan.enabled()`, else one array each); inputs must be held
+        already."""
         arrays = []
+        if scratch is None and plan is not None and scratch_plan.enabled():
+            scratch = tuple(context.planned_scratch(routine, plan, [p.node for p in params
+                                                                    if p.kind is ParamKind.SCRATCH]))
         given = iter(scratch or ())
         for p in params:
             match p.kind:
@@ -238,7 +276,8 @@ class CcSimpleBackend:
             raise NodeNotInContextError(
                 f"einjit: routine {name!r} was compiled for context {procedure.context.label!r} (not shared) and "
                 f"uses its arrays; it cannot run in context {context.label!r} — compile with shared=True")
-        arrays = self._arrays(context, procedure.procedure.params, inputs, name, procedure.scratch)
+        arrays = self._arrays(context, procedure.procedure.params, inputs, name, procedure.scratch, procedure.plan)
+        planned = procedure.plan if procedure.scratch is not None or scratch_plan.enabled() else None
         statics = procedure.procedure.bindings
         refs = make_refs(statics, static_values)
         pointers: tuple[ctypes.c_void_p, ...]
@@ -265,7 +304,7 @@ class CcSimpleBackend:
                 guard()
                 unguarded()
 
-        return Routine(context, schedule, refs, name, procedure.mem_classes, run_now=run_now)
+        return Routine(context, schedule, refs, name, procedure.mem_classes, run_now=run_now, scratch_plan=planned)
 
     # -- moving data
 
@@ -293,6 +332,16 @@ class CcSimpleBackend:
             raise not_held_error(f"device_to_device into {dst_context.label!r}", tn, src_context)
         dst = dst_context.merge_buffer(tn) if into_merge_buffer else dst_context.array(tn)
         dst[...] = src_context.array(tn)
+
+
+def _checked_plan(params: Sequence[Param], plan: scratch_plan.ScratchPlan | None) -> scratch_plan.ScratchPlan | None:
+    """`plan` when it places exactly the rendered routine's scratch parameters, in order."""
+    scratch = [p.node for p in params if p.kind is ParamKind.SCRATCH]
+    if plan is None or not scratch:
+        return None
+    # scratch_plan.scratch_nodes follows the renderer's placement
+    assert tuple(int(tn.size) * int(tn.prec.itemsize) for tn in scratch) == plan.nbytes, (scratch, plan)
+    return plan
 
 
 def _computed(params: Sequence[Param]) -> list[Param]:

@@ -4,28 +4,29 @@ rebuilt from a record of what einjit's passes decided, without running them.
 The compiled-object cache (`cache.py`) skips gcc, but its key is the generated source, so
 every compile still lowered, optimized and rendered the program first: for a GPT training
 step that is seconds of Python before the cache answers. This cache is keyed by the graph
-itself, taken before any pass runs: every assignment (its operation, nodes, projections,
-fetched constants), every node's dims, precision and memory mode, whether an earlier routine
-keeps it, the static bindings, the optimizer settings, the compiler options and target, and
-einjit's own source (a change to a pass must not reuse what the old pass decided). A hit
-restores what the passes changed — each node's memory mode, the routine-local marks, the
-nodes kept in context — and rebuilds the compiled routine from the recorded source (its
-shared object then comes from the object cache) and parameters.
+itself, taken before any pass runs: every assignment (its operation, nodes, projections —
+described by what they are derived from, the operation's logic and solved rows, without
+deriving them (`Lazy.key`) — fetched constants), every node's dims, precision and memory
+mode, whether an earlier routine keeps it, the static bindings, the optimizer settings, the
+compiler options and target, and einjit's own source (a change to a pass must not reuse what
+the old pass decided). A hit restores what the passes changed — each node's memory mode, the
+routine-local marks, the nodes kept in context — and rebuilds the compiled routine from the
+recorded source (its shared object then comes from the object cache) and parameters.
 
-Nodes are recorded by their position in the assignments (`guessed_nodes`); nodes the passes
+Nodes are recorded by their position in the assignments (`graph_nodes`); nodes the passes
 create (the scheduler's register blocks and panels) are recorded by label, dims, precision
 and mode and made afresh. A program whose code touches a node that is neither is not
-recorded. Records are pickles in the cache directory, like the shared objects einjit loads
-and runs from there.
+recorded. Records are JSON (names of enum members and precisions, node references by
+position), never pickles: loading a record found in a cache directory must not run code. A
+record that does not decode to what `store` writes is a miss.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 import hashlib
-import pickle
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -38,12 +39,14 @@ from einjit.backends.c_syntax import C_SYNTAX
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.cc.backend import CcBackend, CcProcedure
 from einjit.backends.interface import Compiled
-from einjit.backends.params import Param
+from einjit.backends.params import MemClass, Param, ParamKind
+from einjit.backends.scratch_plan import ScratchPlan
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
+from einjit.ir import ops
 from einjit.ir.indexing import Projections, StaticSymbol, Symbol
 from einjit.ir.passes import local_storage
-from einjit.ir.tnode import Tnode
+from einjit.ir.tnode import MemoryMode, MemoryType, Mode, Tnode
 
 __all__ = ["Hit", "key", "load", "stats", "store"]
 
@@ -77,22 +80,77 @@ def _einjit_fingerprint() -> str:
     return digest.hexdigest()
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+
+
+def _field_names(kind: type) -> tuple[str, ...]:
+    """The fields a canonical text or a node search walks: a dataclass's (symbols are leaves)."""
+    names = _FIELDS.get(kind)
+    if names is None:
+        dataclass_ = dataclasses.is_dataclass(kind) and kind not in (Symbol, StaticSymbol)
+        names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind)) if dataclass_ else ()
+    return names
+
+
+_last_graph: list = [None, []]
+"""The assignments `graph_nodes` last answered for, and its answer: the key, the lookup and
+the record of one compile ask for the same assignments' nodes."""
+
+
+def graph_nodes(asgns: asg.Asgns) -> list[Tnode]:
+    """The program's nodes in a deterministic order: every node an assignment writes or reads
+    (`guessed_nodes`), then those only its run-time indices name (the ids of a gather, inside
+    projections that have no key and are computed for the key anyway)."""
+    if _last_graph[0] is asgns:
+        return list(_last_graph[1])
+    nodes = {tn: None for tn in asg.guessed_nodes(asgns)}
+
+    def search(x: Any, inside: bool) -> None:
+        kind = type(x)
+        if kind is Tnode:
+            if inside:
+                nodes.setdefault(x, None)
+        elif kind is tuple or kind is list:
+            for v in x:
+                search(v, inside)
+        elif isinstance(x, asg.Lazy):
+            if x.key() is None:
+                search(x.force(), True)
+        else:
+            for n in _field_names(kind):
+                search(getattr(x, n), inside)
+
+    for a in asg.flatten_with_comments(asgns):
+        search(a, False)
+    _last_graph[:] = [asgns, list(nodes)]
+    return list(nodes)
+
+
 def _canonical(x: Any) -> str:
     """A text of an assignment (or a part of one) that names nodes and symbols as the program
     does, so it is the same in every process for the same model."""
-    if isinstance(x, Tnode):
+    kind = type(x)
+    if kind in _PLAIN:
+        return repr(x)
+    if kind is Tnode:
         return x.name
+    if kind is tuple or kind is list:
+        return "(" + ", ".join([_canonical(v) for v in x]) + ")"
     if isinstance(x, asg.Lazy):
+        described = x.key()
+        if described is not None:
+            # Keys hold numbers, strings and frozen dataclasses of those (symbols print by their
+            # stable names): their repr is canonical.
+            return f"derived from {described!r}"
         value = x.force()
         # Projections hold symbols, dims and indices only: their repr is already canonical.
         return repr(value) if isinstance(value, Projections) else _canonical(value)
     if isinstance(x, np.ndarray):
         return f"array {x.dtype} {x.shape} {hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()}"
-    if isinstance(x, (tuple, list)):
-        return "(" + ", ".join(_canonical(v) for v in x) + ")"
-    if dataclasses.is_dataclass(x) and not isinstance(x, type) and not isinstance(x, (Symbol, StaticSymbol)):
-        fields = ", ".join(_canonical(getattr(x, f.name)) for f in dataclasses.fields(x))
-        return f"{type(x).__name__}({fields})"
+    names = _field_names(kind)
+    if names:
+        return f"{kind.__name__}(" + ", ".join([_canonical(getattr(x, n)) for n in names]) + ")"
     return repr(x)
 
 
@@ -113,21 +171,21 @@ def key(asgns: asg.Asgns, bindings: Sequence[StaticSymbol], name: str, settings:
              repr([(b, b.static_range) for b in bindings]), asg.to_doc(asgns)]
     parts += [_canonical(a) for a in asg.flatten_with_comments(asgns)]
     parts += [f"{tn.name} {tn.dims} {tn.prec.name} {tn.memory_mode} {tn.provenance} "
-              f"{local_storage.kept_in_context(tn)} {local_storage.local_to(tn)}" for tn in asg.guessed_nodes(asgns)]
+              f"{local_storage.kept_in_context(tn)} {local_storage.local_to(tn)}" for tn in graph_nodes(asgns)]
     return cache.cache_key(*parts)
 
 
 def _path(program_key: str) -> Path:
     directory = config.cache_dir() / "program"
     directory.mkdir(parents=True, exist_ok=True)
-    return directory / f"{program_key}.pkl"
+    return directory / f"{program_key}.json"
 
 
 def store(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], lowered: Any, compiled: Compiled,
           newest_id: int) -> None:
     """Record what the passes decided for the program (`newest_id`: the largest node id before
     lowering; newer nodes are the passes' own)."""
-    graph = asg.guessed_nodes(asgns)
+    graph = graph_nodes(asgns)
     index = {tn: ("g", k) for k, tn in enumerate(graph)}
     fresh: list[Tnode] = []
     proc: CcProcedure = compiled.procedure
@@ -146,24 +204,29 @@ def store(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], 
     def ref(tn: Tnode | None) -> tuple[str, int] | None:
         return None if tn is None else index[tn]
 
+    def mode(m: Mode | None) -> tuple[str, str | None] | None:
+        return None if m is None else (m.mode.name, None if m.memory_type is None else m.memory_type.name)
+
     bindings = list(bindings)
     written = sorted({s.tn for s in ll.iter_stmts(llc) if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut))
                       and s.tn.is_hosted()}, key=lambda t: t.id)
     record = {
+        "version": _VERSION,
         "nodes": len(graph),
-        "modes": [(tn.memory_mode, tn.provenance) for tn in graph],
-        "fresh": [(tn.label, tn.dims, tn.prec, tn.memory_mode, tn.provenance) for tn in fresh],
+        "modes": [(mode(tn.memory_mode), tn.provenance) for tn in graph],
+        "fresh": [(tn.label, tn.dims, tn.prec.name, mode(tn.memory_mode), tn.provenance) for tn in fresh],
         "local_to": [(ref(tn), local_storage.local_to(tn)) for tn in touched if local_storage.local_to(tn)],
         "kept": [ref(tn) for tn in touched if local_storage.kept_in_context(tn)],
-        "params": [(p.kind, p.c_name, ref(p.tn), p.mem, None if p.static is None else bindings.index(p.static))
-                   for p in proc.procedure.params],
-        "mem_classes": [(ref(tn), mem) for tn, mem in proc.mem_classes.items()],
+        "params": [(p.kind.name, p.c_name, ref(p.tn), None if p.mem is None else p.mem.name,
+                    None if p.static is None else bindings.index(p.static)) for p in proc.procedure.params],
+        "mem_classes": [(ref(tn), mem.name) for tn, mem in proc.mem_classes.items()],
         "inputs": [ref(tn) for tn in compiled.inputs],
         "written": [ref(tn) for tn in written],
+        "plan": None if proc.plan is None else (proc.plan.offsets, proc.plan.nbytes, proc.plan.size),
         "c_name": proc.procedure.name,
         "source": proc.procedure.source,
     }
-    cache.atomic_write(_path(program_key), pickle.dumps(record))
+    cache.atomic_write(_path(program_key), json.dumps(record).encode())
     stats.stores += 1
 
 
@@ -171,42 +234,122 @@ def ll_of(lowered: Any) -> ll.LLStmt:
     return getattr(lowered, "llc", lowered)
 
 
+class _BadRecord(Exception):
+    """A record that is not what `store` writes (corrupt, of another version, or forged)."""
+
+
+def _want(ok: bool) -> None:
+    if not ok:
+        raise _BadRecord
+
+
+def _count(x: Any, below: int | None = None) -> int:
+    _want(type(x) is int and x >= 0 and (below is None or x < below))
+    return x
+
+
+def _text(x: Any) -> str:
+    _want(type(x) is str)
+    return x
+
+
+def _mode(x: Any) -> Mode | None:
+    if x is None:
+        return None
+    mode, memory_type = x
+    return Mode(MemoryMode[_text(mode)], None if memory_type is None else MemoryType[_text(memory_type)])
+
+
+@dataclass(frozen=True)
+class _Record:
+    """A record decoded and checked against the program, before anything is changed."""
+
+    modes: list[tuple[Mode | None, int]]
+    local_to: list[tuple[Tnode, str]]
+    kept: list[Tnode]
+    params: tuple[Param, ...]
+    mem_classes: dict[Tnode, MemClass]
+    inputs: frozenset[Tnode]
+    written: tuple[Tnode, ...]
+    c_name: str
+    source: str
+    plan: ScratchPlan | None
+
+
+def _plan(x: Any, params: Sequence[Param]) -> ScratchPlan | None:
+    """The scratch plan, checked to place exactly the routine's scratch parameters inside its
+    arena: a forged plan must not make two live arrays overlap or a view run past the arena."""
+    if x is None:
+        return None
+    offsets, nbytes, size = x
+    plan = ScratchPlan(tuple(_count(o) for o in offsets), tuple(_count(n) for n in nbytes), _count(size))
+    scratch = [p.tn for p in params if p.kind is ParamKind.SCRATCH and p.tn is not None]
+    _want(plan.nbytes == tuple(int(tn.size) * int(tn.prec.itemsize) for tn in scratch)
+          and len(plan.offsets) == len(plan.nbytes)
+          and all(o + n <= plan.size for o, n in zip(plan.offsets, plan.nbytes, strict=True)))
+    return plan
+
+
+def _decode(record: Any, graph: list[Tnode], bindings: Sequence[StaticSymbol]) -> _Record:
+    """Raises `_BadRecord`, `KeyError`, `TypeError` or `ValueError` for a record that is not
+    one `store` wrote for this program."""
+    _want(isinstance(record, dict) and record.get("version") == _VERSION and record.get("nodes") == len(graph))
+    fresh = [Tnode([_text(part) for part in label], tuple(_count(d) for d in dims), ops.PRECISIONS[_text(prec)],
+                   memory_mode=_mode(mode), provenance=_count(provenance))
+             for label, dims, prec, mode, provenance in record["fresh"]]
+
+    def node(r: Any) -> Tnode:
+        where, k = r
+        _want(where in ("g", "x"))
+        nodes = graph if where == "g" else fresh
+        return nodes[_count(k, len(nodes))]
+
+    modes = [(_mode(mode), _count(provenance)) for mode, provenance in record["modes"]]
+    _want(len(modes) == len(graph))
+    params = tuple(Param(ParamKind[_text(kind)], _text(c_name), None if r is None else node(r),
+                         None if mem is None else MemClass[_text(mem)],
+                         None if static is None else bindings[_count(static, len(bindings))])
+                   for kind, c_name, r, mem, static in record["params"])
+    c_name = _text(record["c_name"])
+    _want(c_name.isidentifier())
+    return _Record(modes, [(node(r), _text(routine)) for r, routine in record["local_to"]],
+                   [node(r) for r in record["kept"]], params,
+                   {node(r): MemClass[_text(mem)] for r, mem in record["mem_classes"]},
+                   frozenset(node(r) for r in record["inputs"]), tuple(node(r) for r in record["written"]),
+                   c_name, _text(record["source"]), _plan(record["plan"], params))
+
+
 def load(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], name: str, backend: Any
          ) -> Hit | None:
     """The routine rebuilt from its record, with the passes' decisions restored; None when
     there is no usable record."""
     path = _path(program_key)
+    graph = graph_nodes(asgns)
+    if len(graph) != len(set(graph)):
+        return None
     try:
-        record = pickle.loads(path.read_bytes())
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+        record = _decode(json.loads(path.read_bytes()), graph, bindings)
+    except FileNotFoundError:
         return None
-    graph = asg.guessed_nodes(asgns)
-    if record.get("nodes") != len(graph) or len(graph) != len(set(graph)):
+    except (OSError, _BadRecord, KeyError, TypeError, ValueError, IndexError) as e:
+        config.debug(1, f"program cache: {name}: record {path} is unusable ({type(e).__name__}); recompiling")
         return None
-    options = backend.simple.options
-    built = cc.compile_source(record["source"], label=name, options=options)
-    fresh = []
-    for label, dims, prec, mode, provenance in record["fresh"]:
-        fresh.append(Tnode(label, dims, prec, memory_mode=mode, provenance=provenance))
-    for tn, (mode, provenance) in zip(graph, record["modes"], strict=True):
-        tn.memory_mode, tn.provenance = mode, provenance
-
-    def node(r: tuple[str, int]) -> Tnode:
-        return graph[r[1]] if r[0] == "g" else fresh[r[1]]
-
-    for r, routine in record["local_to"]:
-        local_storage.mark_local(node(r), routine)
-    for r in record["kept"]:
-        local_storage.mark_kept(node(r))
-    params = tuple(Param(kind, c_name, None if r is None else node(r), mem,
-                         None if static is None else bindings[static])
-                   for kind, c_name, r, mem, static in record["params"])
-    fn = ctypes.CDLL(str(built.path))[record["c_name"]]
+    built = cc.compile_source(record.source, label=name, options=backend.simple.options)
+    try:
+        fn = cc.load_library(built)[record.c_name]
+    except AttributeError:
+        config.debug(1, f"program cache: {name}: record {path} names no compiled function; recompiling")
+        return None
     fn.restype = None
-    procedure = cc.Procedure(record["c_name"], record["source"], params, tuple(bindings), built.path, fn,
+    for tn, (mode, provenance) in zip(graph, record.modes, strict=True):
+        tn.memory_mode, tn.provenance = mode, provenance
+    for tn, routine in record.local_to:
+        local_storage.mark_local(tn, routine)
+    for tn in record.kept:
+        local_storage.mark_kept(tn)
+    procedure = cc.Procedure(record.c_name, record.source, record.params, tuple(bindings), built.path, fn,
                              built.source_path)
-    cc_proc = CcProcedure(procedure.name, procedure, {node(r): mem for r, mem in record["mem_classes"]})
+    cc_proc = CcProcedure(procedure.name, procedure, record.mem_classes, plan=record.plan)
     stats.hits += 1
     config.debug(1, f"program cache: {name}: hit {path}")
-    return Hit(Compiled(backend.name, cc_proc, tuple(bindings), name, frozenset(node(r) for r in record["inputs"])),
-               tuple(node(r) for r in record["written"]))
+    return Hit(Compiled(backend.name, cc_proc, tuple(bindings), name, record.inputs), record.written)

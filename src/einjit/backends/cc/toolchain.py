@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,8 +88,10 @@ class CcOptions:
     from the interpreter. Fused multiply-adds are explicit in the IR (`Ternop.FMA`, which the
     simplifier introduces) and compile to FMA instructions under `-march=native`.
 
-    `threads`: how many OpenMP threads the loops the scheduler marks `parallel` (the outer
-    loops of large contractions) run on; 1 compiles without `-fopenmp` and renders no pragma.
+    `threads`: how many OpenMP threads the loops marked `parallel` run on (the outer loops of
+    large contractions, marked by the scheduler; the outermost loop over output cells of every
+    other nest big enough to pay, marked when rendering: `parallel_loops.thread_nests`); 1
+    compiles without `-fopenmp` and renders no pragma.
     Default: `EINJIT_NUM_THREADS`, else the machine's core count. Idle threads spin for a
     while before they sleep (libgomp's default), so the next parallel loop of a step starts
     at once. On a machine oversubscribed by other processes the spinning takes cores the
@@ -120,6 +123,17 @@ class CcOptions:
     one per core). gcc's time on one function grows faster than the function; the MLP and
     convnet steps (55 and 66 nests) stay one function, a transformer step (a hundred nests
     or more per block) is outlined. 0 never outlines.
+
+    No lower `-O` level for large routines: outlined, the largest function is one nest
+    (at most ~0.5 s of gcc), and what costs is the number of distinct nests. Measured on the
+    outlined 4-block GPT step (63 functions, 3 units), gcc CPU: `-O2` 3.2 s, `-O1` 2.6 s,
+    `-O2 -fno-tree-slp-vectorize` 2.9 s, `-O2 -fno-ivopts` 3.2 s; and `-O1` on the 2-block
+    step saved a third of gcc's time (3.5 -> 2.3 s) but the step ran 4.7x slower (611 vs
+    130 ms: no vectorization). Even the routine's own unit (the nests' calls and the
+    statements outside nests) keeps `-O2`: at `-O1` its loss reduction called the scalar
+    `logf` instead of libmvec's vector one, and the loss changed in the last bit. The one
+    routine that would need a lower level, a GPT step as a single function (4 blocks: 124 s
+    of gcc), is outlined past `outline_min_nests` instead.
     """
 
     compiler: str = field(default_factory=_default_compiler)
@@ -244,6 +258,39 @@ def compile_source(source: str, *, label: str, options: CcOptions | None = None)
                               build=lambda out, src, kept: _compile(out, src, kept, label, options))
 
 
+_loaded: dict[Path, ctypes.CDLL] = {}
+_loaded_lock = threading.Lock()
+
+
+@functools.cache
+def _private_dir() -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix="einjit-load-")
+
+
+def load_library(built: cache.CompiledObject) -> ctypes.CDLL:
+    """The shared object `built` as the cache validated it. The dynamic loader opens by path,
+    and a shared cache directory's file can be replaced after it was checked, so the checked
+    bytes are copied into this process's private (0700) directory and loaded from there; the
+    copy is removed once mapped. One load per cached object and process."""
+    with _loaded_lock:
+        lib = _loaded.get(built.path)
+        if lib is None:
+            private = Path(_private_dir().name) / built.path.name
+            private.write_bytes(built.data)
+            try:
+                lib = ctypes.CDLL(str(private))
+            finally:
+                private.unlink()
+            _loaded[built.path] = lib
+        return lib
+
+
+def library(so_path: Path) -> ctypes.CDLL:
+    """The library `load_library` loaded for the cached object at `so_path`."""
+    with _loaded_lock:
+        return _loaded[so_path]
+
+
 def _compile(so_path: Path, c_path: Path, kept: Path, label: str, options: CcOptions) -> None:
     """Run the compiler on the source at `c_path` into `so_path`; on failure raise with the
     diagnostics, naming `kept`, where the cache keeps the source. A source of several
@@ -311,7 +358,7 @@ def compile_batch(routines: Sequence[tuple[str, ll.LLStmt]], *, bindings: Sequen
     label = ", ".join(n for n, _ in routines)
     built = compile_source(program.source, label=label, options=options)
     so_path, c_path = built.path, built.source_path
-    lib = ctypes.CDLL(str(so_path))
+    lib = load_library(built)
     for r in program.routines:
         config.dump(r.name, "", "c", program.source)
     procs = []

@@ -163,7 +163,7 @@ def compile_source(source: str, *, name: str, arch: str, kind: str, options: Cud
     built = cache.get_or_build("cuda", [_ABI_VERSION, identity, arch, kind, " ".join(flags), source],
                                suffix=f".{kind}", source=source, source_suffix=".cu", stats=stats, label=name,
                                keep_source=options.keep_source or config.debug_level() >= 3, build=build)
-    return cache.read_object(built.path)
+    return built.data
 
 
 def _run_nvrtc(source: str, name: str, arch: str, kind: str, flags: tuple[str, ...], cu_path: Path) -> bytes:

@@ -13,12 +13,23 @@ shows in the first iterations already.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from einjit.ir import low_level as ll
 from einjit.ir import ops
-from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, Symbol, gather_indices, index_symbols
+from einjit.ir.indexing import (
+    Affine,
+    AxisIndex,
+    FixedIdx,
+    GatherIdx,
+    Iterator,
+    Symbol,
+    gather_indices,
+    index_symbols,
+)
 from einjit.ir.tnode import Tnode
 
 Position = tuple[int, ...]
@@ -106,7 +117,9 @@ class TracedArray:
     `assignments`: positions written. `written_boxes`: per axis `(lo, hi)` ranges of cells that
     loop iterations tracing skipped have written (exact: only for writes indexed by distinct
     loop symbols and fixed indices), so that a later read of such a cell is not taken for a
-    read before write. `accesses`: positions read, with how often, or `RECURRENT` when read
+    read before write (a set: a loop left partly untraced inside another traced loop records
+    the same box once per outer iteration; boxes inside others are kept, as dropping them cost
+    more than the reads that scan them). `accesses`: positions read, with how often, or `RECURRENT` when read
     before written. `zero_initialized_by_code`: the first thing the code
     does to the node is `ZeroOut`. `read_before_write`: some position is recurrent.
     `read_only`: never written nor zeroed here. `is_scalar_constexpr`: all dims are 1 and the
@@ -125,7 +138,7 @@ class TracedArray:
 
     tn: Tnode
     assignments: set[Position] = field(default_factory=set)
-    written_boxes: list[tuple[tuple[int, int], ...]] = field(default_factory=list)
+    written_boxes: set[tuple[tuple[int, int], ...]] = field(default_factory=set)
     accesses: dict[Position, Visits] = field(default_factory=dict)
     zero_initialized_by_code: bool = False
     zeroed_out: bool = False
@@ -164,14 +177,11 @@ class Trace:
 
 @dataclass(slots=True)
 class _State:
-    max_tracing_dim: int
-    max_tracing_nest: int
+    """What the trace has learned so far, changed only by `_apply`."""
+
     store: dict[Tnode, TracedArray] = field(default_factory=dict)
     reverse_node_map: dict[Symbol, Tnode] = field(default_factory=dict)
     merge_node: Tnode | None = None
-    write_templates: dict[int, tuple[ll.ForLoop, list]] = field(default_factory=dict)
-    specs: dict[int, tuple[tuple[AxisIndex, ...], _Spec]] = field(default_factory=dict)
-    owned: set[tuple[int, ...]] = field(default_factory=set)
 
     def node(self, tn: Tnode) -> TracedArray:
         ta = self.store.get(tn)
@@ -188,6 +198,13 @@ Env = dict[int, int]
 """The values of the traced loop symbols, by symbol id (a `Symbol` hashes in Python code,
 and tracing looks symbols up more than anything else)."""
 
+_READ, _GATHERED, _SET, _SET_VEC, _ZERO, _OWN, _BOX, _MERGE = range(8)
+"""What a traced statement does to the trace, as the first field of an event:
+`(_READ, tn, position, reads_own_cell)`, `(_GATHERED, tn)` (accessed through run-time
+indices), `(_SET, tn, position, value, first_visit, is_reduction, is_local_reduction)`,
+`(_SET_VEC, tn, positions, value, first_visit, is_reduction)`, `(_ZERO, tn)`,
+`(_OWN, tn, symbols)`, `(_BOX, tn, box)` (cells skipped iterations wrote), `(_MERGE, tn)`."""
+
 
 def _compile(idcs: tuple[AxisIndex, ...]) -> _Spec:
     out: list[tuple[int, int, tuple[tuple[int, int], ...]]] = []
@@ -202,27 +219,6 @@ def _compile(idcs: tuple[AxisIndex, ...]) -> _Spec:
             case _:
                 out.append((0, 0, ()))
     return tuple(out)
-
-
-def _position(st: _State, env: Env, idcs: tuple[AxisIndex, ...]) -> Position:
-    """`lookup` on compiled indices, cached per index tuple of the code. A run-time index
-    counts as cell 0 of its axis."""
-    hit = st.specs.get(id(idcs))
-    if hit is None:
-        hit = st.specs[id(idcs)] = (idcs, _compile(idcs))
-    return _evaluate(env, hit[1])
-
-
-def _gathered(st: _State, tn: Tnode, idcs: tuple[AxisIndex, ...], env: Env) -> None:
-    """Record an access of `tn` at `idcs` that goes through run-time indices: `tn` and the
-    ids arrays are marked, and each read of an ids array is counted as a read."""
-    found = gather_indices(idcs)
-    if not found:
-        return
-    st.node(tn).run_time_indexed = True
-    for g in found:
-        _visit(st, g.ids, _position(st, env, g.idcs), None)
-        st.node(g.ids).run_time_indexed = True
 
 
 def _evaluate(env: Env, spec: _Spec) -> Position:
@@ -257,156 +253,301 @@ def lookup(env: dict[Symbol, int], idcs: tuple[AxisIndex, ...]) -> Position:
 
 
 def visit_llc(llc: ll.LLStmt, *, settings: VirtualizeSettings) -> Trace:
-    """Trace `llc`: record every node's writes and reads, and derive the per-node facts."""
-    st = _State(settings.max_tracing_dim, settings.max_tracing_nest)
-    _stmt(st, llc, {}, (), True)
+    """Trace `llc`: record every node's writes and reads, and derive the per-node facts.
+
+    Each top-level statement is executed symbolically once per structure: statements that
+    differ only in their nodes and symbols (the same layer in every block of a deep model)
+    replay the events the first one recorded, on their own nodes and symbols. Executing is
+    what costs (loops run, indices are evaluated); replaying costs one step per event, so the
+    trace of a model of identical blocks takes little more than one block's execution."""
+    st = _State()
+    recorded: dict[Hashable, tuple[list[Tnode], list[Symbol], list[tuple]]] = {}
+    for stmt in ll.flatten(llc):
+        key, nodes, symbols = _structure(stmt)
+        known = recorded.get(key)
+        if known is None:
+            recorder = _Recorder(settings.max_tracing_dim, settings.max_tracing_nest)
+            recorder.stmt(stmt, {}, (), True)
+            known = recorded[key] = (nodes, symbols, recorder.events)
+        _apply(st, known[2], dict(zip(known[0], nodes, strict=True)), dict(zip(known[1], symbols, strict=True)))
     for ta in st.store.values():
         ta.read_only = not ta.zeroed_out and not ta.assignments
         ta.read_before_write = any(v is RECURRENT for v in ta.accesses.values())
     return Trace(st.store, st.reverse_node_map, st.merge_node)
 
 
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _structure(stmt: ll.LLStmt) -> tuple[Hashable, list[Tnode], list[Symbol]]:
+    """What tracing `stmt` depends on, with its nodes and symbols numbered in order of first
+    appearance (a node with its dims), and those nodes and symbols in that order. Comments
+    and fields left out of equality (a statement's debug text) are left out: they name one
+    instance's tensors and trace to nothing."""
+    nodes: dict[Tnode, int] = {}
+    symbols: dict[Symbol, int] = {}
+    scopes: dict[ll.ScopeId, int] = {}
+
+    def walk(x: object) -> Hashable:
+        kind = type(x)
+        if kind is Tnode:
+            assert isinstance(x, Tnode)
+            return ("node", nodes.setdefault(x, len(nodes)), x.dims)
+        if kind is Symbol:
+            assert isinstance(x, Symbol)
+            return ("symbol", symbols.setdefault(x, len(symbols)))
+        if kind is ll.ScopeId:
+            assert isinstance(x, ll.ScopeId)
+            return ("scope", scopes.setdefault(x, len(scopes)), walk(x.tn))
+        if kind is ll.Comment:
+            return ("comment",)
+        if kind is tuple or kind is list:
+            assert isinstance(x, (tuple, list))
+            return (kind, *map(walk, x))
+        if kind is float:
+            return ("float", repr(x))
+        names = _FIELDS.get(kind)
+        if names is None:
+            names = _FIELDS[kind] = (tuple(f.name for f in dataclasses.fields(kind) if f.compare)
+                                     if dataclasses.is_dataclass(kind) else ())
+        if names:
+            return (kind, *[walk(getattr(x, n)) for n in names])
+        return x if isinstance(x, Hashable) else ("object", id(x))
+
+    return walk(stmt), list(nodes), list(symbols)
+
+
 def _is_scalar_dims(tn: Tnode) -> bool:
     return all(d == 1 for d in tn.dims)
 
 
-def _stmt(st: _State, stmt: ll.LLStmt, env: Env, loops: tuple[tuple[Symbol, int], ...],
-          first_visit: bool, traced: int = 1) -> None:
-    """`loops` are the enclosing loops with their trip counts; `first_visit` holds during the
-    first iteration of every enclosing loop, when per-computation facts are collected;
-    `traced`: how many iterations of the enclosing loops tracing runs."""
-    for s in ll.flatten(stmt):
-        match s:
-            case ll.ForLoop(index, from_, to_, body, trace_it):
-                count = st.max_tracing_dim if traced < st.max_tracing_nest else min(2, st.max_tracing_dim)
-                last = min(to_, from_ + count - 1) if trace_it else min(to_, from_)
-                inner = loops + ((index, to_ - from_ + 1),)
-                for v in range(from_, last + 1):
-                    _stmt(st, body, {**env, index.id: v}, inner, first_visit and v == from_,
-                          traced * (last - from_ + 1))
-                if last < to_:
-                    _record_skipped_writes(st, s, env)
-            case ll.ZeroOut(tn):
-                ta = st.node(tn)
-                if not ta.assignments and not ta.accesses:
-                    ta.zero_initialized_by_code = True
-                    ta.is_accessing = False
-                    ta.is_complex = False
-                    ta.is_scalar_constexpr = _is_scalar_dims(tn)
-                ta.zeroed_out = True
-            case ll.Set(tn, idcs, llsc, _):
-                pos = _position(st, env, idcs)
-                _gathered(st, tn, idcs, env)
-                _scalar(st, llsc, env, (tn, pos))
-                ta = st.node(tn)
-                if not ta.assignments and not ta.accesses and _is_scalar_dims(tn):
-                    ta.is_scalar_constexpr = _is_constexpr(st, llsc)
-                elif ta.assignments:
-                    ta.is_scalar_constexpr = False
-                if first_visit:
-                    ta.is_accessing = ta.is_accessing or _is_accessing(st, llsc)
-                    ta.is_simple = ta.is_simple and _is_simple(st, llsc)
-                    ta.is_complex = ta.is_complex or _is_reduction(loops, idcs)
-                    ta.is_local_reduction = ta.is_local_reduction and _is_local_reduction(tn, loops, idcs, llsc)
-                ta.assignments.add(pos)
-                _own_symbols(st, s, tn, idcs, loops)
-            case ll.SetFromVec(tn, idcs, length, _, arg, _):
-                pos = _position(st, env, idcs)
-                _scalar(st, arg, env, None)
-                ta = st.node(tn)
-                ta.is_scalar_constexpr = False
-                if first_visit:
-                    ta.is_accessing = ta.is_accessing or _is_accessing(st, arg)
-                    ta.is_simple = False
-                    ta.is_complex = ta.is_complex or _is_reduction(loops, idcs)
-                for k in range(length):
-                    ta.assignments.add(pos[:-1] + (pos[-1] + k,) if pos else pos)
-                _own_symbols(st, s, tn, idcs, loops)
-            case ll.SetLocal(_, value):
-                _scalar(st, value, env, None)
-            case ll.Comment() | ll.StagedCompilation() | ll.Noop():
-                pass
+@dataclass(slots=True)
+class _Recorder:
+    """Executes one top-level statement symbolically and records its effects on the trace as
+    events, in program order. Nothing it records depends on what other statements did, so the
+    events hold for any statement of the same structure."""
+
+    max_tracing_dim: int
+    max_tracing_nest: int
+    events: list[tuple] = field(default_factory=list)
+    write_templates: dict[int, tuple[ll.ForLoop, list]] = field(default_factory=dict)
+    specs: dict[int, tuple[tuple[AxisIndex, ...], _Spec, tuple[GatherIdx, ...]]] = field(default_factory=dict)
+    owned: set[tuple[int, ...]] = field(default_factory=set)
+
+    def stmt(self, stmt: ll.LLStmt, env: Env, loops: tuple[tuple[Symbol, int], ...], first_visit: bool,
+             traced: int = 1) -> None:
+        """`loops` are the enclosing loops with their trip counts; `first_visit` holds during
+        the first iteration of every enclosing loop, when per-computation facts are collected;
+        `traced`: how many iterations of the enclosing loops tracing runs."""
+        events = self.events
+        for s in ll.flatten(stmt):
+            match s:
+                case ll.ForLoop(index, from_, to_, body, trace_it):
+                    count = self.max_tracing_dim if traced < self.max_tracing_nest else min(2, self.max_tracing_dim)
+                    last = min(to_, from_ + count - 1) if trace_it else min(to_, from_)
+                    inner = loops + ((index, to_ - from_ + 1),)
+                    for v in range(from_, last + 1):
+                        self.stmt(body, {**env, index.id: v}, inner, first_visit and v == from_,
+                                  traced * (last - from_ + 1))
+                    if last < to_:
+                        self.skipped_writes(s, env)
+                case ll.ZeroOut(tn):
+                    events.append((_ZERO, tn))
+                case ll.Set(tn, idcs, llsc, _):
+                    pos = self.position(env, idcs)
+                    self.gathered(tn, idcs, env)
+                    self.scalar(llsc, env, (tn, pos))
+                    if first_visit:
+                        events.append((_SET, tn, pos, llsc, True, _is_reduction(loops, idcs),
+                                       _is_local_reduction(tn, loops, idcs, llsc)))
+                    else:
+                        events.append((_SET, tn, pos, llsc, False, False, True))
+                    self.own_symbols(s, tn, idcs, loops)
+                case ll.SetFromVec(tn, idcs, length, _, arg, _):
+                    pos = self.position(env, idcs)
+                    self.scalar(arg, env, None)
+                    cells = tuple(pos[:-1] + (pos[-1] + k,) if pos else pos for k in range(length))
+                    events.append((_SET_VEC, tn, cells, arg, first_visit, first_visit and _is_reduction(loops, idcs)))
+                    self.own_symbols(s, tn, idcs, loops)
+                case ll.SetLocal(_, value):
+                    self.scalar(value, env, None)
+                case ll.Comment() | ll.StagedCompilation() | ll.Noop():
+                    pass
+                case _:
+                    raise TypeError(f"not a low-level statement: {s!r}")
+
+    def spec(self, idcs: tuple[AxisIndex, ...]) -> tuple[tuple[AxisIndex, ...], _Spec, tuple[GatherIdx, ...]]:
+        """Compiled indices and their run-time indices, cached per index tuple of the code."""
+        hit = self.specs.get(id(idcs))
+        if hit is None:
+            hit = self.specs[id(idcs)] = (idcs, _compile(idcs), tuple(gather_indices(idcs)))
+        return hit
+
+    def position(self, env: Env, idcs: tuple[AxisIndex, ...]) -> Position:
+        """`lookup` on compiled indices. A run-time index counts as cell 0 of its axis."""
+        return _evaluate(env, self.spec(idcs)[1])
+
+    def gathered(self, tn: Tnode, idcs: tuple[AxisIndex, ...], env: Env) -> None:
+        """An access of `tn` at `idcs` that goes through run-time indices: `tn` and the ids
+        arrays are marked, and each read of an ids array is counted as a read."""
+        found = self.spec(idcs)[2]
+        if not found:
+            return
+        self.events.append((_GATHERED, tn))
+        for g in found:
+            self.events.append((_READ, g.ids, self.position(env, g.idcs), False))
+            self.events.append((_GATHERED, g.ids))
+
+    def scalar(self, sc: ll.LLScalar, env: Env, own: tuple[Tnode, Position] | None) -> None:
+        match sc:
+            case ll.Get(tn, idcs):
+                self.gathered(tn, idcs, env)
+                pos = self.position(env, idcs)
+                self.events.append((_READ, tn, pos, own is not None and own[0] is tn and own[1] == pos))
+            case ll.GetMergeBuffer(tn, _):
+                self.events.append((_MERGE, tn))
+            case ll.LocalScope(_, body, _):
+                self.stmt(body, env, (), True)
+            case ll.Ternop(ops.Ternop.WHERE, cond, then, other):
+                self.scalar(cond, env, own)
+                taken = _index_condition(cond, env)
+                if taken is None or taken:
+                    self.scalar(then, env, own)
+                if taken is None or not taken:
+                    self.scalar(other, env, own)
             case _:
-                raise TypeError(f"not a low-level statement: {s!r}")
+                for child in ll.scalar_children(sc):
+                    self.scalar(child, env, own)
 
-
-def _record_skipped_writes(st: _State, loop: ll.ForLoop, env: Env) -> None:
-    """After a loop whose iterations were not all traced: add the box of cells each write in
-    it covers over all its iterations (enclosing loops at their current values)."""
-    for tn, template, length in _write_templates(st, loop):
-        box = []
-        for spec in template:
-            if isinstance(spec, int):
-                if spec not in env:
-                    break
-                box.append((env[spec], env[spec]))
+    def skipped_writes(self, loop: ll.ForLoop, env: Env) -> None:
+        """After a loop whose iterations were not all traced: the box of cells each write in
+        it covers over all its iterations (enclosing loops at their current values)."""
+        for tn, template, length in self.templates(loop):
+            box = []
+            for spec in template:
+                if isinstance(spec, int):
+                    if spec not in env:
+                        break
+                    box.append((env[spec], env[spec]))
+                else:
+                    box.append(spec)
             else:
-                box.append(spec)
-        else:
-            if box:
-                box[-1] = (box[-1][0], box[-1][1] + length - 1)
-            ta = st.node(tn)
-            new = tuple(box)
-            ta.written_boxes = [b for b in ta.written_boxes
-                                if not all(lo <= l2 and h2 <= hi for (lo, hi), (l2, h2) in zip(new, b, strict=True))]
-            ta.written_boxes.append(new)
+                if box:
+                    box[-1] = (box[-1][0], box[-1][1] + length - 1)
+                self.events.append((_BOX, tn, tuple(box)))
+
+    def templates(self, loop: ll.ForLoop) -> list[tuple[Tnode, _Template, int]]:
+        """The writes inside `loop` whose box tracing can record, each as the per-axis ranges
+        over the loops inside `loop`, or the id of the enclosing loop symbol whose current
+        value it takes. A loop is typically left partly untraced once per iteration of its
+        enclosing loops, so this is computed once per loop."""
+        cached = self.write_templates.get(id(loop))
+        if cached is not None:
+            return cached[1]
+        out: list[tuple[Tnode, _Template, int]] = []
+
+        def walk(stmt: ll.LLStmt, ranges: dict[Symbol, tuple[int, int]]) -> None:
+            for s in ll.flatten(stmt):
+                match s:
+                    case ll.ForLoop(index, from_, to_, body, _) if from_ <= to_:
+                        walk(body, {**ranges, index: (from_, to_)})
+                    case ll.Set(tn, idcs, _, _):
+                        add(tn, idcs, ranges, 1)
+                    case ll.SetFromVec(tn, idcs, length, _, _, _):
+                        add(tn, idcs, ranges, length)
+
+        def add(tn: Tnode, idcs: tuple[AxisIndex, ...], ranges: dict[Symbol, tuple[int, int]], length: int) -> None:
+            template: list[tuple[int, int] | int] = []
+            for idx in idcs:
+                match idx:
+                    case FixedIdx(i):
+                        template.append((i, i))
+                    case Iterator(sym):
+                        template.append(ranges.get(sym, sym.id))
+                    case _:
+                        return
+            syms = [idx.symbol for idx in idcs if isinstance(idx, Iterator)]
+            if len(syms) == len(set(syms)):
+                out.append((tn, tuple(template), length))
+
+        walk(loop, {})
+        self.write_templates[id(loop)] = (loop, out)
+        return out
+
+    def own_symbols(self, stmt: ll.LLStmt, tn: Tnode, idcs: tuple[AxisIndex, ...],
+                    loops: tuple[tuple[Symbol, int], ...]) -> None:
+        """The loop symbols `tn` owns. Only a statement's first execution in a nest of loops
+        can add any: its later ones meet the same symbols, already taken."""
+        key = (id(stmt), *(sym.id for sym, _ in loops))
+        if key in self.owned:
+            return
+        self.owned.add(key)
+        syms = [s for idx in idcs for s in index_symbols(idx)] + [s for s, _ in loops]
+        self.events.append((_OWN, tn, tuple(syms)))
 
 
 _Template = tuple["tuple[int, int] | int", ...]
 
 
-def _write_templates(st: _State, loop: ll.ForLoop) -> list[tuple[Tnode, _Template, int]]:
-    """The writes inside `loop` whose box tracing can record, each as the per-axis ranges over
-    the loops inside `loop`, or the id of the enclosing loop symbol whose current value it takes. A loop
-    is typically left partly untraced once per iteration of its enclosing loops, so this is
-    computed once per loop."""
-    cached = st.write_templates.get(id(loop))
-    if cached is not None:
-        return cached[1]
-    out: list[tuple[Tnode, _Template, int]] = []
-
-    def walk(stmt: ll.LLStmt, ranges: dict[Symbol, tuple[int, int]]) -> None:
-        for s in ll.flatten(stmt):
-            match s:
-                case ll.ForLoop(index, from_, to_, body, _) if from_ <= to_:
-                    walk(body, {**ranges, index: (from_, to_)})
-                case ll.Set(tn, idcs, _, _):
-                    add(tn, idcs, ranges, 1)
-                case ll.SetFromVec(tn, idcs, length, _, _, _):
-                    add(tn, idcs, ranges, length)
-
-    def add(tn: Tnode, idcs: tuple[AxisIndex, ...], ranges: dict[Symbol, tuple[int, int]], length: int) -> None:
-        template: list[tuple[int, int] | int] = []
-        for idx in idcs:
-            match idx:
-                case FixedIdx(i):
-                    template.append((i, i))
-                case Iterator(sym):
-                    template.append(ranges.get(sym, sym.id))
-                case _:
-                    return
-        syms = [idx.symbol for idx in idcs if isinstance(idx, Iterator)]
-        if len(syms) == len(set(syms)):
-            out.append((tn, tuple(template), length))
-
-    walk(loop, {})
-    st.write_templates[id(loop)] = (loop, out)
-    return out
-
-
-def _own_symbols(st: _State, stmt: ll.LLStmt, tn: Tnode, idcs: tuple[AxisIndex, ...],
-                 loops: tuple[tuple[Symbol, int], ...]) -> None:
-    """Record the loop symbols `tn` owns. Only a statement's first execution in a nest of loops
-    can add any: its later ones meet the same symbols, already taken."""
-    key = (id(stmt), *(sym.id for sym, _ in loops))
-    if key in st.owned:
-        return
-    st.owned.add(key)
-    for idx in idcs:
-        for s in index_symbols(idx):
-            st.reverse_node_map.setdefault(s, tn)
-    for s, _ in loops:
-        st.reverse_node_map.setdefault(s, tn)
+def _apply(st: _State, events: list[tuple], nodes: dict[Tnode, Tnode], symbols: dict[Symbol, Symbol]) -> None:
+    """Replay recorded `events` on the trace, on the nodes and symbols `nodes` and `symbols`
+    map the recorded ones to."""
+    store = st.store
+    for ev in events:
+        op = ev[0]
+        if op == _READ:
+            tn = nodes[ev[1]]
+            ta = store.get(tn) or st.node(tn)
+            pos = ev[2]
+            if not ta.is_written(pos):
+                ta.accesses[pos] = RECURRENT
+            elif not ev[3]:
+                old = ta.accesses.get(pos, 0)
+                ta.accesses[pos] = old if old is RECURRENT else old + 1
+        elif op == _SET:
+            _, tn, pos, llsc, first_visit, reduction, local_reduction = ev
+            ta = st.node(nodes[tn])
+            if not ta.assignments and not ta.accesses and _is_scalar_dims(tn):
+                ta.is_scalar_constexpr = _is_constexpr(st, llsc, nodes)
+            elif ta.assignments:
+                ta.is_scalar_constexpr = False
+            if first_visit:
+                ta.is_accessing = ta.is_accessing or _is_accessing(st, llsc, nodes)
+                ta.is_simple = ta.is_simple and _is_simple(st, llsc, nodes)
+                ta.is_complex = ta.is_complex or reduction
+                ta.is_local_reduction = ta.is_local_reduction and local_reduction
+            ta.assignments.add(pos)
+        elif op == _OWN:
+            owner = nodes[ev[1]]
+            for s in ev[2]:
+                st.reverse_node_map.setdefault(symbols[s], owner)
+        elif op == _BOX:
+            st.node(nodes[ev[1]]).written_boxes.add(ev[2])
+        elif op == _ZERO:
+            ta = st.node(nodes[ev[1]])
+            if not ta.assignments and not ta.accesses:
+                ta.zero_initialized_by_code = True
+                ta.is_accessing = False
+                ta.is_complex = False
+                ta.is_scalar_constexpr = _is_scalar_dims(ta.tn)
+            ta.zeroed_out = True
+        elif op == _GATHERED:
+            st.node(nodes[ev[1]]).run_time_indexed = True
+        elif op == _SET_VEC:
+            _, tn, cells, arg, first_visit, reduction = ev
+            ta = st.node(nodes[tn])
+            ta.is_scalar_constexpr = False
+            if first_visit:
+                ta.is_accessing = ta.is_accessing or _is_accessing(st, arg, nodes)
+                ta.is_simple = False
+                ta.is_complex = ta.is_complex or reduction
+            ta.assignments.update(cells)
+        elif op == _MERGE:
+            tn = nodes[ev[1]]
+            if st.merge_node is not None and st.merge_node is not tn:
+                raise ValueError(f"einjit: only one merge buffer per routine is supported, found "
+                                 f"{st.merge_node.debug_name()} and {tn.debug_name()}")
+            st.merge_node = tn
 
 
 def _is_local_reduction(tn: Tnode, loops: tuple[tuple[Symbol, int], ...], idcs: tuple[AxisIndex, ...],
@@ -436,43 +577,6 @@ def _is_local_reduction(tn: Tnode, loops: tuple[tuple[Symbol, int], ...], idcs: 
 def _is_reduction(loops: tuple[tuple[Symbol, int], ...], idcs: tuple[AxisIndex, ...]) -> bool:
     indexed = {s for idx in idcs for s in index_symbols(idx)}
     return any(n > 1 and s not in indexed for s, n in loops)
-
-
-def _visit(st: _State, tn: Tnode, pos: Position, own: tuple[Tnode, Position] | None) -> None:
-    """Count a read. A read of the very cell being assigned (`t[i] := t[i] + ...`) is part of
-    computing that cell, not a separate use, so it only matters when it comes before any write."""
-    ta = st.node(tn)
-    if not ta.is_written(pos):
-        ta.accesses[pos] = RECURRENT
-        return
-    if own is not None and own[0] is tn and own[1] == pos:
-        return
-    old = ta.accesses.get(pos, 0)
-    ta.accesses[pos] = old if old is RECURRENT else old + 1
-
-
-def _scalar(st: _State, sc: ll.LLScalar, env: Env, own: tuple[Tnode, Position] | None) -> None:
-    match sc:
-        case ll.Get(tn, idcs):
-            _gathered(st, tn, idcs, env)
-            _visit(st, tn, _position(st, env, idcs), own)
-        case ll.GetMergeBuffer(tn, _):
-            if st.merge_node is not None and st.merge_node is not tn:
-                raise ValueError(f"einjit: only one merge buffer per routine is supported, found "
-                                 f"{st.merge_node.debug_name()} and {tn.debug_name()}")
-            st.merge_node = tn
-        case ll.LocalScope(_, body, _):
-            _stmt(st, body, env, (), True)
-        case ll.Ternop(ops.Ternop.WHERE, cond, then, other):
-            _scalar(st, cond, env, own)
-            taken = _index_condition(cond, env)
-            if taken is None or taken:
-                _scalar(st, then, env, own)
-            if taken is None or not taken:
-                _scalar(st, other, env, own)
-        case _:
-            for child in ll.scalar_children(sc):
-                _scalar(st, child, env, own)
 
 
 _INDEX_BINOPS = {
@@ -513,44 +617,44 @@ def _index_condition(cond: ll.LLScalar, env: Env) -> bool | None:
     return None if v is None else v != 0
 
 
-def _node_flag(st: _State, tn: Tnode, flag: str, default: bool) -> bool:
-    ta = st.store.get(tn)
+def _node_flag(st: _State, tn: Tnode, flag: str, default: bool, nodes: dict[Tnode, Tnode]) -> bool:
+    ta = st.store.get(nodes[tn])
     return default if ta is None else getattr(ta, flag)
 
 
-def _is_constexpr(st: _State, sc: ll.LLScalar) -> bool:
+def _is_constexpr(st: _State, sc: ll.LLScalar, nodes: dict[Tnode, Tnode]) -> bool:
     match sc:
         case ll.Constant() | ll.ConstantBits():
             return True
         case ll.Get(tn, _) | ll.GetMergeBuffer(tn, _):
-            return _node_flag(st, tn, "is_scalar_constexpr", False)
+            return _node_flag(st, tn, "is_scalar_constexpr", False, nodes)
         case ll.GetLocal(sid) | ll.LocalScope(id=sid):
-            return _node_flag(st, sid.tn, "is_scalar_constexpr", False)
+            return _node_flag(st, sid.tn, "is_scalar_constexpr", False, nodes)
         case ll.EmbedIndex():
             return False
-    return all(_is_constexpr(st, c) for c in ll.scalar_children(sc))
+    return all(_is_constexpr(st, c, nodes) for c in ll.scalar_children(sc))
 
 
-def _is_accessing(st: _State, sc: ll.LLScalar) -> bool:
+def _is_accessing(st: _State, sc: ll.LLScalar, nodes: dict[Tnode, Tnode]) -> bool:
     match sc:
         case ll.Constant() | ll.ConstantBits() | ll.EmbedIndex():
             return False
         case ll.Get(tn, _):
-            return not _node_flag(st, tn, "is_scalar_constexpr", False)
+            return not _node_flag(st, tn, "is_scalar_constexpr", False, nodes)
         case ll.GetMergeBuffer():
             return True
         case ll.GetLocal(sid) | ll.LocalScope(id=sid):
-            return _node_flag(st, sid.tn, "is_accessing", True)
-    return any(_is_accessing(st, c) for c in ll.scalar_children(sc))
+            return _node_flag(st, sid.tn, "is_accessing", True, nodes)
+    return any(_is_accessing(st, c, nodes) for c in ll.scalar_children(sc))
 
 
-def _is_simple(st: _State, sc: ll.LLScalar) -> bool:
+def _is_simple(st: _State, sc: ll.LLScalar, nodes: dict[Tnode, Tnode]) -> bool:
     """A single read, or an expression over constants and index embeddings only."""
     match sc:
         case ll.Get() | ll.GetMergeBuffer() | ll.Constant() | ll.ConstantBits() | ll.EmbedIndex():
             return True
         case ll.GetLocal(sid) | ll.LocalScope(id=sid):
-            return _node_flag(st, sid.tn, "is_simple", False)
+            return _node_flag(st, sid.tn, "is_simple", False, nodes)
         case ll.Unop(ops.Unop.IDENTITY, a):
-            return _is_simple(st, a)
-    return not any(_is_accessing(st, c) for c in ll.scalar_children(sc))
+            return _is_simple(st, a, nodes)
+    return not any(_is_accessing(st, c, nodes) for c in ll.scalar_children(sc))

@@ -17,10 +17,10 @@ register file: its `mb * ceil(nb / V)` accumulators, the panel row's `ceil(nb / 
 one broadcast, at most `vector_registers` in all (`fits`); gcc spills the accumulators to
 memory otherwise, and the block runs at a fraction of the speed (8×32 floats, 32 AVX2
 vectors, ran the digits MLP at a third of ONNX Runtime's speed on a 16-register machine).
-Widths of exactly `row_vectors` vectors are preferred: gcc -O2 keeps the accumulators in
-registers only when the vectorized column loop has two iterations, which it then unrolls
-completely; with one iteration (8×16 floats on AVX-512) or a rolled loop (4×64) they stay in
-memory, and the block runs at a third of the speed. So AVX-512 (32 registers of 16 floats)
+Widths of exactly `row_vectors` vectors are preferred: a panel row of two vectors shares
+each broadcast between two FMAs and leaves registers for the most rows. (It was also the one
+width whose float block gcc -O2 kept in registers, 8×16 and 4×64 ran at a third of the
+speed, before blocks became arrays of vectors in C, `nests.RegisterBlock`.) So AVX-512 (32 registers of 16 floats)
 gets 8×32 float blocks, AVX2 (16 registers of 8 floats) 6×16, and SSE 6×8.
 
 Extents the block does not divide leave tails (`rows % mb` tail rows priced with the same

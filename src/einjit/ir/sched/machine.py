@@ -25,7 +25,10 @@ __all__ = ["MACHINES", "host_machine", "kind_of_flags"]
 MACHINES: dict[str, Machine] = {
     "avx512": Machine(),
     "avx512_bf16": Machine(bf16_dot=True),
-    "avx2": Machine(vector_bytes=32, vector_registers=16),
+    # a 4x16 float block (8 accumulators, 2 FMAs a cycle for 4 cycles of latency on paper) ran
+    # at two thirds of a 6x16 block's speed at n=256 and a quarter at n=512 on znver3: the
+    # FMA chain needs more than latency x throughput accumulators, so the model prices more
+    "avx2": Machine(vector_bytes=32, vector_registers=16, fma_latency=6),
     "generic": Machine(vector_bytes=16, vector_registers=16),
 }
 

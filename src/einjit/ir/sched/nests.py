@@ -3,9 +3,11 @@ rewrites (`schedule.py`, `schedule_conv.py`) share to take a nest apart and buil
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from einjit.ir import low_level as ll
 from einjit.ir import ops, provenance
-from einjit.ir.indexing import AxisIndex, Iterator, Symbol, index_symbols, subst_index
+from einjit.ir.indexing import AxisIndex, Iterator, Symbol, get_symbol, index_symbols, make_affine, subst_index
 from einjit.ir.tnode import LOCAL, Tnode
 
 
@@ -67,3 +69,105 @@ def unit_stride_axis_symbol(tn: Tnode, idcs: tuple[AxisIndex, ...]) -> Symbol | 
             continue
         return idx.symbol if isinstance(idx, Iterator) else None
     return None
+
+
+VECTOR_PRECS = (ops.single, ops.double)
+"""The precisions a register block is stored as vectors in (the C backend's vector types)."""
+
+VECTOR_BINOPS = (ops.Binop.ADD, ops.Binop.SUB, ops.Binop.MUL)
+"""The binary operations a loop over a block's lanes may compute as vectors, besides FMA."""
+
+
+def vector_ops_only(sc: ll.LLScalar, prec: ops.Prec, lane: Symbol | None = None) -> bool:
+    """Whether `sc` is made of reads in `prec`, constants, FMAs and `VECTOR_BINOPS` only: what
+    the C backend computes on whole vectors (anything else would address single lanes). With
+    `lane`, a read stored narrower but computed in `prec` (bf16 in a float block) that does
+    not depend on `lane` counts too: the C backend widens it once and broadcasts it (a vector
+    load would take its cells for floats)."""
+    for x in ll.iter_scalars(sc):
+        match x:
+            case ll.Get(tn) if tn.prec is prec:
+                pass
+            case ll.Get(tn, idcs) if lane is not None and tn.prec.computed_in is prec \
+                    and not any(lane in index_symbols(idx) for idx in idcs):
+                pass
+            case ll.Constant() | ll.Ternop(ops.Ternop.FMA):
+                pass
+            case ll.Binop(op) if op in VECTOR_BINOPS:
+                pass
+            case _:
+                return False
+    return True
+
+
+@dataclass(frozen=True)
+class RegisterBlock:
+    """A block of accumulators, `rows` × `width` cells, that gcc must keep in registers.
+
+    With `lanes` > 1 it is stored as `width // lanes` vectors per row: dims `(rows, width //
+    lanes, lanes)`, provenance `REGISTER_BLOCK`. The C backend declares it as an array of
+    vectors and renders each loop over its lanes as one vector operation; once the row and
+    vector loops are unrolled every index is a constant and gcc -O2 keeps the array in vector
+    registers. A float array whose column loop gcc vectorized itself stays in memory at -O2
+    (on AVX2 one accumulator of a 4×16 block went through the stack at every step, a
+    store-to-load chain that ran `a @ b` at a quarter of the FMA peak). With `lanes` == 1 (a
+    width no vector divides, half precision) it is a plain `(rows, width)` local.
+
+    A cell's column is `column`: `lanes*vector + lane`, or `col` itself with one lane; `at`
+    indexes the block, `loops` runs over a row's columns (the vector loop unrolled)."""
+
+    node: Tnode
+    lanes: int
+    col: Symbol
+    vector: Symbol
+    lane: Symbol
+
+    @property
+    def width(self) -> int:
+        return self.node.dims[1] * self.node.dims[2] if self.lanes > 1 else self.node.dims[1]
+
+    @property
+    def column(self) -> AxisIndex:
+        return make_affine(((self.lanes, self.vector), (1, self.lane))) if self.lanes > 1 else Iterator(self.col)
+
+    def at(self, row: AxisIndex) -> tuple[AxisIndex, ...]:
+        return (row, Iterator(self.vector), Iterator(self.lane)) if self.lanes > 1 else (row, Iterator(self.col))
+
+    def loops(self) -> list[tuple[Symbol, int]]:
+        if self.lanes == 1:
+            return [(self.col, self.width)]
+        return [(self.vector, self.width // self.lanes), (self.lane, self.lanes)]
+
+    @property
+    def unrolled(self) -> frozenset[Symbol]:
+        return frozenset({self.vector})
+
+    def by_column(self, sc: ll.LLScalar) -> ll.LLScalar:
+        """`sc`, written with `col` for the column, reading along the block's `column`."""
+        return subst(sc, {self.col: self.column})
+
+    def cell(self, idcs: tuple[AxisIndex, ...]) -> tuple[AxisIndex, ...]:
+        return tuple(subst_index({self.col: self.column}, idx) for idx in idcs)
+
+
+def vector_lanes(width: int, prec: ops.Prec, vector_bytes: int) -> int:
+    """The lanes of a register block's vectors: the largest power of two dividing `width`, at
+    most a machine vector; 1 where no vector of two or more lanes fits."""
+    if prec not in VECTOR_PRECS:
+        return 1
+    lanes = width & -width
+    lanes = min(lanes, max(1, vector_bytes // prec.itemsize))
+    return lanes if lanes >= 2 else 1
+
+
+def register_block(rows: int, width: int, prec: ops.Prec, vector_bytes: int, col: Symbol,
+                   label: str = "acc") -> RegisterBlock:
+    """An accumulator block of `rows` × `width` cells whose columns loops over `col` address;
+    `vector_bytes` 0 keeps it scalar."""
+    lanes = vector_lanes(width, prec, vector_bytes) if vector_bytes else 1
+    if lanes == 1:
+        node = scheduler_local(label, (rows, width), prec)
+    else:
+        node = Tnode(label, (rows, width // lanes, lanes), prec, memory_mode=LOCAL,
+                     provenance=provenance.REGISTER_BLOCK)
+    return RegisterBlock(node, lanes, col, get_symbol("jv"), get_symbol("jl"))

@@ -17,16 +17,23 @@ the operands' layouts (`a @ b`, the dense layer's `w @ x`, i.e. A·Bᵀ) this be
           for k..: acc[a, b] := fma(A(MB*i0 + a, k), pack[k.., b], acc[a, b])
           c[MB*i0 + a, NB*j0 + b] := acc[a, b]
 
-`acc` and `pack` are routine-local nodes. The `a` loops are marked `unroll`: once gcc has
-unrolled them every access to `acc` has a constant row, so it keeps the MB×NB accumulator
-block in vector registers (register blocking, unroll-and-jam of `i` and `j`; without the
-unrolling the block round-trips through memory at every step and runs at half the speed).
-The innermost `b` loop is unit-stride everywhere, so it vectorizes. MB, NB and the chunk
-come from the cost model (`cost_model.py`), or from measurements under `EINJIT_SEARCH=1`.
+`acc` and `pack` are routine-local nodes. `acc` is a register block (`nests.RegisterBlock`):
+its NB columns are NB/V vectors of V lanes (V from the machine description), so the `b` loop
+is a loop over vectors around one over their lanes, which the C backend renders as one
+vector statement on an array of vectors (`backends/c_vectors.py`). The `a` loops and the
+vector loops are marked `unroll`: once gcc has unrolled them every index of that array is a
+constant, so gcc -O2 keeps the MB×NB accumulator block in vector registers (register
+blocking, unroll-and-jam of `i` and `j`). A float array whose column loop gcc vectorized
+itself stays in memory at -O2: on AVX2 one accumulator per step went through the stack,
+and `a @ b` ran at a quarter of the FMA peak. The lane loops are unit-stride everywhere.
+MB, NB and the chunk come from the cost model (`cost_model.py`), or from measurements under
+`EINJIT_SEARCH=1`.
 
 Extents they do not divide take the same path with tails: the last `rows % MB` rows run a
 shorter block, and the last `cols % NB` columns run one panel padded to NB columns (zeros in
-the pack and the accumulators, never stored): gcc keeps only full-width blocks in registers
+the pack and the accumulators, never stored; a block of vectors is loaded and stored through
+a zero-padded `edge` buffer, since a vector cannot cover part of a row): gcc keeps only
+full-width blocks in registers
 (an 8×16 block ran at a third of the speed of 8×32, a 31-wide one scalar), so the padded
 block, although it computes unused columns, is the fastest way to do the tail. A last chunk
 of `k` is shorter. Every output cell still sums its terms in the original order, so results are
@@ -45,15 +52,18 @@ packing its own panel — else each panel's row blocks, sharing its panel.
 **Reductions** whose innermost loop `k` is summed (a row sum, a matrix-vector product, a
 convolution's kernel gradient) and that interchange would leave alone get `Blocking.lanes`
 independent partial sums over `k = lanes*k0 + l` (or one per `k` when `k` is short), kept
-across all the summed loops — the lhs loops move outside — and added into the target in lane
-order at the end. That
+across all the summed loops — the lhs loops move outside — folded pairwise (upper half onto
+lower half) and added into the target at the end. The partial sums are a register block of
+vectors when the step is arithmetic the vectors compute (a dot product: ATL's matvec), else
+a plain array (a sum of `exp`s, which gcc vectorizes through libmvec). That
 reassociates float sums, so it happens only under `VirtualizeSettings.reassociate` (on by
 default); integer sums are exact either way. Small partial sums are also more accurate: a
 float32 sum of 2,000,000 values in [0, 1) is 2e-7 off instead of 1e-5.
 
 Small nests (under `Blocking.min_work` innermost iterations) are left alone: the rewrites
-pay only when the arithmetic dominates. So are nests whose order is already fixed
-(`ForLoop.keep_order`).
+pay only when the arithmetic dominates. The split reduction alone reaches further down
+(`Blocking.min_split_work`): a decode step's matrix-vector products are small but all
+reduction. Nests whose order is already fixed (`ForLoop.keep_order`) are left alone.
 """
 
 from __future__ import annotations
@@ -76,7 +86,7 @@ from einjit.ir.indexing import (
     subst_index,
 )
 from einjit.ir.passes.tracing import VirtualizeSettings
-from einjit.ir.sched import bf16_pairs, cost_model, nests, schedule_conv
+from einjit.ir.sched import bf16_pairs, cost_model, nests, schedule_batched, schedule_conv
 from einjit.ir.sched.interchange import best_order, perfect_nest, reorderable, rewrap, unit_stride_symbol
 from einjit.ir.sched.machine import host_machine
 from einjit.ir.tnode import Tnode
@@ -108,6 +118,10 @@ class Blocking:
     on a busy machine every barrier may wait for a descheduled thread.
     `min_panels_per_thread`: column panels each thread should get before the panel loop is
     the one on threads (one fork-join for the nest) rather than each panel's row blocks.
+    `min_split_work`: nests below `min_work` but of at least this many innermost iterations,
+    summing along an innermost loop of at least `lanes`, still get the split reduction: the
+    matrix-vector products of a one-token decode step (128 x 128) are otherwise one
+    sequential FMA chain per row, latency-bound at a fifth of the vector rate.
     """
 
     min_work: int = 1 << 16
@@ -120,6 +134,7 @@ class Blocking:
     min_unroll_work: int = 1 << 19
     parallel_min_work: int = 1 << 22
     min_panels_per_thread: int = 2
+    min_split_work: int = 1 << 12
 
 
 TileChooser = Callable[[cost_model.Shape, Blocking], "cost_model.Tile | None"]
@@ -157,10 +172,15 @@ def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blockin
         return s
     if len(inner) == 1 and isinstance(inner[0], ll.Set) and all(lp.from_ == 0 for lp in loops):
         st = inner[0]
-        if math.prod(lp.to_ + 1 for lp in loops) >= blocking.min_work:
+        work = math.prod(lp.to_ + 1 for lp in loops)
+        if work >= blocking.min_work:
             new = _rewritten(loops, st, settings, blocking, tile_for)
-            if new is not None:
-                return new
+        elif work >= blocking.min_split_work and loops[-1].to_ + 1 >= blocking.lanes:
+            new = _split_reduction(loops, st, settings, blocking)
+        else:
+            new = None
+        if new is not None:
+            return new
     return rewrap(loops, schedule_llc(body, settings, blocking, tile_for))
 
 
@@ -285,18 +305,20 @@ def _span(step: int, block: Symbol | None, inner: Symbol, offset: int = 0) -> Ax
 @dataclass(frozen=True)
 class _Layout:
     """How `_blocked` cuts one contraction: the tile, the packed panel and the accumulator
-    block, the loop symbols of the blocks (`j0` panels, `i0` row blocks, `kt` k chunks, `a` /
-    `b` rows and columns inside a block, `kp` the summed loops), how many full blocks and how
-    large the tails are along each axis, and which loops run on threads. With `kl`, the panel
-    holds bf16 pairs (`bf16_pairs`): `kp` counts pairs of the summed loop and `kl` the one of a
-    pair."""
+    block (with the `edge` buffer a padded tail panel's block is loaded from and stored
+    through, when the block is vectors: a vector cannot be part of a row), the loop symbols
+    of the blocks (`j0` panels, `i0` row blocks, `kt` k chunks, `a` / `b` rows and columns
+    inside a block, `kp` the summed loops), how many full blocks and how large the tails are
+    along each axis, and which loops run on threads. With `kl`, the panel holds bf16 pairs
+    (`bf16_pairs`): `kp` counts pairs of the summed loop and `kl` the one of a pair."""
 
     c: _Contraction
     mb: int
     nb: int
     kc: int
     pack: Tnode
-    accum: Tnode
+    block: nests.RegisterBlock
+    edge: Tnode | None
     j0: Symbol
     i0: Symbol
     kt: Symbol
@@ -350,10 +372,13 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     pairs = bf16_pairs.applies(c.a_op, c.b_op, len(c.summed), kc, extent[c.summed[0]], blocking.machine)
     pack = (bf16_pairs.pack(kc, nb) if pairs
             else nests.scheduler_local("pack", (kc, *(extent[k] for k in c.summed[1:]), nb), prec))
-    accum = nests.scheduler_local("acc", (mb, nb), prec)
     j0, i0, kt, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("kt"), get_symbol("ir"), get_symbol("jr")
+    # a pair-packed block stays scalar: `backends.bf16_dot` renders the nest over its `(mb, nb)`
+    # cells as `vdpbf16ps` on its own vectors
+    block = nests.register_block(mb, nb, prec, 0 if pairs else blocking.machine.vector_bytes, b)
     kp = {k: get_symbol(k.name) for k in c.summed}
     n_cols, tail_cols = divmod(extent[c.j], nb)
+    edge = nests.scheduler_local("edge", (mb, nb), prec) if tail_cols and block.lanes > 1 else None
     n_rows, tail_rows = divmod(extent[c.i], mb)
     n_chunks, tail_chunk = divmod(extent[c.summed[0]], kc)
     small = math.prod(extent.values()) < blocking.min_unroll_work
@@ -361,7 +386,7 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     batch = next((s for s in c.outer if extent[s] > 1), None) if _threaded(c, blocking) else None
     inner_threads = batch is None and _threaded(c, blocking)
     by_panels = inner_threads and n_cols >= 2 * blocking.min_panels_per_thread
-    return _Layout(c, mb, nb, kc, pack, accum, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, tail_rows,
+    return _Layout(c, mb, nb, kc, pack, block, edge, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, tail_rows,
                    n_chunks, tail_chunk, unrolled, batch, inner_threads, by_panels,
                    get_symbol("kl") if pairs else None)
 
@@ -379,7 +404,7 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
     tiles = f"{lay.mb}x{lay.nb}" + (f", {lay.kc}-step k chunks" if lay.kc < c.extent[lay.k1] else "")
     kind = "register-blocked" if lay.unrolled else "blocked (rows not unrolled: a small nest)"
     body = ll.seq(ll.Comment(f"{kind} {tiles} contraction into {c.st.tn.name}"), *chunks)
-    return nests.nest([(s, c.extent[s]) for s in c.outer], body, parallel=lay.batch)
+    return schedule_batched.batch_inside_panels(lay.pack, [(s, c.extent[s]) for s in c.outer], body, lay.batch)
 
 
 def _chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
@@ -429,21 +454,36 @@ def _kernel(lay: _Layout, row: AxisIndex, height: int, col: AxisIndex, width: in
             depth: int) -> ll.LLStmt:
     """One block; in a tail panel (`width < nb`) it still updates all `nb` columns (the
     padding columns hold zeros and are never stored), since gcc keeps only full-width
-    blocks in registers."""
-    c, st, a, b, accum, unrolled = lay.c, lay.c.st, lay.a, lay.b, lay.accum, lay.unrolled
-    block = (Iterator(a) if height > 1 else FixedIdx(0), Iterator(b))
+    blocks in registers. A block of vectors loads and stores a tail panel's columns through
+    `edge`, zero-padded, a row at a time."""
+    c, st, a, b, rb = lay.c, lay.c.st, lay.a, lay.b, lay.block
+    unrolled = lay.unrolled | rb.unrolled if lay.unrolled else lay.unrolled
+    r = Iterator(a) if height > 1 else FixedIdx(0)
+    block = rb.at(r)
     cell = tuple(subst_index({c.i: row, c.j: col}, idx) for idx in st.idcs)
     a_read = nests.subst(c.a_op, {c.i: row, **lay.k_env(k_at)})
-    packed = ll.Get(lay.pack, lay.pack_at())
+    packed = rb.by_column(ll.Get(lay.pack, lay.pack_at()))
     x, y = (packed, a_read) if c.b_first else (a_read, packed)
-    update = ll.Set(accum, block, ll.Ternop(ops.Ternop.FMA, x, y, ll.Get(accum, block)), st.debug)
+    update = ll.Set(rb.node, block, ll.Ternop(ops.Ternop.FMA, x, y, ll.Get(rb.node, block)), st.debug)
     rows = [(a, height)] if height > 1 else []
-    load = [nests.nest([*rows, (b, width)], ll.Set(accum, block, ll.Get(st.tn, cell)), unrolled)]
-    if width < lay.nb:
-        zero_tail = ll.ForLoop(b, width, lay.nb - 1, ll.Set(accum, block, ll.Constant(0.0)))
-        load.append(nests.nest(rows, zero_tail, unrolled))
-    return ll.seq(*load, nests.nest([*lay.k_loops(depth), *rows, (b, lay.nb)], update, unrolled),
-                  nests.nest([*rows, (b, width)], ll.Set(st.tn, cell, ll.Get(accum, block)), unrolled))
+    columns = [*rows, *rb.loops()]
+    if width == lay.nb:
+        load = [nests.nest(columns, ll.Set(rb.node, block, ll.Get(st.tn, rb.cell(cell))), unrolled)]
+        store = [nests.nest(columns, ll.Set(st.tn, rb.cell(cell), ll.Get(rb.node, block)), unrolled)]
+    elif lay.edge is None:
+        zero_tail = ll.ForLoop(b, width, lay.nb - 1, ll.Set(rb.node, block, ll.Constant(0.0)))
+        load = [nests.nest([*rows, (b, width)], ll.Set(rb.node, block, ll.Get(st.tn, cell)), unrolled),
+                nests.nest(rows, zero_tail, unrolled)]
+        store = [nests.nest([*rows, (b, width)], ll.Set(st.tn, cell, ll.Get(rb.node, block)), unrolled)]
+    else:
+        edge = (r, Iterator(b))
+        zero_tail = ll.ForLoop(b, width, lay.nb - 1, ll.Set(lay.edge, edge, ll.Constant(0.0)))
+        load = [nests.nest([*rows, (b, width)], ll.Set(lay.edge, edge, ll.Get(st.tn, cell)), unrolled),
+                nests.nest(rows, zero_tail, unrolled),
+                nests.nest(columns, ll.Set(rb.node, block, ll.Get(lay.edge, rb.cell(edge))), unrolled)]
+        store = [nests.nest(columns, ll.Set(lay.edge, rb.cell(edge), ll.Get(rb.node, block)), unrolled),
+                 nests.nest([*rows, (b, width)], ll.Set(st.tn, cell, ll.Get(lay.edge, edge)), unrolled)]
+    return ll.seq(*load, nests.nest([*lay.k_loops(depth), *columns], update, unrolled), *store)
 
 
 def _threaded(c: _Contraction, blocking: Blocking) -> bool:
@@ -474,21 +514,58 @@ def _split_reduction(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSe
         n_lanes = n
     else:
         return None
-    lanes = nests.scheduler_local("lanes", (n_lanes,), st.tn.prec.computed_in)
     k0, lane = get_symbol("k0"), get_symbol("l")
+    # vectors only where the C backend computes the step on whole vectors: a sum of `exp`s
+    # keeps a plain array, whose loop gcc vectorizes with libmvec
+    # (a bf16 sum accumulates in float32, its bf16 reads widened lane by lane)
+    prec = st.tn.prec.computed_in
+    vector = nests.vector_ops_only(st.llsc, prec)
+    rb = nests.register_block(1, n_lanes, prec, blocking.machine.vector_bytes if vector else 0, lane, "lanes")
     env: dict[Symbol, AxisIndex] = {k: make_affine(((n_lanes, k0), (1, lane))) if n_lanes < n else Iterator(lane)}
-    own = (ll.Get(lanes, (Iterator(lane),)),)
-    split = tuple(nests.subst(t, env) for t in terms)
-    value = (ll.Ternop(ops.Ternop.FMA, split[0], split[1], own[0]) if kind == "fma"
-             else ll.Binop(ops.Binop.ADD, own[0], split[0]))
-    step = ll.ForLoop(lane, 0, n_lanes - 1, ll.Set(lanes, own[0].idcs, value, st.debug))
+    own = ll.Get(rb.node, rb.at(FixedIdx(0)))
+    split = tuple(rb.by_column(nests.subst(t, env)) for t in terms)
+    value = (ll.Ternop(ops.Ternop.FMA, split[0], split[1], own) if kind == "fma"
+             else ll.Binop(ops.Binop.ADD, own, split[0]))
+    step = nests.nest(rb.loops(), ll.Set(rb.node, own.idcs, value, st.debug), rb.unrolled)
     if n_lanes < n:
         step = ll.ForLoop(k0, 0, n // n_lanes - 1, step)
     summed = [(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index not in lhs]
+    vector = rb.lanes > 1
+    first = ll.Get(rb.node, (FixedIdx(0), FixedIdx(0), Iterator(rb.lane)) if vector else (FixedIdx(0), FixedIdx(0)))
+    add = ll.Set(st.tn, st.idcs, ll.Binop(ops.Binop.ADD, ll.Get(st.tn, st.idcs), first))
+    # the first vector's lanes in lane order, each lane a constant (an indexed vector lane
+    # would keep the block in memory)
+    total = nests.nest([(rb.lane, rb.lanes)], add, frozenset({rb.lane})) if vector else add
     body = ll.seq(
         ll.Comment(f"{n_lanes} partial sums into {st.tn.name} (reassociated)"),
-        ll.ForLoop(lane, 0, n_lanes - 1, ll.Set(lanes, (Iterator(lane),), ll.Constant(0.0))),
+        nests.nest(rb.loops(), ll.Set(rb.node, own.idcs, ll.Constant(0.0)), rb.unrolled),
         nests.nest(summed, step),
-        ll.ForLoop(lane, 0, n_lanes - 1,
-                   ll.Set(st.tn, st.idcs, ll.Binop(ops.Binop.ADD, ll.Get(st.tn, st.idcs), own[0]))))
+        *_folded(rb),
+        total)
     return nests.nest([(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index in lhs], body)
+
+
+def _folded(rb: nests.RegisterBlock) -> list[ll.LLStmt]:
+    """The partial sums added pairwise into the block's first vector (or first cell): each
+    step adds the upper part onto the lower, so the sum at the end of a short reduction is
+    log2 dependent additions, not one per lane: a decode step's 128-long row sums spent more
+    time adding their 32 lanes one by one than in the lanes. Vectors fold as whole vectors;
+    the first vector's lanes are then added into the target one by one (`total`)."""
+    vector = rb.lanes > 1
+    n = rb.node.dims[1]
+    folds: list[ll.LLStmt] = []
+    while n > 1:
+        half = n // 2
+        top = n - half
+        if vector:
+            for v in range(half):
+                own: tuple[AxisIndex, ...] = (FixedIdx(0), FixedIdx(v), Iterator(rb.lane))
+                upper: tuple[AxisIndex, ...] = (FixedIdx(0), FixedIdx(v + top), Iterator(rb.lane))
+                fold = ll.Set(rb.node, own, ll.Binop(ops.Binop.ADD, ll.Get(rb.node, own), ll.Get(rb.node, upper)))
+                folds.append(ll.ForLoop(rb.lane, 0, rb.lanes - 1, fold))
+        else:
+            own, upper = (FixedIdx(0), Iterator(rb.col)), (FixedIdx(0), make_affine(((1, rb.col),), top))
+            fold = ll.Set(rb.node, own, ll.Binop(ops.Binop.ADD, ll.Get(rb.node, own), ll.Get(rb.node, upper)))
+            folds.append(ll.ForLoop(rb.col, 0, half - 1, fold))
+        n = top
+    return folds

@@ -136,11 +136,12 @@ def channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSet
     mb_max = cost_model.rows_that_fit(nb, st.tn.prec.computed_in.itemsize, blocking.mb_max, blocking.machine)
     i = max(rows, key=lambda s: (_divisor_up_to(extent[s], mb_max), s in plain, extent[s]))
     mb = _divisor_up_to(extent[i], mb_max)
-    return _blocked_nest(loops, st, (a_op, b_op, b_first), (i, mb), (j, nb), summed)
+    return _blocked_nest(loops, st, (a_op, b_op, b_first), (i, mb), (j, nb), summed, blocking.machine.vector_bytes)
 
 
 def _blocked_nest(loops: list[ll.ForLoop], st: ll.Set, operands: tuple[ll.LLScalar, ll.LLScalar, bool],
-                  row_axis: tuple[Symbol, int], col_axis: tuple[Symbol, int], summed: list[Symbol]) -> ll.LLStmt:
+                  row_axis: tuple[Symbol, int], col_axis: tuple[Symbol, int], summed: list[Symbol],
+                  vector_bytes: int) -> ll.LLStmt:
     """for panel loops: for j0: pack B's panel; for other lhs loops: for i0: acc := c; sum; c := acc."""
     a_op, b_op, b_first = operands
     (i, mb), (j, nb) = row_axis, col_axis
@@ -148,8 +149,8 @@ def _blocked_nest(loops: list[ll.ForLoop], st: ll.Set, operands: tuple[ll.LLScal
     lhs = {s for idx in st.idcs for s in index_symbols(idx)}
     prec = st.tn.prec.computed_in
     pack = nests.scheduler_local("pack", tuple(extent[k] for k in summed) + (nb,), prec)
-    accum = nests.scheduler_local("acc", (mb, nb), prec)
     j0, i0, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("ir"), get_symbol("jr")
+    rb = nests.register_block(mb, nb, prec, vector_bytes, b)
     packed = {k: get_symbol(k.name) for k in summed}
     col = make_affine(((nb, j0), (1, b)))
     row = make_affine(((mb, i0), (1, a))) if mb > 1 else Iterator(i0)
@@ -157,18 +158,18 @@ def _blocked_nest(loops: list[ll.ForLoop], st: ll.Set, operands: tuple[ll.LLScal
     fill = nests.nest([*((kp, extent[k]) for k, kp in packed.items()), (b, nb)],
                        ll.Set(pack, tuple(Iterator(kp) for kp in packed.values()) + (Iterator(b),),
                               nests.subst(b_op, b_env), "pack a panel of the vector-axis operand"))
-    cell = tuple(subst_index({i: row, j: col}, idx) for idx in st.idcs)
-    block = (Iterator(a) if mb > 1 else FixedIdx(0), Iterator(b))
-    p_read = ll.Get(pack, tuple(Iterator(k) for k in summed) + (Iterator(b),))
+    cell = rb.cell(tuple(subst_index({i: row, j: col}, idx) for idx in st.idcs))
+    block = rb.at(Iterator(a) if mb > 1 else FixedIdx(0))
+    p_read = rb.by_column(ll.Get(pack, tuple(Iterator(k) for k in summed) + (Iterator(b),)))
     a_read = nests.subst(a_op, {i: row})
     args = (p_read, a_read) if b_first else (a_read, p_read)
-    update = ll.Set(accum, block, ll.Ternop(ops.Ternop.FMA, args[0], args[1], ll.Get(accum, block)), st.debug)
-    ab = [(a, mb), (b, nb)] if mb > 1 else [(b, nb)]
-    unrolled = frozenset({a})
+    update = ll.Set(rb.node, block, ll.Ternop(ops.Ternop.FMA, args[0], args[1], ll.Get(rb.node, block)), st.debug)
+    ab = [(a, mb), *rb.loops()] if mb > 1 else rb.loops()
+    unrolled = frozenset({a}) | rb.unrolled
     kernel = ll.seq(
-        nests.nest(ab, ll.Set(accum, block, ll.Get(st.tn, cell)), unrolled),
+        nests.nest(ab, ll.Set(rb.node, block, ll.Get(st.tn, cell)), unrolled),
         nests.nest([*((k, extent[k]) for k in summed), *ab], update, unrolled),
-        nests.nest(ab, ll.Set(st.tn, cell, ll.Get(accum, block)), unrolled))
+        nests.nest(ab, ll.Set(st.tn, cell, ll.Get(rb.node, block)), unrolled))
     sb = nests.symbols(b_op)
     outer = [lp.index for lp in loops if lp.index in lhs and lp.index not in (i, j)]
     panel_loops = [(s, extent[s]) for s in outer if s in sb]

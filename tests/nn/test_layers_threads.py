@@ -1,0 +1,97 @@
+"""Layers on OpenMP threads: convolutions with their gradients, and attention (batched
+contractions over batch × heads, the softmax) forward and backward, compiled at 1 and at 2
+threads. Only loops over output cells run on threads, so both give the same bits, and both
+match NumPy. Two threads run on a one-core machine too (time-sliced)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+import einjit as ej
+from einjit import fit, nn, train
+from einjit.backends.c_syntax import C_SYNTAX
+from einjit.backends.cc import toolchain as cc
+from einjit.nn.attention import MultiHeadAttention
+from test_attention import np_mha
+from test_conv_scheduled import _reference
+
+FOR = "#pragma omp for schedule(dynamic"
+
+
+def _options(threads: int) -> cc.CcOptions:
+    """Threads for every nest of at least 256 assignments: most nests of these small layers."""
+    return cc.CcOptions(threads=threads, syntax=replace(C_SYNTAX, thread_min_work=256))
+
+
+def _grads_at(threads, code, params, name, tmp_path, monkeypatch):
+    monkeypatch.setenv("EINJIT_DUMP_DIR", str(tmp_path))
+    routine = train.to_routine(code, name=f"{name}{threads}", options=_options(threads))
+    routine()
+    return {p.label_str: p.grad.numpy().copy() for p in params}, (tmp_path / f"{name}{threads}.c").read_text()
+
+
+def test_conv_layers_and_their_gradients_on_threads(tmp_path, monkeypatch):
+    n, h = 8, 18
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 1, h, h)).astype(np.float32)
+    r = rng.standard_normal((n, 16, (h - 2) // 2 - 2, (h - 2) // 2 - 2)).astype(np.float32)
+    model = nn.Sequential(nn.Conv2d(1, 8, 3, label="conv1"), nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, label="conv2"))
+    out = model(ej.ndarray(x, batch_axes=1, label="x"))
+    loss = ej.sum(out * ej.ndarray(r, batch_axes=1, label="r"), label="loss")
+    train.init_params(loss, seed=1)
+    code = train.grad_update(loss)
+    params = model.params()
+    serial, _ = _grads_at(1, code, params, "conv_threads", tmp_path, monkeypatch)
+    threaded, source = _grads_at(2, code, params, "conv_threads", tmp_path, monkeypatch)
+    assert source.count("#pragma omp parallel") >= 1 and source.count(FOR) >= 6
+    by_label = {p.label_str: p for p in params}
+    vals = [by_label[k].value.numpy().astype(np.float64) for k in ("conv1.w", "conv1.b", "conv2.w", "conv2.b")]
+    _, want = _reference(x.astype(np.float64), *vals, r.astype(np.float64))
+    for label, g in want.items():
+        np.testing.assert_array_equal(threaded[label], serial[label], err_msg=label)
+        np.testing.assert_allclose(threaded[label], g, rtol=1e-4, atol=1e-5 * np.abs(g).max(), err_msg=label)
+
+
+def test_attention_forward_and_backward_on_threads(tmp_path, monkeypatch):
+    b, t, d, heads = 4, 16, 32, 4
+    rng = np.random.default_rng(2)
+    xv = rng.standard_normal((b, t, d)).astype(np.float32)
+    layer = MultiHeadAttention(d, heads, label="mha_threads")
+    x = ej.ndarray(xv, batch_axes=2, label="x")
+    y = layer(x)
+    y.hosted()
+    r = rng.standard_normal((b, t, d)).astype(np.float32)
+    loss = ej.sum(y * ej.ndarray(r, batch_axes=2, label="r"), label="loss")
+    train.init_params(loss, seed=3)
+    code = train.grad_update(loss)
+    params = layer.params()
+    serial, _ = _grads_at(1, code, params, "mha_threads", tmp_path, monkeypatch)
+    serial_y = y.value.numpy().copy()
+    threaded, source = _grads_at(2, code, params, "mha_threads", tmp_path, monkeypatch)
+    assert source.count(FOR) >= 6
+    np.testing.assert_array_equal(y.value.numpy(), serial_y)
+    np.testing.assert_allclose(y.value.numpy(), np_mha(layer, xv.astype(np.float64)), rtol=1e-4, atol=1e-5)
+    for label in serial:
+        np.testing.assert_array_equal(threaded[label], serial[label], err_msg=label)
+    # the output projection's bias gradient is the sum of r over batch and time
+    out_b = next(label for label in threaded if label.endswith("out.b"))
+    np.testing.assert_allclose(threaded[out_b], r.astype(np.float64).sum((0, 1)), rtol=1e-5, atol=1e-5)
+
+
+def test_forward_step_runs_the_same_at_2_threads():
+    """`fit.forward_step` on the default backend compiled for 2 threads (`EINJIT_NUM_THREADS`)."""
+    b, t, d = 8, 16, 64
+    xv = np.random.default_rng(4).standard_normal((b, t, d)).astype(np.float32)
+    layer = MultiHeadAttention(d, 4, label="mha_env")
+    x = ej.input("mha_env_x", batch_dims=[b, t], output_dims=[d])
+    y = layer(x)
+    train.init_params(y, seed=5)
+    got = fit.forward_step(y, inputs=[x], backend=_backend(2))(xv)
+    np.testing.assert_allclose(got, np_mha(layer, xv.astype(np.float64)), rtol=1e-4, atol=1e-5)
+
+
+def _backend(threads: int):
+    from einjit.backends.cc.backend import CcBackend
+    return CcBackend(_options(threads))
