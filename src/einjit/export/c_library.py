@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from einjit.backends import scratch_plan
 from einjit.backends.c_syntax import C_SYNTAX, CSyntax, ParamKind, render_program
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.interface import lower_assignments, read_first
@@ -238,7 +239,10 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
     with stable_names():
         _, lowered = lower_assignments((), fit.forward_code(*outputs), routine)
         localize([(routine, lowered, read_first(lowered))])
-        first = render_program([(routine, lowered.llc)], (), syntax)
+        # the code einjit runs: scratch zeroing at first use, barriers where its arena would
+        # pass bytes between arrays (the library gives each scratch array its own buffer)
+        llc, _ = scratch_plan.place(lowered.llc, syntax)
+        first = render_program([(routine, llc)], (), syntax)
         arrays = _roles(first.routines[0].params, ins, outputs, lowered)
         in_names = _unique([identifier(t.label_str, f"input{k}") for k, t in enumerate(ins)])
         out_names = _unique([identifier(t.label_str, f"output{k}") for k, t in enumerate(outputs)])
@@ -247,7 +251,7 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
         total = sum(v.nbytes for v in values.values())
         embed = weights == "embed" or (weights == "auto" and total <= EMBED_LIMIT_BYTES)
         prelude = syntax.prelude + _prelude(prefix, arrays, values, embed)
-        program = render_program([(routine, lowered.llc)], (), replace(syntax, prelude=prelude))
+        program = render_program([(routine, llc)], (), replace(syntax, prelude=prelude))
     in_ports = tuple(_port(t, n) for t, n in zip(ins, in_names, strict=True))
     out_ports = tuple(_port(t, n) for t, n in zip(outputs, out_names, strict=True))
     source = _source_head(prefix) + program.source + "\n" + _api(prefix, routine, arrays, in_ports, out_ports,
