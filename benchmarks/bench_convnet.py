@@ -32,15 +32,13 @@ def _data(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def einjit_step(cache_dir: str, *, mixed_precision: str | None = None):
-    """The step routine, and seconds to build + compile it (`mixed_precision`: as for
-    `train.grad_update`)."""
-    os.environ["EINJIT_CACHE_DIR"] = cache_dir
+def nn_loss():
+    """The convnet built from `einjit.nn` layers on the benchmark's data: its loss (parameters
+    initialized) and its SGD optimizer."""
     import einjit as ej
     from einjit import nn, train
 
     x_val, y_val = _data(np.random.default_rng(0))
-    t0 = time.perf_counter()
     model = nn.Sequential(nn.Conv2d(1, C1, 3, label="conv1"), nn.ReLU(), nn.MaxPool2d(2),
                           nn.Conv2d(C1, C2, 3, label="conv2"), nn.ReLU(), nn.MaxPool2d(2),
                           nn.Flatten(), nn.Linear(400, N_CLASSES, label="fc"))
@@ -49,6 +47,17 @@ def einjit_step(cache_dir: str, *, mixed_precision: str | None = None):
     loss = nn.cross_entropy(model(x), y)
     opt = nn.SGD(loss, 0.01)
     train.init_params(loss)
+    return loss, opt
+
+
+def einjit_step(cache_dir: str, *, mixed_precision: str | None = None):
+    """The step routine, and seconds to build + compile it (`mixed_precision`: as for
+    `train.grad_update`)."""
+    os.environ["EINJIT_CACHE_DIR"] = cache_dir
+    from einjit import train
+
+    t0 = time.perf_counter()
+    loss, opt = nn_loss()
     name = "bench_convnet_step" if mixed_precision is None else f"bench_convnet_step_{mixed_precision}"
     routine = train.to_routine([train.grad_update(loss, mixed_precision=mixed_precision), opt.update()], name=name)
     return routine, time.perf_counter() - t0

@@ -142,19 +142,10 @@ def matmul_pair(n: int, transposed: bool, threads: int):
 
 def convnet_pair(threads: int):
     """The `bench_convnet` step compiled at 1 and at `threads` threads."""
-    import einjit as ej
-    from bench_convnet import C1, C2, N_CLASSES, B, _data
-    from einjit import nn, train
+    from bench_convnet import nn_loss
+    from einjit import train
 
-    x_val, y_val = _data(np.random.default_rng(0))
-    model = nn.Sequential(nn.Conv2d(1, C1, 3, label="conv1"), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Conv2d(C1, C2, 3, label="conv2"), nn.ReLU(), nn.MaxPool2d(2),
-                          nn.Flatten(), nn.Linear(400, N_CLASSES, label="fc"))
-    x = ej.input("x", batch_dims=[B], output_dims=[1, 28, 28], values=x_val)
-    y = ej.input("y", batch_dims=[B], output_dims=[N_CLASSES], values=y_val)
-    loss = nn.cross_entropy(model(x), y)
-    opt = nn.SGD(loss, 0.01)
-    train.init_params(loss)
+    loss, opt = nn_loss()
     code = [train.grad_update(loss), opt.update()]
     return [train.to_routine(code, name=f"scaling_convnet_{t}", options=_options(t)) for t in (1, threads)]
 

@@ -703,8 +703,13 @@ class _Writer:
             self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private,
                                                                        chunk=self.chunk(loop)))
             return indent, []
-        inner = indent + "  "
         self.lines.append(indent + self.syn.parallel_region_pragma.format(n=self.syn.num_threads, private=private))
+        return self.private_block(indent, declared, self.syn.parallel_for_pragma.format(chunk=self.chunk(loop)))
+
+    def private_block(self, indent: str, declared: list[Tnode], pragma: str) -> tuple[str, list[str]]:
+        """A block every thread runs: its own copies of `declared` (on the stack, or from the
+        heap and freed at the end), then `pragma`; the block's indent and its closing lines."""
+        inner = indent + "  "
         self.lines.append(indent + "{")
         heap = [tn for tn in declared if tn not in self.on_stack]
         for tn in declared:
@@ -712,7 +717,7 @@ class _Writer:
             fields = dict(t=t, name=self.node_name(tn, written=True), size=size, restrict=self.syn.restrict)
             decl = self.syn.private_heap_decl if tn in heap else self.syn.private_stack_decl
             self.lines.extend(inner + line for line in decl.format(**fields).split("\n"))
-        self.lines.append(inner + self.syn.parallel_for_pragma.format(chunk=self.chunk(loop)))
+        self.lines.append(inner + pragma)
         frees = [inner + self.syn.private_heap_free.format(name=self.node_name(tn, written=True)) for tn in heap]
         return inner, [*frees, indent + "}"]
 
@@ -730,17 +735,7 @@ class _Writer:
         if not declared:
             self.lines.append(indent + pragma)
             return indent, []
-        inner = indent + "  "
-        self.lines.append(indent + "{")
-        heap = [tn for tn in declared if tn not in self.on_stack]
-        for tn in declared:
-            t, size = storage(tn, self.syn)
-            fields = dict(t=t, name=self.node_name(tn, written=True), size=size, restrict=self.syn.restrict)
-            decl = self.syn.private_heap_decl if tn in heap else self.syn.private_stack_decl
-            self.lines.extend(inner + line for line in decl.format(**fields).split("\n"))
-        self.lines.append(inner + pragma)
-        frees = [inner + self.syn.private_heap_free.format(name=self.node_name(tn, written=True)) for tn in heap]
-        return inner, [*frees, indent + "}"]
+        return self.private_block(indent, declared, pragma)
 
     def region_part(self, region: parallel_loops.Region, k: int, indent: str, emit: Callable[[str], None]) -> None:
         """Emit top-level statement `region.start + k` of a shared region (`emit(indent)`
