@@ -52,15 +52,18 @@ def vectors(tn: Tnode) -> int:
     return tn.size // tn.dims[-1]
 
 
-_INTRINSICS = {("f32", 16): ("__AVX512F__", "_mm512_fmadd_ps", "__m512"),
-               ("f64", 8): ("__AVX512F__", "_mm512_fmadd_pd", "__m512d"),
-               ("f32", 8): ("__FMA__", "_mm256_fmadd_ps", "__m256"),
-               ("f64", 4): ("__FMA__", "_mm256_fmadd_pd", "__m256d"),
-               ("f32", 4): ("__FMA__", "_mm_fmadd_ps", "__m128"),
-               ("f64", 2): ("__FMA__", "_mm_fmadd_pd", "__m128d")}
+_INTRINSICS = {("f32", 16): ("__AVX512F__", "__builtin_ia32_vfmaddps512_mask(a, b, c, (unsigned short)-1, 4)"),
+               ("f64", 8): ("__AVX512F__", "__builtin_ia32_vfmaddpd512_mask(a, b, c, (unsigned char)-1, 4)"),
+               ("f32", 8): ("__FMA__", "__builtin_ia32_vfmaddps256(a, b, c)"),
+               ("f64", 4): ("__FMA__", "__builtin_ia32_vfmaddpd256(a, b, c)"),
+               ("f32", 4): ("__FMA__", "__builtin_ia32_vfmaddps(a, b, c)"),
+               ("f64", 2): ("__FMA__", "__builtin_ia32_vfmaddpd(a, b, c)")}
 """x86's FMA for each vector, where the compiler targets it: gcc's vectorizer would split the
 lane loop of a 64-byte vector into 32-byte halves on CPUs it tunes for 256-bit vectors
-(Ice Lake, Sapphire Rapids), with shuffles and stack traffic."""
+(Ice Lake, Sapphire Rapids), with shuffles and stack traffic. The builtins are what
+`<immintrin.h>`'s `_mm*_fmadd_p*` return (gcc's and clang's; 4 is `_MM_FROUND_CUR_DIRECTION`),
+called directly because parsing that header under `-march=native` cost gcc 0.4 s per
+translation unit, a third of an outlined GPT step's unit."""
 
 
 def _helper(short: str, elem: str, suffix: str, lanes: int) -> str:
@@ -71,19 +74,18 @@ def _helper(short: str, elem: str, suffix: str, lanes: int) -> str:
   return c;
 """
     if (short, lanes) in _INTRINSICS:
-        macro, fma, native = _INTRINSICS[short, lanes]
-        head = f"#ifdef {macro}\n#include <immintrin.h>\n#endif\n"
+        macro, fma = _INTRINSICS[short, lanes]
         body = f"""\
 #ifdef {macro}
-  return ({t}){fma}(({native})a, ({native})b, ({native})c);
+  return {fma};
 #else
 {loop}#endif
 """
     else:
-        head, body = "", loop
+        body = loop
     return f"""\
 /* {lanes} {elem}s of a register block, in vector registers (GCC vector extensions). */
-{head}typedef {elem} {t} __attribute__((vector_size({lanes * (4 if elem == "float" else 8)})));
+typedef {elem} {t} __attribute__((vector_size({lanes * (4 if elem == "float" else 8)})));
 {{q}} {t} einjit_load_{short}x{lanes}(const {elem} *p) {{{{
   {t} v;
   memcpy(&v, p, sizeof v);

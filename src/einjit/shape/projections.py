@@ -105,18 +105,9 @@ def projections_key(update_step: UpdateStep) -> tuple | None:
     cache keys a program by this instead of the projections, which cost a local inference
     per operation (most of a warm compile)."""
     lhs, args = update_step.shape, logic_args(update_step.logic)
-    shapes = (lhs, *args)
-    if not all(sh.is_solved() for sh in shapes):
+    solved = [sh.solved_rows() for sh in (lhs, *args)]
+    if any(rows is None for rows in solved):
         return None
-    numbers: dict[tuple, int] = {}
-
-    def number(x: tuple) -> int:
-        return numbers.setdefault(x, len(numbers))
-
-    def row(r: Row) -> tuple:
-        return (number(("row", r.id.sh_id, r.id.kind)),
-                tuple((d.d, d.label) for d in r.dims if isinstance(d, Dim)))
-
     match update_step.logic:
         case Broadcast(kind, _, _):
             logic: tuple = ("broadcast", kind)
@@ -128,8 +119,13 @@ def projections_key(update_step: UpdateStep) -> tuple | None:
             logic = ("terminal", init)
         case _:
             return None
-    return logic + tuple((number(("shape", sh.id)), row(sh.batch), row(sh.input), row(sh.output))
-                         for sh in shapes)
+    numbers: dict[object, int] = {}
+    out = []
+    for sh, rows in zip((lhs, *args), solved, strict=True):
+        assert rows is not None  # checked above
+        out.append((numbers.setdefault(sh.id, len(numbers)),
+                    *[(numbers.setdefault(row_id, len(numbers)), dims) for row_id, dims in rows]))
+    return logic + tuple(out)
 
 
 def _name(sh: Shape) -> str:

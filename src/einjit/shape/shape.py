@@ -55,11 +55,12 @@ Deduced = NotConstrained | InputEqualsOutput
 class Shape:
     """The batch, input and output rows of a tensor; `id` names the tensor node it belongs to."""
 
-    __slots__ = ("batch", "input", "output", "id", "debug_name")
+    __slots__ = ("batch", "input", "output", "id", "debug_name", "_solved")
 
     def __init__(self, batch: Row, input: Row, output: Row, id: int, debug_name: str = ""):
         self.batch, self.input, self.output = batch, input, output
         self.id, self.debug_name = id, debug_name
+        self._solved: tuple[Row, Row, Row, tuple] | None = None
 
     @classmethod
     def make(cls, *, batch_dims: Sequence[int | None] | None = None, input_dims: Sequence[int | None] | None = None,
@@ -98,8 +99,23 @@ class Shape:
         return self.batch, self.output, self.input
 
     def is_solved(self) -> bool:
-        return all(isinstance(r.bcast, Broadcastable) and all(isinstance(d, Dim) for d in r.dims)
-                   for r in self.rows())
+        return self.solved_rows() is not None
+
+    def solved_rows(self) -> tuple | None:
+        """Per row (batch, input, output): the shape and kind it came from, and its dims as
+        `(size, label)`; None while a row is unsolved. Remembered for the rows it was taken
+        of (inference replaces rows, never edits one): keying a program asks for it on every
+        operation's shapes (`projections_key`), thousands of times in a deep model."""
+        rows = self.batch, self.input, self.output
+        cached = self._solved
+        if cached is not None and cached[0] is rows[0] and cached[1] is rows[1] and cached[2] is rows[2]:
+            return cached[3]
+        if not all(isinstance(r.bcast, Broadcastable) and all(isinstance(d, Dim) for d in r.dims) for r in rows):
+            return None
+        signature = tuple(((r.id.sh_id, r.id.kind.value), tuple([(d.d, d.label) for d in r.dims]))  # type: ignore[union-attr]  # all Dims, checked above
+                          for r in rows)
+        self._solved = (*rows, signature)
+        return signature
 
     # NumPy's face, for users who write `t.shape == (64, 2)` or `len(t.shape)`: the dims in
     # memory layout order (batch, output, input), available once inference has solved them.

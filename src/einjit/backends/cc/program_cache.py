@@ -28,6 +28,7 @@ import functools
 import hashlib
 import json
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -102,56 +103,109 @@ def graph_nodes(asgns: asg.Asgns) -> list[Tnode]:
     """The program's nodes in a deterministic order: every node an assignment writes or reads
     (`guessed_nodes`), then those only its run-time indices name (the ids of a gather, inside
     projections that have no key and are computed for the key anyway)."""
-    if _last_graph[0] is asgns:
-        return list(_last_graph[1])
-    nodes = {tn: None for tn in asg.guessed_nodes(asgns)}
+    if _last_graph[0] is not asgns:
+        _describe(asgns)
+    return list(_last_graph[1])
 
-    def search(x: Any, inside: bool) -> None:
+
+class _Walk:
+    """One walk over a program's assignments: the canonical text of every one (nodes and
+    symbols named as the program names them, so it is the same in every process for the same
+    model), and the nodes met inside projections that have no key. A deep model's key reads
+    tens of thousands of fields, so node names and the reprs of enum members are asked once."""
+
+    def __init__(self) -> None:
+        self.names: dict[Tnode, str] = {}
+        self.reprs: dict[int, str] = {}
+        self.inside: dict[Tnode, None] = {}
+
+    def text(self, x: Any) -> str:
         kind = type(x)
         if kind is Tnode:
-            if inside:
-                nodes.setdefault(x, None)
+            name = self.names.get(x)
+            if name is None:
+                name = self.names[x] = x.name
+            return name
+        if kind in _PLAIN:
+            return repr(x)
+        if kind is tuple or kind is list:
+            return "(" + ", ".join([self.text(v) for v in x]) + ")"
+        if kind is asg.Lazy:
+            described = x.key()
+            if described is not None:
+                # Keys hold numbers, strings and frozen dataclasses of those (symbols print by
+                # their stable names): their repr is canonical.
+                return f"derived from {described!r}"
+            value = x.force()
+            self._search(value)
+            # Projections hold symbols, dims and indices only: their repr is already canonical.
+            return repr(value) if isinstance(value, Projections) else self.text(value)
+        if kind is np.ndarray:
+            return f"array {x.dtype} {x.shape} {hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()}"
+        fields = _FIELDS.get(kind)
+        if fields is None:
+            fields = _field_names(kind)
+        if fields:
+            texts = []
+            for n in fields:
+                v = getattr(x, n)
+                if type(v) is Tnode:
+                    name = self.names.get(v)
+                    texts.append(name if name is not None else self.text(v))
+                else:
+                    texts.append(self.text(v))
+            return f"{kind.__name__}(" + ", ".join(texts) + ")"
+        if isinstance(x, Enum):
+            text = self.reprs.get(id(x))
+            if text is None:
+                text = self.reprs[id(x)] = repr(x)
+            return text
+        return repr(x)
+
+    def _search(self, x: Any) -> None:
+        """Collect the nodes inside `x` (a forced value without a key)."""
+        kind = type(x)
+        if kind is Tnode:
+            self.inside.setdefault(x, None)
         elif kind is tuple or kind is list:
             for v in x:
-                search(v, inside)
-        elif isinstance(x, asg.Lazy):
-            if x.key() is None:
-                search(x.force(), True)
+                self._search(v)
+        elif kind is asg.Lazy:
+            self._search(x.force())
         else:
             for n in _field_names(kind):
-                search(getattr(x, n), inside)
+                self._search(getattr(x, n))
 
-    for a in asg.flatten_with_comments(asgns):
-        search(a, False)
+    def program(self, asgns: asg.Asgns) -> list[str]:
+        """The text of every assignment in order, block comments as brackets around theirs
+        (their messages become comments of the generated C)."""
+        out: list[str] = []
+        stack: list[Any] = [asgns]
+        while stack:
+            a = stack.pop()
+            match a:
+                case asg.Seq(first, second):
+                    stack += [second, first]
+                case asg.Noop():
+                    pass
+                case asg.BlockComment(message, body):
+                    out.append(f"# {message!r} [")
+                    stack += ["]", body]
+                case str():
+                    out.append(a)
+                case _:
+                    out.append(self.text(a))
+        return out
+
+
+def _describe(asgns: asg.Asgns) -> tuple[list[str], dict[Tnode, str]]:
+    """The assignments' texts and the names of their nodes; sets `graph_nodes`'s answer."""
+    walk = _Walk()
+    texts = walk.program(asgns)
+    nodes = {tn: None for tn in asg.guessed_nodes(asgns)}
+    nodes.update((tn, None) for tn in walk.inside if tn not in nodes)
     _last_graph[:] = [asgns, list(nodes)]
-    return list(nodes)
-
-
-def _canonical(x: Any) -> str:
-    """A text of an assignment (or a part of one) that names nodes and symbols as the program
-    does, so it is the same in every process for the same model."""
-    kind = type(x)
-    if kind in _PLAIN:
-        return repr(x)
-    if kind is Tnode:
-        return x.name
-    if kind is tuple or kind is list:
-        return "(" + ", ".join([_canonical(v) for v in x]) + ")"
-    if isinstance(x, asg.Lazy):
-        described = x.key()
-        if described is not None:
-            # Keys hold numbers, strings and frozen dataclasses of those (symbols print by their
-            # stable names): their repr is canonical.
-            return f"derived from {described!r}"
-        value = x.force()
-        # Projections hold symbols, dims and indices only: their repr is already canonical.
-        return repr(value) if isinstance(value, Projections) else _canonical(value)
-    if isinstance(x, np.ndarray):
-        return f"array {x.dtype} {x.shape} {hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()}"
-    names = _field_names(kind)
-    if names:
-        return f"{kind.__name__}(" + ", ".join([_canonical(getattr(x, n)) for n in names]) + ")"
-    return repr(x)
+    return texts, walk.names
 
 
 def key(asgns: asg.Asgns, bindings: Sequence[StaticSymbol], name: str, settings: Any, backend: Any
@@ -166,12 +220,12 @@ def key(asgns: asg.Asgns, bindings: Sequence[StaticSymbol], name: str, settings:
     options = backend.simple.options  # type: ignore[attr-defined]  # CcBackend's simple backend is CcSimpleBackend
     if options.syntax is not C_SYNTAX:
         return None
+    texts, names = _describe(asgns)
     parts = [_VERSION, _einjit_fingerprint(), name, repr(settings), cc.target_identity(options),
              repr((options.vector_math, options.keep_source, options.outline_min_nests, options.jobs)),
-             repr([(b, b.static_range) for b in bindings]), asg.to_doc(asgns)]
-    parts += [_canonical(a) for a in asg.flatten_with_comments(asgns)]
-    parts += [f"{tn.name} {tn.dims} {tn.prec.name} {tn.memory_mode} {tn.provenance} "
-              f"{local_storage.kept_in_context(tn)} {local_storage.local_to(tn)}" for tn in graph_nodes(asgns)]
+             repr([(b, b.static_range) for b in bindings]), *texts]
+    parts += [f"{names.get(tn) or tn.name} {tn.dims} {tn.prec.name} {tn.memory_mode} {tn.provenance} "
+              f"{local_storage.kept_in_context(tn)} {local_storage.local_to(tn)}" for tn in _last_graph[1]]
     return cache.cache_key(*parts)
 
 
