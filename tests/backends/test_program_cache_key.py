@@ -87,3 +87,25 @@ def test_the_key_derives_no_projections(monkeypatch):
     monkeypatch.setattr(sh, "derive_projections", lambda step: derived.append(step) or original(step))
     key_of()
     assert derived == []
+
+
+def commented_key(make) -> str:
+    """The key of `model_code`'s step with its two parts arranged by `make(grad, update)`."""
+    grad, update = (as_asgns(c) for c in model_code(**BASE))  # type: ignore[arg-type]  # the test's own keywords
+    compiler = backends.with_options(backends.resolve("cc"), cc.CcOptions())
+    with stable_names():
+        sh.finish_inference()
+        key = program_cache.key(make(grad, update), (), "step", None, compiler)
+    assert key is not None
+    return key
+
+
+def test_block_comments_and_their_extent_are_part_of_the_key():
+    """A block comment's message is a comment of the generated C, and which assignments it
+    spans decides where: either change must miss."""
+    keys = [commented_key(lambda g, u: asg.BlockComment("step", asg.sequence(g, u))),
+            commented_key(lambda g, u: asg.BlockComment("other", asg.sequence(g, u))),
+            commented_key(lambda g, u: asg.sequence(asg.BlockComment("step", g), u)),
+            commented_key(lambda g, u: asg.sequence(g, u))]
+    assert len(set(keys)) == 4
+    assert commented_key(lambda g, u: asg.BlockComment("step", asg.sequence(g, u))) == keys[0]
