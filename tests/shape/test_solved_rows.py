@@ -22,7 +22,7 @@ def test_an_unsolved_shape_has_no_solved_rows_until_inference_solves_it():
     assert shape.is_solved() and rows is not None
     assert [dims for _, dims in rows] == [
         tuple((d.d, d.label) for d in shape.row(kind).dims) for kind in (Kind.BATCH, Kind.INPUT, Kind.OUTPUT)]
-    assert ([d for d, _ in rows[1][1]], [d for d, _ in rows[2][1]]) == ([3], [2])  # input 3, output 2
+    assert (rows[1][1][-1][0], [d for d, _ in rows[2][1]]) == (3, [2])  # x's 3 values in, 2 out
     assert shape.solved_rows() is rows  # remembered
 
 
