@@ -118,6 +118,7 @@ class _Walk:
         self.names: dict[Tnode, str] = {}
         self.reprs: dict[int, str] = {}
         self.inside: dict[Tnode, None] = {}
+        self.nodes: dict[Tnode, None] = {}
 
     def text(self, x: Any) -> str:
         kind = type(x)
@@ -149,11 +150,18 @@ class _Walk:
             texts = []
             for n in fields:
                 v = getattr(x, n)
-                if type(v) is Tnode:
-                    name = self.names.get(v)
-                    texts.append(name if name is not None else self.text(v))
+                k = type(v)
+                if k is bool:
+                    texts.append("True" if v else "False")
+                elif k is Tnode or k is asg.Node:
+                    tn = v if k is Tnode else v.tn
+                    name = self.names.get(tn)
+                    if name is None:
+                        name = self.names[tn] = tn.name
+                    texts.append(name if k is Tnode else f"Node({name})")
                 else:
-                    texts.append(self.text(v))
+                    text = self.reprs.get(id(v)) if isinstance(v, Enum) else None
+                    texts.append(text if text is not None else self.text(v))
             return f"{kind.__name__}(" + ", ".join(texts) + ")"
         if isinstance(x, Enum):
             text = self.reprs.get(id(x))
@@ -178,8 +186,10 @@ class _Walk:
 
     def program(self, asgns: asg.Asgns) -> list[str]:
         """The text of every assignment in order, block comments as brackets around theirs
-        (their messages become comments of the generated C)."""
+        (their messages become comments of the generated C); `nodes` collects every node an
+        assignment writes or reads, in order of first appearance (`asg.guessed_nodes`)."""
         out: list[str] = []
+        nodes = self.nodes
         stack: list[Any] = [asgns]
         while stack:
             a = stack.pop()
@@ -195,6 +205,11 @@ class _Walk:
                     out.append(a)
                 case _:
                     out.append(self.text(a))
+                    lhs = asg.lhs_of(a)
+                    if lhs is not None:
+                        nodes.setdefault(lhs, None)
+                    for b in asg.rhs_buffers(a):
+                        nodes.setdefault(b.tn, None)
         return out
 
 
@@ -202,7 +217,7 @@ def _describe(asgns: asg.Asgns) -> tuple[list[str], dict[Tnode, str]]:
     """The assignments' texts and the names of their nodes; sets `graph_nodes`'s answer."""
     walk = _Walk()
     texts = walk.program(asgns)
-    nodes = {tn: None for tn in asg.guessed_nodes(asgns)}
+    nodes = walk.nodes
     nodes.update((tn, None) for tn in walk.inside if tn not in nodes)
     _last_graph[:] = [asgns, list(nodes)]
     return texts, walk.names
