@@ -78,6 +78,7 @@ GPT_ROWS = {
 
 GPT2_ROWS = {
     "GPT-2 small shape, 2 blocks": dict(blocks=2),
+    "GPT-2 small shape, 4 blocks": dict(blocks=4),
     "GPT-2 small shape, 12 blocks": dict(blocks=12),
 }
 """`einjit.models.GPT` training steps of GPT-2 small's shape (d=768, 12 heads, T=128, vocab

@@ -67,6 +67,7 @@ def test_the_same_model_built_again_has_the_same_key():
     dict(options=cc.CcOptions(threads=cc.CcOptions().threads + 1)),
     dict(options=cc.CcOptions(outline_min_nests=1)),
     dict(options=cc.CcOptions(flags=(*cc.CcOptions().flags, "-fno-unroll-loops"))),
+    dict(options=cc.CcOptions(routine_unit_flags=())),
     dict(name="other"),
 ], ids=lambda c: ",".join(c))
 def test_a_change_to_the_program_changes_the_key(change):

@@ -134,6 +134,15 @@ class CcOptions:
     `logf` instead of libmvec's vector one, and the loss changed in the last bit. The one
     routine that would need a lower level, a GPT step as a single function (4 blocks: 124 s
     of gcc), is outlined past `outline_min_nests` instead.
+
+    `routine_unit_flags` are added for the routine's own unit of an outlined program: one
+    function of a call per nest, a `memset` per zeroed array, the compiler barriers of the
+    scratch plan and a few statements outside nests. It grows with depth, and gcc's
+    points-to analysis and dead-store elimination grow faster than it: in the 12-block
+    GPT-2-small step that unit took 4.2 s of gcc against 1.25 s for each nest unit, and the
+    other cores waited for it. Without the two passes it took 2.6 s, and the instructions
+    were the same (compared with objdump for the 1-, 4- and 12-block steps): there is
+    nothing in it for them to find, the nests' own code keeps them.
     """
 
     compiler: str = field(default_factory=_default_compiler)
@@ -146,6 +155,7 @@ class CcOptions:
     threads: int = field(default_factory=lambda: default_threads())
     outline_min_nests: int = 96
     jobs: int = field(default_factory=lambda: os.cpu_count() or 1)
+    routine_unit_flags: tuple[str, ...] = ("-fno-tree-pta", "-fno-tree-dse")
 
     def effective_syntax(self) -> CSyntax:
         syntax = dataclasses.replace(self.syntax, num_threads=self.threads) if self.threads > 1 else self.syntax
@@ -232,8 +242,8 @@ def _host_identity() -> str:
 def target_identity(options: CcOptions) -> str:
     """What decides the speed of compiled code besides its source: the compiler, its flags
     and libraries, and the host CPU (the key of measured choices, such as `ir/sched/search.py`'s)."""
-    return "\n".join((_compiler_identity(options.compiler), " ".join(options.flags + options.effective_libs()),
-                      str(options.threads), _host_identity()))
+    return "\n".join((_compiler_identity(options.compiler), _command_flags(options), str(options.threads),
+                      _host_identity()))
 
 
 def _missing_compiler(compiler: str, err: Exception | None = None) -> CompileError:
@@ -245,12 +255,17 @@ def _missing_compiler(compiler: str, err: Exception | None = None) -> CompileErr
         f"CcOptions(compiler=...).")
 
 
+def _command_flags(options: CcOptions) -> str:
+    """Every flag that decides the object, as the compiled-object and program caches key it."""
+    return " ".join(options.flags + options.effective_libs() + options.routine_unit_flags)
+
+
 def compile_source(source: str, *, label: str, options: CcOptions | None = None) -> cache.CompiledObject:
     """The gcc toolchain's `compile(source, options)`: the shared object for C `source`, from
     the cache or freshly compiled (`label` names it in messages)."""
     options = options or CcOptions()
     identity = _compiler_identity(options.compiler)
-    cmd_flags = " ".join(options.flags + options.effective_libs())
+    cmd_flags = _command_flags(options)
     config.debug(3, f"cc: generated C for {label}:\n{source}")
     return cache.get_or_build("cc", [_ABI_VERSION, identity, _host_identity(), cmd_flags, source],
                               suffix=".so", source=source, source_suffix=".c", stats=stats, label=label,
@@ -308,8 +323,8 @@ def _compile(so_path: Path, c_path: Path, kept: Path, label: str, options: CcOpt
             for path, text in zip(paths, units, strict=True):
                 path.write_text(text, encoding="utf-8")
             flags = [f for f in options.flags if f != "-shared"]
-            _run([[options.compiler, *flags, "-c", "-o", str(p.with_suffix(".o")), str(p)] for p in paths],
-                 kept, label, options)
+            _run([[options.compiler, *flags, *(options.routine_unit_flags if k == 0 else ()), "-c", "-o",
+                   str(p.with_suffix(".o")), str(p)] for k, p in enumerate(paths)], kept, label, options)
             _run([[options.compiler, *options.flags, "-o", str(so_path), *(str(p.with_suffix(".o")) for p in paths),
                    *options.effective_libs()]], kept, label, options)
     if not so_path.exists():
