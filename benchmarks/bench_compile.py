@@ -55,6 +55,29 @@ wall times were 3-10x these):
   einjit and 0.4 s of gcc per block beyond the second (the routine's own unit, calls and
   memsets, grows with depth). Warm: `models.GPT` steps were never recorded (a gather's ids
   are named only inside its projections); now recorded, 4 blocks warm in 0.17-0.25 s.
+
+Where a cold compile's time went next (per-phase timers and per-unit gcc CPU, load 3-11 on the
+2 cores, so CPU seconds; issue 21 item 1):
+- `<immintrin.h>`, included for the register blocks' vector FMA, took gcc 0.4 s to parse per
+  translation unit under `-march=native` (an empty unit with the prelude: 0.44 s, without the
+  header 0.05 s): 1.2 of the 4-block step's 4.5 s of gcc. The helpers call the builtins the
+  header wraps (`c_vectors._INTRINSICS`): gcc 4.46 -> 3.30 s, the routine's unit 0.98 -> 0.46 s.
+- The routine's own unit (a call per nest, memsets, barriers) grows with depth, the nest units
+  do not (63 nest functions for 1, 2 and 4 blocks alike): in the 12-block GPT-2 step it took
+  4.2 s against 1.25 s for each nest unit, and the other core waited. Without gcc's points-to
+  analysis and dead-store elimination there (`CcOptions.routine_unit_flags`): 2.6 s, same
+  instructions.
+- Warm: the program key (12 blocks) took 0.45 s, 0.26 s of it the projection keys' row
+  tuples and `to_doc` plus a second walk for the graph's nodes; a shape now remembers its
+  solved rows (`Shape.solved_rows`, projection keys 0.26 -> 0.03 s) and one walk gives the
+  text and the nodes: 0.23 s on the first call (naming 3,400 nodes and their dims, which the
+  lowering would need anyway), 0.08 s after.
+- `bench_gpt.py`'s 4-block row (9.2 s against 3.9 s here) times more: `opt.update()` builds
+  AdamW's graph inside the timed region (68 parameters, ~16 operations each under shape
+  inference: 0.8 s), and AdamW adds 408 assignments to the step (lowering 0.28 -> 0.80 s,
+  tracing, virtualizing and cleanup 0.97 -> 1.56 s, rendering 0.54 -> 0.66 s, the routine's
+  unit 58 -> 115 kB); its d=128, B=16 nests cost about what d=64, B=4 ones do. Its cache is
+  `/tmp/einjit-bench-cache` unless `EINJIT_CACHE_DIR` is set, so a second run is warm.
 """
 
 from __future__ import annotations
