@@ -172,14 +172,14 @@ def gpt_pair(threads: int, n_layer: int = 2):
 def thread_rows(threads: int, repeats: int) -> list[dict]:
     """Each workload at 1 and at `threads` threads, side by side (see the module docstring)."""
     from machine import measure
-    from run import best_times
+    from run import SETTLE_S, best_times
 
     peak = measure(threads).fma_peak_gflops
     rows = []
     for n in (512, 1024):
         for transposed in (False, True):
             one, many = matmul_pair(n, transposed, threads)
-            t1, tn = best_times([one, many], repeats)
+            t1, tn = best_times([one, many], repeats, settle=SETTLE_S)
             name = f"fp32 matmul {'w @ x (A·Bᵀ)' if transposed else 'a @ b'} n={n}"
             flops = 2.0 * n**3
             rows.append({"workload": name, "t1_s": t1, "tn_s": tn, "speedup": t1 / tn, "flops": flops,
@@ -189,7 +189,7 @@ def thread_rows(threads: int, repeats: int) -> list[dict]:
         for name, pair in (("MNIST-size convnet step (einjit.nn), B=64", convnet_pair),
                            ("GPT train step, 2 blocks d=128 h=4 T=64 B=16", gpt_pair)):
             one, many = pair(threads)
-            t1, tn = best_times([one, many], repeats, 1.0)
+            t1, tn = best_times([one, many], repeats, 1.0, settle=SETTLE_S)
             rows.append({"workload": name, "t1_s": t1, "tn_s": tn, "speedup": t1 / tn})
     return rows
 

@@ -67,9 +67,33 @@ def best_time(fn, repeats: int = 5, min_time: float = 0.2) -> float:
     return best_times([fn], repeats, min_time)[0]
 
 
-def best_times(fns, repeats: int = 7, min_time: float = 0.2) -> list[float]:
+SETTLE_S = 0.15
+"""How long `best_times` waits before each batch when contenders run on threads: long enough
+for the previous contender's idle threads to stop spinning. OpenBLAS's workers yield-spin for
+2^28 cycles (about 0.1 s) after a call and libgomp's spin for a few milliseconds; a batch
+that starts while another library's workers spin shares the two cores with them. Interleaved
+with NumPy's 2-thread matmul, einjit's 2-thread `a @ b` (n=512) ran at 27 GFLOP/s against
+100 alone, and NumPy collapsed alike: that, not the code (the matmul and the threads groups
+compile the same threaded panel loop), is why the matmul group's 2-thread rows read lower
+than the threads group's, whose contenders are both einjit."""
+
+
+def _pool_threads() -> int:
+    """The thread count `main` gave einjit and the peers (1 when not run through `main`)."""
+    try:
+        return int(os.environ.get("EINJIT_NUM_THREADS", "1"))
+    except ValueError:
+        return 1
+
+
+def best_times(fns, repeats: int = 7, min_time: float = 0.2, settle: float | None = None) -> list[float]:
     """Best batch time of each function, batches interleaved round by round, so that a busy
-    moment on a shared machine slows every contender alike rather than one of them."""
+    moment on a shared machine slows every contender alike rather than one of them. With
+    several contenders on threads each batch starts `settle` seconds after the previous one
+    (default `SETTLE_S` when `main` runs at more than one thread), so that no contender's
+    batch runs beside another one's spinning threads."""
+    if settle is None:
+        settle = SETTLE_S if len(fns) > 1 and _pool_threads() > 1 else 0.0
     pers = []
     for fn in fns:
         fn()
@@ -79,6 +103,8 @@ def best_times(fns, repeats: int = 7, min_time: float = 0.2) -> list[float]:
     best = [float("inf")] * len(fns)
     for _ in range(repeats):
         for k, (fn, per) in enumerate(zip(fns, pers, strict=True)):
+            if settle:
+                time.sleep(settle)
             t = time.perf_counter()
             for _ in range(per):
                 fn()

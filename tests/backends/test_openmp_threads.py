@@ -235,3 +235,28 @@ def test_a_threaded_inner_loop_ends_the_region():
     top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1)))
     assert parallel_loops.shared_regions(top) == []
     assert parallel_loops.shared_regions([top[0], top[2]])[0].units[0].nowait
+
+
+def test_a_serial_loop_around_threaded_loops_is_one_region():
+    """A serial loop whose steps each run a threaded loop (a contraction's k chunks around its
+    panels) opens one region, not one per step: every thread runs the serial loop, the
+    threaded loop is an orphaned `omp for` (its barrier orders the steps), the serial statement
+    an `omp single`. Every step adds into the same cells, so the order matters: bit-identical
+    to the interpreter."""
+    x, acc, s = Tnode("x", (48, 40)), Tnode("acc", (48, 40)), Tnode("s", (3,))
+    r, i, j = get_symbol("r"), get_symbol("i"), get_symbol("j")
+    scaled = ll.Binop(ops.Binop.MUL, ll.Get(x, it(i, j)), ll.Get(s, it(r)))
+    step = ll.ForLoop(i, 0, 47, ll.ForLoop(j, 0, 39, ll.Set(acc, it(i, j), ll.Binop(
+        ops.Binop.ADD, ll.Binop(ops.Binop.MUL, ll.Get(acc, it(i, j)), ll.Constant(0.5)), scaled))), parallel=True)
+    first = ll.Set(s, it(r), ll.Binop(ops.Binop.ADD, ll.Get(x, (Iterator(r), FixedIdx(0))), ll.Constant(1.0)))
+    code = ll.seq(ll.ZeroOut(acc), ll.ForLoop(r, 0, 2, ll.seq(first, step)))
+    ins = inputs_for(x)
+    source, want = check_threads(code, ins, [acc, s], "steps")
+    body = source[source.index("void steps"):]
+    assert _pragmas(body) == [REGION, "#pragma omp single", FOR]
+    assert re.search(r"  #pragma omp parallel num_threads\(2\)\n  \{\n    for \(int r0 = 0; r0 < 3; \+\+r0\) \{\n"
+                     r"      #pragma omp single\n", body)
+    expect = np.zeros((48, 40))
+    for k in range(3):
+        expect = expect * 0.5 + ins[x] * (ins[x][k, 0] + 1.0)
+    np.testing.assert_allclose(want[acc], expect, rtol=1e-5, atol=1e-6)

@@ -241,9 +241,13 @@ def test_large_contractions_run_on_threads_with_identical_results():
     for threads in (1, 2):
         options = cc.CcOptions(threads=threads)
         proc = cc.compile_proc(sched, name="threaded", options=options)
-        region = ("    #pragma omp parallel num_threads(2)\n    {\n      einjit_f32x16 acc[16];\n"
-                  "      #pragma omp for schedule(dynamic)\n      for (int ib")
-        assert (region in proc.source) == (threads == 2)
+        # one region around both panels (not one per panel): one thread packs a panel, the
+        # threads share out its row blocks
+        region = ("  #pragma omp parallel num_threads(2)\n  {\n    einjit_f32x16 acc[16];\n"
+                  "    for (int jp0 = 0; jp0 < 2; ++jp0) {\n      #pragma omp single\n      {\n")
+        rows = "      #pragma omp for schedule(dynamic)\n      for (int ib0 = 0; ib0 < 8; ++ib0) {"
+        assert (region in proc.source and rows in proc.source) == (threads == 2)
+        assert proc.source.count("#pragma omp parallel") == (threads == 2)
         # the row blocks share the panel packed before them; the block of accumulators is
         # each thread's alone, so the routine declares none of its own
         assert ("einjit_f32x16 acc[16] = {0};" in proc.source) == (threads == 1)

@@ -205,6 +205,33 @@ def test_a_tail_panel_outside_the_threads_keeps_the_routines_panel():
     np.testing.assert_allclose(want, ins[a] @ ins[b], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("machine", ["avx2", "avx512"])
+def test_k_chunks_on_threads_run_in_one_region(machine):
+    """A chunked contraction with its panels on threads: one parallel region around the k
+    chunks (not a fork-join per chunk), the panels an `omp for` inside it whose barrier orders
+    each chunk after the one before, the padded tail panel packed by one thread (`omp single`)
+    and its row blocks shared out; bit-identical to the interpreter at 1 and 2 threads."""
+    nb = 32 if machine == "avx512" else 16
+    code, a, b, c = matmul(20, 48, 4 * nb + 5, False)
+    sched = schedule_llc(code, OFF, Blocking(min_work=1, tile=Tile(6, nb, 16), parallel_min_work=1,
+                                             machine=MACHINES[machine]))
+    src = cc.compile_proc(sched, name="tails", options=cc.CcOptions(threads=2)).source
+    assert src.count("#pragma omp parallel") == 1
+    region = re.search(r"\n  #pragma omp parallel num_threads\(2\)\n  \{\n(.*?)\n  \}\n", src, re.S)
+    assert region is not None
+    pragmas = [re.sub(r"dynamic, \d+", "dynamic", line.strip()) for line in region.group(1).splitlines()
+               if "#pragma omp" in line or "int kt0" in line]
+    # the panel and the accumulators are each thread's own in the panel loop; the tail
+    # panel's pack and its last rows (one thread each) use the routine's (chunk sizes apart)
+    assert pragmas == ["for (int kt0 = 0; kt0 < 3; ++kt0) {", "#pragma omp for schedule(dynamic) private(pack, acc)",
+                       "#pragma omp single", "#pragma omp for schedule(dynamic) private(acc, edge)",
+                       "#pragma omp single"]
+    ins = inputs_for(a, b, seed=7)
+    for threads in (1, 2):
+        want = check_exact(code, ins, c, sched, threads=threads)
+    np.testing.assert_allclose(want, ins[a] @ ins[b], rtol=1e-4, atol=1e-4)
+
+
 def test_double_precision_tails_are_exact():
     code, a, b, c = matmul(11, 9, 21, True, prec=ops.double)
     sched = schedule_llc(code, OFF, ANY_SIZE)

@@ -382,6 +382,11 @@ class _Writer:
         self.orphan: bool | None = None
         """In a shared region: render the next threaded loop as an orphaned `omp for`, with
         `nowait` when True."""
+        self.team = False
+        """Statements here run on every thread of a loop region (`loop_region`): those without
+        a threaded loop go in `omp single`."""
+        self.hoisted: set[Tnode] = set()
+        """Private nodes a loop region declared once for all its threaded loops."""
 
     # -- names and storage
 
@@ -624,6 +629,9 @@ class _Writer:
         self.locals_in_scope = before
 
     def stmt(self, stmt: ll.LLStmt, indent: str) -> None:
+        if self.team and not self.parallel_depth:
+            self.team_stmts(stmt, indent)
+            return
         for s in ll.flatten(stmt):
             match s:
                 case ll.Comment(msg):
@@ -644,18 +652,26 @@ class _Writer:
                         self.lines.append(indent + self.syn.unroll_pragma.format(n=to_ - from_ + 1))
                     region: list[str] = []
                     at = indent  # a parallel region indents its loop, not the statements after it
+                    team = not s.parallel and self.syn.num_threads > 1 and not self.parallel_depth and _threads(s)
+                    opens = team and self.orphan is None
                     if s.parallel and self.syn.num_threads > 1 and not self.parallel_depth:
                         at, region = self.parallel_head(s, indent)
+                    elif opens:
+                        at, region = self.loop_region(s, indent)
                     head = self.syn.loop_head(s, name, self.index_type) if self.syn.loop_head else None
                     self.lines.append(at + (head or f"for ({self.index_type} {name} = {from_}; "
                                                     f"{name} < {to_ + 1}; ++{name}) {{"))
                     self.loops[index] = (from_, to_)
                     self.parallel_depth += s.parallel
+                    self.team, outer_team = team, self.team
                     self.stmt(body, at + "  ")
+                    self.team = outer_team
                     self.parallel_depth -= s.parallel
                     del self.loops[index]
                     self.lines.append(at + "}")
                     self.lines.extend(region)
+                    if opens:
+                        self.orphan, self.hoisted = None, set()
                     if dot is not None:
                         self.lines.append("#endif")
                 case ll.ZeroOut(tn):
@@ -682,6 +698,46 @@ class _Writer:
                 case _:
                     raise TypeError(f"not a low-level statement: {s!r}")
 
+    def loop_region(self, loop: ll.ForLoop, indent: str) -> tuple[str, list[str]]:
+        """One parallel region around a serial `loop` with threaded loops inside (a blocked
+        contraction's k chunks around its threaded panels): every thread runs `loop`, each
+        threaded loop inside is an orphaned `omp for` and the statements between them an
+        `omp single`, so the loop costs a barrier per step instead of a fork-join. The private
+        copies no code outside threaded loops uses are declared once, at the region's start;
+        the indentation of the loop and the lines that close the region."""
+        threaded = [s for s in ll.iter_stmts(loop) if isinstance(s, ll.ForLoop) and s.parallel]
+        hoist = {tn.id: tn for s in threaded for tn in private_nodes(s) if tn in self.region_only}
+        self.lines.append(indent + self.syn.parallel_region_pragma.format(n=self.syn.num_threads, private=""))
+        self.orphan, self.hoisted = False, set(hoist.values())
+        return self.private_block(indent, [tn for _, tn in sorted(hoist.items())], None)
+
+    def team_stmts(self, stmt: ll.LLStmt, indent: str) -> None:
+        """`stmt` run by every thread of a loop region: loops with threaded loops inside as
+        they are, each run of other statements in one `omp single` (whose barrier orders it
+        before what follows)."""
+        pending: list[ll.LLStmt] = []
+
+        def single() -> None:
+            self.team = False
+            if any(not isinstance(s, ll.Comment) for s in pending):
+                self.lines += [indent + self.syn.single_pragma, indent + "{"]
+                self.stmt(ll.seq(*pending), indent + "  ")
+                self.lines.append(indent + "}")
+            else:
+                self.stmt(ll.seq(*pending), indent)
+            self.team = True
+            pending.clear()
+
+        for s in ll.flatten(stmt):
+            if isinstance(s, ll.ForLoop) and _threads(s):
+                single()
+                self.team = False
+                self.stmt(s, indent)
+                self.team = True
+            else:
+                pending.append(s)
+        single()
+
     def parallel_head(self, loop: ll.ForLoop, indent: str) -> tuple[str, list[str]]:
         """The OpenMP pragma for a `parallel` loop; the indentation of the loop and the lines
         that close its region. The scheduler's locals written inside (register blocks, packed
@@ -693,7 +749,7 @@ class _Writer:
         Either kind of copy in the region makes it a `parallel` region around an `omp for`.
         Routine-local nodes (`ir.local_storage`) are shared like context arrays, since each
         iteration writes its own cells of them and later code reads them all."""
-        nodes = private_nodes(loop)
+        nodes = [tn for tn in private_nodes(loop) if tn not in self.hoisted]
         declared = [tn for tn in nodes if tn in self.region_only or tn not in self.on_stack]
         stack = ", ".join(self.node_name(tn, written=True) for tn in nodes if tn not in declared)
         private = f" private({stack})" if stack else ""
@@ -706,9 +762,9 @@ class _Writer:
         self.lines.append(indent + self.syn.parallel_region_pragma.format(n=self.syn.num_threads, private=private))
         return self.private_block(indent, declared, self.syn.parallel_for_pragma.format(chunk=self.chunk(loop)))
 
-    def private_block(self, indent: str, declared: list[Tnode], pragma: str) -> tuple[str, list[str]]:
+    def private_block(self, indent: str, declared: list[Tnode], pragma: str | None) -> tuple[str, list[str]]:
         """A block every thread runs: its own copies of `declared` (on the stack, or from the
-        heap and freed at the end), then `pragma`; the block's indent and its closing lines."""
+        heap and freed at the end), then `pragma` if any; the block's indent and its closing lines."""
         inner = indent + "  "
         self.lines.append(indent + "{")
         heap = [tn for tn in declared if tn not in self.on_stack]
@@ -717,7 +773,8 @@ class _Writer:
             fields = dict(t=t, name=self.node_name(tn, written=True), size=size, restrict=self.syn.restrict)
             decl = self.syn.private_heap_decl if tn in heap else self.syn.private_stack_decl
             self.lines.extend(inner + line for line in decl.format(**fields).split("\n"))
-        self.lines.append(inner + pragma)
+        if pragma:
+            self.lines.append(inner + pragma)
         frees = [inner + self.syn.private_heap_free.format(name=self.node_name(tn, written=True)) for tn in heap]
         return inner, [*frees, indent + "}"]
 
@@ -986,6 +1043,11 @@ def _bound_names(loop: ll.ForLoop) -> list[str]:
             if isinstance(x, ll.LocalScope):
                 names.append(local_name(x.id))
     return names
+
+
+def _threads(stmt: ll.LLStmt) -> bool:
+    """Whether `stmt` is or holds a loop marked `parallel`."""
+    return any(isinstance(s, ll.ForLoop) and s.parallel for s in ll.iter_stmts(stmt))
 
 
 def private_nodes(loop: ll.ForLoop) -> list[Tnode]:

@@ -46,8 +46,11 @@ product (`Machine.bf16_dot`) a contraction of two bf16 reads packs its panel in 
 
 Large contractions (`Blocking.parallel_min_work`) run on OpenMP threads: the outermost batch
 loop if there is one, else the column-panel loop when each thread gets at least
-`Blocking.min_panels_per_thread` panels — one fork-join per nest (per chunk), each thread
-packing its own panel — else each panel's row blocks, sharing its panel.
+`Blocking.min_panels_per_thread` panels, each thread packing its own panel, else each panel's
+row blocks, sharing its panel (one thread packs it). Either way the nest is one parallel
+region: the C renderer runs a serial loop around threaded loops (the k chunks around the
+panels, the panels around their row blocks) on every thread of one region, with a barrier
+per step instead of a fork-join (`c_syntax._Writer.loop_region`).
 
 **Reductions** whose innermost loop `k` is summed (a row sum, a matrix-vector product, a
 convolution's kernel gradient) and that interchange would leave alone get `Blocking.lanes`
@@ -490,7 +493,8 @@ def _threaded(c: _Contraction, blocking: Blocking) -> bool:
     """Whether the nest is large enough for threads: they pay off only well above their
     fork-join cost. A batched nest runs its outermost batch loop on threads (each thread packs
     its own panels); otherwise the column panels, each thread packing its own, or — with too
-    few panels to share — the row blocks of each panel."""
+    few panels to share — the row blocks of each panel. The k chunks and panels around them
+    stay serial loops in one parallel region, so a chunk costs a barrier, not a fork-join."""
     return math.prod(c.extent.values()) >= blocking.parallel_min_work
 
 
