@@ -638,8 +638,8 @@ def _direct_call(procedure: Any, context: Any, inputs: Sequence[Tnode], output: 
     if any(context.array(tn) is not tn.host_array() for tn in [*inputs, output]):
         return None
     prototype = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(params))
-    function = prototype(ctypes.cast(cproc, ctypes.c_void_p).value)
-    function.library_function = cproc  # keeps the shared object loaded while `call` lives
+    # ctypes never unloads a library it loaded, so the address stays valid
+    function = prototype(ctypes.cast(cproc, ctypes.c_void_p).value or 0)
     slots = [[i for i, p in enumerate(params) if p.tn is tn] for tn in inputs]
     out_slots = [] if output_read else [i for i, p in enumerate(params) if p.tn is output]
     fixed = [context.array(p.node).ctypes.data for p in params]
