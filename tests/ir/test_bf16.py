@@ -203,7 +203,9 @@ def test_odd_depth_keeps_the_float_panel():
 def test_vector_blocks_widen_bf16_reads_and_never_load_them_as_floats():
     """A float register block's lane loop broadcasts a bf16 read that does not depend on the
     lane, widened first (`einjit_bf16_load`); one that runs along the lane stays on the scalar
-    lane path, since a vector load would take two bf16 cells for one float."""
+    lane path, since a vector load would take two bf16 cells for one float. A bf16 matmul's
+    kernel broadcasts from the float copy of its row operand (`bf16_widen`), widened once
+    before the nest: the only widening read of `a` is the copy's."""
     rb = nests.register_block(1, 16, ops.single, 64, get_symbol("j"))
     own = ll.Get(rb.node, rb.at(FixedIdx(0)))
     for prec in (ops.single, ops.bf16):
@@ -216,6 +218,33 @@ def test_vector_blocks_widen_bf16_reads_and_never_load_them_as_floats():
         code = matmul(16, 64, 64, False, ops.bf16)[0]
         sched = schedule_llc(code, ON, Blocking(machine=MACHINES[machine], min_work=1, min_unroll_work=1))
         source = c_syntax.render_program([("bf16_mm", sched)]).source
-        assert "_splat_f32x" in source and "_splat_f32x16(a[" not in source and "_splat_f32x8(a[" not in source
-        assert "(einjit_bf16_load(a[" in source
+        lanes = 16 if machine == "avx512" else 8
+        assert f"_splat_f32x{lanes}(wide[" in source and f"_splat_f32x{lanes}(einjit_bf16_load" not in source
+        assert source.count("einjit_bf16_load(a[") == 1
+        assert re.search(r"wide\[[^]]*\] = einjit_bf16_load\(a\[", source)
         assert not re.search(r"einjit_(load|store)_f32x\d+\(&[abc]\[", source)
+
+
+@pytest.mark.parametrize("machine", ["avx2", "avx512"])
+def test_row_operand_widened_once_unless_little_of_it_is_read(machine):
+    """`bf16_widen`: the bf16 row operand is copied to float once, before the nest, and the
+    kernel reads the copy; a contraction reading only a slice of a larger bf16 node (fewer
+    than `MIN_REUSE` multiply-adds per element of it) keeps widening its reads in place. Both
+    are bit-identical to the plain nest, in the interpreter and in C."""
+    for rows, width, copied in ((16, 64, True), (64, 4, False)):
+        big = Tnode("a", (rows, 8), ops.bf16)
+        b, c = Tnode("b", (8, width), ops.bf16), Tnode("c", (4, width), ops.single)
+        i, j, k = get_symbol("i"), get_symbol("j"), get_symbol("k")
+        fma = ll.Ternop(ops.Ternop.FMA, ll.Get(big, it(i, k)), ll.Get(b, it(k, j)), ll.Get(c, it(i, j)))
+        code = ll.seq(ll.ZeroOut(c), ll.ForLoop(i, 0, 3, ll.ForLoop(j, 0, width - 1, ll.ForLoop(
+            k, 0, 7, ll.Set(c, it(i, j), fma)))))
+        sched = schedule_llc(code, ON, Blocking(machine=MACHINES[machine], min_work=1, min_unroll_work=1, min_nb=4))
+        wide = [tn for tn in ll.nodes_of(sched) if tn.label == ["wide"]]
+        assert "pack" in _local_precs(sched)  # blocked either way
+        assert (len(wide) == 1 and wide[0].dims == big.dims and wide[0].prec is ops.single) == copied
+        assert bool(wide) == copied
+        ins = _operands(big, b)
+        want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[c]
+        np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[c], want)
+        ctx = run_once(sched, ins, name="bf16_wide", context=CcBackend().init("bf16_wide"))
+        np.testing.assert_array_equal(ctx.array(c), want)
