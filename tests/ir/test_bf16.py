@@ -181,16 +181,38 @@ def _assembly(tmp_path, source, march):
     return out.read_text()
 
 
+def _inner_loop(assembly: str) -> list[str]:
+    """The instructions of the loop holding the first `vdpbf16ps`: from the label before it to
+    the branch back to that label."""
+    lines = [ln.strip() for ln in assembly.splitlines()]
+    first = next(k for k, ln in enumerate(lines) if ln.startswith("vdpbf16ps"))
+    start = max(k for k in range(first) if re.fullmatch(r"\.L\d+:", lines[k]))
+    label = lines[start][:-1]
+    end = next(k for k in range(first, len(lines)) if re.match(rf"j\w+\s+{re.escape(label)}$", lines[k]))
+    return [ln for ln in lines[start + 1:end + 1] if ln and not ln.startswith(".")]
+
+
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 @pytest.mark.parametrize("transposed", [False, True], ids=["a@b", "a@b.T"])
 def test_avx512_bf16_kernel_compiles_to_vdpbf16ps(tmp_path, transposed):
-    """The pair kernel is `_mm512_dpbf16_ps` where the compiler targets AVX512_BF16: one
-    `vdpbf16ps` per accumulator vector (8 rows × 2 vectors of a 8×32 block, unrolled), and
-    none, the scalar fallback, where it does not."""
+    """The pair kernel is `_mm512_dpbf16_ps` where the compiler targets AVX512_BF16, and none,
+    the scalar fallback, where it does not. Its inner loop (Sapphire Rapids) is what the
+    throughput estimate in the report assumes: per pair of `k`, 16 `vdpbf16ps` (8 rows × 2
+    vectors of an 8×32 block) on zmm accumulators that stay in registers (nothing read from or
+    written to the stack), the panel's 2 vector loads and one `vpbroadcastd` load per row (the
+    row operand's pair, adjacent in memory), and the loop's own few instructions: 30 in all,
+    which two `vdpbf16ps` a cycle issue in 8 cycles. The block is the fp32 kind: an array of
+    vectors loaded from and stored to the result whole."""
     source = _scheduled_source(16, 64, 64, transposed)
     assert "_mm512_dpbf16_ps" in source and "#if defined(__AVX512BF16__)" in source
+    assert "einjit_f32x16 acc[16]" in source and "einjit_bf16_pair_at(&a[" in source
     spr = _assembly(tmp_path, source, "sapphirerapids")
-    assert spr.count("vdpbf16ps") >= 16
+    loop = _inner_loop(spr)
+    ops_in = [ln.split()[0] for ln in loop]
+    assert ops_in.count("vdpbf16ps") == 16 and ops_in.count("vpbroadcastd") == 8
+    assert all(re.search(r"%zmm\d+, %zmm\d+, %zmm\d+$", ln) for ln in loop if ln.startswith("vdpbf16ps"))
+    assert not any("%rsp" in ln or "%rbp" in ln for ln in loop), loop
+    assert len(loop) <= 32, loop
     assert "vdpbf16ps" not in _assembly(tmp_path, source, "skylake-avx512")
     assert "vdpbf16ps" not in _assembly(tmp_path, source, "x86-64-v3")
 

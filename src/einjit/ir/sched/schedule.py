@@ -375,9 +375,7 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     pack = (bf16_pairs.pack(kc, nb) if pairs
             else nests.scheduler_local("pack", (kc, *(extent[k] for k in c.summed[1:]), nb), prec))
     j0, i0, kt, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("kt"), get_symbol("ir"), get_symbol("jr")
-    # a pair-packed block stays scalar: `backends.bf16_dot` renders the nest over its `(mb, nb)`
-    # cells as `vdpbf16ps` on its own vectors
-    block = nests.register_block(mb, nb, prec, 0 if pairs else blocking.machine.vector_bytes, b)
+    block = nests.register_block(mb, nb, prec, blocking.machine.vector_bytes, b)
     kp = {k: get_symbol(k.name) for k in c.summed}
     n_cols, tail_cols = divmod(extent[c.j], nb)
     edge = nests.scheduler_local("edge", (mb, nb), prec) if tail_cols and block.lanes > 1 else None
