@@ -25,7 +25,7 @@ from einjit.backends import c_syntax, c_vectors
 from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.ir import bf16, interpret, ops
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
+from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_symbol
 from einjit.ir.optimize import VirtualizeSettings
 from einjit.ir.sched import nests
 from einjit.ir.sched.machine import MACHINES
@@ -270,3 +270,32 @@ def test_row_operand_widened_once_unless_little_of_it_is_read(machine):
         np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[c], want)
         ctx = run_once(sched, ins, name="bf16_wide", context=CcBackend().init("bf16_wide"))
         np.testing.assert_array_equal(ctx.array(c), want)
+
+
+@pytest.mark.parametrize("machine", ["avx2", "avx512"])
+def test_convolution_widens_its_bf16_weights_once(machine):
+    """A channel-blocked convolution (`schedule_conv`) of float32 images with bf16 weights (a
+    mixed-precision step's weight copies) broadcasts the weights from a float copy made once
+    before the nest, not through a widening read in the kernel; bit-identical to the plain
+    nest in the interpreter and in C."""
+    bsz, ci, co, h, kk = 16, 2, 4, 6, 3  # blocked along the batch: the weights are the row operand
+    oh = h - kk + 1
+    img, w = Tnode("img", (bsz, ci, h, h), ops.single), Tnode("w", (co, ci, kk, kk), ops.bf16)
+    out = Tnode("out", (bsz, co, oh, oh), ops.single)
+    n, o, c, y, x, u, v = (get_symbol(s) for s in ("n", "o", "c", "y", "x", "u", "v"))
+    window = (Iterator(n), Iterator(c), Affine(((1, y), (1, u))), Affine(((1, x), (1, v))))
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(img, window), ll.Get(w, it(o, c, u, v)), ll.Get(out, it(n, o, y, x)))
+    body: ll.LLStmt = ll.Set(out, it(n, o, y, x), fma)
+    for s, extent in reversed([(n, bsz), (o, co), (y, oh), (x, oh), (c, ci), (u, kk), (v, kk)]):
+        body = ll.ForLoop(s, 0, extent - 1, body)
+    code = ll.seq(ll.ZeroOut(out), body)
+    sched = schedule_llc(code, ON, Blocking(machine=MACHINES[machine], min_work=1, min_unroll_work=1))
+    wide = [tn for tn in ll.nodes_of(sched) if tn.label == ["wide"]]
+    assert len(wide) == 1 and wide[0].dims == w.dims and wide[0].prec is ops.single
+    source = c_syntax.render_program([("bf16_conv", sched)]).source
+    assert source.count("einjit_bf16_load(w[") == 1 and "acc[" in source
+    ins = {img: RNG.standard_normal(img.dims).astype(np.float32), w: _stored(RNG.standard_normal(w.dims))}
+    want = interpret.run(code, {tn: a.copy() for tn, a in ins.items()})[out]
+    np.testing.assert_array_equal(interpret.run(sched, {tn: a.copy() for tn, a in ins.items()})[out], want)
+    ctx = run_once(sched, ins, name="bf16_conv", context=CcBackend().init("bf16_conv"))
+    np.testing.assert_array_equal(ctx.array(out), want)
