@@ -4,8 +4,9 @@ GPT training steps with `mixed_precision="bf16"` against the same steps in fp32.
 
 Which kernel a bf16 contraction runs depends on the CPU: with AVX512_BF16 (and a compiler
 targeting it: `-march=native` defines `__AVX512BF16__`) the register blocks are `vdpbf16ps`;
-without it, the fp32 fallback (bf16 widened while packing, float FMAs). `bf16_path()` says
-which, and every row's name carries it, so a fallback figure is never read as the fast path.
+without it, the fp32 fallback (bf16 widened once, while packing and into a float copy of
+the row operand; float FMAs). `bf16_path()` says which, and every row's name carries it, so a
+fallback figure is never read as the fast path.
 
     python benchmarks/bench_bf16.py [--quick]
 """

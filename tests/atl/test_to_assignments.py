@@ -341,3 +341,31 @@ def test_fitting_arguments_are_read_in_place_others_copied():
     last = host_a.copy()
     np.testing.assert_allclose(compiled(2 * a, b), 2 * a @ b, **TOL)
     np.testing.assert_array_equal(host_a, last)  # in place again: untouched
+
+
+def test_an_argument_changed_in_place_or_replaced_reads_its_current_values():
+    """The direct call remembers the address of the last array in each slot (`_Address`):
+    values changed in place, a new array, an array freed and another allocated, and a
+    caller's output array reused or replaced all give the right product."""
+    n = 6
+    f = matmul_func(n)
+    compiled = f.compiled("einjit")
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    np.testing.assert_allclose(compiled(a, b), a @ b, **TOL)
+    a *= 3
+    np.testing.assert_allclose(compiled(a, b), a @ b, **TOL)
+    for _ in range(3):
+        fresh = rng.standard_normal((n, n))
+        np.testing.assert_allclose(compiled(fresh, b), fresh @ b, **TOL)
+        del fresh
+    out = np.empty((n, n))
+    assert compiled(a, b, output=out) is out
+    np.testing.assert_allclose(out, a @ b, **TOL)
+    b[0, 0] += 1
+    compiled(a, b, output=out)
+    np.testing.assert_allclose(out, a @ b, **TOL)
+    other = np.empty((n, n))
+    compiled(b, a, output=other)
+    np.testing.assert_allclose(other, b @ a, **TOL)
+    np.testing.assert_allclose(out, a @ b, **TOL)  # the earlier output is left alone

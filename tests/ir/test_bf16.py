@@ -25,7 +25,7 @@ from einjit.backends import c_syntax, c_vectors
 from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.ir import bf16, interpret, ops
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
+from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_symbol
 from einjit.ir.optimize import VirtualizeSettings
 from einjit.ir.sched import nests
 from einjit.ir.sched.machine import MACHINES
@@ -181,16 +181,38 @@ def _assembly(tmp_path, source, march):
     return out.read_text()
 
 
+def _inner_loop(assembly: str) -> list[str]:
+    """The instructions of the loop holding the first `vdpbf16ps`: from the label before it to
+    the branch back to that label."""
+    lines = [ln.strip() for ln in assembly.splitlines()]
+    first = next(k for k, ln in enumerate(lines) if ln.startswith("vdpbf16ps"))
+    start = max(k for k in range(first) if re.fullmatch(r"\.L\d+:", lines[k]))
+    label = lines[start][:-1]
+    end = next(k for k in range(first, len(lines)) if re.match(rf"j\w+\s+{re.escape(label)}$", lines[k]))
+    return [ln for ln in lines[start + 1:end + 1] if ln and not ln.startswith(".")]
+
+
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 @pytest.mark.parametrize("transposed", [False, True], ids=["a@b", "a@b.T"])
 def test_avx512_bf16_kernel_compiles_to_vdpbf16ps(tmp_path, transposed):
-    """The pair kernel is `_mm512_dpbf16_ps` where the compiler targets AVX512_BF16: one
-    `vdpbf16ps` per accumulator vector (8 rows × 2 vectors of a 8×32 block, unrolled), and
-    none, the scalar fallback, where it does not."""
+    """The pair kernel is `_mm512_dpbf16_ps` where the compiler targets AVX512_BF16, and none,
+    the scalar fallback, where it does not. Its inner loop (Sapphire Rapids) is what the
+    throughput estimate in the report assumes: per pair of `k`, 16 `vdpbf16ps` (8 rows × 2
+    vectors of an 8×32 block) on zmm accumulators that stay in registers (nothing read from or
+    written to the stack), the panel's 2 vector loads and one `vpbroadcastd` load per row (the
+    row operand's pair, adjacent in memory), and the loop's own few instructions: 30 in all,
+    which two `vdpbf16ps` a cycle issue in 8 cycles. The block is the fp32 kind: an array of
+    vectors loaded from and stored to the result whole."""
     source = _scheduled_source(16, 64, 64, transposed)
     assert "_mm512_dpbf16_ps" in source and "#if defined(__AVX512BF16__)" in source
+    assert "einjit_f32x16 acc[16]" in source and "einjit_bf16_pair_at(&a[" in source
     spr = _assembly(tmp_path, source, "sapphirerapids")
-    assert spr.count("vdpbf16ps") >= 16
+    loop = _inner_loop(spr)
+    ops_in = [ln.split()[0] for ln in loop]
+    assert ops_in.count("vdpbf16ps") == 16 and ops_in.count("vpbroadcastd") == 8
+    assert all(re.search(r"%zmm\d+, %zmm\d+, %zmm\d+$", ln) for ln in loop if ln.startswith("vdpbf16ps"))
+    assert not any("%rsp" in ln or "%rbp" in ln for ln in loop), loop
+    assert len(loop) <= 32, loop
     assert "vdpbf16ps" not in _assembly(tmp_path, source, "skylake-avx512")
     assert "vdpbf16ps" not in _assembly(tmp_path, source, "x86-64-v3")
 
@@ -203,7 +225,9 @@ def test_odd_depth_keeps_the_float_panel():
 def test_vector_blocks_widen_bf16_reads_and_never_load_them_as_floats():
     """A float register block's lane loop broadcasts a bf16 read that does not depend on the
     lane, widened first (`einjit_bf16_load`); one that runs along the lane stays on the scalar
-    lane path, since a vector load would take two bf16 cells for one float."""
+    lane path, since a vector load would take two bf16 cells for one float. A bf16 matmul's
+    kernel broadcasts from the float copy of its row operand (`bf16_widen`), widened once
+    before the nest: the only widening read of `a` is the copy's."""
     rb = nests.register_block(1, 16, ops.single, 64, get_symbol("j"))
     own = ll.Get(rb.node, rb.at(FixedIdx(0)))
     for prec in (ops.single, ops.bf16):
@@ -216,6 +240,62 @@ def test_vector_blocks_widen_bf16_reads_and_never_load_them_as_floats():
         code = matmul(16, 64, 64, False, ops.bf16)[0]
         sched = schedule_llc(code, ON, Blocking(machine=MACHINES[machine], min_work=1, min_unroll_work=1))
         source = c_syntax.render_program([("bf16_mm", sched)]).source
-        assert "_splat_f32x" in source and "_splat_f32x16(a[" not in source and "_splat_f32x8(a[" not in source
-        assert "(einjit_bf16_load(a[" in source
+        lanes = 16 if machine == "avx512" else 8
+        assert f"_splat_f32x{lanes}(wide[" in source and f"_splat_f32x{lanes}(einjit_bf16_load" not in source
+        assert source.count("einjit_bf16_load(a[") == 1
+        assert re.search(r"wide\[[^]]*\] = einjit_bf16_load\(a\[", source)
         assert not re.search(r"einjit_(load|store)_f32x\d+\(&[abc]\[", source)
+
+
+@pytest.mark.parametrize("machine", ["avx2", "avx512"])
+def test_row_operand_widened_once_unless_little_of_it_is_read(machine):
+    """`bf16_widen`: the bf16 row operand is copied to float once, before the nest, and the
+    kernel reads the copy; a contraction reading only a slice of a larger bf16 node (fewer
+    than `MIN_REUSE` multiply-adds per element of it) keeps widening its reads in place. Both
+    are bit-identical to the plain nest, in the interpreter and in C."""
+    for rows, width, copied in ((16, 64, True), (64, 4, False)):
+        big = Tnode("a", (rows, 8), ops.bf16)
+        b, c = Tnode("b", (8, width), ops.bf16), Tnode("c", (4, width), ops.single)
+        i, j, k = get_symbol("i"), get_symbol("j"), get_symbol("k")
+        fma = ll.Ternop(ops.Ternop.FMA, ll.Get(big, it(i, k)), ll.Get(b, it(k, j)), ll.Get(c, it(i, j)))
+        code = ll.seq(ll.ZeroOut(c), ll.ForLoop(i, 0, 3, ll.ForLoop(j, 0, width - 1, ll.ForLoop(
+            k, 0, 7, ll.Set(c, it(i, j), fma)))))
+        sched = schedule_llc(code, ON, Blocking(machine=MACHINES[machine], min_work=1, min_unroll_work=1, min_nb=4))
+        wide = [tn for tn in ll.nodes_of(sched) if tn.label == ["wide"]]
+        assert "pack" in _local_precs(sched)  # blocked either way
+        assert (len(wide) == 1 and wide[0].dims == big.dims and wide[0].prec is ops.single) == copied
+        assert bool(wide) == copied
+        ins = _operands(big, b)
+        want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[c]
+        np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[c], want)
+        ctx = run_once(sched, ins, name="bf16_wide", context=CcBackend().init("bf16_wide"))
+        np.testing.assert_array_equal(ctx.array(c), want)
+
+
+@pytest.mark.parametrize("machine", ["avx2", "avx512"])
+def test_convolution_widens_its_bf16_weights_once(machine):
+    """A channel-blocked convolution (`schedule_conv`) of float32 images with bf16 weights (a
+    mixed-precision step's weight copies) broadcasts the weights from a float copy made once
+    before the nest, not through a widening read in the kernel; bit-identical to the plain
+    nest in the interpreter and in C."""
+    bsz, ci, co, h, kk = 16, 2, 4, 6, 3  # blocked along the batch: the weights are the row operand
+    oh = h - kk + 1
+    img, w = Tnode("img", (bsz, ci, h, h), ops.single), Tnode("w", (co, ci, kk, kk), ops.bf16)
+    out = Tnode("out", (bsz, co, oh, oh), ops.single)
+    n, o, c, y, x, u, v = (get_symbol(s) for s in ("n", "o", "c", "y", "x", "u", "v"))
+    window = (Iterator(n), Iterator(c), Affine(((1, y), (1, u))), Affine(((1, x), (1, v))))
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(img, window), ll.Get(w, it(o, c, u, v)), ll.Get(out, it(n, o, y, x)))
+    body: ll.LLStmt = ll.Set(out, it(n, o, y, x), fma)
+    for s, extent in reversed([(n, bsz), (o, co), (y, oh), (x, oh), (c, ci), (u, kk), (v, kk)]):
+        body = ll.ForLoop(s, 0, extent - 1, body)
+    code = ll.seq(ll.ZeroOut(out), body)
+    sched = schedule_llc(code, ON, Blocking(machine=MACHINES[machine], min_work=1, min_unroll_work=1))
+    wide = [tn for tn in ll.nodes_of(sched) if tn.label == ["wide"]]
+    assert len(wide) == 1 and wide[0].dims == w.dims and wide[0].prec is ops.single
+    source = c_syntax.render_program([("bf16_conv", sched)]).source
+    assert source.count("einjit_bf16_load(w[") == 1 and "acc[" in source
+    ins = {img: RNG.standard_normal(img.dims).astype(np.float32), w: _stored(RNG.standard_normal(w.dims))}
+    want = interpret.run(code, {tn: a.copy() for tn, a in ins.items()})[out]
+    np.testing.assert_array_equal(interpret.run(sched, {tn: a.copy() for tn, a in ins.items()})[out], want)
+    ctx = run_once(sched, ins, name="bf16_conv", context=CcBackend().init("bf16_conv"))
+    np.testing.assert_array_equal(ctx.array(out), want)

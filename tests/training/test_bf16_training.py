@@ -22,8 +22,22 @@ from einjit.ir import low_level as ll
 from einjit.models import GPT, GPTConfig
 
 
-def _bf16_nodes(loss):
-    return {t.label_str for t in loss.subtree() if t.value_tn.prec is ops.bf16}
+def _stored_bf16(build):
+    """The labels of the nodes a mixed-precision step of a fresh `build()` writes in bf16,
+    parameter copies (labelled `.., bf16`) left out: the activations' bf16 twins. The graph's
+    own nodes keep their precision, and the step writes none of those it twinned."""
+    _, _, _, loss, _ = build()
+    train.init_params(loss, seed=1)
+    before = {t.value_tn: t.value_tn.prec for t in loss.subtree()}
+    code = train.grad_update(loss, mixed_precision="bf16")
+    assert all(tn.prec is prec for tn, prec in before.items())
+    written = {asg.lhs_of(a) for a in asg.flatten_with_comments(code)} - {None}
+    twins = [tn for tn in written if tn.prec is ops.bf16 and tn.label[-1] != "bf16"]
+    assert all(tn not in before for tn in twins)
+    touched = written | {b.tn for a in asg.flatten_with_comments(code) for b in asg.rhs_buffers(a)}
+    replaced = [tn for tn in before if tn not in touched and not tn.is_hosted()]
+    assert sorted((tn.label, tn.dims) for tn in replaced) == sorted((tn.label, tn.dims) for tn in twins)
+    return sorted(".".join(tn.label) for tn in twins)
 
 
 def _mlp(batch, sizes, seed=0):
@@ -56,7 +70,8 @@ def _compare(build, steps, optimizer, activations):
     """Final losses within 1%; `activations` are the tensors stored in bf16."""
     full, _, _, _ = _train(build, steps, None, optimizer)
     mixed, loss, model, opt = _train(build, steps, "bf16", optimizer)
-    assert _bf16_nodes(loss) == activations
+    assert _stored_bf16(build) == sorted(activations)
+    assert all(t.value_tn.prec is not ops.bf16 for t in loss.subtree())
     assert full[-1] < 0.8 * full[0]  # it trained
     assert abs(mixed[-1] - full[-1]) <= 0.01 * full[-1], (full[-1], mixed[-1])
     assert mixed != full  # bf16 changed the arithmetic
@@ -120,8 +135,9 @@ def test_gpt_within_one_percent_of_float32():
     projections and the tied head, and the GELU output feeding the MLP's projection, are bf16."""
     full, _, _, _ = _train(_gpt, 20, None, lambda ps: nn.AdamW(ps, 1e-2))
     mixed, loss, _, opt = _train(_gpt, 20, "bf16", lambda ps: nn.AdamW(ps, 1e-2))
-    stored = [t.op_label for t in loss.subtree() if t.value_tn.prec is ops.bf16]
-    assert sorted(stored) == ["+", "+", "+", "gelu"]  # ln_1, ln_2, ln_f (`gamma * x + beta`), the GELU
+    # ln_1, ln_2, ln_f (`gamma * x + beta`), the GELU
+    assert _stored_bf16(_gpt) == ["+", "+", "+", "gelu"]
+    assert all(t.value_tn.prec is not ops.bf16 for t in loss.subtree())
     moments = [t for k, t in opt.state_tensors().items() if "adam_" in k]
     assert len(moments) == 2 * len(opt.params) and all(t.value_tn.prec is ops.single for t in moments)
     assert full[-1] < 0.8 * full[0]

@@ -4,17 +4,19 @@ instruction.
 
 The scheduler's kernel nest is
 
-    for kp: for kl in 0..1: for a: for b in 0..nb-1:
-      acc[a, b] = fma(A(.., 2*kp + kl), pack[kp, b, kl], acc[a, b])
+    for kp: for kl in 0..1: for a: for jv: for jl in 0..15:
+      acc[a, jv, jl] = fma(A(.., 2*kp + kl), pack[kp, 16*jv + jl, kl], acc[a, jv, jl])
 
-with `acc` a float block and `pack` holding bf16 pairs. `kernel` recognizes it; `render`
-emits, under `#if defined(__AVX512BF16__)`, a block holding `acc` in `__m512` variables (16
-columns each), one `vdpbf16ps` per row and vector per pair of `k`, the pair of `A` broadcast
-to every lane; the caller renders the scalar nest under `#else`, so the same source compiles
+with `acc` a float register block of 16-lane vectors (as fp32 contractions have: loaded
+from and stored to the result as whole vectors, kept in registers) and `pack` holding bf16
+pairs. `kernel` recognizes it; `render` emits, under `#if defined(__AVX512BF16__)`, a block
+holding `acc`'s vectors in `__m512` variables, one `vdpbf16ps` per row and vector per pair of
+`k`, the pair of `A` broadcast to every lane (one 32-bit load where the pair is adjacent in
+memory); the caller renders the plain nest under `#else`, so the same source compiles
 for every CPU, and the choice is the compiler's (`-march=native` defines `__AVX512BF16__` on
 a CPU that has it). `vdpbf16ps` computes each pair's two products and their sum without
 intermediate rounding, flushes subnormal inputs and outputs to zero and rounds once per pair
-(to nearest even): results differ from the scalar nest (one rounding per product) by a few
+(to nearest even): results differ from the plain nest (one rounding per product) by a few
 float ulps per pair, far below bf16's own resolution.
 """
 
@@ -23,9 +25,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from einjit.backends import c_vectors
 from einjit.ir import low_level as ll
 from einjit.ir import ops
-from einjit.ir.indexing import AxisIndex, FixedIdx, Iterator, Symbol, index_symbols, subst_index
+from einjit.ir.indexing import (
+    Affine,
+    AxisIndex,
+    FixedIdx,
+    Iterator,
+    Symbol,
+    index_symbols,
+    make_affine,
+    subst_index,
+)
 from einjit.ir.tnode import Tnode
 
 __all__ = ["HELPER", "Kernel", "kernel", "render"]
@@ -39,6 +51,12 @@ HELPER = """\
 /* Two bf16 numbers (the pair k, k + 1 of one row) as a 32-bit lane broadcast to all 16 lanes. */
 {q} __m512bh einjit_bf16_pair(unsigned short lo, unsigned short hi) {{
   return (__m512bh)_mm512_set1_epi32((int)((unsigned int)lo | ((unsigned int)hi << 16)));
+}}
+/* The same for a pair stored side by side at `p`: one 32-bit load. */
+{q} __m512bh einjit_bf16_pair_at(const unsigned short *p) {{
+  int pair;
+  memcpy(&pair, p, sizeof pair);
+  return (__m512bh)_mm512_set1_epi32(pair);
 }}
 #endif
 """
@@ -83,38 +101,55 @@ def kernel(loop: ll.ForLoop) -> Kernel | None:
     lane = _only(loop.body)
     if loop.from_ != 0 or not isinstance(lane, ll.ForLoop) or (lane.from_, lane.to_) != (0, 1):
         return None
-    row = _only(lane.body)
-    a: Symbol | None = None
-    rows = 1
-    if isinstance(row, ll.ForLoop) and row.from_ == 0 and isinstance(_only(row.body), ll.ForLoop):
-        a, rows, row = row.index, row.to_ + 1, _only(row.body)
-    if not isinstance(row, ll.ForLoop) or row.from_ != 0:
+    loops: list[ll.ForLoop] = []
+    st = _only(lane.body)
+    while isinstance(st, ll.ForLoop) and st.from_ == 0 and len(loops) < 3:
+        loops.append(st)
+        st = _only(st.body)
+    if not isinstance(st, ll.Set) or len(loops) < 2 or loops[-1].to_ + 1 != LANES:
         return None
-    b, nb = row.index, row.to_ + 1
-    st = _only(row.body)
-    if not isinstance(st, ll.Set) or nb % LANES:
-        return None
+    a, rows = (loops[0].index, loops[0].to_ + 1) if len(loops) == 3 else (None, 1)
+    jv, jl, vectors = loops[-2].index, loops[-1].index, loops[-2].to_ + 1
     acc = st.tn
-    block = (Iterator(a) if a is not None else FixedIdx(0), Iterator(b))
+    block = (Iterator(a) if a is not None else FixedIdx(0), Iterator(jv), Iterator(jl))
     match st.llsc:
         case ll.Ternop(ops.Ternop.FMA, ll.Get() as x, ll.Get() as y, ll.Get(acc_tn, acc_idcs)):
             pass
         case _:
             return None
-    if acc is not acc_tn or acc_idcs != block or st.idcs != block or acc.prec is not ops.single \
-            or acc.dims != (rows, nb):
+    if acc is not acc_tn or acc_idcs != block or st.idcs != block or not c_vectors.is_block(acc) \
+            or acc.prec is not ops.single or acc.dims != (rows, vectors, LANES):
         return None
-    pair_at = (Iterator(loop.index), Iterator(b), Iterator(lane.index))
+    nb = vectors * LANES
+    pair_at = (Iterator(loop.index), make_affine(((LANES, jv), (1, jl))), Iterator(lane.index))
     for pack, other in ((x, y), (y, x)):
         if pack.idcs == pair_at and pack.tn.prec is ops.bf16 and pack.tn.dims[1:] == (nb, 2) \
-                and other.tn.prec is ops.bf16 and not any(b in index_symbols(idx) for idx in other.idcs):
+                and other.tn.prec is ops.bf16 and not {jv, jl} & set().union(*map(index_symbols, other.idcs)):
             return Kernel(loop.index, loop.to_ + 1, lane.index, a, rows, nb, acc, pack.tn, other)
     return None
 
 
+def _adjacent(k: Kernel) -> bool:
+    """Whether the two members of a pair of the other operand are consecutive in memory (its
+    innermost axis steps by one with `kl`, which no other axis reads): the pair is then one
+    32-bit load, broadcast (`vpbroadcastd` from memory), instead of two 16-bit loads, a shift,
+    an or and a broadcast per row and pair."""
+    idcs = [idx for d, idx in zip(k.other.tn.dims, k.other.idcs, strict=True) if d > 1]
+    if not idcs or any(k.kl in index_symbols(idx) for idx in idcs[:-1]):
+        return False
+    match idcs[-1]:
+        case Iterator(sym):
+            return sym == k.kl
+        case Affine(terms, _):
+            return (1, k.kl) in terms
+    return False
+
+
 def render(w: Writer, k: Kernel, kp: str, indent: str) -> list[str]:
     """The AVX512_BF16 block for `k`, opening with `#if` and ending with `#else`: the caller
-    renders the scalar nest and the `#endif`. `kp` is the C name of the pair loop's counter."""
+    renders the plain nest and the `#endif`. `kp` is the C name of the pair loop's counter.
+    The accumulators are the register block's own vectors (an array gcc keeps in registers),
+    copied into `__m512` variables for the intrinsics."""
     w.helpers.add("bf16_dot")
     acc = w.node_name(k.acc, written=True)
     pack = w.node_name(k.pack)
@@ -125,23 +160,27 @@ def render(w: Writer, k: Kernel, kp: str, indent: str) -> list[str]:
     lines = ["#if defined(__AVX512BF16__)", indent + "{"]
     for r in range(k.rows):
         for v in range(vectors):
-            lines.append(f"{inner}__m512 d{r}_{v}_ = _mm512_loadu_ps(&{acc}[{r * k.nb + v * LANES}]);")
+            lines.append(f"{inner}__m512 d{r}_{v}_ = (__m512){acc}[{r * vectors + v}];")
     lines.append(f"{inner}for ({w.index_type} {kp} = 0; {kp} < {k.pairs}; ++{kp}) {{")
     w.loops[k.kp] = (0, k.pairs - 1)
+    adjacent = _adjacent(k)
     try:
         for v in range(vectors):
             at = w.index(k.pack, (Iterator(k.kp), FixedIdx(v * LANES), FixedIdx(0)), "read")
             lines.append(f"{body}const __m512bh p{v}_ = (__m512bh)_mm512_loadu_si512((const void *)&{pack}[{at}]);")
         for r in range(k.rows):
             lo, hi = (w.index(k.other.tn, _fixed(k, r, member), "read") for member in (0, 1))
-            lines.append(f"{body}const __m512bh x{r}_ = einjit_bf16_pair({other}[{lo}], {other}[{hi}]);")
+            pair = f"einjit_bf16_pair_at(&{other}[{lo}])" if adjacent else \
+                f"einjit_bf16_pair({other}[{lo}], {other}[{hi}])"
+            lines.append(f"{body}const __m512bh x{r}_ = {pair};")
             lines += [f"{body}d{r}_{v}_ = _mm512_dpbf16_ps(d{r}_{v}_, x{r}_, p{v}_);" for v in range(vectors)]
     finally:
         del w.loops[k.kp]
     lines.append(inner + "}")
+    vector = c_vectors.type_name(k.acc)
     for r in range(k.rows):
         for v in range(vectors):
-            lines.append(f"{inner}_mm512_storeu_ps(&{acc}[{r * k.nb + v * LANES}], d{r}_{v}_);")
+            lines.append(f"{inner}{acc}[{r * vectors + v}] = ({vector})d{r}_{v}_;")
     return [*lines, indent + "}", "#else"]
 
 

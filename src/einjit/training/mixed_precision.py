@@ -21,8 +21,11 @@ What becomes bf16, and why:
   values.
 
 An activation the optimizer inlines into its consumer (virtual) is rounded there, as if stored.
-The activations' precision is a property of the graph: other routines compiled over the same
-tensors afterwards (a prediction step) see bf16 activations too.
+
+The user's graph is left as it is: the step's code writes and reads a bf16 twin of each such
+activation (a node of the same label and shape) and bf16 copies of the parameters, so a
+prediction step or a float32 training step compiled over the same tensors afterwards computes
+in float32 as before.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import dataclasses
 
 from einjit.ir import assignments as asg
 from einjit.ir import ops
+from einjit.ir.tnode import Tnode
 from einjit.tensor.operation import copy_value
 from einjit.tensor.tensor import Tensor, TensorError, consume_forward_code
 
@@ -60,32 +64,40 @@ def parameter_copies(loss: Tensor, code: asg.Asgns) -> asg.Asgns:
         return code
     rounding = asg.sequence(*[consume_forward_code(c) for c in copies.values()])
     reads = {k: c.value_tn for k, c in copies.items()}
-    return asg.sequence(asg.BlockComment("bf16 copies of the parameters", rounding), _with_reads(code, reads))
+    return asg.sequence(asg.BlockComment("bf16 copies of the parameters", rounding),
+                        _with_nodes(code, reads, writes=False))
 
 
-def _with_reads(code: asg.Asgns, reads: dict) -> asg.Asgns:
-    """`code` with every read of a node in `reads` (by id) a read of its replacement."""
+def _with_nodes(code: asg.Asgns, nodes: dict[int, Tnode], *, writes: bool) -> asg.Asgns:
+    """`code` with every read of a node in `nodes` (by id) a read of its replacement, and
+    with `writes` every write too."""
     def buf(b: asg.Buffer) -> asg.Buffer:
-        return asg.Node(reads[b.tn.id]) if isinstance(b, asg.Node) and b.tn.id in reads else b
+        return asg.Node(nodes[b.tn.id]) if isinstance(b, asg.Node) and b.tn.id in nodes else b
+
+    def lhs(tn: Tnode) -> Tnode:
+        return nodes.get(tn.id, tn) if writes else tn
 
     match code:
         case asg.Seq(first, second):
-            return asg.Seq(_with_reads(first, reads), _with_reads(second, reads))
+            return asg.Seq(_with_nodes(first, nodes, writes=writes), _with_nodes(second, nodes, writes=writes))
         case asg.BlockComment(message, body):
-            return asg.BlockComment(message, _with_reads(body, reads))
-        case asg.AccumBinop(rhs1=r1, rhs2=r2):
-            return dataclasses.replace(code, rhs1=buf(r1), rhs2=buf(r2))
-        case asg.AccumUnop(rhs=r) | asg.SetVecUnop(rhs=r):
-            return dataclasses.replace(code, rhs=buf(r))
-        case asg.AccumTernop(rhs1=r1, rhs2=r2, rhs3=r3):
-            return dataclasses.replace(code, rhs1=buf(r1), rhs2=buf(r2), rhs3=buf(r3))
+            return asg.BlockComment(message, _with_nodes(body, nodes, writes=writes))
+        case asg.AccumBinop(lhs=out, rhs1=r1, rhs2=r2):
+            return dataclasses.replace(code, lhs=lhs(out), rhs1=buf(r1), rhs2=buf(r2))
+        case asg.AccumUnop(lhs=out, rhs=r) | asg.SetVecUnop(lhs=out, rhs=r):
+            return dataclasses.replace(code, lhs=lhs(out), rhs=buf(r))
+        case asg.AccumTernop(lhs=out, rhs1=r1, rhs2=r2, rhs3=r3):
+            return dataclasses.replace(code, lhs=lhs(out), rhs1=buf(r1), rhs2=buf(r2), rhs3=buf(r3))
+        case asg.Fetch(array=out):
+            return dataclasses.replace(code, array=lhs(out))
     return code
 
 
-def bf16_activations(loss: Tensor, code: asg.Asgns) -> list[Tensor]:
-    """Store in bf16 the values of the tensors under `loss` that a contraction with a parameter
-    reads and that `code` computes by plain assignments alone (see the module docstring); the
-    tensors changed."""
+def bf16_activations(loss: Tensor, code: asg.Asgns) -> asg.Asgns:
+    """`code` storing in bf16 the values of the tensors under `loss` that a contraction with a
+    parameter reads and that `code` computes by plain assignments alone (see the module
+    docstring): each such tensor's node is replaced, where `code` writes and reads it, by a
+    bf16 twin of the same label and shape. The tensors' own nodes are left as they are."""
     params = {p.value_tn.id for p in loss.params()}
     writes: dict[int, list[asg.Asgns]] = {}
     operands: set[int] = set()
@@ -96,7 +108,7 @@ def bf16_activations(loss: Tensor, code: asg.Asgns) -> list[Tensor]:
         read = [b.tn.id for b in asg.rhs_buffers(a)]
         if not _plain(a) and any(k in params for k in read):
             operands.update(read)
-    changed = []
+    twins: dict[int, Tnode] = {}
     for t in loss.subtree():
         tn = t.value_tn
         if t is loss or t.is_param or tn.id not in operands or tn.prec is not ops.single or tn.array is not None \
@@ -104,9 +116,14 @@ def bf16_activations(loss: Tensor, code: asg.Asgns) -> list[Tensor]:
             continue
         found = writes.get(tn.id)
         if found and all(_plain(a) for a in found):
-            tn.prec = ops.bf16
-            changed.append(t)
-    return changed
+            twins[tn.id] = _twin(tn)
+    return _with_nodes(code, twins, writes=True) if twins else code
+
+
+def _twin(tn: Tnode) -> Tnode:
+    """A bf16 node standing for `tn` in one step's code: its label, its dims (once shape
+    inference has fixed them) and its memory mode so far."""
+    return Tnode(tn.label, lambda: tn.dims, ops.bf16, memory_mode=tn.memory_mode, provenance=tn.provenance)
 
 
 def _plain(a: asg.Asgns) -> bool:

@@ -61,8 +61,7 @@ def grad_update(loss: Tensor, *, mixed_precision: str | None = None) -> Asgns:
             cd("g =: 1", g=loss.grad).asgns, bprop)))
     if storage is None:
         return code
-    mixed.bf16_activations(loss, code)
-    return mixed.parameter_copies(loss, code)
+    return mixed.parameter_copies(loss, mixed.bf16_activations(loss, code))
 
 
 def _params_of(x: "Tensor | Iterable[Tensor]") -> list[Tensor]:

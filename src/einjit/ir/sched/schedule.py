@@ -40,7 +40,8 @@ of `k` is shorter. Every output cell still sums its terms in the original order,
 bit-identical to the unscheduled code.
 
 bf16 contractions accumulate in float32: the accumulator block and the panel are float
-(`Prec.computed_in`), bf16 operands widened while packing; on a machine with a bf16 dot
+(`Prec.computed_in`), bf16 operands widened while packing, and the bf16 nodes the row operand
+reads widened once into float copies before the nest (`bf16_widen`); on a machine with a bf16 dot
 product (`Machine.bf16_dot`) a contraction of two bf16 reads packs its panel in pairs instead
 (`bf16_pairs`), which the C renderer turns into `vdpbf16ps` where the compiler targets it.
 
@@ -71,6 +72,7 @@ reduction. Nests whose order is already fixed (`ForLoop.keep_order`) are left al
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable
@@ -89,7 +91,7 @@ from einjit.ir.indexing import (
     subst_index,
 )
 from einjit.ir.passes.tracing import VirtualizeSettings
-from einjit.ir.sched import bf16_pairs, cost_model, nests, schedule_batched, schedule_conv
+from einjit.ir.sched import bf16_pairs, bf16_widen, cost_model, nests, schedule_batched, schedule_conv
 from einjit.ir.sched.interchange import best_order, perfect_nest, reorderable, rewrap, unit_stride_symbol
 from einjit.ir.sched.machine import host_machine
 from einjit.ir.tnode import Tnode
@@ -376,9 +378,7 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     pack = (bf16_pairs.pack(kc, nb) if pairs
             else nests.scheduler_local("pack", (kc, *(extent[k] for k in c.summed[1:]), nb), prec))
     j0, i0, kt, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("kt"), get_symbol("ir"), get_symbol("jr")
-    # a pair-packed block stays scalar: `backends.bf16_dot` renders the nest over its `(mb, nb)`
-    # cells as `vdpbf16ps` on its own vectors
-    block = nests.register_block(mb, nb, prec, 0 if pairs else blocking.machine.vector_bytes, b)
+    block = nests.register_block(mb, nb, prec, blocking.machine.vector_bytes, b)
     kp = {k: get_symbol(k.name) for k in c.summed}
     n_cols, tail_cols = divmod(extent[c.j], nb)
     edge = nests.scheduler_local("edge", (mb, nb), prec) if tail_cols and block.lanes > 1 else None
@@ -398,6 +398,10 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
     """The contraction as column panels × row blocks × k chunks, with narrower tail blocks
     where `tile` does not divide an extent (see the module docstring)."""
     lay = _layout(c, tile, blocking)
+    wide = {} if lay.kl is not None else \
+        bf16_widen.copies(c.a_op, math.prod(c.extent.values()), c.st.tn.prec.computed_in)
+    if wide:
+        lay = dataclasses.replace(lay, c=dataclasses.replace(c, a_op=bf16_widen.reading(c.a_op, wide)))
     chunks = []
     if lay.n_chunks:
         body = _chunk(lay, lay.k_at(lay.kt if lay.n_chunks > 1 else None), lay.kc)
@@ -407,7 +411,8 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
     tiles = f"{lay.mb}x{lay.nb}" + (f", {lay.kc}-step k chunks" if lay.kc < c.extent[lay.k1] else "")
     kind = "register-blocked" if lay.unrolled else "blocked (rows not unrolled: a small nest)"
     body = ll.seq(ll.Comment(f"{kind} {tiles} contraction into {c.st.tn.name}"), *chunks)
-    return schedule_batched.batch_inside_panels(lay.pack, [(s, c.extent[s]) for s in c.outer], body, lay.batch)
+    return ll.seq(*bf16_widen.fills(wide),
+                  schedule_batched.batch_inside_panels(lay.pack, [(s, c.extent[s]) for s in c.outer], body, lay.batch))
 
 
 def _chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:

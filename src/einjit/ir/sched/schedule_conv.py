@@ -52,7 +52,7 @@ from einjit.ir.indexing import (
     subst_index,
 )
 from einjit.ir.passes.tracing import VirtualizeSettings
-from einjit.ir.sched import cost_model, nests
+from einjit.ir.sched import bf16_widen, cost_model, nests
 from einjit.ir.sched import schedule as sched
 from einjit.ir.sched.interchange import reorderable
 
@@ -136,7 +136,11 @@ def channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSet
     mb_max = cost_model.rows_that_fit(nb, st.tn.prec.computed_in.itemsize, blocking.mb_max, blocking.machine)
     i = max(rows, key=lambda s: (_divisor_up_to(extent[s], mb_max), s in plain, extent[s]))
     mb = _divisor_up_to(extent[i], mb_max)
-    return _blocked_nest(loops, st, (a_op, b_op, b_first), (i, mb), (j, nb), summed, blocking.machine.vector_bytes)
+    # a bf16 row operand (the weights of a mixed-precision step) is widened once (`bf16_widen`)
+    wide = bf16_widen.copies(a_op, math.prod(extent.values()), st.tn.prec.computed_in)
+    nest = _blocked_nest(loops, st, (bf16_widen.reading(a_op, wide), b_op, b_first), (i, mb), (j, nb), summed,
+                         blocking.machine.vector_bytes)
+    return ll.seq(*bf16_widen.fills(wide), nest)
 
 
 def _blocked_nest(loops: list[ll.ForLoop], st: ll.Set, operands: tuple[ll.LLScalar, ll.LLScalar, bool],
