@@ -33,7 +33,8 @@ import dataclasses
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, Symbol, make_affine
-from einjit.ir.tnode import Tnode
+from einjit.ir.passes.local_storage import is_routine_local, kept_in_context
+from einjit.ir.tnode import LOCAL, Tnode
 
 __all__ = ["clip_causal_loops"]
 
@@ -42,11 +43,13 @@ __all__ = ["clip_causal_loops"]
 Zeros = dict | None
 
 
-def clip_causal_loops(llc: ll.LLStmt) -> ll.LLStmt:
+def clip_causal_loops(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStmt:
     """`llc` with the accumulation loops that read nodes zero above a diagonal clipped to
-    the iterations whose terms can be non-zero (see the module docstring)."""
-    zeros = _Analysis(llc)
-    return _clip(llc, zeros, {})
+    the iterations whose terms can be non-zero, and, with `local_storage` (the optimizer's
+    setting), the loops writing cells of a routine's own scratch that nothing reads (see the
+    module docstring)."""
+    zeros = _Analysis(llc, local_storage)
+    return _clip(llc, zeros, {}, ())
 
 
 # ---------------------------------------------------------------- zero facts
@@ -98,13 +101,19 @@ class _Analysis:
     """Which nodes are zero above a diagonal, by axis positions (`zeros`), from all their
     writes in the routine."""
 
-    def __init__(self, llc: ll.LLStmt):
+    def __init__(self, llc: ll.LLStmt, local_storage: bool):
+        self.local_storage = local_storage
         self.sets: dict[Tnode, list[tuple[ll.Set, dict[Symbol, ll.ForLoop]]]] = {}
         self.zeroed: set[Tnode] = set()
         self.other: set[Tnode] = set()
+        self.touching: dict[Tnode, list[ll.LLStmt]] = {}
+        for top in ll.flatten(llc):
+            for tn in ll.nodes_of(top):
+                self.touching.setdefault(tn, []).append(top)
         self._collect(llc, {})
         self.memo: dict[Tnode, Zeros] = {}
         self.pending: set[Tnode] = set()
+        self.unseen_memo: dict[Tnode, dict[tuple[int, int], int]] = {}
 
     def _collect(self, stmt: ll.LLStmt, loops: dict[Symbol, ll.ForLoop]) -> None:
         for s in ll.flatten(stmt):
@@ -145,12 +154,74 @@ class _Analysis:
             found = _intersect(found, where)
         return found if found is not None else {}
 
-    def value(self, sc: ll.LLScalar, st: ll.Set) -> Zeros:
+    def unseen(self, tn: Tnode) -> dict[tuple[int, int], int]:
+        """`(key axis, query axis) -> c` for a routine-local `tn`, zeroed before it is
+        accumulated, whose cells with `key >= query + c` no statement outside its own nests
+        reads in a way that matters: under a `where` that picks its other branch there, or
+        times a factor zero there (its zeros, finite, give that product's zero)."""
+        if tn not in self.unseen_memo:
+            self.unseen_memo[tn] = self._node_unseen(tn)
+        return self.unseen_memo[tn]
+
+    def _node_unseen(self, tn: Tnode) -> dict[tuple[int, int], int]:
+        if not (self.local_storage and _may_be_local(tn)) or tn not in self.zeroed or tn in self.other:
+            return {}
+        found: dict[tuple[int, int], int] | None = None
+        for top in self.touching.get(tn, []):
+            if any(isinstance(s, (ll.Set, ll.ZeroOut)) and s.tn is tn for s in ll.iter_stmts(top)):
+                continue
+            for s in ll.iter_stmts(top):
+                match s:
+                    case ll.Set(llsc=sc) | ll.SetLocal(value=sc):
+                        target = s if isinstance(s, ll.Set) else None
+                        here = self._masked_reads(sc, tn, {}, target)
+                    case ll.SetFromVec(arg=sc):
+                        here = self._masked_reads(sc, tn, {}, None)
+                    case _:
+                        continue
+                if here is not None:
+                    found = here if found is None else {k: max(found[k], here[k]) for k in found.keys() & here.keys()}
+        return found or {}
+
+    def _masked_reads(self, sc: ll.LLScalar, tn: Tnode, unused: Zeros,
+                      target: ll.Set | None) -> dict[tuple[int, int], int] | None:
+        """The regions (by `tn`'s axes) where every read of `tn` in `sc` goes unused, `unused`
+        being where `sc`'s own value is not used (by loop symbols); None when `sc` reads no
+        `tn`, {} when some read is used everywhere."""
+        match sc:
+            case ll.Get(t, idcs) | ll.GetMergeBuffer(t, idcs) if t is tn:
+                if unused is None:
+                    return None
+                spots = {idx.symbol: p for p, idx in enumerate(idcs) if isinstance(idx, Iterator)}
+                return {(spots[k], spots[q]): c for (k, q), c in unused.items() if k in spots and q in spots}
+            case ll.Ternop(ops.Ternop.WHERE, cond, a, b):
+                parts = [(cond, unused), (a, _union(unused, _false_above(cond))), (b, unused)]
+            case ll.Ternop(ops.Ternop.FMA, a, b, c):
+                parts = [(a, _union(unused, self.value(b, target))), (b, _union(unused, self.value(a, target))),
+                         (c, unused)]
+            case ll.Binop(ops.Binop.MUL, a, b):
+                parts = [(a, _union(unused, self.value(b, target))), (b, _union(unused, self.value(a, target)))]
+            case ll.Binop(ops.Binop.DIV, a, b):
+                parts = [(a, unused), (b, {})]
+            case ll.LocalScope(body=body):
+                parts = [(x.value, unused) for x in ll.iter_stmts(body) if isinstance(x, ll.SetLocal)]
+                if any(isinstance(x, (ll.Set, ll.SetFromVec)) for x in ll.iter_stmts(body)):
+                    return {} if any(tn in ll.nodes_of(x) for x in ll.iter_stmts(body)) else None
+            case _:
+                parts = [(x, unused) for x in ll.scalar_children(sc)]
+        found: dict[tuple[int, int], int] | None = None
+        for x, where in parts:
+            here = self._masked_reads(x, tn, where, target)
+            if here is not None:
+                found = here if found is None else {k: max(found[k], here[k]) for k in found.keys() & here.keys()}
+        return found
+
+    def value(self, sc: ll.LLScalar, st: ll.Set | None) -> Zeros:
         """Where the value `sc`, stored by `st`, is zero (by loop symbols)."""
         match sc:
             case ll.Constant(v):
                 return None if v == 0.0 else {}
-            case ll.Get(tn, idcs) if tn is st.tn:
+            case ll.Get(tn, idcs) if st is not None and tn is st.tn:
                 return None if idcs == st.idcs and tn in self.zeroed else {}
             case ll.Get(tn, idcs):
                 if tn in self.pending:
@@ -188,6 +259,15 @@ class _Analysis:
             for st, _ in writes)
 
 
+def _may_be_local(tn: Tnode) -> bool:
+    """Whether `tn` is, or can become, storage of this routine alone (`local_storage`): no
+    other routine and no host reads its cells, only the statements of this one."""
+    if tn.is_local():
+        return True
+    mode = tn.memory_mode
+    return mode is not None and bool(mode.leaves & LOCAL.leaves) and not tn.is_hosted() and not kept_in_context(tn)
+
+
 def _position(idcs: tuple[AxisIndex, ...], key: Symbol, query: Symbol) -> tuple[int, int] | None:
     spots = {idx.symbol: p for p, idx in enumerate(idcs) if isinstance(idx, Iterator)}
     return (spots[key], spots[query]) if key in spots and query in spots else None
@@ -205,39 +285,49 @@ def _covers(st: ll.Set, loops: dict[Symbol, ll.ForLoop]) -> bool:
 # ---------------------------------------------------------------- clipping
 
 
-def _clip(stmt: ll.LLStmt, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]]) -> ll.LLStmt:
+def _clip(stmt: ll.LLStmt, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]],
+          after: tuple[ll.LLStmt, ...]) -> ll.LLStmt:
+    """`stmt` with its loops clipped; `after`: what may run next (the statements after it,
+    and the next iterations of the loops around it)."""
     match stmt:
-        case ll.Seq(a, b):
-            return ll.Seq(_clip(a, zeros, outer), _clip(b, zeros, outer))
+        case ll.Seq():
+            items = list(ll.flatten(stmt))
+            return ll.seq(*(_clip(x, zeros, outer, (*items[k + 1:], *after)) for k, x in enumerate(items)))
         case ll.ForLoop(index=index, body=body):
             loop = stmt
             if not (loop.unroll or loop.parallel or loop.start or loop.stop):
-                loop = _clipped(loop, zeros, outer) or loop
-            inner = _clip(body, zeros, {**outer, index: (loop.from_, loop.to_)})
+                loop = _clipped(loop, zeros, outer, (body, *after)) or loop
+            inner = _clip(body, zeros, {**outer, index: (loop.from_, loop.to_)}, (body, *after))
             return loop if inner is body else dataclasses.replace(loop, body=inner)
     return stmt
 
 
-def _clipped(loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]]) -> ll.ForLoop | None:
+def _written_first(tn: Tnode, stmts: tuple[ll.LLStmt, ...]) -> bool:
+    """Whether the first access to `tn` in `stmts` (in order) writes it, or there is none."""
+    for stmt in stmts:
+        for s in ll.iter_stmts(stmt):
+            match s:
+                case ll.Set(llsc=sc) | ll.SetLocal(value=sc) | ll.SetFromVec(arg=sc):
+                    if any(isinstance(x, (ll.Get, ll.GetMergeBuffer)) and x.tn is tn for x in ll.iter_scalars(sc)):
+                        return False
+                    if getattr(s, "tn", None) is tn:
+                        return True
+                case ll.ZeroOut(tn=written) if written is tn:
+                    return True
+    return True
+
+
+def _clipped(loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]],
+             after: tuple[ll.LLStmt, ...]) -> ll.ForLoop | None:
     """`loop` with a start or stop where its body only accumulates products with a factor
     zero above a diagonal and that diagonal cuts its range; None otherwise."""
     inner = {s.index: (s.from_, s.to_) for s in ll.iter_stmts(loop.body) if isinstance(s, ll.ForLoop)}
-    clips: set[tuple[bool, ll.LoopClip]] = set()
-    for s in ll.iter_stmts(loop.body):
-        match s:
-            case ll.ForLoop():
-                if s.start or s.stop:
-                    return None
-            case ll.Set():
-                term = _term_clip(s, loop, zeros, outer, inner)
-                if term is None:
-                    return None
-                clips.add(term)
-            case ll.Seq() | ll.Comment() | ll.Noop():
-                pass
-            case _:
-                return None
-    if len(clips) != 1:
+    if any(isinstance(s, ll.ForLoop) and (s.start or s.stop) for s in ll.iter_stmts(loop.body)):
+        return None
+    clips = _zero_term_clips(loop, zeros, outer, inner)
+    if clips is None:
+        clips = _unseen_cell_clips(loop, zeros, outer, inner, after)
+    if clips is None or len(clips) != 1:
         return None
     (at_start, clip), = clips
     least, most = _range(clip.bound, outer)
@@ -246,6 +336,60 @@ def _clipped(loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbol, tuple[int, 
     if not at_start and least < clip.scale * (loop.to_ + 1):
         return dataclasses.replace(loop, stop=clip) if loop.from_ >= 0 else None
     return None
+
+
+def _zero_term_clips(loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]],
+                     inner: dict[Symbol, tuple[int, int]]) -> set[tuple[bool, ll.LoopClip]] | None:
+    """The clips of `loop` whose body only accumulates products with a factor zero above a
+    diagonal: its other iterations add zeros."""
+    clips: set[tuple[bool, ll.LoopClip]] = set()
+    for s in ll.iter_stmts(loop.body):
+        match s:
+            case ll.Set():
+                term = _term_clip(s, loop, zeros, outer, inner)
+                if term is None:
+                    return None
+                clips.add(term)
+            case ll.ForLoop() | ll.Seq() | ll.Comment() | ll.Noop():
+                pass
+            case _:
+                return None
+    return clips
+
+
+def _unseen_cell_clips(loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]],
+                       inner: dict[Symbol, tuple[int, int]],
+                       after: tuple[ll.LLStmt, ...]) -> set[tuple[bool, ll.LoopClip]] | None:
+    """The clips of `loop` whose body writes cells of nodes unread above a diagonal
+    (`_Analysis.unseen`: they keep the zeros they were cleared to) and scheduler locals it
+    writes before it reads them, as does whatever runs `after` it (register blocks, panels):
+    its other iterations only write cells nobody reads."""
+    clips: set[tuple[bool, ll.LoopClip]] = set()
+    written_first: dict[Tnode, bool] = {}
+    for s in ll.iter_stmts(loop.body):
+        match s:
+            case ll.Set(tn=tn, idcs=idcs, llsc=sc):
+                for x in ll.iter_scalars(sc):
+                    if isinstance(x, (ll.Get, ll.GetMergeBuffer)):
+                        written_first.setdefault(x.tn, False)
+                written_first.setdefault(tn, True)
+                unseen = zeros.unseen(tn)
+                if unseen:
+                    kept = [clip for (kp, qp), c in unseen.items()
+                            if (clip := _diagonal_clip(idcs[kp], idcs[qp], c, loop.index, outer, inner))]
+                    if not kept:
+                        return None
+                    clips.add(kept[0])
+                elif not (tn.is_local() and not is_routine_local(tn)):
+                    return None
+            case ll.ForLoop() | ll.Seq() | ll.Comment() | ll.Noop():
+                pass
+            case _:
+                return None
+    if not clips:
+        return None
+    scratch = {s.tn for s in ll.iter_stmts(loop.body) if isinstance(s, ll.Set) and not zeros.unseen(s.tn)}
+    return clips if all(written_first[tn] and _written_first(tn, after) for tn in scratch) else None
 
 
 def _term_clip(st: ll.Set, loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]],
