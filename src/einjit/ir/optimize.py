@@ -113,7 +113,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("schedule", lambda run, code: schedule_llc(code, run.settings), lambda s: s.schedule, portable=False),
     Stage("interchange", lambda run, code: interchange_loops(code), lambda s: s.interchange, portable=False),
     Stage("causal", lambda run, code: clip_causal_loops(code, local_storage=run.settings.local_storage),
-          lambda s: s.schedule, portable=False),
+          lambda s: s.schedule and s.causal, portable=False),
 )
 
 

@@ -295,11 +295,24 @@ def _clip(stmt: ll.LLStmt, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]
             return ll.seq(*(_clip(x, zeros, outer, (*items[k + 1:], *after)) for k, x in enumerate(items)))
         case ll.ForLoop(index=index, body=body):
             loop = stmt
-            if not (loop.unroll or loop.parallel or loop.start or loop.stop):
+            if not (loop.unroll or loop.parallel or loop.start or loop.stop or _over_lanes(loop)):
                 loop = _clipped(loop, zeros, outer, (body, *after)) or loop
             inner = _clip(body, zeros, {**outer, index: (loop.from_, loop.to_)}, (body, *after))
             return loop if inner is body else dataclasses.replace(loop, body=inner)
     return stmt
+
+
+def _over_lanes(loop: ll.ForLoop) -> bool:
+    """Whether `loop` runs over the lanes of a register block (a scheduler local indexed by it
+    at its last axis): one vector statement, which stays whole."""
+    lane = Iterator(loop.index)
+    for s in ll.iter_stmts(loop.body):
+        if isinstance(s, ll.Set):
+            gets = [x for x in ll.iter_scalars(s.llsc) if isinstance(x, ll.Get)]
+            if any(tn.is_local() and not is_routine_local(tn) and idcs and idcs[-1] == lane
+                   for tn, idcs in [(s.tn, s.idcs), *((x.tn, x.idcs) for x in gets)]):
+                return True
+    return False
 
 
 def _written_first(tn: Tnode, stmts: tuple[ll.LLStmt, ...]) -> bool:
