@@ -1,8 +1,9 @@
 """Causal skipping (`ir/sched/causal.py`): the loops of a causal attention's contractions are
 clipped to the triangle the mask keeps — `P v`, `dS k`, `Pᵀ dY`, `dSᵀ q` skip the terms with a
 zero weight, `q kᵀ` and `dY vᵀ` skip the cells only the mask reads — and every result stays bit
-for bit that of the full loops: gcc and the interpreter, AVX2 and AVX-512 register blocks, an
-odd sequence length (tail row blocks and panels), against PyTorch where installed."""
+for bit that of the full loops: gcc on one and two threads and the interpreter, AVX2 and AVX-512
+register blocks, an odd sequence length (tail row blocks and panels), against PyTorch where
+installed."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from gradcheck import weighted_loss
 
 import einjit as ej
 from einjit import train
+from einjit.backends.cc import toolchain as cc
 from einjit.ir import assignments as asg
 from einjit.ir import interpret
 from einjit.ir import low_level as ll
@@ -34,22 +36,23 @@ def _layer_and_loss(causal: bool, seed: int = 0, shape: tuple[int, int, int] = (
     return layer, loss
 
 
-def _run(loss, layer, name: str, settings: VirtualizeSettings, code=None) -> dict[str, np.ndarray]:
-    routine = train.to_routine(code or train.grad_update(loss), name=name, settings=settings)
+def _run(loss, layer, name: str, settings: VirtualizeSettings, code=None, threads: int = 1) -> dict[str, np.ndarray]:
+    routine = train.to_routine(code or train.grad_update(loss), name=name, settings=settings,
+                               options=cc.CcOptions(threads=threads))
     routine()
     out = {"loss": loss.value.numpy().copy()}
     out.update({p.label_str: p.grad.numpy().copy() for p in layer.params()})
     return out
 
 
-@pytest.mark.parametrize("machine", ["avx2", "avx512"])
-def test_causal_training_step_is_bit_identical_to_the_full_loops(machine, tmp_path, monkeypatch):
+@pytest.mark.parametrize("machine,threads", [("avx2", 1), ("avx512", 2)])
+def test_causal_training_step_is_bit_identical_to_the_full_loops(machine, threads, tmp_path, monkeypatch):
     monkeypatch.setenv("EINJIT_MACHINE", machine)
     monkeypatch.setenv("EINJIT_DUMP_DIR", str(tmp_path))
     layer, loss = _layer_and_loss(causal=True)
     code = train.grad_update(loss)
-    clipped = _run(loss, layer, f"clipped_{machine}", VirtualizeSettings(), code)
-    full = _run(loss, layer, f"full_{machine}", VirtualizeSettings(causal=False), code)
+    clipped = _run(loss, layer, f"clipped_{machine}", VirtualizeSettings(), code, threads)
+    full = _run(loss, layer, f"full_{machine}", VirtualizeSettings(causal=False), code, threads)
     for label, want in full.items():
         np.testing.assert_array_equal(clipped[label], want, err_msg=label)
     code = (tmp_path / f"clipped_{machine}.causal.ll").read_text()
