@@ -19,9 +19,12 @@ from einjit.backends.cc import toolchain as cc
 from einjit.ir import assignments as asg
 from einjit.ir import interpret
 from einjit.ir import low_level as ll
+from einjit.ir.indexing import Iterator, get_symbol, make_affine
 from einjit.ir.optimize import VirtualizeSettings, optimize_proc
+from einjit.ir.tnode import Tnode
 from einjit.nn.attention import MultiHeadAttention
 from einjit.shape import finish_inference
+from test_schedule import run_in_c
 
 B, T, D, H = 2, 37, 32, 2
 CLIPPED = re.compile(r"\((start|stop) (\d+)\*")
@@ -135,3 +138,20 @@ def test_clipped_causal_attention_matches_torch():
         np.testing.assert_allclose(got[f"mha.{n}.w"], want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=n)
     want = ref.out_proj.weight.grad.numpy().reshape(D, H, D // H)
     np.testing.assert_allclose(got["mha.out.w"], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("scale", [1, 3, 6])
+def test_clipped_loop_bounds_in_c_and_the_interpreter(scale):
+    """`start: scale*i >= 5*j - 7` and `stop: scale*i < 4*j + 2 - scale` over `i in 0..9`,
+    bounds negative, inside and past the range: gcc renders the rounded-up bounds as the
+    interpreter runs them, cell by cell as NumPy counts them."""
+    out = Tnode("out", (6, 10))
+    i, j = get_symbol("i"), get_symbol("j")
+    one = ll.Set(out, (Iterator(j), Iterator(i)), ll.Constant(1.0))
+    inner = ll.ForLoop(i, 0, 9, one, start=ll.LoopClip(make_affine([(5, j)], -7), scale),
+                       stop=ll.LoopClip(make_affine([(4, j)], 2 - scale), scale))
+    code = ll.seq(ll.ZeroOut(out), ll.ForLoop(j, 0, 5, inner))
+    jj, ii = np.meshgrid(np.arange(6), np.arange(10), indexing="ij")
+    want = ((scale * ii >= 5 * jj - 7) & (scale * ii < 4 * jj + 2 - scale)).astype(np.float32)
+    np.testing.assert_array_equal(interpret.run(code)[out], want)
+    np.testing.assert_array_equal(run_in_c(code, {}, name=f"clipped{scale}").array(out), want)

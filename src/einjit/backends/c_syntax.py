@@ -41,6 +41,7 @@ from einjit.ir.indexing import (
     Symbol,
     gather_indices,
     index_symbols,
+    make_affine,
 )
 from einjit.ir.passes.local_storage import is_routine_local
 from einjit.ir.precision import combine_prec
@@ -339,6 +340,18 @@ def clamped_flat_index(dims: tuple[int, ...], idcs: tuple[AxisIndex, ...], clamp
             text = f"EINJIT_CLAMP({text}, {dims[axis] - 1})"
         parts.append(text if st == 1 else f"{text} * {st}")
     return " + ".join(parts)
+
+
+def _plus(idx: AxisIndex, k: int) -> AxisIndex:
+    """An affine index plus a constant."""
+    match idx:
+        case FixedIdx(i):
+            return FixedIdx(i + k)
+        case Iterator(s):
+            return make_affine([(1, s)], k)
+        case Affine(terms, offset):
+            return make_affine(terms, offset + k)
+    raise RenderError(f"einjit: a loop bound {idx!r} is not an affine index")
 
 
 def axis_index_text(idx: AxisIndex) -> str:
@@ -697,9 +710,9 @@ class _Writer:
                 raise RenderError(f"einjit: loop {loop.index!r} from {loop.from_} has a scaled clip: its bound "
                                   f"is rounded up by truncating division, exact only from 0 on")
             text = axis_index_text(clip.bound) if scale == 1 else \
-                f"({axis_index_text(clip.bound)} + {scale - 1}) / {scale}"
+                f"{axis_index_text(_plus(clip.bound, scale - 1))} / {scale}"  # rounded up from `from_` on
             if at_start and most > scale * loop.from_:
-                lo = text if least >= scale * loop.from_ else f"({text} > {lo} ? {text} : {lo})"
+                lo = text if least + scale - 1 >= scale * loop.from_ else f"({text} > {lo} ? {text} : {lo})"
             elif not at_start and least < scale * (loop.to_ + 1):
                 hi = text if most <= scale * (loop.to_ + 1) else f"({text} < {hi} ? {text} : {hi})"
         return lo, hi
