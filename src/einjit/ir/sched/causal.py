@@ -48,8 +48,13 @@ def clip_causal_loops(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStm
     the iterations whose terms can be non-zero, and, with `local_storage` (the optimizer's
     setting), the loops writing cells of a routine's own scratch that nothing reads (see the
     module docstring)."""
+    if not any(isinstance(x, ll.Binop) and _false_above(x) for x in ll.deep_parts(llc)):
+        return llc  # no causal comparison: nothing is zero above a diagonal
     zeros = _Analysis(llc, local_storage)
-    return _clip(llc, zeros, {}, ())
+    tops = zeros.tops
+    return ll.seq(*(_clip(top, zeros, {}, tuple(tops[k + 1:]))
+                    if any(zeros.zeros(tn) or zeros.unseen(tn) for tn in nodes) else top
+                    for k, (top, nodes) in enumerate(zip(tops, zeros.nodes, strict=True))))
 
 
 # ---------------------------------------------------------------- zero facts
@@ -106,9 +111,11 @@ class _Analysis:
         self.sets: dict[Tnode, list[tuple[ll.Set, dict[Symbol, ll.ForLoop]]]] = {}
         self.zeroed: set[Tnode] = set()
         self.other: set[Tnode] = set()
+        self.tops = list(ll.flatten(llc))
+        self.nodes = [ll.nodes_of(top) for top in self.tops]
         self.touching: dict[Tnode, list[ll.LLStmt]] = {}
-        for top in ll.flatten(llc):
-            for tn in ll.nodes_of(top):
+        for top, nodes in zip(self.tops, self.nodes, strict=True):
+            for tn in nodes:
                 self.touching.setdefault(tn, []).append(top)
         self._collect(llc, {})
         self.memo: dict[Tnode, Zeros] = {}
@@ -295,8 +302,9 @@ def _clip(stmt: ll.LLStmt, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]
             return ll.seq(*(_clip(x, zeros, outer, (*items[k + 1:], *after)) for k, x in enumerate(items)))
         case ll.ForLoop(index=index, body=body):
             loop = stmt
-            if not (loop.unroll or loop.parallel or loop.start or loop.stop or _over_lanes(loop)):
-                loop = _clipped(loop, zeros, outer, (body, *after)) or loop
+            if not (loop.unroll or loop.parallel or loop.start or loop.stop):
+                clipped = _clipped(loop, zeros, outer, (body, *after))
+                loop = clipped if clipped is not None and not _over_lanes(loop) else loop
             inner = _clip(body, zeros, {**outer, index: (loop.from_, loop.to_)}, (body, *after))
             return loop if inner is body else dataclasses.replace(loop, body=inner)
     return stmt
