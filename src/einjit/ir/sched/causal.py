@@ -20,6 +20,16 @@ indices, so that its skipped iterations are exactly those whose every term reads
 of `a`: the sums keep their other terms in their order, so the results are those of the
 full loop as long as `b` is finite (the zeros skipped would have added `0 * b`).
 
+The scores `q kᵀ` and their gradient's `dY vᵀ` are not zero above the diagonal, but nobody
+reads those cells: the masked softmax reads the scores under `where(s < t + 1, ...)`, the
+softmax's backward reads `dY vᵀ` under the same `where` or times the zero weights. A node
+of this routine's own storage (routine-local, or one that can become so: never hosted, kept
+by no other routine; `VirtualizeSettings.local_storage`), zeroed before its accumulation and
+read only that way (*unread above a diagonal*), has its register blocks' row loop clipped to
+the blocks with a cell on or below the diagonal: the skipped cells keep their zeros, which
+the reads ignore or multiply by zero. A clipped loop's other writes must be scheduler locals
+written before they are read, in the loop and after it (register blocks, panels).
+
 The loop bound depends on another index, which the IR says with `LoopClip` rather than a
 special attention kernel: the register-blocked contraction the scheduler built is kept as
 it is, only its reduction loop is shortened per row block. Loops marked for unrolling or
@@ -118,6 +128,9 @@ class _Analysis:
             for tn in nodes:
                 self.touching.setdefault(tn, []).append(top)
         self._collect(llc, {})
+        collected = {id(st) for writes in self.sets.values() for st, _ in writes}
+        # a node also written inside a local scope's loops is not analyzed
+        self.other |= {s.tn for s in ll.iter_stmts(llc) if isinstance(s, ll.Set) and id(s) not in collected}
         self.memo: dict[Tnode, Zeros] = {}
         self.pending: set[Tnode] = set()
         self.unseen_memo: dict[Tnode, dict[tuple[int, int], int]] = {}
@@ -134,8 +147,6 @@ class _Analysis:
                     self.sets.setdefault(tn, []).append((s, loops))
                 case ll.SetFromVec(tn=tn):
                     self.other.add(tn)
-                case ll.LocalScope() | ll.SetLocal():
-                    pass
 
     def zeros(self, tn: Tnode) -> dict[tuple[int, int], int]:
         """`(key axis, query axis) -> c` for `tn` zero wherever `key >= query + c`."""
