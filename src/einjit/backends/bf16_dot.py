@@ -99,7 +99,8 @@ def _only(stmt: ll.LLStmt) -> ll.LLStmt | None:
 def kernel(loop: ll.ForLoop) -> Kernel | None:
     """`loop` as a bf16-pair kernel nest, or None if it is anything else."""
     lane = _only(loop.body)
-    if loop.from_ != 0 or not isinstance(lane, ll.ForLoop) or (lane.from_, lane.to_) != (0, 1):
+    if (loop.from_ != 0 or loop.start or loop.stop or not isinstance(lane, ll.ForLoop)
+            or (lane.from_, lane.to_) != (0, 1)):
         return None
     loops: list[ll.ForLoop] = []
     st = _only(lane.body)

@@ -41,6 +41,7 @@ from einjit.ir.indexing import (
     Symbol,
     gather_indices,
     index_symbols,
+    make_affine,
 )
 from einjit.ir.passes.local_storage import is_routine_local
 from einjit.ir.precision import combine_prec
@@ -339,6 +340,18 @@ def clamped_flat_index(dims: tuple[int, ...], idcs: tuple[AxisIndex, ...], clamp
             text = f"EINJIT_CLAMP({text}, {dims[axis] - 1})"
         parts.append(text if st == 1 else f"{text} * {st}")
     return " + ".join(parts)
+
+
+def _plus(idx: AxisIndex, k: int) -> AxisIndex:
+    """An affine index plus a constant."""
+    match idx:
+        case FixedIdx(i):
+            return FixedIdx(i + k)
+        case Iterator(s):
+            return make_affine([(1, s)], k)
+        case Affine(terms, offset):
+            return make_affine(terms, offset + k)
+    raise RenderError(f"einjit: a loop bound {idx!r} is not an affine index")
 
 
 def axis_index_text(idx: AxisIndex) -> str:
@@ -659,8 +672,9 @@ class _Writer:
                     elif opens:
                         at, region = self.loop_region(s, indent)
                     head = self.syn.loop_head(s, name, self.index_type) if self.syn.loop_head else None
-                    self.lines.append(at + (head or f"for ({self.index_type} {name} = {from_}; "
-                                                    f"{name} < {to_ + 1}; ++{name}) {{"))
+                    lo, hi = self.loop_bounds(s)
+                    self.lines.append(at + (head or f"for ({self.index_type} {name} = {lo}; "
+                                                    f"{name} < {hi}; ++{name}) {{"))
                     self.loops[index] = (from_, to_)
                     self.parallel_depth += s.parallel
                     self.team, outer_team = team, self.team
@@ -737,6 +751,42 @@ class _Writer:
             else:
                 pending.append(s)
         single()
+
+    def loop_bounds(self, loop: ll.ForLoop) -> tuple[str, str]:
+        """The first and past-the-last iteration of `loop` as C expressions: its clips
+        (`ll.LoopClip`, from outer indices) where they can cut its range, the constant
+        bounds where they can exceed it."""
+        lo, hi = str(loop.from_), str(loop.to_ + 1)
+        for clip, at_start in ((loop.start, True), (loop.stop, False)):
+            if clip is None:
+                continue
+            least, most = self.index_range(clip.bound)
+            scale = clip.scale
+            if scale > 1 and loop.from_ < 0:
+                raise RenderError(f"einjit: loop {loop.index!r} from {loop.from_} has a scaled clip: its bound "
+                                  f"is rounded up by truncating division, exact only from 0 on")
+            text = axis_index_text(clip.bound) if scale == 1 else \
+                f"{axis_index_text(_plus(clip.bound, scale - 1))} / {scale}"  # rounded up from `from_` on
+            if at_start and most > scale * loop.from_:
+                lo = text if least + scale - 1 >= scale * loop.from_ else f"({text} > {lo} ? {text} : {lo})"
+            elif not at_start and least < scale * (loop.to_ + 1):
+                hi = text if most <= scale * (loop.to_ + 1) else f"({text} < {hi} ? {text} : {hi})"
+        return lo, hi
+
+    def index_range(self, idx: AxisIndex) -> tuple[int, int]:
+        """The least and greatest value of an affine index over the enclosing loops."""
+        match idx:
+            case FixedIdx(i):
+                return i, i
+            case Iterator(s):
+                return self.loops[s]
+            case Affine(terms, offset):
+                least = most = offset
+                for c, sym in terms:
+                    a, b = c * self.loops[sym][0], c * self.loops[sym][1]
+                    least, most = least + min(a, b), most + max(a, b)
+                return least, most
+        raise RenderError(f"einjit: a loop bound {idx!r} is not an affine index of enclosing loops")
 
     def parallel_head(self, loop: ll.ForLoop, indent: str) -> tuple[str, list[str]]:
         """The OpenMP pragma for a `parallel` loop; the indentation of the loop and the lines

@@ -122,7 +122,7 @@ def lane_statement(loop: ll.ForLoop) -> ll.Set | None:
     FMAs, additions and multiplications only; another array it writes is written
     contiguously."""
     body = list(ll.flatten(loop.body))
-    if loop.from_ != 0 or len(body) != 1 or not isinstance(body[0], ll.Set):
+    if loop.from_ != 0 or loop.start or loop.stop or len(body) != 1 or not isinstance(body[0], ll.Set):
         return None
     st, lane, lanes = body[0], loop.index, loop.to_ + 1
     accesses: list[ll.Set | ll.Get] = [st, *(x for x in ll.iter_scalars(st.llsc) if isinstance(x, ll.Get))]

@@ -84,7 +84,7 @@ def _index_reads(idcs: tuple[AxisIndex, ...]) -> PyIterator[Access]:
 def is_parallel(loop: ll.ForLoop, private: set[Tnode]) -> bool:
     """Iterations of `loop` are independent: each shared node the body writes is sliced by
     the loop's index at one axis in all its accesses; private nodes are written before read."""
-    if loop.to_ < loop.from_ or opaque(loop.body):
+    if loop.to_ < loop.from_ or loop.start or loop.stop or opaque(loop.body):
         return False
     found = list(accesses(loop.body))
     here = Iterator(loop.index)

@@ -76,8 +76,8 @@ class _Machine:
     def exec(self, stmt: ll.LLStmt) -> None:
         for s in ll.flatten(stmt):
             match s:
-                case ll.ForLoop(index, from_, to_, body, _):
-                    for v in range(from_, to_ + 1):
+                case ll.ForLoop(index=index, body=body):
+                    for v in ll.loop_range(s, self.index):
                         self.env[index] = v
                         self.exec(body)
                     self.env.pop(index, None)

@@ -92,7 +92,9 @@ class ForLoop:
     on several threads. `keep_order`: the loops of the perfect nest starting here are in the
     order the scheduling stage chose, which later stages must keep (a window reduction runs
     its vector loop innermost, where interchange, counting unit strides, would put another).
-    None of the three changes what the loop computes."""
+    None of the three changes what the loop computes. `start` / `stop`: bounds that depend on
+    outer loop indices (a triangular loop, `LoopClip`); `from_` / `to_` stay the loop's widest
+    range, which is what passes that only need the extent read."""
 
     index: Symbol
     from_: int
@@ -102,6 +104,34 @@ class ForLoop:
     unroll: bool = False
     parallel: bool = False
     keep_order: bool = False
+    start: "LoopClip | None" = None
+    stop: "LoopClip | None" = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoopClip:
+    """A loop bound computed from outer loop indices: the iterations kept are those with
+    `scale * index >= bound` (a loop's `start`) or `scale * index < bound` (its `stop`), within
+    `from_ .. to_`. The scheduler clips loops whose other iterations would only add zeros or
+    write cells nobody reads (`sched.causal`)."""
+
+    bound: AxisIndex
+    scale: int = 1
+
+
+def ceil_div(a: int, b: int) -> int:
+    """`ceil(a / b)` for `b > 0`."""
+    return -(-a // b)
+
+
+def loop_range(loop: ForLoop, value: Callable[[AxisIndex], int]) -> range:
+    """The iterations of `loop`, its clips evaluated by `value` (an axis index's current value)."""
+    lo, hi = loop.from_, loop.to_ + 1
+    if loop.start is not None:
+        lo = max(lo, ceil_div(value(loop.start.bound), loop.start.scale))
+    if loop.stop is not None:
+        hi = min(hi, ceil_div(value(loop.stop.bound), loop.stop.scale))
+    return range(lo, hi)
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,11 +440,13 @@ def stmt_to_doc(stmt: LLStmt, cstyle: bool = False, indent: str = "") -> str:
                 out.append(f"{indent}/* {msg} */\n")
             case StagedCompilation(render):
                 out.append(f"{indent}{render()}\n")
-            case ForLoop(index, from_, to_, body, trace_it, unroll, parallel, keep_order):
+            case ForLoop(index, from_, to_, body, trace_it, unroll, parallel, keep_order, start, stop):
+                clips = "".join(f" ({what} {clip.scale}*{index!r} {rel} {clip.bound!r})"
+                                for what, rel, clip in (("start", ">=", start), ("stop", "<", stop)) if clip)
                 note = ("" if trace_it else " (untraced)") + (" (unrolled)" if unroll else "") + \
-                    (" (parallel)" if parallel else "") + (" (order kept)" if keep_order else "")
+                    (" (parallel)" if parallel else "") + (" (order kept)" if keep_order else "") + clips
                 head = (f"for (int {index!r} = {from_}; {index!r} <= {to_}; ++{index!r}) {{"
-                        + (" /* order kept */" if keep_order else "") if cstyle
+                        + (" /* order kept */" if keep_order else "") + (f" /*{clips} */" if clips else "") if cstyle
                         else f"for {index!r} = {from_} to {to_}{note} {{")
                 out.append(f"{indent}{head}\n{stmt_to_doc(body, cstyle, indent + '  ')}{indent}}}\n")
             case ZeroOut(tn):

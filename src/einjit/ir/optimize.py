@@ -14,7 +14,9 @@
 5. "schedule" (`schedule.schedule_llc`, CPU) register-blocks, packs and reorders contraction
    nests, and reassociates float reductions when the settings allow it;
 6. "interchange" (`interchange.interchange_loops`, CPU) moves the unit-stride loop of the
-   remaining accumulation nests innermost.
+   remaining accumulation nests innermost;
+7. "causal" (`causal.clip_causal_loops`, CPU) clips accumulation loops to the iterations
+   whose products can be non-zero, where a factor is zero above a diagonal (causal attention).
 
 Stages 1-4 are portable: their result is `Optimized.portable_llc`, what GPU backends render.
 `EINJIT_DUMP_DIR=dir` writes each stage's result as
@@ -42,6 +44,7 @@ from einjit.ir.passes.virtualize import (
     inline_computation,
     virtual_llc,
 )
+from einjit.ir.sched.causal import clip_causal_loops
 from einjit.ir.sched.interchange import interchange_loops
 from einjit.ir.sched.schedule import schedule_llc
 from einjit.ir.tnode import Tnode
@@ -109,6 +112,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("simplify", lambda run, code: simplify_llc(code), lambda s: s.simplify),
     Stage("schedule", lambda run, code: schedule_llc(code, run.settings), lambda s: s.schedule, portable=False),
     Stage("interchange", lambda run, code: interchange_loops(code), lambda s: s.interchange, portable=False),
+    Stage("causal", lambda run, code: clip_causal_loops(code, local_storage=run.settings.local_storage),
+          lambda s: s.schedule and s.causal, portable=False),
 )
 
 

@@ -81,6 +81,8 @@ class VirtualizeSettings:
     sums (vector lanes, blocked summation), which changes rounding — usually for the better —
     but makes results differ from sequential summation in the last bits. Only that stage ever
     reassociates; turn it off for results bit-identical to the unscheduled program.
+    `causal`: the CPU stage clipping loops to a causal mask's triangle (`ir/sched/causal.py`):
+    results are those of the full loops; off, to compare with them.
     `local_storage`: a stored node that one routine writes before reading, and that no other
     routine compiled so far uses, becomes routine-local (`ir/passes/local_storage.py`): declared in
     the generated function instead of kept in the context between calls.
@@ -99,6 +101,7 @@ class VirtualizeSettings:
     schedule: bool = True
     interchange: bool = True
     reassociate: bool = True
+    causal: bool = True
     local_storage: bool = True
 
     def __post_init__(self) -> None:
