@@ -82,7 +82,8 @@ class Shape:
     itemsize: int
     strided_rows: bool = False
     """The row operand steps along the summed loops by more than one element (a weight
-    gradient's `xᵀ·dy`, summed over the rows of both): the scheduler packs it too (`schedule.py`)."""
+    gradient's `xᵀ·dy`, summed over the rows of both): the scheduler packs it too where no
+    batch loop comes between (`schedule.py`), and chunks the summed loop either way."""
 
 
 @dataclass(frozen=True)

@@ -290,7 +290,7 @@ def _recognize(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> _Cont
                                     for tn, idcs in b_reads)
     a_reads = [(x.tn, x.idcs) for x in ll.iter_scalars(a_op) if isinstance(x, ll.Get)]
     k_last = summed[-1]
-    a_strided = (extent[k_last] > 1 and all(extent[s] == 1 for s in outer)
+    a_strided = (extent[k_last] > 1
                  and any(k_last in nests.symbols(ll.Get(tn, idcs)) and not unit_stride_symbol(tn, idcs, k_last)
                          for tn, idcs in a_reads))
     return _Contraction(st, i, j, summed, outer, extent, a_op, b_op, b_first, along_k, a_strided)
@@ -409,7 +409,8 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     # A is read once per panel: packing it pays with two panels or more
     apack = (nests.scheduler_local("apack", (n_rows + (1 if tail_rows else 0), kc, *(extent[k] for k in c.summed[1:]),
                                              mb), prec)
-             if c.a_strided and not pairs and n_cols + (1 if tail_cols else 0) >= 2 else None)
+             if c.a_strided and not pairs and n_cols + (1 if tail_cols else 0) >= 2
+             and all(extent[s] == 1 for s in c.outer) else None)
     return _Layout(c, mb, nb, kc, pack, block, edge, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, tail_rows,
                    n_chunks, tail_chunk, unrolled, batch, inner_threads, by_panels,
                    get_symbol("kl") if pairs else None, apack)
