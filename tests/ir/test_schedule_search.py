@@ -47,7 +47,8 @@ def test_second_process_does_no_search(tmp_path):
     assert (first["searches"], first["hits"]) == (1, 1)
     assert first["same"] and len(first["tiles"]) == 1
     [record] = [json.loads(p.read_text()) for p in (tmp_path / "search").iterdir()]
-    assert record["shape"] == {"rows": 128, "cols": 160, "depth": 96, "outer_depth": 96, "itemsize": 4}
+    assert record["shape"] == {"rows": 128, "cols": 160, "depth": 96, "outer_depth": 96, "itemsize": 4,
+                               "strided_rows": False}
     assert len(record["seconds"]) == 2 and all(t > 0 for t in record["seconds"].values())
     won = record["tile"]
     assert f"register-blocked {won['mb']}x{won['nb']} contraction" in first["tiles"][0]

@@ -32,7 +32,9 @@ block also pays `block_overhead` cycles (loading and storing its accumulators, l
 
 The summed loop is tiled (`kc`) when the packed panel — `depth × nb` elements — would not
 fit in half the L2 cache, so the panel packed once per column block stays in L2 while every
-row block of the other operand streams past it. Results stay bit-identical: each output
+row block of the other operand streams past it; for a weight gradient (`Shape.strided_rows`)
+also so that the panel stays in half the L1 and the packed rows of the other operand in half
+the L2. Results stay bit-identical: each output
 cell still sums its terms in their original order, a chunk at a time.
 
 `Machine()` describes the development machine (AVX-512, 2 FMA units, 1 MiB L2 per core);
@@ -60,6 +62,7 @@ class Machine:
     fma_latency: int = 4
     loads_per_cycle: int = 2
     block_overhead: int = 24
+    l1_bytes: int = 32 << 10
     l2_bytes: int = 1 << 20
     bf16_dot: bool = False
     """The CPU multiplies pairs of bf16 numbers into float accumulators in one instruction
@@ -77,6 +80,10 @@ class Shape:
     depth: int
     outer_depth: int
     itemsize: int
+    strided_rows: bool = False
+    """The row operand steps along the summed loops by more than one element (a weight
+    gradient's `xᵀ·dy`, summed over the rows of both): the scheduler packs it too where no
+    batch loop comes between (`schedule.py`), and chunks the summed loop either way."""
 
 
 @dataclass(frozen=True)
@@ -126,9 +133,13 @@ def cycles(shape: Shape, tile: Tile, machine: Machine) -> float:
 
 
 def k_chunk(shape: Shape, nb: int, machine: Machine) -> int:
-    """The outermost summed loop's chunk: the whole loop if the panel fits in half the L2."""
-    inner = shape.depth // max(1, shape.outer_depth)
-    fit = (machine.l2_bytes // 2) // max(1, inner * nb * shape.itemsize)
+    """The outermost summed loop's chunk: the whole loop if the panel fits in half the L2.
+    With `strided_rows` the chunk also keeps the panel in half the L1, read once per row block,
+    and the packed rows (all of them, read once per panel) in half the L2."""
+    inner = max(1, shape.depth // max(1, shape.outer_depth)) * shape.itemsize
+    fit = (machine.l2_bytes // 2) // (inner * nb)
+    if shape.strided_rows:
+        fit = min(fit, (machine.l1_bytes // 2) // (inner * nb), (machine.l2_bytes // 2) // (inner * shape.rows))
     return max(1, min(shape.outer_depth, fit))
 
 

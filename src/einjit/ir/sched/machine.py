@@ -28,7 +28,9 @@ MACHINES: dict[str, Machine] = {
     # a 4x16 float block (8 accumulators, 2 FMAs a cycle for 4 cycles of latency on paper) ran
     # at two thirds of a 6x16 block's speed at n=256 and a quarter at n=512 on znver3: the
     # FMA chain needs more than latency x throughput accumulators, so the model prices more
-    "avx2": Machine(vector_bytes=32, vector_registers=16, fma_latency=6),
+    # and its L2 is 512 KiB (Zen 2-3; Intel client cores have less): the weight gradients' chunks
+    # are sized for it (`cost_model.k_chunk`)
+    "avx2": Machine(vector_bytes=32, vector_registers=16, fma_latency=6, l2_bytes=512 << 10),
     "generic": Machine(vector_bytes=16, vector_registers=16),
 }
 

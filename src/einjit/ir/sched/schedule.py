@@ -39,6 +39,15 @@ block, although it computes unused columns, is the fastest way to do the tail. A
 of `k` is shorter. Every output cell still sums its terms in the original order, so results are
 bit-identical to the unscheduled code.
 
+When A steps along the summed loops by whole rows (a weight gradient `w.grad += xᵀ·dy`,
+summed over the batch × time rows of both operands), each step of a block would read its
+`MB` values from a new cache line, every row of A a power-of-two bytes from the next (a few
+L1 sets), and read all of A again for every panel: those nests ran at 55-60% of the FMA peak
+where `x @ w` of the same size ran at 80-90%. Then A is packed too, once per k chunk, before
+the panels (`apack[i0, k.., a] := A(MB*i0 + a, k..)`, when there are two panels or more), and
+the chunk is sized so that the panel stays in L1 and the packed rows in L2
+(`cost_model.k_chunk`). The kernel then streams `MB` adjacent values per step.
+
 bf16 contractions accumulate in float32: the accumulator block and the panel are float
 (`Prec.computed_in`), bf16 operands widened while packing, and the bf16 nodes the row operand
 reads widened once into float copies before the nest (`bf16_widen`); on a machine with a bf16 dot
@@ -246,11 +255,15 @@ class _Contraction:
     b_first: bool
     b_along_k: bool
     """B is unit-stride along the innermost summed loop, not along `j` (A·Bᵀ)."""
+    a_strided: bool
+    """A steps along the innermost summed loop by more than one element: a block's row reads
+    hit a new cache line at every step (`xᵀ·dy`, a weight gradient summed over the rows of
+    both operands), so A is packed too when no batch loop comes between (`_Layout.apack`)."""
 
     def shape(self) -> cost_model.Shape:
         depth = math.prod(self.extent[k] for k in self.summed)
         return cost_model.Shape(self.extent[self.i], self.extent[self.j], depth, self.extent[self.summed[0]],
-                                self.st.tn.prec.computed_in.itemsize)
+                                self.st.tn.prec.computed_in.itemsize, self.a_strided)
 
 
 def _recognize(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> _Contraction | None:
@@ -280,7 +293,12 @@ def _recognize(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking) -> _Cont
     b_reads = [(x.tn, x.idcs) for x in ll.iter_scalars(b_op) if isinstance(x, ll.Get)]
     along_k = bool(b_reads) and all(unit_stride_symbol(tn, idcs, summed[-1]) and not unit_stride_symbol(tn, idcs, j)
                                     for tn, idcs in b_reads)
-    return _Contraction(st, i, j, summed, outer, extent, a_op, b_op, b_first, along_k)
+    a_reads = [(x.tn, x.idcs) for x in ll.iter_scalars(a_op) if isinstance(x, ll.Get)]
+    k_last = summed[-1]
+    a_strided = (extent[k_last] > 1
+                 and any(k_last in nests.symbols(ll.Get(tn, idcs)) and not unit_stride_symbol(tn, idcs, k_last)
+                         for tn, idcs in a_reads))
+    return _Contraction(st, i, j, summed, outer, extent, a_op, b_op, b_first, along_k, a_strided)
 
 
 def choose_tile(shape: cost_model.Shape, blocking: Blocking) -> cost_model.Tile | None:
@@ -315,7 +333,8 @@ class _Layout:
     of the blocks (`j0` panels, `i0` row blocks, `kt` k chunks, `a` / `b` rows and columns
     inside a block, `kp` the summed loops), how many full blocks and how large the tails are
     along each axis, and which loops run on threads. With `kl`, the panel holds bf16 pairs
-    (`bf16_pairs`): `kp` counts pairs of the summed loop and `kl` the one of a pair."""
+    (`bf16_pairs`): `kp` counts pairs of the summed loop and `kl` the one of a pair. With
+    `apack`, every row block of A is packed once per k chunk, before the panels (`_packed_rows`)."""
 
     c: _Contraction
     mb: int
@@ -341,6 +360,7 @@ class _Layout:
     inner_threads: bool
     by_panels: bool
     kl: Symbol | None
+    apack: Tnode | None
 
     @property
     def k1(self) -> Symbol:
@@ -389,9 +409,14 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     batch = next((s for s in c.outer if extent[s] > 1), None) if _threaded(c, blocking) else None
     inner_threads = batch is None and _threaded(c, blocking)
     by_panels = inner_threads and n_cols >= 2 * blocking.min_panels_per_thread
+    # A is read once per panel: packing it pays with two panels or more
+    apack = (nests.scheduler_local("apack", (n_rows + (1 if tail_rows else 0), kc, *(extent[k] for k in c.summed[1:]),
+                                             mb), prec)
+             if c.a_strided and not pairs and n_cols + (1 if tail_cols else 0) >= 2
+             and all(extent[s] == 1 for s in c.outer) else None)
     return _Layout(c, mb, nb, kc, pack, block, edge, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, tail_rows,
                    n_chunks, tail_chunk, unrolled, batch, inner_threads, by_panels,
-                   get_symbol("kl") if pairs else None)
+                   get_symbol("kl") if pairs else None, apack)
 
 
 def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.LLStmt:
@@ -418,7 +443,7 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.L
 def _chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
     """One k chunk: every full column panel, then the tail panel."""
     b, nb = lay.b, lay.nb
-    parts = []
+    parts = _packed_rows(lay, k_at, depth)
     if lay.n_cols == 1:
         parts.append(_panel(lay, Iterator(b), nb, k_at, depth, lay.inner_threads))
     elif lay.n_cols:
@@ -430,6 +455,31 @@ def _chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
         parts.append(ll.Comment(f"the last {lay.tail_cols} of {lay.c.extent[lay.c.j]} columns, padded to {nb}"))
         parts.append(_panel(lay, _span(nb, None, b, start), lay.tail_cols, k_at, depth, lay.inner_threads))
     return ll.seq(*parts)
+
+
+def _packed_rows(lay: _Layout, k_at: AxisIndex, depth: int) -> list[ll.LLStmt]:
+    """A's chunk as `apack[block, k.., a]`: a block's rows at one step side by side, its steps
+    one after the other, so the kernel streams it instead of reading a new cache line of A per
+    step (and, with A's rows a power-of-two bytes apart, through a few L1 sets). Filled along
+    A's own rows: the loop over a block's rows innermost."""
+    if lay.apack is None:
+        return []
+    c, a, mb, apack = lay.c, lay.a, lay.mb, lay.apack
+    k_loops = lay.k_loops(depth)
+    ks = [Iterator(lay.kp[k]) for k in c.summed]
+
+    def fill(row: AxisIndex, block: AxisIndex) -> ll.Set:
+        return ll.Set(apack, (block, *ks, Iterator(a)), nests.subst(c.a_op, {c.i: row, **lay.k_env(k_at)}),
+                      "pack a block of rows")
+
+    parts: list[ll.LLStmt] = [ll.Comment(f"pack the {c.extent[c.i]} rows of the chunk in blocks of {mb}")]
+    if lay.n_rows:
+        full = fill(_span(mb, lay.i0, a), Iterator(lay.i0))
+        parts.append(nests.nest([*k_loops, (lay.i0, lay.n_rows), (a, mb)], full))
+    if lay.tail_rows:
+        tail = fill(_span(mb, None, a, mb * lay.n_rows), FixedIdx(lay.n_rows))
+        parts.append(nests.nest([*k_loops, (a, lay.tail_rows)], tail))
+    return parts
 
 
 def _panel(lay: _Layout, col: AxisIndex, width: int, k_at: AxisIndex, depth: int,
@@ -446,30 +496,35 @@ def _panel(lay: _Layout, col: AxisIndex, width: int, k_at: AxisIndex, depth: int
         parts.append(nests.nest(k_loops, ll.ForLoop(b, width, nb - 1, ll.Set(lay.pack, lay.pack_at(),
                                                                                ll.Constant(0.0)))))
     if lay.n_rows == 1:
-        parts.append(_kernel(lay, Iterator(a) if mb > 1 else FixedIdx(0), mb, col, width, k_at, depth))
+        parts.append(_kernel(lay, Iterator(a) if mb > 1 else FixedIdx(0), FixedIdx(0), mb, col, width, k_at, depth))
     elif lay.n_rows:
         row = _span(mb, lay.i0, a) if mb > 1 else Iterator(lay.i0)
-        parts.append(ll.ForLoop(lay.i0, 0, lay.n_rows - 1, _kernel(lay, row, mb, col, width, k_at, depth),
+        parts.append(ll.ForLoop(lay.i0, 0, lay.n_rows - 1,
+                                _kernel(lay, row, Iterator(lay.i0), mb, col, width, k_at, depth),
                                 parallel=threaded_rows))
     if lay.tail_rows:
         row = _span(mb, None, a, mb * lay.n_rows) if lay.tail_rows > 1 else FixedIdx(mb * lay.n_rows)
         parts.append(ll.Comment(f"the last {lay.tail_rows} of {c.extent[c.i]} rows"))
-        parts.append(_kernel(lay, row, lay.tail_rows, col, width, k_at, depth))
+        parts.append(_kernel(lay, row, FixedIdx(lay.n_rows), lay.tail_rows, col, width, k_at, depth))
     return ll.seq(*parts)
 
 
-def _kernel(lay: _Layout, row: AxisIndex, height: int, col: AxisIndex, width: int, k_at: AxisIndex,
-            depth: int) -> ll.LLStmt:
+def _kernel(lay: _Layout, row: AxisIndex, row_block: AxisIndex, height: int, col: AxisIndex, width: int,
+            k_at: AxisIndex, depth: int) -> ll.LLStmt:
     """One block; in a tail panel (`width < nb`) it still updates all `nb` columns (the
     padding columns hold zeros and are never stored), since gcc keeps only full-width
     blocks in registers. A block of vectors loads and stores a tail panel's columns through
-    `edge`, zero-padded, a row at a time."""
+    `edge`, zero-padded, a row at a time. A's values come from `apack` at `row_block` when
+    its rows are packed."""
     c, st, a, b, rb = lay.c, lay.c.st, lay.a, lay.b, lay.block
     unrolled = lay.unrolled | rb.unrolled if lay.unrolled else lay.unrolled
     r = Iterator(a) if height > 1 else FixedIdx(0)
     block = rb.at(r)
     cell = tuple(subst_index({c.i: row, c.j: col}, idx) for idx in st.idcs)
-    a_read = nests.subst(c.a_op, {c.i: row, **lay.k_env(k_at)})
+    if lay.apack is not None:
+        a_read: ll.LLScalar = ll.Get(lay.apack, (row_block, *(Iterator(lay.kp[k]) for k in c.summed), r))
+    else:
+        a_read = nests.subst(c.a_op, {c.i: row, **lay.k_env(k_at)})
     packed = rb.by_column(ll.Get(lay.pack, lay.pack_at()))
     x, y = (packed, a_read) if c.b_first else (a_read, packed)
     update = ll.Set(rb.node, block, ll.Ternop(ops.Ternop.FMA, x, y, ll.Get(rb.node, block)), st.debug)

@@ -139,14 +139,18 @@ def tile_for(shape: Shape, blocking: Blocking) -> Tile | None:
 
 
 def _time(shape: Shape, tile: Tile, blocking: Blocking, timer: Timer) -> float:
-    """`timer`'s time of `C[rows, cols] = A[rows, depth] @ B[depth, cols]` scheduled with `tile`."""
+    """`timer`'s time of `C[rows, cols] = A[rows, depth] @ B[depth, cols]` scheduled with `tile`
+    (`A[depth, rows]ᵀ` for a shape with strided rows)."""
     prec = ops.double if shape.itemsize == 8 else ops.single
-    a, b, c = (Tnode(n, d, prec) for n, d in (("a", (shape.rows, shape.depth)), ("b", (shape.depth, shape.cols)),
+    # with strided rows, A is stored summed-axis first (`aᵀ @ b`, a weight gradient's `xᵀ·dy`)
+    a_dims = (shape.depth, shape.rows) if shape.strided_rows else (shape.rows, shape.depth)
+    a, b, c = (Tnode(n, d, prec) for n, d in (("a", a_dims), ("b", (shape.depth, shape.cols)),
                                                 ("c", (shape.rows, shape.cols))))
     for tn in (a, b, c):
         tn.update_memory_mode(hosted(), 0)
     i, j, k = get_symbol("i"), get_symbol("j"), get_symbol("k")
-    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(a, (Iterator(i), Iterator(k))), ll.Get(b, (Iterator(k), Iterator(j))),
+    a_at = (Iterator(k), Iterator(i)) if shape.strided_rows else (Iterator(i), Iterator(k))
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(a, a_at), ll.Get(b, (Iterator(k), Iterator(j))),
                     ll.Get(c, (Iterator(i), Iterator(j))))
     nest = ll.ForLoop(i, 0, shape.rows - 1, ll.ForLoop(j, 0, shape.cols - 1, ll.ForLoop(
         k, 0, shape.depth - 1, ll.Set(c, (Iterator(i), Iterator(j)), fma))))
