@@ -575,11 +575,12 @@ class _Writer:
         if not self.guarded:
             args = [self.bind(a, prec, pre, indent) if template.count(f"{{{k}}}") > 1 and not _SIMPLE.fullmatch(a)
                     else a for k, a in enumerate(args)]
-            if "?" in template and prec.is_float:
-                # Loads are hoisted out of conditionals on purpose: gcc 12 miscompiles vectorized
-                # loops over conditional (masked) loads. Reads under a `where` guard have clamped
-                # indices, so loading them unconditionally is safe.
-                args = [self.bind(a, prec, pre, indent) if "[" in a else a for a in args]
+        if "?" in template and prec.is_float:
+            # Loads are hoisted out of conditionals on purpose, nested ones too: gcc 12
+            # miscompiles vectorized loops over conditional (masked) loads, and a load left
+            # under a nested `where` (softmax's backward) kept its whole nest scalar. Reads
+            # under a `where` guard have clamped indices, so loading them unconditionally is safe.
+            args = [self.bind(a, prec, pre, indent) if "[" in a else a for a in args]
         text = template.format(*args, f=self.syn.math_suffix(prec))
         needs_cast = prec is ops.half or (not prec.is_float and "{f}" in template)
         return self.typed(text, prec) if needs_cast else text

@@ -13,7 +13,9 @@
    unrolls integer powers and forms fused multiply-adds;
 5. "schedule" (`schedule.schedule_llc`, CPU) register-blocks, packs and reorders contraction
    nests, and reassociates float reductions when the settings allow it;
-6. "interchange" (`interchange.interchange_loops`, CPU) moves the unit-stride loop of the
+6. "extrema" (`extrema.split_extrema`, CPU) splits the remaining max and min reductions into
+   partial extrema over vector lanes;
+7. "interchange" (`interchange.interchange_loops`, CPU) moves the unit-stride loop of the
    remaining accumulation nests innermost.
 
 Stages 1-4 are portable: their result is `Optimized.portable_llc`, what GPU backends render.
@@ -42,6 +44,7 @@ from einjit.ir.passes.virtualize import (
     inline_computation,
     virtual_llc,
 )
+from einjit.ir.sched.extrema import split_extrema
 from einjit.ir.sched.interchange import interchange_loops
 from einjit.ir.sched.schedule import schedule_llc
 from einjit.ir.tnode import Tnode
@@ -108,6 +111,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("cleanup", _cleanup, lambda s: True),
     Stage("simplify", lambda run, code: simplify_llc(code), lambda s: s.simplify),
     Stage("schedule", lambda run, code: schedule_llc(code, run.settings), lambda s: s.schedule, portable=False),
+    Stage("extrema", lambda run, code: split_extrema(code, run.settings), lambda s: s.schedule, portable=False),
     Stage("interchange", lambda run, code: interchange_loops(code), lambda s: s.interchange, portable=False),
 )
 
