@@ -16,7 +16,9 @@
 6. "extrema" (`extrema.split_extrema`, CPU) splits the remaining max and min reductions into
    partial extrema over vector lanes;
 7. "interchange" (`interchange.interchange_loops`, CPU) moves the unit-stride loop of the
-   remaining accumulation nests innermost.
+   remaining accumulation nests innermost;
+8. "fuse" (`fusion.fuse_loops`, CPU) fuses the outer loops of consecutive nests over the same
+   ranges where every dependence between them stays inside one iteration.
 
 Stages 1-4 are portable: their result is `Optimized.portable_llc`, what GPU backends render.
 `EINJIT_DUMP_DIR=dir` writes each stage's result as
@@ -45,6 +47,7 @@ from einjit.ir.passes.virtualize import (
     virtual_llc,
 )
 from einjit.ir.sched.extrema import split_extrema
+from einjit.ir.sched.fusion import fuse_loops
 from einjit.ir.sched.interchange import interchange_loops
 from einjit.ir.sched.schedule import schedule_llc
 from einjit.ir.tnode import Tnode
@@ -113,6 +116,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("schedule", lambda run, code: schedule_llc(code, run.settings), lambda s: s.schedule, portable=False),
     Stage("extrema", lambda run, code: split_extrema(code, run.settings), lambda s: s.schedule, portable=False),
     Stage("interchange", lambda run, code: interchange_loops(code), lambda s: s.interchange, portable=False),
+    Stage("fuse", lambda run, code: fuse_loops(code), lambda s: s.fuse, portable=False),
 )
 
 

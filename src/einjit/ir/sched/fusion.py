@@ -1,0 +1,170 @@
+"""Loop fusion, the last optimizer stage for CPU code (`optimize_proc`'s "fuse").
+
+Lowering and the earlier stages leave one loop nest per tensor node, so LayerNorm is five
+passes over the activations (the mean, the centred values, the variance, its reciprocal
+square root, the affine map) and each pass streams its arrays from the last-level cache: the
+GPT step spent more time in such small nests than in its attention. Here two consecutive nests
+whose outer loops have the same range become one loop around both bodies, level by level, as
+deep as the ranges agree and the fusion is legal: LayerNorm becomes one pass over each row
+(its mean and variance in vector lanes, the row still in L1 when it is normalized).
+
+Fusing loop `i` of nest A with loop `i'` of nest B runs B's iteration `i` right after A's
+instead of after all of A. That computes the same values when every array one of them writes
+and both access is accessed by both at the slice of `i` alone: at one axis, the same in every
+access, the index is the loop's own iterator, and no other axis depends on it. Iteration `i` of
+either nest then touches only cells that no other iteration of either nest touches, so every
+dependence between the two bodies stays inside one iteration, in the original order. The
+bodies are not reordered, so no arithmetic changes and results are bit-identical. A `ZeroOut`
+or comment between the two nests moves before them when the first nest does not touch its array.
+
+Nests that pack a panel (scheduled contractions: their panels are sized for the cache, and
+their loops split for it), loops with any mark (threads, unrolling, a fixed order) or over
+the lanes of a register block's vectors, and nests holding staged code or whole-vector
+writes are left as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from einjit.ir import low_level as ll
+from einjit.ir import provenance
+from einjit.ir.indexing import AxisIndex, Iterator, Symbol, index_symbols, subst_index
+from einjit.ir.tnode import Tnode
+
+_Access = tuple[Tnode, tuple[AxisIndex, ...] | None, bool]
+"""An array access: node, indices (None: the whole array), whether it writes."""
+
+
+def fuse_loops(stmt: ll.LLStmt) -> ll.LLStmt:
+    """`stmt` with every legal pair of consecutive nests fused, repeatedly (see the module)."""
+    out: list[ll.LLStmt] = []
+    for s in ll.flatten(stmt):
+        if isinstance(s, ll.ForLoop):
+            if _fuse_onto(out, s):
+                continue
+        out.append(s)
+    return ll.seq(*out)
+
+
+def _fuse_onto(out: list[ll.LLStmt], b: ll.ForLoop) -> bool:
+    """Fuse `b` into the last nest of `out`, moving the zero fills and comments after that nest
+    before it; False when there is no such nest or fusing it is not legal."""
+    j = len(out) - 1
+    while j >= 0 and isinstance(out[j], (ll.ZeroOut, ll.Comment)):
+        j -= 1
+    if j < 0 or not isinstance(out[j], ll.ForLoop):
+        return False
+    a = out[j]
+    assert isinstance(a, ll.ForLoop)
+    between = out[j + 1:]
+    zeroed = {s.tn for s in between if isinstance(s, ll.ZeroOut)}
+    if zeroed & {tn for tn, _, _ in _accesses(a)}:
+        return False
+    fused = _fuse(a, b)
+    if fused is None:
+        return False
+    out[j:] = [*between, fused]
+    return True
+
+
+def _marked(loop: ll.ForLoop) -> bool:
+    return loop.unroll or loop.parallel or loop.keep_order or not loop.trace_it
+
+
+def _plain(loop: ll.ForLoop) -> bool:
+    """No packed panel (a scheduled contraction), staged code or whole-vector write inside."""
+    for x in ll.deep_parts(loop):
+        match x:
+            case ll.StagedCompilation() | ll.SetFromVec():
+                return False
+            case ll.ForLoop() if _marked(x) and x is not loop:
+                return False
+            case ll.Set(tn) if tn.is_local() and tn.label and tn.label[0] == "pack":
+                return False
+    return True
+
+
+def _lane_loop(loop: ll.ForLoop) -> bool:
+    """Whether `loop` runs over the lanes of a register block's vectors: the C backend renders
+    such a loop as one vector statement, which a second statement in its body would undo."""
+    return any(isinstance(x, (ll.Set, ll.Get)) and x.tn.provenance == provenance.REGISTER_BLOCK
+               and any(loop.index in index_symbols(i) for i in x.idcs) for x in ll.deep_parts(loop.body))
+
+
+def _fuse(a: ll.ForLoop, b: ll.ForLoop) -> ll.ForLoop | None:
+    if ((a.from_, a.to_) != (b.from_, b.to_) or _marked(a) or _marked(b) or not _plain(a) or not _plain(b)
+            or _lane_loop(a) or _lane_loop(b)):
+        return None
+    acc_a, acc_b = _accesses(a.body), _accesses(b.body)
+    if not _sliced(acc_a, acc_b, a.index, b.index):
+        return None
+    renamed = _rename(b.body, {b.index: Iterator(a.index)})
+    return dataclasses.replace(a, body=fuse_loops(ll.seq(a.body, renamed)))
+
+
+def _sliced(acc_a: list[_Access], acc_b: list[_Access], sa: Symbol, sb: Symbol) -> bool:
+    """Whether every array written by one body and accessed by both is accessed, in both, only
+    at the slice of the fused loop (see the module docstring)."""
+    nodes_a = {tn for tn, _, _ in acc_a}
+    nodes_b = {tn for tn, _, _ in acc_b}
+    written = {tn for tn, _, w in acc_a + acc_b if w}
+    for tn in written & nodes_a & nodes_b:
+        axes = {_slice_axis(idcs, sa) for t, idcs, _ in acc_a if t is tn}
+        axes |= {_slice_axis(idcs, sb) for t, idcs, _ in acc_b if t is tn}
+        if len(axes) != 1 or None in axes:
+            return False
+    return True
+
+
+def _slice_axis(idcs: tuple[AxisIndex, ...] | None, s: Symbol) -> int | None:
+    """The one axis indexed by exactly `s`, when no other axis depends on `s`."""
+    if idcs is None:
+        return None
+    found = [k for k, idx in enumerate(idcs) if s in index_symbols(idx)]
+    if len(found) != 1 or idcs[found[0]] != Iterator(s):
+        return None
+    return found[0]
+
+
+def _accesses(stmt: ll.LLStmt) -> list[_Access]:
+    out: list[_Access] = []
+    for x in ll.deep_parts(stmt):
+        match x:
+            case ll.Set(tn, idcs):
+                out.append((tn, idcs, True))
+            case ll.ZeroOut(tn):
+                out.append((tn, None, True))
+            case ll.Get(tn, idcs) | ll.GetMergeBuffer(tn, idcs):
+                out.append((tn, idcs, False))
+    return out
+
+
+def _rename(stmt: ll.LLStmt, env: dict[Symbol, AxisIndex]) -> ll.LLStmt:
+    def idcs(ix: tuple[AxisIndex, ...]) -> tuple[AxisIndex, ...]:
+        return tuple(subst_index(env, i) for i in ix)
+
+    def scalar(sc: ll.LLScalar) -> ll.LLScalar:
+        match sc:
+            case ll.Get(tn, ix):
+                return ll.Get(tn, idcs(ix))
+            case ll.GetMergeBuffer(tn, ix):
+                return ll.GetMergeBuffer(tn, idcs(ix))
+            case ll.EmbedIndex(idx):
+                return ll.EmbedIndex(subst_index(env, idx))
+            case ll.LocalScope(sid, body, orig):
+                return ll.LocalScope(sid, _rename(body, env), idcs(orig))
+            case ll.Unop() | ll.Binop() | ll.Ternop():
+                return ll.map_operands(sc, scalar)
+        return sc
+
+    match stmt:
+        case ll.Seq(first, second):
+            return ll.Seq(_rename(first, env), _rename(second, env))
+        case ll.ForLoop(body=body):
+            return dataclasses.replace(stmt, body=_rename(body, env))
+        case ll.Set(tn, ix, llsc, debug):
+            return ll.Set(tn, idcs(ix), scalar(llsc), debug)
+        case ll.SetLocal(sid, value):
+            return ll.SetLocal(sid, scalar(value))
+    return stmt
