@@ -60,7 +60,7 @@ def test_a_row_reduction_and_its_pointwise_consumers_become_one_pass():
     loops = top_loops(fused)
     assert len(top_loops(code)) == 3 and len(loops) == 1
     inner = [s for s in ll.flatten(loops[0].body) if isinstance(s, ll.ForLoop)]
-    assert len(inner) == 2  # the reduction over k, then one loop over j for both pointwise nests
+    assert len(inner) == 3  # the reduction over k, then each pointwise nest's own innermost loop
     assert isinstance(list(ll.flatten(fused))[0], ll.ZeroOut)
     v = np.random.default_rng(0).standard_normal(x.dims).astype(np.float32)
     want = interpret.run(code, {x: v.copy()})[y]
@@ -103,6 +103,14 @@ def test_a_zero_fill_of_an_array_the_first_nest_reads_is_not_moved():
     second = nest(x, lambda i, j: ll.Binop(ops.Binop.ADD, ll.Get(x, it(i, j)), ll.Constant(1.0)))
     code = ll.seq(first, ll.ZeroOut(x), second)
     assert fuse_loops(code) == code
+
+
+def test_innermost_loops_stay_apart():
+    x, y, z = Tnode("x", (N,)), Tnode("y", (N,)), Tnode("z", (N,))
+    i, j = get_symbol("i"), get_symbol("j")
+    a = ll.ForLoop(i, 0, N - 1, ll.Set(y, it(i), ll.Get(x, it(i))))
+    b = ll.ForLoop(j, 0, N - 1, ll.Set(z, it(j), ll.Get(y, it(j))))
+    assert fuse_loops(ll.seq(a, b)) == ll.seq(a, b)
 
 
 def test_marked_loops_and_different_ranges_stay_apart():

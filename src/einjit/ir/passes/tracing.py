@@ -68,12 +68,6 @@ class VirtualizeSettings:
     and scalar constant expressions however often they are read.
     `inline_complex_computations`: inline computations that loop over a reduction; off by
     default because without common-subexpression elimination each read replays the loop.
-    `max_cheap_visits`: a node whose computation is cheap (`TracedArray.is_cheap`: a few
-    additions, multiplications, comparisons or selects of reads) stays a candidate when no
-    cell is read more than this often: recomputing it at two reads costs less than storing it
-    and loading it twice. Softmax's masked scores (read by the row max and by the `exp`) and
-    masked exponentials (read by the row sum and by the division) then make no pass of their
-    own. 0 turns it off.
     `inline_single_use_reductions`: inline a reduction anyway when no cell of it is read more
     than once — a row sum read by one pointwise consumer — since the loop then runs once per
     cell, as it would stored; only when it is no contraction (which the scheduling stage
@@ -102,7 +96,6 @@ class VirtualizeSettings:
     inline_simple_computations: bool = True
     inline_complex_computations: bool = False
     inline_single_use_reductions: bool = True
-    max_cheap_visits: int = 2
     virtualize: bool = True
     simplify: bool = True
     schedule: bool = True
@@ -116,8 +109,6 @@ class VirtualizeSettings:
             raise ValueError(f"einjit: max_visits must be >= 0, got {self.max_visits}")
         if self.max_tracing_dim < 1:
             raise ValueError(f"einjit: max_tracing_dim must be >= 1, got {self.max_tracing_dim}")
-        if self.max_cheap_visits < 0:
-            raise ValueError(f"einjit: max_cheap_visits must be >= 0, got {self.max_cheap_visits}")
         if self.max_tracing_nest < 1:
             raise ValueError(f"einjit: max_tracing_nest must be >= 1, got {self.max_tracing_nest}")
 
@@ -136,10 +127,7 @@ class TracedArray:
     does to the node is `ZeroOut`. `read_before_write`: some position is recurrent.
     `read_only`: never written nor zeroed here. `is_scalar_constexpr`: all dims are 1 and the
     node is assigned once, before any read, from constants and other scalar constexprs.
-    `is_accessing`: its computation reads non-constexpr nodes. `is_cheap`: every assignment is
-    made of reads, constants and index embeddings with at most `CHEAP_OPS` operations among
-    `CHEAP_BINOPS`, `CHEAP_UNOPS` and `where` (no division, no math function), so recomputing
-    it costs about a load. `is_simple`: every assignment is
+    `is_accessing`: its computation reads non-constexpr nodes. `is_simple`: every assignment is
     a single read, or a function of constants and index embeddings only — recomputing it costs
     no more than reading it. `is_complex`: an assignment sits in a loop (of more than one
     iteration) that does not index the node, i.e. a reduction: inlining it replays that loop at
@@ -163,7 +151,6 @@ class TracedArray:
     is_accessing: bool = False
     is_complex: bool = False
     is_simple: bool = True
-    is_cheap: bool = True
     is_local_reduction: bool = True
     run_time_indexed: bool = False
 
@@ -530,7 +517,6 @@ def _apply(st: _State, events: list[tuple], nodes: dict[Tnode, Tnode], symbols: 
             if first_visit:
                 ta.is_accessing = ta.is_accessing or _is_accessing(st, llsc, nodes)
                 ta.is_simple = ta.is_simple and _is_simple(st, llsc, nodes)
-                ta.is_cheap = ta.is_cheap and _cheap_ops(llsc) <= CHEAP_OPS
                 ta.is_complex = ta.is_complex or reduction
                 ta.is_local_reduction = ta.is_local_reduction and local_reduction
             ta.assignments.add(pos)
@@ -557,7 +543,6 @@ def _apply(st: _State, events: list[tuple], nodes: dict[Tnode, Tnode], symbols: 
             if first_visit:
                 ta.is_accessing = ta.is_accessing or _is_accessing(st, arg, nodes)
                 ta.is_simple = False
-                ta.is_cheap = False
                 ta.is_complex = ta.is_complex or reduction
             ta.assignments.update(cells)
         elif op == _MERGE:
@@ -664,29 +649,6 @@ def _is_accessing(st: _State, sc: ll.LLScalar, nodes: dict[Tnode, Tnode]) -> boo
         case ll.GetLocal(sid) | ll.LocalScope(id=sid):
             return _node_flag(st, sid.tn, "is_accessing", True, nodes)
     return any(_is_accessing(st, c, nodes) for c in ll.scalar_children(sc))
-
-
-CHEAP_OPS = 3
-"""The most operations a cheap computation (`TracedArray.is_cheap`) may have."""
-
-CHEAP_BINOPS = frozenset({ops.Binop.ADD, ops.Binop.SUB, ops.Binop.MUL, ops.Binop.MAX, ops.Binop.MIN,
-                          ops.Binop.CMPLT, ops.Binop.CMPEQ, ops.Binop.CMPNE, ops.Binop.AND, ops.Binop.OR,
-                          ops.Binop.RELU_GATE})
-CHEAP_UNOPS = frozenset({ops.Unop.IDENTITY, ops.Unop.NEG, ops.Unop.RELU})
-
-
-def _cheap_ops(sc: ll.LLScalar) -> int:
-    """The operations of `sc` when all of them are cheap, else more than `CHEAP_OPS`."""
-    match sc:
-        case ll.Get() | ll.Constant() | ll.ConstantBits() | ll.EmbedIndex():
-            return 0
-        case ll.Unop(op, a) if op in CHEAP_UNOPS:
-            return 1 + _cheap_ops(a)
-        case ll.Binop(op, a, b) if op in CHEAP_BINOPS:
-            return 1 + _cheap_ops(a) + _cheap_ops(b)
-        case ll.Ternop(ops.Ternop.WHERE, c, a, b):
-            return 1 + _cheap_ops(c) + _cheap_ops(a) + _cheap_ops(b)
-    return CHEAP_OPS + 1
 
 
 def _is_simple(st: _State, sc: ll.LLScalar, nodes: dict[Tnode, Tnode]) -> bool:

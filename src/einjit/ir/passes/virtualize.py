@@ -11,8 +11,7 @@ the read's indices (`inline_computation`); its writes then disappear from the co
    stays materialized unless `inline_complex_computations`, or unless no cell of it is read
    twice and it is a local reduction (`inline_single_use_reductions`); a node read more than
    `max_visits` times at one position stays materialized unless recomputing it is free (a
-   scalar constant expression, or a simple computation) or cheap and read at most
-   `max_cheap_visits` times (softmax's masks).
+   scalar constant expression, or a simple computation).
 2. `virtual_llc` walks the code in order. Each code block that computes a node — the loop nest
    owning the loop symbol its writes are indexed by, or a lone write — is checked by
    `check_and_store_virtual` and stored; each read of a candidate node is inlined from the
@@ -139,12 +138,11 @@ def decide_from_trace(trace: Trace, settings: VirtualizeSettings, name: str = ""
         free_to_recompute = ((settings.inline_scalar_constexprs and ta.is_scalar_constexpr)
                              or (settings.inline_simple_computations and ta.is_simple))
         used_once = settings.inline_single_use_reductions and ta.is_local_reduction and ta.max_visits() == 1
-        cheap = ta.is_cheap and not ta.is_complex and not _too_many(ta, settings.max_cheap_visits)
         if ta.is_complex and not settings.inline_complex_computations and not free_to_recompute and not used_once:
             tn.update_memory_mode(NEVER_VIRTUAL, COMPLEX_COMPUTATION)
             log_decision(name, tn, "is not virtual: its computation loops over a reduction and "
                                    "inline_complex_computations is off (provenance 2)")
-        elif not free_to_recompute and not cheap and _too_many(ta, settings.max_visits):
+        elif not free_to_recompute and _too_many(ta, settings.max_visits):
             tn.update_memory_mode(NEVER_VIRTUAL, TOO_MANY_VISITS)
             log_decision(name, tn, f"is not virtual: a cell is read {ta.max_visits()} times, "
                                    f"max_visits={settings.max_visits} (provenance 1)")

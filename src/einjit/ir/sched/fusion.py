@@ -5,8 +5,8 @@ passes over the activations (the mean, the centred values, the variance, its rec
 square root, the affine map) and each pass streams its arrays from the last-level cache: the
 GPT step spent more time in such small nests than in its attention. Here two consecutive nests
 whose outer loops have the same range become one loop around both bodies, level by level, as
-deep as the ranges agree and the fusion is legal: LayerNorm becomes one pass over each row
-(its mean and variance in vector lanes, the row still in L1 when it is normalized).
+deep as the ranges agree and the fusion is legal, down to (not including) the innermost loops:
+softmax becomes one pass over each row, the row still in L1 from one step to the next.
 
 Fusing loop `i` of nest A with loop `i'` of nest B runs B's iteration `i` right after A's
 instead of after all of A. That computes the same values when every array one of them writes
@@ -92,9 +92,18 @@ def _lane_loop(loop: ll.ForLoop) -> bool:
                and any(loop.index in index_symbols(i) for i in x.idcs) for x in ll.deep_parts(loop.body))
 
 
+def _innermost(loop: ll.ForLoop) -> bool:
+    """Whether `loop` holds no loop: innermost loops are not fused. gcc vectorizes an innermost
+    loop per statement well, but fused softmax statements sharing a mask (`exp(where(m, s - max,
+    0))`, then `where(m, exp, 0)`) let it compute the `exp` on every lane, the masked -1e30
+    scores included, and then select: libmvec took its slow path for the underflowing lanes and
+    the softmax pass ran 4x slower. The rows an outer fusion keeps in L1 are what fusion is for."""
+    return not any(isinstance(x, ll.ForLoop) for x in ll.iter_stmts(loop.body))
+
+
 def _fuse(a: ll.ForLoop, b: ll.ForLoop) -> ll.ForLoop | None:
     if ((a.from_, a.to_) != (b.from_, b.to_) or _marked(a) or _marked(b) or not _plain(a) or not _plain(b)
-            or _lane_loop(a) or _lane_loop(b)):
+            or _lane_loop(a) or _lane_loop(b) or _innermost(a) or _innermost(b)):
         return None
     acc_a, acc_b = _accesses(a.body), _accesses(b.body)
     if not _sliced(acc_a, acc_b, a.index, b.index):
