@@ -36,24 +36,31 @@ _Access = tuple[Tnode, tuple[AxisIndex, ...] | None, bool]
 """An array access: node, indices (None: the whole array), whether it writes."""
 
 
+MAX_FUSED = 8
+"""The most nests fused into one: each fusion checks the nest fused so far, so an unbounded
+group would make the stage quadratic in a long chain of nests (and gcc's function larger)."""
+
+
 def fuse_loops(stmt: ll.LLStmt) -> ll.LLStmt:
     """`stmt` with every legal pair of consecutive nests fused, repeatedly (see the module)."""
     out: list[ll.LLStmt] = []
+    fused: list[int] = []
     for s in ll.flatten(stmt):
-        if isinstance(s, ll.ForLoop):
-            if _fuse_onto(out, s):
-                continue
+        if isinstance(s, ll.ForLoop) and _fuse_onto(out, fused, s):
+            continue
         out.append(s)
+        fused.append(1)
     return ll.seq(*out)
 
 
-def _fuse_onto(out: list[ll.LLStmt], b: ll.ForLoop) -> bool:
+def _fuse_onto(out: list[ll.LLStmt], fused: list[int], b: ll.ForLoop) -> bool:
     """Fuse `b` into the last nest of `out`, moving the zero fills and comments after that nest
-    before it; False when there is no such nest or fusing it is not legal."""
+    before it; False when there is no such nest, it holds `MAX_FUSED` nests already, or fusing
+    is not legal. `fused[k]`: how many nests `out[k]` holds."""
     j = len(out) - 1
     while j >= 0 and isinstance(out[j], (ll.ZeroOut, ll.Comment)):
         j -= 1
-    if j < 0 or not isinstance(out[j], ll.ForLoop):
+    if j < 0 or not isinstance(out[j], ll.ForLoop) or fused[j] >= MAX_FUSED:
         return False
     a = out[j]
     assert isinstance(a, ll.ForLoop)
@@ -61,10 +68,11 @@ def _fuse_onto(out: list[ll.LLStmt], b: ll.ForLoop) -> bool:
     zeroed = {s.tn for s in between if isinstance(s, ll.ZeroOut)}
     if zeroed & {tn for tn, _, _ in _accesses(a)}:
         return False
-    fused = _fuse(a, b)
-    if fused is None:
+    new = _fuse(a, b)
+    if new is None:
         return False
-    out[j:] = [*between, fused]
+    out[j:] = [*between, new]
+    fused[j:] = [*(1 for _ in between), fused[j] + 1]
     return True
 
 
@@ -74,22 +82,35 @@ def _marked(loop: ll.ForLoop) -> bool:
 
 def _plain(loop: ll.ForLoop) -> bool:
     """No packed panel (a scheduled contraction), staged code or whole-vector write inside."""
-    for x in ll.deep_parts(loop):
+    for x in _statements(loop.body):
         match x:
             case ll.StagedCompilation() | ll.SetFromVec():
                 return False
-            case ll.ForLoop() if _marked(x) and x is not loop:
+            case ll.ForLoop() if _marked(x):
                 return False
             case ll.Set(tn) if tn.is_local() and tn.label and tn.label[0] == "pack":
                 return False
     return True
 
 
+def _statements(stmt: ll.LLStmt) -> list[ll.LLStmt]:
+    """The statements of `stmt`, loop bodies included, local scopes' not (a fusion check needs
+    the loops and the writes; its reads come from `_accesses`)."""
+    out: list[ll.LLStmt] = []
+    stack = [stmt]
+    while stack:
+        for x in ll.flatten(stack.pop()):
+            out.append(x)
+            if isinstance(x, ll.ForLoop):
+                stack.append(x.body)
+    return out
+
+
 def _lane_loop(loop: ll.ForLoop) -> bool:
     """Whether `loop` runs over the lanes of a register block's vectors: the C backend renders
     such a loop as one vector statement, which a second statement in its body would undo."""
-    return any(isinstance(x, (ll.Set, ll.Get)) and x.tn.provenance == provenance.REGISTER_BLOCK
-               and any(loop.index in index_symbols(i) for i in x.idcs) for x in ll.deep_parts(loop.body))
+    return any(tn.provenance == provenance.REGISTER_BLOCK and idcs is not None
+               and any(loop.index in index_symbols(i) for i in idcs) for tn, idcs, _ in _accesses(loop.body))
 
 
 def _innermost(loop: ll.ForLoop) -> bool:
@@ -98,7 +119,7 @@ def _innermost(loop: ll.ForLoop) -> bool:
     0))`, then `where(m, exp, 0)`) let it compute the `exp` on every lane, the masked -1e30
     scores included, and then select: libmvec took its slow path for the underflowing lanes and
     the softmax pass ran 4x slower. The rows an outer fusion keeps in L1 are what fusion is for."""
-    return not any(isinstance(x, ll.ForLoop) for x in ll.iter_stmts(loop.body))
+    return not any(isinstance(x, ll.ForLoop) for x in _statements(loop.body))
 
 
 def _fuse(a: ll.ForLoop, b: ll.ForLoop) -> ll.ForLoop | None:
@@ -137,15 +158,32 @@ def _slice_axis(idcs: tuple[AxisIndex, ...] | None, s: Symbol) -> int | None:
 
 
 def _accesses(stmt: ll.LLStmt) -> list[_Access]:
+    """Every array access of `stmt`, local scopes included."""
     out: list[_Access] = []
-    for x in ll.deep_parts(stmt):
-        match x:
-            case ll.Set(tn, idcs):
-                out.append((tn, idcs, True))
-            case ll.ZeroOut(tn):
-                out.append((tn, None, True))
-            case ll.Get(tn, idcs) | ll.GetMergeBuffer(tn, idcs):
-                out.append((tn, idcs, False))
+    scalars: list[ll.LLScalar] = []
+    stmts = _statements(stmt)
+    while stmts:
+        for x in stmts:
+            match x:
+                case ll.Set(tn, idcs, sc):
+                    out.append((tn, idcs, True))
+                    scalars.append(sc)
+                case ll.SetFromVec(tn, idcs, arg=sc):
+                    out.append((tn, None, True))
+                    scalars.append(sc)
+                case ll.SetLocal(value=sc):
+                    scalars.append(sc)
+                case ll.ZeroOut(tn):
+                    out.append((tn, None, True))
+        stmts = []
+        for sc in scalars:
+            for y in ll.iter_scalars(sc):
+                match y:
+                    case ll.Get(tn, idcs) | ll.GetMergeBuffer(tn, idcs):
+                        out.append((tn, idcs, False))
+                    case ll.LocalScope(body=body):
+                        stmts.extend(_statements(body))
+        scalars = []
     return out
 
 
