@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from einjit.backends import c_syntax
@@ -19,6 +21,7 @@ from einjit.backends.c_syntax import (
     render_program,
     render_routine,
 )
+from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.ir import low_level as ll
 from einjit.ir import ops, tnode
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_static_symbol, get_symbol
@@ -171,7 +174,33 @@ def test_repeated_template_argument_is_computed_once():
     i = get_symbol()
     expr = ll.Unop(ops.Unop.RELU, ll.Unop(ops.Unop.EXP, ll.Get(a, it(i))))
     code = render_routine("f", ll.ForLoop(i, 0, 3, ll.Set(o, it(i), expr))).code
-    assert code.count("expf(") == 1 and "const float t1_ = expf(" in code
+    assert code.count("expf(") == 1 and re.search(r"const float t\d+_ = expf\(", code)
+
+
+def test_loads_of_a_conditional_statement_are_hoisted_once_each():
+    """Softmax's `exp(where(mask, s * c - max, 0))` and its backward's nested `where`s: every
+    load goes into a temporary before any conditional, each cell once, so gcc vectorizes the
+    loop (a load under or beside a `?:` kept it scalar); a statement without a conditional
+    keeps its loads inline."""
+    s, m, o = Tnode("s", (4, 8)), Tnode("m", (4,)), Tnode("o", (4, 8))
+    i, j = get_symbol(), get_symbol()
+    mask = ll.Binop(ops.Binop.CMPLT, ll.EmbedIndex(Iterator(j)), ll.EmbedIndex(Iterator(i)))
+    shifted = ll.Binop(ops.Binop.SUB, ll.Get(s, it(i, j)), ll.Get(m, it(i)))
+    inner = ll.Ternop(ops.Ternop.WHERE, mask, shifted, ll.Get(s, it(i, j)))
+    expr = ll.Unop(ops.Unop.EXP, ll.Ternop(ops.Ternop.WHERE, mask, inner, ll.Constant(0.0)))
+    code = render_routine("f", ll.ForLoop(i, 0, 3, ll.ForLoop(j, 0, 7, ll.Set(o, it(i, j), expr)))).code
+    loads = re.findall(r"const float t\d+_ = (\w+)\[[^\]]*\];", code)
+    assert sorted(loads) == [m.name, s.name]
+    assert "?" in code and not re.search(r"\?[^;]*\[", code)
+    plain = ll.Binop(ops.Binop.MUL, ll.Get(s, it(i, j)), ll.Get(m, it(i)))
+    code = render_routine("g", ll.ForLoop(i, 0, 3, ll.ForLoop(j, 0, 7, ll.Set(o, it(i, j), plain)))).code
+    assert "const float t" not in code
+    x = np.arange(32, dtype=np.float32).reshape(4, 8) / 10
+    mv = np.array([0.5, -1, 2, 0], dtype=np.float32)
+    want = np.exp(np.where(np.arange(8)[None, :] < np.arange(4)[:, None], x - mv[:, None], 0)).astype(np.float32)
+    nest = ll.ForLoop(i, 0, 3, ll.ForLoop(j, 0, 7, ll.Set(o, it(i, j), expr)))
+    got = run_once(nest, {s: x, m: mv}, name="hoisted", context=CcBackend().init("hoisted")).array(o)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 def test_literals():

@@ -15,6 +15,8 @@ from einjit.backends import c_syntax
 from einjit.backends.c_syntax import UNIT_MARK
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.interface import lower_assignments
+from einjit.ir import optimize
+from einjit.ir.optimize import VirtualizeSettings
 from einjit.nn import LayerNorm
 from einjit.nn.losses import cross_entropy
 
@@ -75,7 +77,9 @@ def test_outlined_and_split_step_is_bit_identical_to_one_function(blocks, thread
         np.testing.assert_array_equal(split[name], value, err_msg=name)
 
 
-def test_repeated_blocks_share_their_nest_functions():
+def test_repeated_blocks_share_their_nest_functions(monkeypatch):
+    # one nest per node: fused, this small model's blocks are one loop over its batch of 2
+    monkeypatch.setattr(optimize, "virtualize_settings", VirtualizeSettings(fuse=False))
     syntax = c_syntax.CSyntax(outline_min_nests=1)
     counts = {}
     for blocks in (2, 4):

@@ -13,6 +13,8 @@ import einjit as ej
 from einjit import fit, nn, train
 from einjit.backends.c_syntax import C_SYNTAX
 from einjit.backends.cc import toolchain as cc
+from einjit.ir import optimize
+from einjit.ir.optimize import VirtualizeSettings
 from einjit.nn.attention import MultiHeadAttention
 from test_attention import np_mha
 from test_conv_scheduled import _reference
@@ -33,6 +35,9 @@ def _grads_at(threads, code, params, name, tmp_path, monkeypatch):
 
 
 def test_conv_layers_and_their_gradients_on_threads(tmp_path, monkeypatch):
+    # one nest per node, so that each of them shows its threaded loop (fused, the pointwise
+    # nests share their batch loop with their neighbours)
+    monkeypatch.setattr(optimize, "virtualize_settings", VirtualizeSettings(fuse=False))
     n, h = 8, 18
     rng = np.random.default_rng(0)
     x = rng.standard_normal((n, 1, h, h)).astype(np.float32)

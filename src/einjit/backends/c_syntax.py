@@ -392,6 +392,8 @@ class _Writer:
         self.temps = 0
         self.parallel_depth = 0
         self.nest_owned: set[Tnode] = set()
+        self.hoisted: dict[str, str] | None = None
+        """The loads of the statement being rendered, bound to temporaries (`hoisting`)."""
         self.orphan: bool | None = None
         """In a shared region: render the next threaded loop as an orphaned `omp for`, with
         `nowait` when True."""
@@ -543,7 +545,12 @@ class _Writer:
                 lit = _int_literal(int(b), ops.int64)
                 return self.typed(lit, prec) if prec is not ops.int64 else lit
             case ll.Get(tn, idcs):
-                return self.cast(self.loaded(self.cell(tn, idcs, "read"), tn.prec), tn.prec.computed_in, prec)
+                text = self.loaded(self.cell(tn, idcs, "read"), tn.prec)
+                if self.hoisted is not None:
+                    if text not in self.hoisted:
+                        self.hoisted[text] = self.bind(text, tn.prec.computed_in, pre, indent)
+                    text = self.hoisted[text]
+                return self.cast(text, tn.prec.computed_in, prec)
             case ll.GetMergeBuffer(tn, idcs):
                 self.merges.setdefault(tn.id, tn)
                 text = f"merge_{tn.name}[{self.index(tn, idcs, 'merge-buffer read')}]"
@@ -593,11 +600,6 @@ class _Writer:
         if not self.guarded:
             args = [self.bind(a, prec, pre, indent) if template.count(f"{{{k}}}") > 1 and not _SIMPLE.fullmatch(a)
                     else a for k, a in enumerate(args)]
-            if "?" in template and prec.is_float:
-                # Loads are hoisted out of conditionals on purpose: gcc 12 miscompiles vectorized
-                # loops over conditional (masked) loads. Reads under a `where` guard have clamped
-                # indices, so loading them unconditionally is safe.
-                args = [self.bind(a, prec, pre, indent) if "[" in a else a for a in args]
         text = template.format(*args, f=self.syn.math_suffix(prec))
         needs_cast = prec is ops.half or (not prec.is_float and "{f}" in template)
         return self.typed(text, prec) if needs_cast else text
@@ -627,11 +629,13 @@ class _Writer:
     def emit(self, indent: str, text: str) -> None:
         self.lines.extend(indent + line for line in text.split("\n"))
 
-    def with_scalar(self, indent: str, render: Callable[[list[str], str], str]) -> None:
-        """Emit a statement whose scalar may hoist local scopes: then both go in a block."""
+    def with_scalar(self, indent: str, render: Callable[[list[str], str], str], hoist: bool = False) -> None:
+        """Emit a statement whose scalar may hoist local scopes or loads: then both go in a block."""
         pre: list[str] = []
         before = set(self.locals_in_scope)
+        saved, self.hoisted = self.hoisted, {} if hoist else None
         text = render(pre, indent + "  ")
+        self.hoisted = saved
         if pre:
             self.lines.append(indent + "{")
             self.lines.extend(pre)
@@ -695,7 +699,7 @@ class _Writer:
                         lhs = self.cell(tn, idcs, "write")
                         note = " " + _comment(debug) if debug else ""
                         return f"{lhs} = {self.stored(self.scalar(llsc, tn.prec, pre, ind), tn.prec)};{note}"
-                    self.with_scalar(indent, render_set)
+                    self.with_scalar(indent, render_set, tn.prec.is_float and hoisting(llsc))
                 case ll.SetLocal(sid, value):
                     if sid not in self.locals_in_scope:
                         raise RenderError(f"einjit: local {sid!r} (of {sid.tn.debug_name()}) set outside its scope")
@@ -704,7 +708,7 @@ class _Writer:
                         if sid.tn.prec is ops.bf16:
                             rhs = self.loaded(self.stored(rhs, ops.bf16), ops.bf16)
                         return f"{local_name(sid)} = {rhs};"
-                    self.with_scalar(indent, render_local)
+                    self.with_scalar(indent, render_local, sid.tn.prec.is_float and hoisting(value))
                 case ll.SetFromVec():
                     def render_vec(pre, ind, s=s):
                         return self.set_from_vec(s, pre, ind)
@@ -907,6 +911,17 @@ class _Writer:
 
 
 # ---------------------------------------------------------------- routines and programs
+
+
+def hoisting(sc: ll.LLScalar) -> bool:
+    """Whether a statement computing `sc` loads every cell it reads into a temporary first,
+    each once: when `sc` has a conditional (`where`, `max`, `relu`) and the statement computes
+    in floating point. gcc 12 miscompiles
+    vectorized loops over conditional (masked) loads, and a load it sees under a conditional,
+    or next to one (softmax's `exp(where(mask, s - max, 0))`), kept the whole nest scalar:
+    softmax's backward ran at 7 GFLOP/s. Reads under a `where` guard have clamped indices,
+    so loading them unconditionally is safe."""
+    return any(isinstance(x, (ll.Unop, ll.Binop, ll.Ternop)) and "?" in x.op.c_template for x in ll.iter_scalars(sc))
 
 
 def _embedded_bound(llc: ll.LLStmt) -> int:

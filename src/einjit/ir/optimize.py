@@ -13,10 +13,14 @@
    unrolls integer powers and forms fused multiply-adds;
 5. "schedule" (`schedule.schedule_llc`, CPU) register-blocks, packs and reorders contraction
    nests, and reassociates float reductions when the settings allow it;
-6. "interchange" (`interchange.interchange_loops`, CPU) moves the unit-stride loop of the
+6. "extrema" (`extrema.split_extrema`, CPU) splits the remaining max and min reductions into
+   partial extrema over vector lanes;
+7. "interchange" (`interchange.interchange_loops`, CPU) moves the unit-stride loop of the
    remaining accumulation nests innermost;
-7. "causal" (`causal.clip_causal_loops`, CPU) clips accumulation loops to the iterations
-   whose products can be non-zero, where a factor is zero above a diagonal (causal attention).
+8. "causal" (`causal.clip_causal_loops`, CPU) clips accumulation loops to the iterations
+   whose products can be non-zero, where a factor is zero above a diagonal (causal attention);
+9. "fuse" (`fusion.fuse_loops`, CPU) fuses the outer loops of consecutive nests over the same
+   ranges where every dependence between them stays inside one iteration.
 
 Stages 1-4 are portable: their result is `Optimized.portable_llc`, what GPU backends render.
 `EINJIT_DUMP_DIR=dir` writes each stage's result as
@@ -45,6 +49,8 @@ from einjit.ir.passes.virtualize import (
     virtual_llc,
 )
 from einjit.ir.sched.causal import clip_causal_loops
+from einjit.ir.sched.extrema import split_extrema
+from einjit.ir.sched.fusion import fuse_loops
 from einjit.ir.sched.interchange import interchange_loops
 from einjit.ir.sched.schedule import schedule_llc
 from einjit.ir.tnode import Tnode
@@ -111,9 +117,11 @@ STAGES: tuple[Stage, ...] = (
     Stage("cleanup", _cleanup, lambda s: True),
     Stage("simplify", lambda run, code: simplify_llc(code), lambda s: s.simplify),
     Stage("schedule", lambda run, code: schedule_llc(code, run.settings), lambda s: s.schedule, portable=False),
+    Stage("extrema", lambda run, code: split_extrema(code, run.settings), lambda s: s.schedule, portable=False),
     Stage("interchange", lambda run, code: interchange_loops(code), lambda s: s.interchange, portable=False),
     Stage("causal", lambda run, code: clip_causal_loops(code, local_storage=run.settings.local_storage),
           lambda s: s.schedule and s.causal, portable=False),
+    Stage("fuse", lambda run, code: fuse_loops(code), lambda s: s.fuse, portable=False),
 )
 
 

@@ -26,8 +26,11 @@ extern "C" __global__ void layer(const float *__restrict__ data, const float *__
       h[i3] = (x[i3] * w[i3 * 2 + i1]);
     }
     {
-      const float t1_ = ((h[0] + h[1]) + (h[2] + merge_y[i1]));
-      y[i1] = (t1_ < 0 ? 0 : t1_);
+      const float t1_ = h[0];
+      const float t2_ = h[1];
+      const float t3_ = h[2];
+      const float t4_ = ((t1_ + t2_) + (t3_ + merge_y[i1]));
+      y[i1] = (t4_ < 0 ? 0 : t4_);
     }
   }
   for (long long g_i2 = EINJIT_TID; g_i2 < 1LL; g_i2 += EINJIT_NTHREADS) { const int i2 = (int)(0);

@@ -36,47 +36,46 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
   float learning_rate[1] = {0};
   /* forward scalar_loss */
   memset(n, 0, sizeof(float) * 160);
+  memset(n_3, 0, sizeof(float) * 160);
+  memset(n_5, 0, sizeof(float) * 10);
   for (int i3 = 0; i3 < 10; ++i3) {
     for (int i4 = 0; i4 < 16; ++i4) {
       for (int i5 = 0; i5 < 2; ++i5) {
         n[i3 * 16 + i4] = fmaf(w1[i4 * 2 + i5], moons_flat[batch0 * 20 + i3 * 2 + i5], n[i3 * 16 + i4]); /* n =:+ w1 * moons_input */
       }
     }
-  }
-  for (int i8 = 0; i8 < 10; ++i8) {
     for (int i9 = 0; i9 < 16; ++i9) {
       {
-        const float t1_ = (b1[i9] + n[i8 * 16 + i9]);
-        h1[i8 * 16 + i9] = (t1_ < 0 ? 0 : t1_); /* h1 = relu(n_2) */
+        const float t1_ = b1[i9];
+        const float t2_ = n[i3 * 16 + i9];
+        const float t3_ = (t1_ + t2_);
+        h1[i3 * 16 + i9] = (t3_ < 0 ? 0 : t3_); /* h1 = relu(n_2) */
       }
     }
-  }
-  memset(n_3, 0, sizeof(float) * 160);
-  for (int i10 = 0; i10 < 10; ++i10) {
     for (int i11 = 0; i11 < 16; ++i11) {
       for (int i12 = 0; i12 < 16; ++i12) {
-        n_3[i10 * 16 + i11] = fmaf(w2[i11 * 16 + i12], h1[i10 * 16 + i12], n_3[i10 * 16 + i11]); /* n_3 =:+ w2 * h1 */
+        n_3[i3 * 16 + i11] = fmaf(w2[i11 * 16 + i12], h1[i3 * 16 + i12], n_3[i3 * 16 + i11]); /* n_3 =:+ w2 * h1 */
       }
     }
-  }
-  for (int i15 = 0; i15 < 10; ++i15) {
     for (int i16 = 0; i16 < 16; ++i16) {
       {
-        const float t2_ = (b2[i16] + n_3[i15 * 16 + i16]);
-        h2[i15 * 16 + i16] = (t2_ < 0 ? 0 : t2_); /* h2 = relu(n_4) */
+        const float t4_ = b2[i16];
+        const float t5_ = n_3[i3 * 16 + i16];
+        const float t6_ = (t4_ + t5_);
+        h2[i3 * 16 + i16] = (t6_ < 0 ? 0 : t6_); /* h2 = relu(n_4) */
       }
     }
-  }
-  memset(n_5, 0, sizeof(float) * 10);
-  for (int i17 = 0; i17 < 10; ++i17) {
     for (int i18 = 0; i18 < 16; ++i18) {
-      n_5[i17] = fmaf(w3[i18], h2[i17 * 16 + i18], n_5[i17]); /* n_5 =:+ w3 * h2 */
+      n_5[i3] = fmaf(w3[i18], h2[i3 * 16 + i18], n_5[i3]); /* n_5 =:+ w3 * h2 */
     }
   }
   for (int i23 = 0; i23 < 10; ++i23) {
     {
-      const float t3_ = (1.0f - (moons_classes[batch0 * 10 + i23] * (b3[0] + n_5[i23])));
-      margin_loss[i23] = (t3_ < 0 ? 0 : t3_); /* margin_loss = relu(n_7) */
+      const float t7_ = moons_classes[batch0 * 10 + i23];
+      const float t8_ = b3[0];
+      const float t9_ = n_5[i23];
+      const float t10_ = (1.0f - (t7_ * (t8_ + t9_)));
+      margin_loss[i23] = (t10_ < 0 ? 0 : t10_); /* margin_loss = relu(n_7) */
     }
   }
   {
@@ -107,9 +106,11 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
   }
   for (int i30 = 0; i30 < 10; ++i30) {
     {
-      const float t4_ = margin_loss[i30];
-      const float t5_ = (scalar_loss_grad[0] / 10.0f);
-      mlp_grad[i30] = fmaf(moons_classes[batch0 * 10 + i30], (-(t4_ > 0 ? t5_ : 0)), mlp_grad[i30]); /* mlp_grad =+ moons_class * grad_6 */
+      const float t11_ = moons_classes[batch0 * 10 + i30];
+      const float t12_ = margin_loss[i30];
+      const float t13_ = scalar_loss_grad[0];
+      const float t14_ = mlp_grad[i30];
+      mlp_grad[i30] = fmaf(t11_, (-(t12_ > 0 ? (t13_ / 10.0f) : 0)), t14_); /* mlp_grad =+ moons_class * grad_6 */
     }
   }
   for (int i31 = 0; i31 < 10; ++i31) {
@@ -122,63 +123,48 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
     for (int i34 = 0; i34 < 16; ++i34) {
       w3_grad[i34] = fmaf(grad_5[i33], h2[i33 * 16 + i34], w3_grad[i34]); /* w3_grad =+ grad_5 * h2 */
     }
-  }
-  for (int i37 = 0; i37 < 10; ++i37) {
     for (int i38 = 0; i38 < 16; ++i38) {
       {
-        const float t6_ = h2[i37 * 16 + i38];
-        const float t7_ = fmaf(w3[i38], grad_5[i37], 0.0f);
-        grad_4[i37 * 16 + i38] = (grad_4[i37 * 16 + i38] + (t6_ > 0 ? t7_ : 0)); /* grad_4 =+ h2 -?/ h2_grad */
+        const float t15_ = grad_4[i33 * 16 + i38];
+        const float t16_ = h2[i33 * 16 + i38];
+        const float t17_ = w3[i38];
+        const float t18_ = grad_5[i33];
+        grad_4[i33 * 16 + i38] = (t15_ + (t16_ > 0 ? fmaf(t17_, t18_, 0.0f) : 0)); /* grad_4 =+ h2 -?/ h2_grad */
       }
     }
-  }
-  for (int i39 = 0; i39 < 10; ++i39) {
     for (int i40 = 0; i40 < 16; ++i40) {
-      b2_grad[i40] = (b2_grad[i40] + grad_4[i39 * 16 + i40]); /* b2_grad =+ grad_4 */
+      b2_grad[i40] = (b2_grad[i40] + grad_4[i33 * 16 + i40]); /* b2_grad =+ grad_4 */
     }
-  }
-  for (int i41 = 0; i41 < 10; ++i41) {
     for (int i42 = 0; i42 < 16; ++i42) {
-      grad_3[i41 * 16 + i42] = (grad_3[i41 * 16 + i42] + grad_4[i41 * 16 + i42]); /* grad_3 =+ grad_4 */
+      grad_3[i33 * 16 + i42] = (grad_3[i33 * 16 + i42] + grad_4[i33 * 16 + i42]); /* grad_3 =+ grad_4 */
     }
-  }
-  for (int i43 = 0; i43 < 10; ++i43) {
     for (int i44 = 0; i44 < 16; ++i44) {
       for (int i45 = 0; i45 < 16; ++i45) {
-        w2_grad[i44 * 16 + i45] = fmaf(grad_3[i43 * 16 + i44], h1[i43 * 16 + i45], w2_grad[i44 * 16 + i45]); /* w2_grad =+ grad_3 * h1 */
+        w2_grad[i44 * 16 + i45] = fmaf(grad_3[i33 * 16 + i44], h1[i33 * 16 + i45], w2_grad[i44 * 16 + i45]); /* w2_grad =+ grad_3 * h1 */
       }
-    }
-  }
-  for (int i46 = 0; i46 < 10; ++i46) {
-    for (int i47 = 0; i47 < 16; ++i47) {
       for (int i48 = 0; i48 < 16; ++i48) {
-        h1_grad[i46 * 16 + i48] = fmaf(w2[i47 * 16 + i48], grad_3[i46 * 16 + i47], h1_grad[i46 * 16 + i48]); /* h1_grad =+ w2 * grad_3 */
+        h1_grad[i33 * 16 + i48] = fmaf(w2[i44 * 16 + i48], grad_3[i33 * 16 + i44], h1_grad[i33 * 16 + i48]); /* h1_grad =+ w2 * grad_3 */
       }
     }
-  }
-  for (int i49 = 0; i49 < 10; ++i49) {
     for (int i50 = 0; i50 < 16; ++i50) {
       {
-        const float t8_ = h1[i49 * 16 + i50];
-        const float t9_ = h1_grad[i49 * 16 + i50];
-        grad_2[i49 * 16 + i50] = (grad_2[i49 * 16 + i50] + (t8_ > 0 ? t9_ : 0)); /* grad_2 =+ h1 -?/ h1_grad */
+        const float t19_ = grad_2[i33 * 16 + i50];
+        const float t20_ = h1[i33 * 16 + i50];
+        const float t21_ = h1_grad[i33 * 16 + i50];
+        grad_2[i33 * 16 + i50] = (t19_ + (t20_ > 0 ? t21_ : 0)); /* grad_2 =+ h1 -?/ h1_grad */
       }
     }
-  }
-  for (int i51 = 0; i51 < 10; ++i51) {
     for (int i52 = 0; i52 < 16; ++i52) {
-      b1_grad[i52] = (b1_grad[i52] + grad_2[i51 * 16 + i52]); /* b1_grad =+ grad_2 */
+      b1_grad[i52] = (b1_grad[i52] + grad_2[i33 * 16 + i52]); /* b1_grad =+ grad_2 */
     }
   }
   for (int i53 = 0; i53 < 10; ++i53) {
     for (int i54 = 0; i54 < 16; ++i54) {
       grad[i53 * 16 + i54] = (grad[i53 * 16 + i54] + grad_2[i53 * 16 + i54]); /* grad =+ grad_2 */
     }
-  }
-  for (int i55 = 0; i55 < 10; ++i55) {
     for (int i56 = 0; i56 < 16; ++i56) {
       for (int i57 = 0; i57 < 2; ++i57) {
-        w1_grad[i56 * 2 + i57] = fmaf(grad[i55 * 16 + i56], moons_flat[batch0 * 20 + i55 * 2 + i57], w1_grad[i56 * 2 + i57]); /* w1_grad =+ grad * moons_input */
+        w1_grad[i56 * 2 + i57] = fmaf(grad[i53 * 16 + i56], moons_flat[batch0 * 20 + i53 * 2 + i57], w1_grad[i56 * 2 + i57]); /* w1_grad =+ grad * moons_input */
       }
     }
   }

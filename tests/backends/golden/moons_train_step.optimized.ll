@@ -1,34 +1,26 @@
 /* forward scalar_loss */
 zero_out(n);
+zero_out(n_3);
+zero_out(n_5);
 for i3 = 0 to 9 {
   for i4 = 0 to 15 {
     for i5 = 0 to 1 {
       n[i3, i4] := fma(w1[i4, i5], moons_flat[batch0, i3, i5], n[i3, i4]);
     }
   }
-}
-for i8 = 0 to 9 {
   for i9 = 0 to 15 {
-    h1[i8, i9] := relu((b1[i9] + n[i8, i9]));
+    h1[i3, i9] := relu((b1[i9] + n[i3, i9]));
   }
-}
-zero_out(n_3);
-for i10 = 0 to 9 {
   for i11 = 0 to 15 {
     for i12 = 0 to 15 {
-      n_3[i10, i11] := fma(w2[i11, i12], h1[i10, i12], n_3[i10, i11]);
+      n_3[i3, i11] := fma(w2[i11, i12], h1[i3, i12], n_3[i3, i11]);
     }
   }
-}
-for i15 = 0 to 9 {
   for i16 = 0 to 15 {
-    h2[i15, i16] := relu((b2[i16] + n_3[i15, i16]));
+    h2[i3, i16] := relu((b2[i16] + n_3[i3, i16]));
   }
-}
-zero_out(n_5);
-for i17 = 0 to 9 {
   for i18 = 0 to 15 {
-    n_5[i17, 0] := fma(w3[0, i18], h2[i17, i18], n_5[i17, 0]);
+    n_5[i3, 0] := fma(w3[0, i18], h2[i3, i18], n_5[i3, 0]);
   }
 }
 for i23 = 0 to 9 {
@@ -71,55 +63,37 @@ for i33 = 0 to 9 {
   for i34 = 0 to 15 {
     w3_grad[0, i34] := fma(grad_5[i33, 0], h2[i33, i34], w3_grad[0, i34]);
   }
-}
-for i37 = 0 to 9 {
   for i38 = 0 to 15 {
-    grad_4[i37, i38] := (grad_4[i37, i38] + (h2[i37, i38] -?/ fma(w3[0, i38], grad_5[i37, 0], 0.0)));
+    grad_4[i33, i38] := (grad_4[i33, i38] + (h2[i33, i38] -?/ fma(w3[0, i38], grad_5[i33, 0], 0.0)));
   }
-}
-for i39 = 0 to 9 {
   for i40 = 0 to 15 {
-    b2_grad[i40] := (b2_grad[i40] + grad_4[i39, i40]);
+    b2_grad[i40] := (b2_grad[i40] + grad_4[i33, i40]);
   }
-}
-for i41 = 0 to 9 {
   for i42 = 0 to 15 {
-    grad_3[i41, i42] := (grad_3[i41, i42] + grad_4[i41, i42]);
+    grad_3[i33, i42] := (grad_3[i33, i42] + grad_4[i33, i42]);
   }
-}
-for i43 = 0 to 9 {
   for i44 = 0 to 15 {
     for i45 = 0 to 15 {
-      w2_grad[i44, i45] := fma(grad_3[i43, i44], h1[i43, i45], w2_grad[i44, i45]);
+      w2_grad[i44, i45] := fma(grad_3[i33, i44], h1[i33, i45], w2_grad[i44, i45]);
     }
-  }
-}
-for i46 = 0 to 9 {
-  for i47 = 0 to 15 {
     for i48 = 0 to 15 {
-      h1_grad[i46, i48] := fma(w2[i47, i48], grad_3[i46, i47], h1_grad[i46, i48]);
+      h1_grad[i33, i48] := fma(w2[i44, i48], grad_3[i33, i44], h1_grad[i33, i48]);
     }
   }
-}
-for i49 = 0 to 9 {
   for i50 = 0 to 15 {
-    grad_2[i49, i50] := (grad_2[i49, i50] + (h1[i49, i50] -?/ h1_grad[i49, i50]));
+    grad_2[i33, i50] := (grad_2[i33, i50] + (h1[i33, i50] -?/ h1_grad[i33, i50]));
   }
-}
-for i51 = 0 to 9 {
   for i52 = 0 to 15 {
-    b1_grad[i52] := (b1_grad[i52] + grad_2[i51, i52]);
+    b1_grad[i52] := (b1_grad[i52] + grad_2[i33, i52]);
   }
 }
 for i53 = 0 to 9 {
   for i54 = 0 to 15 {
     grad[i53, i54] := (grad[i53, i54] + grad_2[i53, i54]);
   }
-}
-for i55 = 0 to 9 {
   for i56 = 0 to 15 {
     for i57 = 0 to 1 {
-      w1_grad[i56, i57] := fma(grad[i55, i56], moons_flat[batch0, i55, i57], w1_grad[i56, i57]);
+      w1_grad[i56, i57] := fma(grad[i53, i56], moons_flat[batch0, i53, i57], w1_grad[i56, i57]);
     }
   }
 }

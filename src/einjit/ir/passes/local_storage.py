@@ -116,16 +116,40 @@ def _local_storage_on(lowered: Any) -> bool:
 
 
 def _consumed(llc: ll.LLStmt) -> set[Tnode]:
-    """Nodes read by a top-level statement after the last top-level statement writing them."""
-    last_write: dict[Tnode, int] = {}
-    last_read: dict[Tnode, int] = {}
-    for k, top in enumerate(ll.flatten(llc)):
-        for x in ll.deep_parts(top):
+    """Nodes read by a statement after the last statement writing them, in program order: a
+    statement's reads (its local scopes' included) come before its write, and a loop body is
+    taken once, so a read that only a later iteration would see does not count. (Fused nests
+    write and read a node inside one top-level statement.)"""
+    last_write: dict[Tnode, float] = {}
+    last_read: dict[Tnode, float] = {}
+    pos = 0
+
+    def reads(sc: ll.LLScalar) -> None:
+        for x in ll.deep_parts(sc):
             match x:
-                case ll.Set(tn=tn) | ll.SetFromVec(tn=tn) | ll.ZeroOut(tn):
-                    last_write[tn] = k
                 case ll.Get(tn, _):
-                    last_read[tn] = k
+                    last_read[tn] = pos
+                case ll.Set(tn=tn) | ll.SetFromVec(tn=tn) | ll.ZeroOut(tn):
+                    last_write[tn] = pos + 0.5
+
+    def walk(stmt: ll.LLStmt) -> None:
+        nonlocal pos
+        for s in ll.flatten(stmt):
+            match s:
+                case ll.ForLoop(body=body):
+                    walk(body)
+                case ll.Set(tn=tn, llsc=sc) | ll.SetFromVec(tn=tn, arg=sc):
+                    pos += 1
+                    reads(sc)
+                    last_write[tn] = pos + 0.5
+                case ll.SetLocal(value=sc):
+                    pos += 1
+                    reads(sc)
+                case ll.ZeroOut(tn):
+                    pos += 1
+                    last_write[tn] = pos + 0.5
+
+    walk(llc)
     return {tn for tn, k in last_write.items() if last_read.get(tn, -1) > k}
 
 

@@ -77,6 +77,8 @@ class VirtualizeSettings:
     unoptimized program.
     `schedule` / `interchange`: the CPU loop stages (`ir/sched/schedule.py`, `ir/sched/interchange.py`);
     backends that map loops to threads themselves (CUDA) use the code before them.
+    `fuse`: the CPU loop fusion stage (`ir/sched/fusion.py`), which fuses consecutive nests over
+    the same ranges (bit-identical; off to see one nest per node, e.g. in the profiler).
     `reassociate`: the scheduling stage may split a float reduction into independent partial
     sums (vector lanes, blocked summation), which changes rounding — usually for the better —
     but makes results differ from sequential summation in the last bits. Only that stage ever
@@ -100,6 +102,7 @@ class VirtualizeSettings:
     simplify: bool = True
     schedule: bool = True
     interchange: bool = True
+    fuse: bool = True
     reassociate: bool = True
     causal: bool = True
     local_storage: bool = True

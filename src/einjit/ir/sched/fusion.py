@@ -1,0 +1,220 @@
+"""Loop fusion, the last optimizer stage for CPU code (`optimize_proc`'s "fuse").
+
+Lowering and the earlier stages leave one loop nest per tensor node, so LayerNorm is five
+passes over the activations (the mean, the centred values, the variance, its reciprocal
+square root, the affine map) and each pass streams its arrays from the last-level cache: the
+GPT step spent more time in such small nests than in its attention. Here two consecutive nests
+whose outer loops have the same range become one loop around both bodies, level by level, as
+deep as the ranges agree and the fusion is legal, down to (not including) the innermost loops:
+softmax becomes one pass over each row, the row still in L1 from one step to the next.
+
+Fusing loop `i` of nest A with loop `i'` of nest B runs B's iteration `i` right after A's
+instead of after all of A. That computes the same values when every array one of them writes
+and both access is accessed by both at the slice of `i` alone: at one axis, the same in every
+access, the index is the loop's own iterator, and no other axis depends on it. Iteration `i` of
+either nest then touches only cells that no other iteration of either nest touches, so every
+dependence between the two bodies stays inside one iteration, in the original order. The
+bodies are not reordered, so no arithmetic changes and results are bit-identical. A `ZeroOut`
+or comment between the two nests moves before them when the first nest does not touch its array.
+
+Nests that pack a panel (scheduled contractions: their panels are sized for the cache, and
+their loops split for it), loops with any mark (threads, unrolling, a fixed order) or over
+the lanes of a register block's vectors, and nests holding staged code or whole-vector
+writes are left as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from einjit.ir import low_level as ll
+from einjit.ir import provenance
+from einjit.ir.indexing import AxisIndex, Iterator, Symbol, index_symbols, subst_index
+from einjit.ir.tnode import Tnode
+
+_Access = tuple[Tnode, tuple[AxisIndex, ...] | None, bool]
+"""An array access: node, indices (None: the whole array), whether it writes."""
+
+
+MAX_FUSED = 8
+"""The most nests fused into one: each fusion checks the nest fused so far, so an unbounded
+group would make the stage quadratic in a long chain of nests (and gcc's function larger)."""
+
+
+def fuse_loops(stmt: ll.LLStmt) -> ll.LLStmt:
+    """`stmt` with every legal pair of consecutive nests fused, repeatedly (see the module)."""
+    out: list[ll.LLStmt] = []
+    fused: list[int] = []
+    for s in ll.flatten(stmt):
+        if isinstance(s, ll.ForLoop) and _fuse_onto(out, fused, s):
+            continue
+        out.append(s)
+        fused.append(1)
+    return ll.seq(*out)
+
+
+def _fuse_onto(out: list[ll.LLStmt], fused: list[int], b: ll.ForLoop) -> bool:
+    """Fuse `b` into the last nest of `out`, moving the zero fills and comments after that nest
+    before it; False when there is no such nest, it holds `MAX_FUSED` nests already, or fusing
+    is not legal. `fused[k]`: how many nests `out[k]` holds."""
+    j = len(out) - 1
+    while j >= 0 and isinstance(out[j], (ll.ZeroOut, ll.Comment)):
+        j -= 1
+    if j < 0 or not isinstance(out[j], ll.ForLoop) or fused[j] >= MAX_FUSED:
+        return False
+    a = out[j]
+    assert isinstance(a, ll.ForLoop)
+    between = out[j + 1:]
+    zeroed = {s.tn for s in between if isinstance(s, ll.ZeroOut)}
+    if zeroed & {tn for tn, _, _ in _accesses(a)}:
+        return False
+    new = _fuse(a, b)
+    if new is None:
+        return False
+    out[j:] = [*between, new]
+    fused[j:] = [*(1 for _ in between), fused[j] + 1]
+    return True
+
+
+def _marked(loop: ll.ForLoop) -> bool:
+    """Loops fusion leaves alone: unrolled, threaded, ordered, untraced, and clipped ones (a
+    clip's bound names outer indices, which fusing would have to rename and re-prove)."""
+    return (loop.unroll or loop.parallel or loop.keep_order or not loop.trace_it
+            or loop.start is not None or loop.stop is not None)
+
+
+def _plain(loop: ll.ForLoop) -> bool:
+    """No packed panel (a scheduled contraction), staged code or whole-vector write inside."""
+    for x in _statements(loop.body):
+        match x:
+            case ll.StagedCompilation() | ll.SetFromVec():
+                return False
+            case ll.ForLoop() if _marked(x):
+                return False
+            case ll.Set(tn) if tn.is_local() and tn.label and tn.label[0] == "pack":
+                return False
+    return True
+
+
+def _statements(stmt: ll.LLStmt) -> list[ll.LLStmt]:
+    """The statements of `stmt`, loop bodies included, local scopes' not (a fusion check needs
+    the loops and the writes; its reads come from `_accesses`)."""
+    out: list[ll.LLStmt] = []
+    stack = [stmt]
+    while stack:
+        for x in ll.flatten(stack.pop()):
+            out.append(x)
+            if isinstance(x, ll.ForLoop):
+                stack.append(x.body)
+    return out
+
+
+def _lane_loop(loop: ll.ForLoop) -> bool:
+    """Whether `loop` runs over the lanes of a register block's vectors: the C backend renders
+    such a loop as one vector statement, which a second statement in its body would undo."""
+    return any(tn.provenance == provenance.REGISTER_BLOCK and idcs is not None
+               and any(loop.index in index_symbols(i) for i in idcs) for tn, idcs, _ in _accesses(loop.body))
+
+
+def _innermost(loop: ll.ForLoop) -> bool:
+    """Whether `loop` holds no loop: innermost loops are not fused. gcc vectorizes an innermost
+    loop per statement well, but fused softmax statements sharing a mask (`exp(where(m, s - max,
+    0))`, then `where(m, exp, 0)`) let it compute the `exp` on every lane, the masked -1e30
+    scores included, and then select: libmvec took its slow path for the underflowing lanes and
+    the softmax pass ran 4x slower. The rows an outer fusion keeps in L1 are what fusion is for."""
+    return not any(isinstance(x, ll.ForLoop) for x in _statements(loop.body))
+
+
+def _fuse(a: ll.ForLoop, b: ll.ForLoop) -> ll.ForLoop | None:
+    if ((a.from_, a.to_) != (b.from_, b.to_) or _marked(a) or _marked(b) or not _plain(a) or not _plain(b)
+            or _lane_loop(a) or _lane_loop(b) or _innermost(a) or _innermost(b)):
+        return None
+    acc_a, acc_b = _accesses(a.body), _accesses(b.body)
+    if not _sliced(acc_a, acc_b, a.index, b.index):
+        return None
+    renamed = _rename(b.body, {b.index: Iterator(a.index)})
+    return dataclasses.replace(a, body=fuse_loops(ll.seq(a.body, renamed)))
+
+
+def _sliced(acc_a: list[_Access], acc_b: list[_Access], sa: Symbol, sb: Symbol) -> bool:
+    """Whether every array written by one body and accessed by both is accessed, in both, only
+    at the slice of the fused loop (see the module docstring)."""
+    nodes_a = {tn for tn, _, _ in acc_a}
+    nodes_b = {tn for tn, _, _ in acc_b}
+    written = {tn for tn, _, w in acc_a + acc_b if w}
+    for tn in written & nodes_a & nodes_b:
+        axes = {_slice_axis(idcs, sa) for t, idcs, _ in acc_a if t is tn}
+        axes |= {_slice_axis(idcs, sb) for t, idcs, _ in acc_b if t is tn}
+        if len(axes) != 1 or None in axes:
+            return False
+    return True
+
+
+def _slice_axis(idcs: tuple[AxisIndex, ...] | None, s: Symbol) -> int | None:
+    """The one axis indexed by exactly `s`, when no other axis depends on `s`."""
+    if idcs is None:
+        return None
+    found = [k for k, idx in enumerate(idcs) if s in index_symbols(idx)]
+    if len(found) != 1 or idcs[found[0]] != Iterator(s):
+        return None
+    return found[0]
+
+
+def _accesses(stmt: ll.LLStmt) -> list[_Access]:
+    """Every array access of `stmt`, local scopes included."""
+    out: list[_Access] = []
+    scalars: list[ll.LLScalar] = []
+    stmts = _statements(stmt)
+    while stmts:
+        for x in stmts:
+            match x:
+                case ll.Set(tn, idcs, sc):
+                    out.append((tn, idcs, True))
+                    scalars.append(sc)
+                case ll.SetFromVec(tn, idcs, arg=sc):
+                    out.append((tn, None, True))
+                    scalars.append(sc)
+                case ll.SetLocal(value=sc):
+                    scalars.append(sc)
+                case ll.ZeroOut(tn):
+                    out.append((tn, None, True))
+        stmts = []
+        for sc in scalars:
+            for y in ll.iter_scalars(sc):
+                match y:
+                    case ll.Get(tn, idcs) | ll.GetMergeBuffer(tn, idcs):
+                        out.append((tn, idcs, False))
+                    case ll.LocalScope(body=body):
+                        stmts.extend(_statements(body))
+        scalars = []
+    return out
+
+
+def _rename(stmt: ll.LLStmt, env: dict[Symbol, AxisIndex]) -> ll.LLStmt:
+    def idcs(ix: tuple[AxisIndex, ...]) -> tuple[AxisIndex, ...]:
+        return tuple(subst_index(env, i) for i in ix)
+
+    def scalar(sc: ll.LLScalar) -> ll.LLScalar:
+        match sc:
+            case ll.Get(tn, ix):
+                return ll.Get(tn, idcs(ix))
+            case ll.GetMergeBuffer(tn, ix):
+                return ll.GetMergeBuffer(tn, idcs(ix))
+            case ll.EmbedIndex(idx):
+                return ll.EmbedIndex(subst_index(env, idx))
+            case ll.LocalScope(sid, body, orig):
+                return ll.LocalScope(sid, _rename(body, env), idcs(orig))
+            case ll.Unop() | ll.Binop() | ll.Ternop():
+                return ll.map_operands(sc, scalar)
+        return sc
+
+    match stmt:
+        case ll.Seq(first, second):
+            return ll.Seq(_rename(first, env), _rename(second, env))
+        case ll.ForLoop(body=body):
+            return dataclasses.replace(stmt, body=_rename(body, env))
+        case ll.Set(tn, ix, llsc, debug):
+            return ll.Set(tn, idcs(ix), scalar(llsc), debug)
+        case ll.SetLocal(sid, value):
+            return ll.SetLocal(sid, scalar(value))
+    return stmt
