@@ -256,3 +256,37 @@ def test_labels_that_are_c_keywords_or_library_locals(tmp_path):
     records = np.concatenate([xs[:, :3].reshape(1, 6), xs[:, 3:].reshape(1, 6)], axis=1)
     got = run_main(lib.directory, records, 6)
     np.testing.assert_array_equal(got.reshape(2, 3), xs[:, :3] + xs[:, 3:])
+
+
+def test_scratch_arrays_share_the_arena_einjit_plans(tmp_path):
+    """The library's scratch arrays are views of one arena per instance at the offsets of the
+    scratch plan einjit links the same step with: as many bytes as einjit's arena (fewer than
+    one array each), and the outputs einjit's bit for bit (and ONNX Runtime's, where installed)."""
+    model = trained("convnet")
+    step = fit.predictor(model, batch_dims=[16], output_dims=[1, 8, 8])
+    xs, _ = images(32, seed=3)
+    want = np.concatenate([step(xs[:16]), step(xs[16:])])
+    plan = step.routine.scratch_plan
+    assert plan is not None and len(plan.offsets) >= 2 and plan.size < plan.parts_bytes
+    lib = export_c(step, tmp_path / "lib", name="arena")
+    assert lib.scratch_bytes == plan.size
+    header = (lib.directory / "arena.h").read_text()
+    assert f"#define ARENA_SCRATCH_BYTES {plan.size}\n" in header
+    source = (lib.directory / "arena.c").read_text()
+    views = re.findall(r"model_->\w+ = \(float \*\)\(model_->scratch_ \+ (\d+)\);", source)
+    assert tuple(int(v) for v in views) == plan.offsets
+    assert f"calloc({plan.size + 63}, 1)" in source
+    build(lib.directory)
+    got = run_main(lib.directory, xs, 16 * 10)
+    np.testing.assert_array_equal(got.reshape(want.shape), want)
+    assert np.abs(want).max() > 0.1
+    try:
+        import onnx  # noqa: F401  (export_onnx needs it)
+        import onnxruntime
+    except ImportError:
+        return
+    from einjit.export import export_onnx
+    export_onnx(step, tmp_path / "arena.onnx")
+    session = onnxruntime.InferenceSession(str(tmp_path / "arena.onnx"), providers=["CPUExecutionProvider"])
+    ort = np.concatenate([session.run(None, {session.get_inputs()[0].name: xs[k:k + 16]})[0] for k in (0, 16)])
+    np.testing.assert_allclose(got.reshape(want.shape), ort.reshape(want.shape), rtol=1e-5, atol=1e-5)

@@ -12,8 +12,12 @@ in the last bits). What einjit hands the routine as context arrays becomes, in t
 - values the routine only reads (parameters, running statistics, constants): `static const`
   arrays in `NAME.c` (embedded), or read from `NAME.safetensors` by `NAME_create`, so new
   values can be swapped in without recompiling;
-- values it reads and writes (state), and arrays it only writes (workspace, scratch): owned
-  by the instance `NAME_create` returns, so instances are independent.
+- values it reads and writes (state), and arrays it only writes (workspace): owned by the
+  instance `NAME_create` returns, so instances are independent;
+- the routine's scratch arrays (routine-local arrays too large for the stack): views into one
+  arena per instance, at the offsets of einjit's own scratch plan (`backends/scratch_plan.py`),
+  so the library needs the scratch bytes einjit needs (`NAME_SCRATCH_BYTES` in the header),
+  and the barriers the plan puts where bytes pass between arrays guard the same code.
 
 Everything written is a function of the model and its values (names come from labels, arrays
 in the renderer's order), so exporting twice gives the same bytes.
@@ -33,6 +37,7 @@ from einjit.backends import scratch_plan
 from einjit.backends.c_syntax import C_SYNTAX, CSyntax, ParamKind, render_program
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.interface import lower_assignments, read_first
+from einjit.backends.scratch_plan import ScratchPlan
 from einjit.export.errors import ExportError
 from einjit.ir import low_level as ll
 from einjit.ir.c_names import c_name
@@ -75,6 +80,8 @@ class CLibrary:
     outputs: tuple[Port, ...]
     files: tuple[Path, ...]
     weights_file: Path | None
+    scratch_bytes: int = 0
+    """The bytes of an instance's scratch arena (the scratch plan's size; 0 without scratch)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,8 @@ class _Array:
     tn: Tnode
     name: str
     key: str = ""
+    offset: int = 0
+    """Where a scratch array starts in the instance's arena (bytes)."""
 
 
 def identifier(text: str, default: str) -> str:
@@ -132,13 +141,15 @@ def _written(llc: ll.LLStmt) -> set[Tnode]:
     return {s.tn for s in ll.iter_stmts(llc) if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut))}
 
 
-def _roles(params, inputs: list[Tensor], outputs: list[Tensor], lowered) -> list[_Array]:
+def _roles(params, inputs: list[Tensor], outputs: list[Tensor], lowered, plan: ScratchPlan | None) -> list[_Array]:
     """Each array parameter's role (see the module docstring), checked: an input the routine
-    writes, or an output it reads before computing it, cannot be the caller's buffer."""
+    writes, or an output it reads before computing it, cannot be the caller's buffer. The
+    k-th scratch parameter gets the plan's k-th offset."""
     by_in = {t.value_tn: t for t in inputs}
     by_out = {t.value_tn: t for t in outputs}
     first = read_first(lowered)
     written = _written(lowered.llc)
+    offsets = iter(plan.offsets if plan is not None else ())
     arrays = []
     for p in params:
         match p.kind:
@@ -154,7 +165,9 @@ def _roles(params, inputs: list[Tensor], outputs: list[Tensor], lowered) -> list
                 arrays.append(_Array("output", p.tn, p.c_name))
             case ParamKind.ARRAY if p.tn in first:
                 arrays.append(_Array("state" if p.tn in written else "constant", p.tn, p.c_name))
-            case ParamKind.ARRAY | ParamKind.SCRATCH:
+            case ParamKind.SCRATCH:
+                arrays.append(_Array("scratch", p.tn, p.c_name, offset=next(offsets)))
+            case ParamKind.ARRAY:
                 arrays.append(_Array("workspace", p.tn, p.c_name))
             case _:
                 raise ExportError(f"einjit: export: the forward routine has a {p.kind.value} parameter "
@@ -239,11 +252,10 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
     with stable_names():
         _, lowered = lower_assignments((), fit.forward_code(*outputs), routine)
         localize([(routine, lowered, read_first(lowered))])
-        # the code einjit runs: scratch zeroing at first use, barriers where its arena would
-        # pass bytes between arrays (the library gives each scratch array its own buffer)
-        llc, _ = scratch_plan.place(lowered.llc, syntax)
+        # the code einjit runs: scratch zeroing at first use, its arena's plan and barriers
+        llc, plan = scratch_plan.place(lowered.llc, syntax)
         first = render_program([(routine, llc)], (), syntax)
-        arrays = _roles(first.routines[0].params, ins, outputs, lowered)
+        arrays = _roles(first.routines[0].params, ins, outputs, lowered, plan)
         in_names = _unique([identifier(t.label_str, f"input{k}") for k, t in enumerate(ins)])
         out_names = _unique([identifier(t.label_str, f"output{k}") for k, t in enumerate(outputs)])
         arrays = _named(arrays, ins, outputs, in_names, out_names, prefix)
@@ -254,12 +266,14 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
         program = render_program([(routine, llc)], (), replace(syntax, prelude=prelude))
     in_ports = tuple(_port(t, n) for t, n in zip(ins, in_names, strict=True))
     out_ports = tuple(_port(t, n) for t, n in zip(outputs, out_names, strict=True))
+    scratch_bytes = 0 if plan is None else plan.size
     source = _source_head(prefix) + program.source + "\n" + _api(prefix, routine, arrays, in_ports, out_ports,
-                                                                 values, embed)
+                                                                 values, embed, scratch_bytes)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     parallel = "#pragma omp" in program.source
-    files = {f"{prefix}.h": _header(prefix, in_ports, out_ports, arrays, embed, threads, vector_math, parallel),
+    files = {f"{prefix}.h": _header(prefix, in_ports, out_ports, arrays, embed, threads, vector_math, parallel,
+                                    scratch_bytes),
              f"{prefix}.c": source, "main.c": _main(prefix, in_ports, out_ports, embed),
              "Makefile": _makefile(prefix, threads, vector_math)}
     written = []
@@ -272,7 +286,7 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
         weights_file = directory / f"{prefix}.safetensors"
         checkpoint.write({a.key: values[a.tn] for a in arrays if a.tn in values}, weights_file)
         written.append(weights_file)
-    return CLibrary(directory, prefix, in_ports, out_ports, tuple(written), weights_file)
+    return CLibrary(directory, prefix, in_ports, out_ports, tuple(written), weights_file, scratch_bytes)
 
 
 def _syntax(threads: int, vector_math: bool) -> CSyntax:
@@ -342,11 +356,21 @@ def _fields(arrays: list[_Array], embed: bool) -> list[_Array]:
 
 
 def _api(prefix: str, routine: str, arrays: list[_Array], ins: tuple[Port, ...], outs: tuple[Port, ...],
-         values: dict[Tnode, np.ndarray], embed: bool) -> str:
+         values: dict[Tnode, np.ndarray], embed: bool, scratch_bytes: int) -> str:
     fields = _fields(arrays, embed)
+    scratch = [a for a in arrays if a.role == "scratch"]
     parts = [f"struct {prefix} {{"]
     parts += [f"  {_c_type(a.tn)} *{a.name};  /* {a.role}: {'.'.join(a.tn.label)} {_dims_text(a.tn.dims)} */"
-              for a in fields] or ["  int unused;  /* the model keeps no arrays between calls */"]
+              for a in fields]
+    parts += [f"  {_c_type(a.tn)} *{a.name};  /* scratch: {'.'.join(a.tn.label)} {_dims_text(a.tn.dims)}, at byte "
+              f"{a.offset} of the arena */" for a in scratch]
+    if scratch:
+        parts += [f"  unsigned char *scratch_;  /* the scratch arena: {len(scratch)} arrays in {scratch_bytes} bytes "
+                  f"({sum(a.tn.size * a.tn.prec.itemsize for a in scratch)} one array each) */",
+                  f"  unsigned char *scratch_raw_;  /* scratch_ as allocated, before {scratch_plan.ALIGN}-byte "
+                  f"alignment */"]
+    if not fields and not scratch:
+        parts.append("  int unused;  /* the model keeps no arrays between calls */")
     parts += ["};", "", f"static char {prefix}_error_text[256];", ""]
     parts += [f"const char *{prefix}_last_error(void) {{", f"  return {prefix}_error_text;", "}", ""]
     parts += [f"static void *{prefix}_fail(const char *what, const char *detail) {{",
@@ -354,6 +378,8 @@ def _api(prefix: str, routine: str, arrays: list[_Array], ins: tuple[Port, ...],
               "  return NULL;", "}", ""]
     parts += [f"void {prefix}_destroy({prefix} *model_) {{", "  if (!model_) return;"]
     parts += [f"  free(model_->{a.name});" for a in fields]
+    if scratch:
+        parts.append("  free(model_->scratch_raw_);")
     parts += ["  free(model_);", "}", ""]
     if not embed:
         parts += [_reader(prefix), _loader(prefix, arrays, values)]
@@ -364,6 +390,13 @@ def _api(prefix: str, routine: str, arrays: list[_Array], ins: tuple[Port, ...],
         parts += [f"  model_->{a.name} = ({_c_type(a.tn)} *)calloc({a.tn.size}, sizeof *model_->{a.name});",
                   f"  if (!model_->{a.name}) {{ {prefix}_destroy(model_); return ({prefix} *){prefix}_fail(\"out of "
                   f"memory for \", \"{a.name}\"); }}"]
+    if scratch:
+        align = scratch_plan.ALIGN
+        parts += [f"  model_->scratch_raw_ = (unsigned char *)calloc({scratch_bytes + align - 1}, 1);",
+                  f"  if (!model_->scratch_raw_) {{ {prefix}_destroy(model_); return ({prefix} *){prefix}_fail(\"out "
+                  f"of memory for \", \"the scratch arena\"); }}",
+                  f"  model_->scratch_ = model_->scratch_raw_ + (-(uintptr_t)model_->scratch_raw_ & {align - 1});"]
+        parts += [f"  model_->{a.name} = ({_c_type(a.tn)} *)(model_->scratch_ + {a.offset});" for a in scratch]
     if embed:
         parts += [f"  memcpy(model_->{a.name}, {prefix}_{a.name}_init, sizeof {prefix}_{a.name}_init);"
                   for a in fields if a.role == "state"]
@@ -376,7 +409,7 @@ def _api(prefix: str, routine: str, arrays: list[_Array], ins: tuple[Port, ...],
     parts += [f"void {prefix}_run({prefix} *model_, {args}) {{"]
     used = {a.name for a in arrays if a.role in ("input", "output")}
     parts += [f"  (void){p.name};" for p in ins if p.name not in used]
-    if not fields:
+    if not fields and not scratch:
         parts.append("  (void)model_;")
     call = [a.name if a.role in ("input", "output") or (a.role == "constant" and embed) else f"model_->{a.name}"
             for a in arrays]
@@ -497,7 +530,7 @@ def _loader(prefix: str, arrays: list[_Array], values: dict[Tnode, np.ndarray]) 
 
 
 def _header(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], arrays: list[_Array], embed: bool,
-            threads: int, vector_math: bool, parallel: bool) -> str:
+            threads: int, vector_math: bool, parallel: bool, scratch_bytes: int) -> str:
     guard = prefix.upper() + "_H"
     ports = [f" *   {p.name}: {p.c_type} {_dims_text(p.dims)}, {p.size} values (label {p.label!r})" for p in ins]
     out_ports = [f" *   {p.name}: {p.c_type} {_dims_text(p.dims)}, {p.size} values (label {p.label!r})"
@@ -524,6 +557,7 @@ def _header(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], arrays: 
     else:
         threads_text = f" * Single-threaded; no dependency beyond {libs}."
     macros = [f"#define {prefix.upper()}_{p.name.upper()}_SIZE {p.size}" for p in ins + outs]
+    macros.append(f"#define {prefix.upper()}_SCRATCH_BYTES {scratch_bytes}")
     return "\n".join([
         f"/* {prefix}.h: the C API of the einjit model {prefix!r} (generated by einjit.export.export_c).",
         " *",
@@ -539,6 +573,9 @@ def _header(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], arrays: 
         " *",
         " * An instance owns the arrays the model keeps between and within calls: distinct instances may",
         " * run concurrently, one instance runs one call at a time. Input and output buffers must not overlap.",
+        *([f" * Its temporary arrays share one scratch arena of {prefix.upper()}_SCRATCH_BYTES bytes, placed as",
+           " * einjit places them (arrays that are never needed at the same time share bytes)."]
+          if scratch_bytes else []),
         " */",
         f"#ifndef {guard}",
         f"#define {guard}",
