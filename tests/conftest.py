@@ -37,6 +37,20 @@ def private_cache(tmp_path_factory):
 
 
 @pytest.fixture
+def fresh_inference_state():
+    """An empty global inference state and fresh random streams (a stream's base depends on how
+    many tensors were drawn from its seed before); the folders whose tests build many models
+    use it for every test (their conftest), the others leave state to each test."""
+    from einjit import shape as sh
+    from einjit.tensor import random as rnd
+
+    sh.reset_state()
+    rnd.reset_streams()
+    yield
+    sh.reset_state()
+
+
+@pytest.fixture
 def avx512_machine(monkeypatch):
     """Golden files hold the C scheduled for the AVX-512 description (`ir/sched/machine.py`),
     whatever CPU runs the test."""

@@ -15,6 +15,8 @@ from einjit.backends.cc import program_cache
 from einjit.ir import optimize
 from einjit.ir.optimize import VirtualizeSettings
 
+pytestmark = pytest.mark.usefixtures("fresh_inference_state")
+
 
 def _report(monkeypatch, local_storage: bool) -> tuple[Counter, int, int, int]:
     """The MLP step's arrays by (label, class, bytes), ids left out, and its kept, local and
@@ -43,13 +45,3 @@ def test_the_same_step_reports_the_same_cold_and_warm(tmp_path, monkeypatch):
     assert _report(monkeypatch, True) == cold
     assert any(cls == "Local_only (scratch)" for _, cls, _ in cold[0])
     assert _report(monkeypatch, False) == off
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    from einjit import shape as sh
-    from einjit.tensor import random as rnd
-    sh.reset_state()
-    rnd.reset_streams()
-    yield
-    sh.reset_state()
