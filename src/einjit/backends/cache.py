@@ -30,6 +30,7 @@ Objects are written to a temporary file and published with `os.replace`, so conc
 processes compiling the same program both succeed: each publishes a complete file, and a
 reader sees one complete file or the other, never a partial one.
 """
+
 from __future__ import annotations
 
 import dataclasses
