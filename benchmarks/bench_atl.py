@@ -21,6 +21,8 @@ import argparse
 import os
 import time
 
+from threads_env import set_threads
+
 
 def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -33,8 +35,7 @@ def _parse() -> argparse.Namespace:
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HL_NUM_THREADS"):
-        os.environ[var] = str(ARGS.threads)
+    set_threads(ARGS.threads, also=("HL_NUM_THREADS",))
 
 import numpy as np  # noqa: E402  (after the thread settings)
 

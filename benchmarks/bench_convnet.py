@@ -18,8 +18,9 @@ import statistics
 import tempfile
 import time
 
-for _var in ("EINJIT_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")  # before NumPy and einjit are imported; `run.py` sets its own
+from threads_env import set_threads
+
+set_threads(1, also=("EINJIT_NUM_THREADS",), keep_set=True)  # before NumPy and einjit; `run.py` sets its own
 
 import numpy as np  # noqa: E402  (after the thread settings)
 

@@ -28,10 +28,10 @@ sides when the machine was busy): unchanged.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
+
+from threads_env import set_threads, shared_cache
 
 
 def _parse() -> argparse.Namespace:
@@ -45,9 +45,8 @@ def _parse() -> argparse.Namespace:
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None and ARGS.threads > 0:
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(ARGS.threads)
-os.environ.setdefault("EINJIT_CACHE_DIR", os.path.join(tempfile.gettempdir(), "einjit-bench-cache"))
+    set_threads(ARGS.threads)
+shared_cache()
 
 import numpy as np  # noqa: E402  (after the thread settings)
 

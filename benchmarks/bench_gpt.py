@@ -21,8 +21,9 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
+
+from threads_env import set_threads, shared_cache
 
 
 def _parse() -> argparse.Namespace:
@@ -35,9 +36,8 @@ def _parse() -> argparse.Namespace:
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "EINJIT_NUM_THREADS"):
-        os.environ[var] = str(ARGS.threads)
-os.environ.setdefault("EINJIT_CACHE_DIR", os.path.join(tempfile.gettempdir(), "einjit-bench-cache"))
+    set_threads(ARGS.threads, also=("EINJIT_NUM_THREADS",))
+shared_cache()
 
 import numpy as np  # noqa: E402  (after the thread settings)
 

@@ -28,8 +28,9 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
+
+from threads_env import shared_cache
 
 
 def _parse() -> argparse.Namespace:
@@ -131,7 +132,7 @@ def describe_bytes(r: dict) -> str:
 def main() -> None:
     args = _parse()
     os.environ.setdefault("EINJIT_NUM_THREADS", "1")
-    os.environ.setdefault("EINJIT_CACHE_DIR", os.path.join(tempfile.gettempdir(), "einjit-bench-cache"))
+    shared_cache()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from einjit.memory import human
 

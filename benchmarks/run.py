@@ -40,6 +40,8 @@ import tempfile
 import time
 from itertools import pairwise
 
+from threads_env import set_threads, shared_cache
+
 
 def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -55,9 +57,8 @@ def _parse() -> argparse.Namespace:
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "EINJIT_NUM_THREADS"):
-        os.environ[var] = str(ARGS.threads)
-os.environ.setdefault("EINJIT_CACHE_DIR", os.path.join(tempfile.gettempdir(), "einjit-bench-cache"))
+    set_threads(ARGS.threads, also=("EINJIT_NUM_THREADS",))
+shared_cache()
 
 import numpy as np  # noqa: E402  (after the thread settings)
 

@@ -1,6 +1,7 @@
-"""Fixtures for the whole suite: a private compilation cache, so tests never read or write the
-user's `~/.cache/einjit` and never see another run's objects; tests marked `slow` (long fuzzing
-runs, full demo runs) run only when asked for: `pytest -m slow`."""
+"""Fixtures for the whole suite: a private compilation cache and signing key, so tests never
+read or write the user's `~/.cache/einjit` or `~/.config/einjit` and never see another run's
+objects; tests marked `slow` (long fuzzing runs, full demo runs) run only when asked for:
+`pytest -m slow`."""
 
 from __future__ import annotations
 
@@ -20,15 +21,33 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def private_cache(tmp_path_factory):
-    """Compiled objects go to a fresh directory so tests never see another run's cache."""
-    old = os.environ.get("EINJIT_CACHE_DIR")
+    """Compiled objects go to a fresh directory so tests never see another run's cache, signed
+    with a key of the run's own (never the user's `~/.config/einjit/cache.key`)."""
+    names = ("EINJIT_CACHE_DIR", "EINJIT_CACHE_KEY")
+    old = {name: os.environ.get(name) for name in names}
     path = tmp_path_factory.mktemp("einjit-cache")
     os.environ["EINJIT_CACHE_DIR"] = str(path)
+    os.environ["EINJIT_CACHE_KEY"] = str(tmp_path_factory.mktemp("einjit-key") / "cache.key")
     yield path
-    if old is None:
-        os.environ.pop("EINJIT_CACHE_DIR", None)
-    else:
-        os.environ["EINJIT_CACHE_DIR"] = old
+    for name, value in old.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture
+def fresh_inference_state():
+    """An empty global inference state and fresh random streams (a stream's base depends on how
+    many tensors were drawn from its seed before); the folders whose tests build many models
+    use it for every test (their conftest), the others leave state to each test."""
+    from einjit import shape as sh
+    from einjit.tensor import random as rnd
+
+    sh.reset_state()
+    rnd.reset_streams()
+    yield
+    sh.reset_state()
 
 
 @pytest.fixture

@@ -142,7 +142,7 @@ def test_a_shared_object_replaced_after_its_check_is_not_what_runs(monkeypatch):
         built = checked(kind, key_parts, **kw)
         key = cache.cache_key(*key_parts)
         tmp = built.path.with_name("swap.tmp")
-        tmp.write_bytes(forged + cache._trailer(key, forged))
+        tmp.write_bytes(forged + cache._trailer(kind, key, forged))
         os.replace(tmp, built.path)
         return built
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from einjit.backends import cache
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = """
 import json, sys
@@ -73,15 +75,16 @@ class _Payload:
 def test_records_are_data_a_planted_pickle_or_a_forged_record_is_a_miss(tmp_path):
     first = run(tmp_path)
     (record,) = (tmp_path / "program").iterdir()
-    assert json.loads(record.read_bytes())["nodes"] > 0
+    signed = cache.load_record("program", record.stem, record)
+    assert json.loads(signed)["nodes"] > 0
     marker = tmp_path / "pwned"
     record.write_bytes(pickle.dumps(_Payload(marker)))
     planted = run(tmp_path)
     assert not marker.exists()
     assert (planted["hits"], planted["stores"]) == (0, 1) and planted["losses"] == first["losses"]
-    forged = json.loads(record.read_bytes())
+    forged = json.loads(signed)
     forged["inputs"] = [["g", -1]]  # a negative position would wrap around to another node
-    record.write_text(json.dumps(forged))
+    cache.store_record("program", record.stem, record, json.dumps(forged).encode())  # signed: decoding refuses it
     again = run(tmp_path)
     assert (again["hits"], again["stores"]) == (0, 1) and again["losses"] == first["losses"]
 

@@ -256,3 +256,95 @@ def test_labels_that_are_c_keywords_or_library_locals(tmp_path):
     records = np.concatenate([xs[:, :3].reshape(1, 6), xs[:, 3:].reshape(1, 6)], axis=1)
     got = run_main(lib.directory, records, 6)
     np.testing.assert_array_equal(got.reshape(2, 3), xs[:, :3] + xs[:, 3:])
+
+
+def test_scratch_arrays_share_the_arena_einjit_plans(tmp_path):
+    """The library's scratch arrays are views of one arena per instance at the offsets of the
+    scratch plan einjit links the same step with: as many bytes as einjit's arena (fewer than
+    one array each), and the outputs einjit's bit for bit (and ONNX Runtime's, where installed)."""
+    model = trained("convnet")
+    step = fit.predictor(model, batch_dims=[16], output_dims=[1, 8, 8])
+    xs, _ = images(32, seed=3)
+    want = np.concatenate([step(xs[:16]), step(xs[16:])])
+    plan = step.routine.scratch_plan
+    assert plan is not None and len(plan.offsets) >= 2 and plan.size < plan.parts_bytes
+    lib = export_c(step, tmp_path / "lib", name="arena")
+    assert lib.scratch_bytes == plan.size
+    header = (lib.directory / "arena.h").read_text()
+    assert f"#define ARENA_SCRATCH_BYTES {plan.size}\n" in header
+    source = (lib.directory / "arena.c").read_text()
+    views = re.findall(r"model_->\w+ = \(float \*\)\(model_->scratch_ \+ (\d+)\);", source)
+    assert tuple(int(v) for v in views) == plan.offsets
+    assert f"calloc({plan.size + 63}, 1)" in source
+    build(lib.directory)
+    got = run_main(lib.directory, xs, 16 * 10)
+    np.testing.assert_array_equal(got.reshape(want.shape), want)
+    assert np.abs(want).max() > 0.1
+    try:
+        import onnx  # noqa: F401  (export_onnx needs it)
+        import onnxruntime
+    except ImportError:
+        return
+    from einjit.export import export_onnx
+    export_onnx(step, tmp_path / "arena.onnx")
+    session = onnxruntime.InferenceSession(str(tmp_path / "arena.onnx"), providers=["CPUExecutionProvider"])
+    ort = np.concatenate([session.run(None, {session.get_inputs()[0].name: xs[k:k + 16]})[0] for k in (0, 16)])
+    np.testing.assert_allclose(got.reshape(want.shape), ort.reshape(want.shape), rtol=1e-5, atol=1e-5)
+
+
+_BF16_PROGRAM = """\
+#include <stdio.h>
+#include "bfm.h"
+#include "bfm.h" /* twice: the header is guarded */
+
+int main(void) {
+  static const float xs[BFM_X_SIZE] = {%s};
+  static const float probes[] = {%s};
+  einjit_bf16 x[BFM_X_SIZE], y[BFM_OUTPUT0_SIZE];
+  for (int k = 0; k < BFM_X_SIZE; k++) x[k] = einjit_bf16_from_float(xs[k]);
+  bfm *m = bfm_create();
+  if (!m) return 1;
+  bfm_run(m, x, y);
+  bfm_destroy(m);
+  for (int k = 0; k < BFM_OUTPUT0_SIZE; k++) printf("%%u %%.9g\\n", (unsigned)y[k], einjit_bf16_to_float(y[k]));
+  for (unsigned k = 0; k < sizeof probes / sizeof probes[0]; k++)
+    printf("%%u\\n", (unsigned)einjit_bf16_from_float(probes[k]));
+  return 0;
+}
+"""
+
+
+def test_bf16_ports_are_typed_and_converted_by_the_header(tmp_path):
+    """A bf16 model's ports are `einjit_bf16` in the header, which also converts: a C program
+    using only the header's type and conversions gets einjit's outputs bit for bit, and the
+    header rounds floats as einjit does (ties to even, NaN, infinities)."""
+    from einjit import nn
+    from einjit.ir import bf16
+    with ej.default_precision("bf16"):
+        x = ej.input("x", batch_dims=[4], output_dims=[3], prec="bf16")
+        y = nn.Linear(3, 2, label="fc")(x)
+    train.init_params(y, seed=0)
+    step = fit.forward_step(y, inputs=[x], name="bf16_step")
+    xs = np.linspace(-1.3, 2.1, 12, dtype=np.float32).reshape(4, 3)
+    want = step(xs)
+    lib = export_c(step, tmp_path / "lib", name="bfm")
+    assert [p.c_type for p in lib.inputs + lib.outputs] == ["einjit_bf16", "einjit_bf16"]
+    header = (lib.directory / "bfm.h").read_text()
+    assert "typedef unsigned short einjit_bf16;" in header
+    assert "void bfm_run(bfm *model_, const einjit_bf16 *x, einjit_bf16 *output0);" in header
+    build(lib.directory, "libbfm.a")
+    probes = np.array([1.0, 1.00390625, 1.01171875, -2.5e-39, 3.4e38, np.inf, -np.inf, np.nan, 0.1], np.float32)
+    literal = ", ".join(f"{v:.9e}f" for v in xs.reshape(-1))
+    probe_text = ", ".join("NAN" if np.isnan(v) else "INFINITY" if v == np.inf else "-INFINITY" if v == -np.inf
+                           else f"{v:.9e}f" for v in probes)
+    (lib.directory / "prog.c").write_text("#include <math.h>\n" + _BF16_PROGRAM % (literal, probe_text))
+    subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", "prog.c", "libbfm.a", "-lm", "-o", "prog"],
+                   cwd=lib.directory, check=True)
+    lines = subprocess.run(["./prog"], cwd=lib.directory, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    outs = [line.split() for line in lines[:8]]
+    np.testing.assert_array_equal(np.array([int(b) for b, _ in outs], np.uint16), want.reshape(-1))
+    np.testing.assert_array_equal(np.array([float(f) for _, f in outs], np.float32),
+                                  bf16.from_bits(want.reshape(-1)))
+    assert np.abs(bf16.from_bits(want)).max() > 0.05
+    np.testing.assert_array_equal(np.array([int(b) for b in lines[8:]], np.uint16), bf16.to_bits(probes))

@@ -86,7 +86,10 @@ def test_sinusoidal_positions_decode_too():
         np.testing.assert_allclose(gen.next_logits(ids[:, pos], pos)[0], full[pos], rtol=1e-4, atol=1e-5)
 
 
-def test_training_steps_match_pytorch():
+@pytest.mark.parametrize("t", [8, 5])
+def test_training_steps_match_pytorch(t):
+    """Five AdamW steps as PyTorch's, on whole blocks and on shorter sequences (which read the
+    first `t` rows of the position table, `wpe[:t]`)."""
     torch = pytest.importorskip("torch")
     import sys
     from pathlib import Path
@@ -95,8 +98,8 @@ def test_training_steps_match_pytorch():
 
     with ej.default_precision("double"):
         model = GPT(CFG, label="tt")
-        x = ej.input("x", batch_dims=[4, 8], prec="int32")
-        y = ej.input("y", batch_dims=[4, 8], prec="int32")
+        x = ej.input("x", batch_dims=[4, t], prec="int32")
+        y = ej.input("y", batch_dims=[4, t], prec="int32")
         loss = nn.cross_entropy(model(x), y)
         opt = nn.AdamW(model.params(), 1e-2)
         train.init_params(loss, seed=2)
@@ -105,7 +108,7 @@ def test_training_steps_match_pytorch():
     topt = torch.optim.AdamW(net.parameters(), 1e-2)
     rng = np.random.default_rng(4)
     for _ in range(5):
-        ids = rng.integers(0, CFG.vocab_size, (4, 9)).astype(np.int32)
+        ids = rng.integers(0, CFG.vocab_size, (4, t + 1)).astype(np.int32)
         opt.step()
         step(ids[:, :-1], ids[:, 1:])
         topt.zero_grad()
@@ -115,3 +118,4 @@ def test_training_steps_match_pytorch():
         topt.step()
         np.testing.assert_allclose(step.loss_value(), tl.item(), rtol=1e-9)
     np.testing.assert_allclose(model.wte.value.numpy(), net.wte.detach().numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(model.wpe.value.numpy(), net.wpe.detach().numpy(), rtol=1e-6, atol=1e-7)

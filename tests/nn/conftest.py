@@ -2,15 +2,7 @@
 
 import pytest
 
-from einjit import shape as sh
-from einjit.tensor import random as rnd
-
 
 @pytest.fixture(autouse=True)
-def fresh_inference_state():
-    """Each test starts from an empty global inference state and fresh random streams (a
-    stream's base depends on how many tensors were drawn from its seed before)."""
-    sh.reset_state()
-    rnd.reset_streams()
-    yield
-    sh.reset_state()
+def fresh_state(fresh_inference_state):
+    """Every test here starts from a fresh inference state (`tests/conftest.py`)."""

@@ -12,8 +12,19 @@ in the last bits). What einjit hands the routine as context arrays becomes, in t
 - values the routine only reads (parameters, running statistics, constants): `static const`
   arrays in `NAME.c` (embedded), or read from `NAME.safetensors` by `NAME_create`, so new
   values can be swapped in without recompiling;
-- values it reads and writes (state), and arrays it only writes (workspace, scratch): owned
-  by the instance `NAME_create` returns, so instances are independent.
+- values it reads and writes (state), and arrays it only writes (workspace): owned by the
+  instance `NAME_create` returns, so instances are independent;
+- the routine's scratch arrays (routine-local arrays too large for the stack): views into one
+  arena per instance, at the offsets of einjit's own scratch plan (`backends/scratch_plan.py`),
+  so the library needs the scratch bytes einjit needs (`NAME_SCRATCH_BYTES` in the header),
+  and the barriers the plan puts where bytes pass between arrays guard the same code.
+
+bf16 cells (precision bf16) are a float's upper 16 bits. The header names their C type
+`einjit_bf16` (an `unsigned short`, so the library's code and the caller agree on the bits)
+and defines `einjit_bf16_to_float` and `einjit_bf16_from_float`, the conversions einjit itself
+renders (exact widening; rounding to nearest even, NaN kept a NaN), so a caller never handles
+raw bit patterns by hand. bf16 values are embedded: the values file's reader checks the
+safetensors dtypes that einjit's checkpoints write, and those have no bf16.
 
 Everything written is a function of the model and its values (names come from labels, arrays
 in the renderer's order), so exporting twice gives the same bytes.
@@ -30,11 +41,13 @@ from pathlib import Path
 import numpy as np
 
 from einjit.backends import scratch_plan
-from einjit.backends.c_syntax import C_SYNTAX, CSyntax, ParamKind, render_program
+from einjit.backends.c_syntax import C_SYNTAX, HELPERS, CSyntax, ParamKind, render_program
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.interface import lower_assignments, read_first
+from einjit.backends.scratch_plan import ScratchPlan
 from einjit.export.errors import ExportError
 from einjit.ir import low_level as ll
+from einjit.ir import ops
 from einjit.ir.c_names import c_name
 from einjit.ir.naming import stable_names
 from einjit.ir.passes.local_storage import localize
@@ -45,6 +58,9 @@ from einjit.training import checkpoint, fit
 #: Values up to this many bytes are embedded as C arrays by `weights="auto"`; larger ones go to
 #: a safetensors file (a C array literal takes about ten bytes of source per value).
 EMBED_LIMIT_BYTES = 1 << 20
+
+BF16_TYPE = "einjit_bf16"
+"""The C type of bf16 cells in an exported library's API (see the module docstring)."""
 
 _SAFETENSORS_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.int32): "I32",
                        np.dtype(np.int64): "I64", np.dtype(np.uint8): "U8"}
@@ -75,6 +91,8 @@ class CLibrary:
     outputs: tuple[Port, ...]
     files: tuple[Path, ...]
     weights_file: Path | None
+    scratch_bytes: int = 0
+    """The bytes of an instance's scratch arena (the scratch plan's size; 0 without scratch)."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +103,8 @@ class _Array:
     tn: Tnode
     name: str
     key: str = ""
+    offset: int = 0
+    """Where a scratch array starts in the instance's arena (bytes)."""
 
 
 def identifier(text: str, default: str) -> str:
@@ -132,13 +152,15 @@ def _written(llc: ll.LLStmt) -> set[Tnode]:
     return {s.tn for s in ll.iter_stmts(llc) if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut))}
 
 
-def _roles(params, inputs: list[Tensor], outputs: list[Tensor], lowered) -> list[_Array]:
+def _roles(params, inputs: list[Tensor], outputs: list[Tensor], lowered, plan: ScratchPlan | None) -> list[_Array]:
     """Each array parameter's role (see the module docstring), checked: an input the routine
-    writes, or an output it reads before computing it, cannot be the caller's buffer."""
+    writes, or an output it reads before computing it, cannot be the caller's buffer. The
+    k-th scratch parameter gets the plan's k-th offset."""
     by_in = {t.value_tn: t for t in inputs}
     by_out = {t.value_tn: t for t in outputs}
     first = read_first(lowered)
     written = _written(lowered.llc)
+    offsets = iter(plan.offsets if plan is not None else ())
     arrays = []
     for p in params:
         match p.kind:
@@ -154,7 +176,9 @@ def _roles(params, inputs: list[Tensor], outputs: list[Tensor], lowered) -> list
                 arrays.append(_Array("output", p.tn, p.c_name))
             case ParamKind.ARRAY if p.tn in first:
                 arrays.append(_Array("state" if p.tn in written else "constant", p.tn, p.c_name))
-            case ParamKind.ARRAY | ParamKind.SCRATCH:
+            case ParamKind.SCRATCH:
+                arrays.append(_Array("scratch", p.tn, p.c_name, offset=next(offsets)))
+            case ParamKind.ARRAY:
                 arrays.append(_Array("workspace", p.tn, p.c_name))
             case _:
                 raise ExportError(f"einjit: export: the forward routine has a {p.kind.value} parameter "
@@ -174,7 +198,7 @@ def _values(arrays: list[_Array]) -> dict[Tnode, np.ndarray]:
                 raise ExportError(f"einjit: export: {a.tn.debug_name()} has no values: initialize the parameters "
                                   f"(train.init_params) or load a checkpoint first")
             arr = np.ascontiguousarray(a.tn.array)
-            if arr.dtype not in _SAFETENSORS_DTYPES:
+            if arr.dtype not in _SAFETENSORS_DTYPES and a.tn.prec is not ops.bf16:
                 raise ExportError(f"einjit: export: {a.tn.debug_name()} has dtype {arr.dtype}; the C export "
                                   f"supports {sorted(str(d) for d in _SAFETENSORS_DTYPES)}")
             out[a.tn] = arr
@@ -199,7 +223,7 @@ def _array_literal(arr: np.ndarray, per_line: int = 8) -> str:
 
 
 def _c_type(tn: Tnode) -> str:
-    return C_SYNTAX.type_name(tn.prec)
+    return BF16_TYPE if tn.prec is ops.bf16 else C_SYNTAX.type_name(tn.prec)
 
 
 def _port(t: Tensor, name: str) -> Port:
@@ -239,27 +263,32 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
     with stable_names():
         _, lowered = lower_assignments((), fit.forward_code(*outputs), routine)
         localize([(routine, lowered, read_first(lowered))])
-        # the code einjit runs: scratch zeroing at first use, barriers where its arena would
-        # pass bytes between arrays (the library gives each scratch array its own buffer)
-        llc, _ = scratch_plan.place(lowered.llc, syntax)
+        # the code einjit runs: scratch zeroing at first use, its arena's plan and barriers
+        llc, plan = scratch_plan.place(lowered.llc, syntax)
         first = render_program([(routine, llc)], (), syntax)
-        arrays = _roles(first.routines[0].params, ins, outputs, lowered)
+        arrays = _roles(first.routines[0].params, ins, outputs, lowered, plan)
         in_names = _unique([identifier(t.label_str, f"input{k}") for k, t in enumerate(ins)])
         out_names = _unique([identifier(t.label_str, f"output{k}") for k, t in enumerate(outputs)])
         arrays = _named(arrays, ins, outputs, in_names, out_names, prefix)
         values = _values(arrays)
         total = sum(v.nbytes for v in values.values())
-        embed = weights == "embed" or (weights == "auto" and total <= EMBED_LIMIT_BYTES)
+        bf16 = [a.tn.debug_name() for a in arrays if a.tn in values and a.tn.prec is ops.bf16]
+        embed = weights == "embed" or (weights == "auto" and (total <= EMBED_LIMIT_BYTES or bool(bf16)))
+        if bf16 and not embed:
+            raise ExportError(f"einjit: export_c: bf16 values {bf16} can only be embedded (weights='embed'): "
+                              f"safetensors files of einjit hold no bf16")
         prelude = syntax.prelude + _prelude(prefix, arrays, values, embed)
         program = render_program([(routine, llc)], (), replace(syntax, prelude=prelude))
     in_ports = tuple(_port(t, n) for t, n in zip(ins, in_names, strict=True))
     out_ports = tuple(_port(t, n) for t, n in zip(outputs, out_names, strict=True))
+    scratch_bytes = 0 if plan is None else plan.size
     source = _source_head(prefix) + program.source + "\n" + _api(prefix, routine, arrays, in_ports, out_ports,
-                                                                 values, embed)
+                                                                 values, embed, scratch_bytes)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     parallel = "#pragma omp" in program.source
-    files = {f"{prefix}.h": _header(prefix, in_ports, out_ports, arrays, embed, threads, vector_math, parallel),
+    files = {f"{prefix}.h": _header(prefix, in_ports, out_ports, arrays, embed, threads, vector_math, parallel,
+                                    scratch_bytes),
              f"{prefix}.c": source, "main.c": _main(prefix, in_ports, out_ports, embed),
              "Makefile": _makefile(prefix, threads, vector_math)}
     written = []
@@ -272,7 +301,7 @@ def export_c(model: object, directory: str | Path, *, name: str = "model", input
         weights_file = directory / f"{prefix}.safetensors"
         checkpoint.write({a.key: values[a.tn] for a in arrays if a.tn in values}, weights_file)
         written.append(weights_file)
-    return CLibrary(directory, prefix, in_ports, out_ports, tuple(written), weights_file)
+    return CLibrary(directory, prefix, in_ports, out_ports, tuple(written), weights_file, scratch_bytes)
 
 
 def _syntax(threads: int, vector_math: bool) -> CSyntax:
@@ -342,11 +371,21 @@ def _fields(arrays: list[_Array], embed: bool) -> list[_Array]:
 
 
 def _api(prefix: str, routine: str, arrays: list[_Array], ins: tuple[Port, ...], outs: tuple[Port, ...],
-         values: dict[Tnode, np.ndarray], embed: bool) -> str:
+         values: dict[Tnode, np.ndarray], embed: bool, scratch_bytes: int) -> str:
     fields = _fields(arrays, embed)
+    scratch = [a for a in arrays if a.role == "scratch"]
     parts = [f"struct {prefix} {{"]
     parts += [f"  {_c_type(a.tn)} *{a.name};  /* {a.role}: {'.'.join(a.tn.label)} {_dims_text(a.tn.dims)} */"
-              for a in fields] or ["  int unused;  /* the model keeps no arrays between calls */"]
+              for a in fields]
+    parts += [f"  {_c_type(a.tn)} *{a.name};  /* scratch: {'.'.join(a.tn.label)} {_dims_text(a.tn.dims)}, at byte "
+              f"{a.offset} of the arena */" for a in scratch]
+    if scratch:
+        parts += [f"  unsigned char *scratch_;  /* the scratch arena: {len(scratch)} arrays in {scratch_bytes} bytes "
+                  f"({sum(a.tn.size * a.tn.prec.itemsize for a in scratch)} one array each) */",
+                  f"  unsigned char *scratch_raw_;  /* scratch_ as allocated, before {scratch_plan.ALIGN}-byte "
+                  f"alignment */"]
+    if not fields and not scratch:
+        parts.append("  int unused;  /* the model keeps no arrays between calls */")
     parts += ["};", "", f"static char {prefix}_error_text[256];", ""]
     parts += [f"const char *{prefix}_last_error(void) {{", f"  return {prefix}_error_text;", "}", ""]
     parts += [f"static void *{prefix}_fail(const char *what, const char *detail) {{",
@@ -354,6 +393,8 @@ def _api(prefix: str, routine: str, arrays: list[_Array], ins: tuple[Port, ...],
               "  return NULL;", "}", ""]
     parts += [f"void {prefix}_destroy({prefix} *model_) {{", "  if (!model_) return;"]
     parts += [f"  free(model_->{a.name});" for a in fields]
+    if scratch:
+        parts.append("  free(model_->scratch_raw_);")
     parts += ["  free(model_);", "}", ""]
     if not embed:
         parts += [_reader(prefix), _loader(prefix, arrays, values)]
@@ -364,6 +405,13 @@ def _api(prefix: str, routine: str, arrays: list[_Array], ins: tuple[Port, ...],
         parts += [f"  model_->{a.name} = ({_c_type(a.tn)} *)calloc({a.tn.size}, sizeof *model_->{a.name});",
                   f"  if (!model_->{a.name}) {{ {prefix}_destroy(model_); return ({prefix} *){prefix}_fail(\"out of "
                   f"memory for \", \"{a.name}\"); }}"]
+    if scratch:
+        align = scratch_plan.ALIGN
+        parts += [f"  model_->scratch_raw_ = (unsigned char *)calloc({scratch_bytes + align - 1}, 1);",
+                  f"  if (!model_->scratch_raw_) {{ {prefix}_destroy(model_); return ({prefix} *){prefix}_fail(\"out "
+                  f"of memory for \", \"the scratch arena\"); }}",
+                  f"  model_->scratch_ = model_->scratch_raw_ + (-(uintptr_t)model_->scratch_raw_ & {align - 1});"]
+        parts += [f"  model_->{a.name} = ({_c_type(a.tn)} *)(model_->scratch_ + {a.offset});" for a in scratch]
     if embed:
         parts += [f"  memcpy(model_->{a.name}, {prefix}_{a.name}_init, sizeof {prefix}_{a.name}_init);"
                   for a in fields if a.role == "state"]
@@ -376,7 +424,7 @@ def _api(prefix: str, routine: str, arrays: list[_Array], ins: tuple[Port, ...],
     parts += [f"void {prefix}_run({prefix} *model_, {args}) {{"]
     used = {a.name for a in arrays if a.role in ("input", "output")}
     parts += [f"  (void){p.name};" for p in ins if p.name not in used]
-    if not fields:
+    if not fields and not scratch:
         parts.append("  (void)model_;")
     call = [a.name if a.role in ("input", "output") or (a.role == "constant" and embed) else f"model_->{a.name}"
             for a in arrays]
@@ -497,7 +545,7 @@ def _loader(prefix: str, arrays: list[_Array], values: dict[Tnode, np.ndarray]) 
 
 
 def _header(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], arrays: list[_Array], embed: bool,
-            threads: int, vector_math: bool, parallel: bool) -> str:
+            threads: int, vector_math: bool, parallel: bool, scratch_bytes: int) -> str:
     guard = prefix.upper() + "_H"
     ports = [f" *   {p.name}: {p.c_type} {_dims_text(p.dims)}, {p.size} values (label {p.label!r})" for p in ins]
     out_ports = [f" *   {p.name}: {p.c_type} {_dims_text(p.dims)}, {p.size} values (label {p.label!r})"
@@ -523,11 +571,15 @@ def _header(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], arrays: 
                         f" * pay for them: it runs single-threaded; needs {libs}.")
     else:
         threads_text = f" * Single-threaded; no dependency beyond {libs}."
+    bf16 = any(p.c_type == BF16_TYPE for p in ins + outs) or any(a.tn.prec is ops.bf16 for a in arrays)
     macros = [f"#define {prefix.upper()}_{p.name.upper()}_SIZE {p.size}" for p in ins + outs]
+    macros.append(f"#define {prefix.upper()}_SCRATCH_BYTES {scratch_bytes}")
     return "\n".join([
         f"/* {prefix}.h: the C API of the einjit model {prefix!r} (generated by einjit.export.export_c).",
         " *",
         " * Arrays are dense, row-major (C order), batch axes first; the batch size is fixed at export.",
+        *([f" * {BF16_TYPE} is a bfloat16 number as its 16 bits (a float's upper half): convert with",
+           " * einjit_bf16_from_float (rounds to nearest even) and einjit_bf16_to_float (exact)."] if bf16 else []),
         " * Inputs:", *ports, " * Outputs:", *out_ports,
         *values,
         threads_text,
@@ -539,6 +591,9 @@ def _header(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], arrays: 
         " *",
         " * An instance owns the arrays the model keeps between and within calls: distinct instances may",
         " * run concurrently, one instance runs one call at a time. Input and output buffers must not overlap.",
+        *([f" * Its temporary arrays share one scratch arena of {prefix.upper()}_SCRATCH_BYTES bytes, placed as",
+           " * einjit places them (arrays that are never needed at the same time share bytes)."]
+          if scratch_bytes else []),
         " */",
         f"#ifndef {guard}",
         f"#define {guard}",
@@ -547,6 +602,7 @@ def _header(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], arrays: 
         'extern "C" {',
         "#endif",
         "",
+        *(_bf16_api() if bf16 else []),
         *macros,
         "",
         f"typedef struct {prefix} {prefix};",
@@ -569,6 +625,20 @@ def _header(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], arrays: 
         "",
         f"#endif /* {guard} */",
         ""])
+
+
+def _bf16_api() -> list[str]:
+    """`einjit_bf16` and its conversions for the header: the helpers einjit renders into its
+    own code (`c_syntax.HELPERS["bf16"]`) under public names, guarded so that the headers of
+    two exported models can be included together."""
+    public = HELPERS["bf16"].format(q="static inline")
+    for old, new in (("float einjit_bf16_load(unsigned short h)", f"float einjit_bf16_to_float({BF16_TYPE} h)"),
+                     ("unsigned short einjit_bf16_store(float f)", f"{BF16_TYPE} einjit_bf16_from_float(float f)")):
+        if old not in public:
+            raise ExportError(f"einjit: export_c: the C backend's bf16 helpers no longer define {old!r}")
+        public = public.replace(old, new)
+    return ["#ifndef EINJIT_BF16_DEFINED", "#define EINJIT_BF16_DEFINED",
+            f"typedef {C_SYNTAX.type_name(ops.bf16)} {BF16_TYPE};", public.rstrip("\n"), "#endif", ""]
 
 
 def _main(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], embed: bool) -> str:

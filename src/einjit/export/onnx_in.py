@@ -546,9 +546,8 @@ def _concat(imp: _Importer, node, attrs) -> None:
     labels = _labels(out)
     offset = 0
     pieces = []
-    # Each piece reads its input at `o - offset` through a 2-tap kernel (0, 1): padding before
-    # the start is then at least 1 (a window with only padding after its end is not guarded
-    # by the lowering yet), and the zero tap adds an exact 0.
+    # Each piece reads its input at `o - offset` as a padded window (zeros outside the input),
+    # through a 2-tap kernel (0, 1) whose zero tap adds an exact 0.
     tap = ndarray(np.array([0.0, 1.0], np.float32), label=f"{node.output[0]}.tap")
     for k, (n, s) in enumerate(zip(names, shapes, strict=True)):
         if s[:axis] != out[:axis] or s[axis + 1:] != out[axis + 1:]:

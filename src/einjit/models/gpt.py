@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from einjit.ir import ops
 from einjit.ir.indexing import StaticSymbol
 from einjit.nn import init as nn_init
 from einjit.nn.attention import TransformerBlock
@@ -117,13 +118,19 @@ class GPT(Layer):
         return take(self.wte, tokens, spec=_TOKEN_ROWS, label=f"{self.label}.tokens")
 
     def position_table(self, n: int) -> Tensor:
-        """The first `n` position embeddings as `time | -> d_model`."""
+        """The first `n` position embeddings as `time | -> d_model`: the whole learned table
+        read row for row, or for a shorter sequence its first `n` rows gathered (as PyTorch
+        and Hugging Face index `wpe[:n]`), the gradient landing in those rows only."""
         c = self.config
         if not 1 <= n <= c.block_size:
             raise ShapeError(f"einjit: GPT {self.label}: a sequence of {n} tokens does not fit block_size="
                              f"{c.block_size}")
         if self.wpe is None:
             return ndarray(sinusoidal_table(n, c.d_model), batch_axes=1, label=f"{self.label}.sinusoid")
+        if n < c.block_size:
+            first = ndarray(np.arange(n, dtype=np.int32).reshape(n, 1), batch_axes=1, prec=ops.int32,
+                            label=f"{self.label}.first_positions")
+            return self.position_rows(first)
         fwd, bwd = _ROWS
         return make_op("rows", [self.wpe], logic="t,d => t|->d", forward=fwd, backprop=bwd,
                        label=f"{self.label}.positions")
@@ -161,19 +168,12 @@ class GPT(Layer):
 
     def __call__(self, tokens: Tensor, *, positions: Tensor | None = None,
                  caches: list[tuple[Tensor, Tensor]] | None = None, pos: StaticSymbol | None = None) -> Tensor:
-        """Logits of `tokens`. Without `positions` the tokens are positions `0 .. n-1` (with
-        learned positions, `n` must be `block_size`); `positions` (integer ids, one per token)
+        """Logits of `tokens`. Without `positions` the tokens are positions `0 .. n-1` (any
+        `n` up to `block_size`); `positions` (integer ids, one per token)
         places them anywhere, e.g. at the decoding position. `caches` / `pos`: KV caches
         (`kv_caches`) written at the static-symbol position `pos` and attended over."""
         n = self._sequence_length(tokens)
-        if positions is not None:
-            where = self.position_rows(positions)
-        elif self.wpe is not None and n != self.config.block_size:
-            raise ShapeError(f"einjit: GPT {self.label}: learned positions are read for whole blocks: the time "
-                             f"axis of {tokens.label_str} is {n}, block_size is {self.config.block_size}; pass "
-                             f"positions= for shorter sequences")
-        else:
-            where = self.position_table(n)
+        where = self.position_rows(positions) if positions is not None else self.position_table(n)
         x = self.drop(self.embed(tokens) + where)
         return self.head(self.hidden(x, caches, pos))
 

@@ -2,7 +2,24 @@
 (`SCHEMES`) and drawn either on the host from `train.init_params`' seeded generator once fan-in
 and fan-out are inferred (the one front door of initialization), or inside a compiled routine
 (`init_code`) from the in-graph random numbers of `einjit.uniform`: the same distributions, from
-two generators (the host's NumPy stream, the routine's counter-based hash)."""
+two generators (the host's NumPy stream, the routine's counter-based hash).
+
+The two give different values for the same seed, by design, and cannot be made to agree
+without breaking one of them:
+
+- the host's values are a function of the seed and of the order `init_params` meets the
+  parameters in (one `np.random.default_rng(seed)` stream): they are what checkpoints,
+  PyTorch comparisons and every seeded result so far were made from, and they must not move;
+- the routine's values are a function of the seed and of the random tensor's place among all
+  those drawn from that seed in the process (`random.stream_base(seed, index)`: dropout masks
+  built before count), not of the parameter, so no host order reproduces them in general;
+- a normal is Box-Muller computed in the parameter's precision with the backend's `log` and
+  `cos` (libm, libmvec or CUDA's), whose last bits differ from NumPy's.
+
+What they share is tested: each reproduces itself for its seed, every scheme has the same
+bounds and moments either way, and the routine's uniform draws are exactly the counter-hash
+stream (`tests/nn/test_init.py`). To give a model the host's values inside a routine's
+context, initialize on the host (`train.init_params`) before the first step."""
 
 from __future__ import annotations
 
@@ -62,7 +79,8 @@ def set_init(p: Tensor, name: str, fans: Fans) -> None:
 
 def init_code(params: Tensor | Iterable[Tensor], *, seed: int = 0) -> asg.Asgns:
     """Assignments that initialize `params` inside a routine, from in-graph random numbers: the
-    same distributions as `train.init_params`, different draws. Run the routine once."""
+    same distributions as `train.init_params`, different draws (the module says why). Run the
+    routine once."""
     from einjit.tensor import random as rnd
     from einjit.tensor.notation import cd
     from einjit.tensor.operation import _lazy_number

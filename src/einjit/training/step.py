@@ -30,6 +30,7 @@ from einjit.backends.interface import (
 )
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
+from einjit.ir import optimize
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.naming import stable_names
 from einjit.ir.optimize import VirtualizeSettings
@@ -64,6 +65,9 @@ def compile_code(code: "Code | asg.Asgns | Sequence[Code | asg.Asgns]", *, bindi
     base = backends.resolve(backend)
     compiler = base if options is None else backends.with_options(base, options)
     symbols = tuple(bindings)
+    # the settings the passes will use, also when the caller leaves them to the module's
+    # default: the program cache's key must tell programs compiled under other settings apart
+    settings = settings or optimize.virtualize_settings
 
     def lower() -> Any:
         return lower_assignments(symbols, asgns, name, settings=settings)[1]

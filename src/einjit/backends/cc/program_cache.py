@@ -295,7 +295,7 @@ def store(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], 
         "c_name": proc.procedure.name,
         "source": proc.procedure.source,
     }
-    cache.atomic_write(_path(program_key), json.dumps(record).encode())
+    cache.store_record("program", program_key, _path(program_key), json.dumps(record).encode())
     stats.stores += 1
 
 
@@ -397,7 +397,7 @@ def load(program_key: str, asgns: asg.Asgns, bindings: Sequence[StaticSymbol], n
     if len(graph) != len(set(graph)):
         return None
     try:
-        record = _decode(json.loads(path.read_bytes()), graph, bindings)
+        record = _decode(json.loads(cache.load_record("program", program_key, path)), graph, bindings)
     except FileNotFoundError:
         return None
     except (OSError, _BadRecord, KeyError, TypeError, ValueError, IndexError) as e:

@@ -182,7 +182,7 @@ def _run_nvrtc(source: str, name: str, arch: str, kind: str, flags: tuple[str, .
 
 
 def _run_nvcc(source: str, name: str, arch: str, kind: str, options: CudaOptions, cu_path: Path) -> bytes:
-    with tempfile.TemporaryDirectory(dir=cu_path.parent, prefix=".nvcc-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="einjit-nvcc-") as tmp:
         src, out = Path(tmp) / f"{name}.cu", Path(tmp) / f"{name}.{kind}"
         src.write_text(source, encoding="utf-8")
         cmd = [options.nvcc, f"-{kind}", f"-arch={arch}", *options.nvcc_flags, "-o", str(out), str(src)]
