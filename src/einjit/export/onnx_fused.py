@@ -279,6 +279,7 @@ def recognize(t: Tensor) -> Fused | None:
 
 
 def gelu_approximation(t: Tensor) -> str:
-    """`"tanh"` if the `gelu` tensor `t` computes the tanh form, else `"none"` (the erf form)."""
+    """`"none"` if the `gelu` tensor `t` computes the erf form, else `"tanh"`: the tanh form is
+    computed through `exp` (`sigmoid(2u)`), so `erf` is what tells the two apart."""
     unops = {a.op for a in asg.flatten_with_comments(t.own_forward) if isinstance(a, asg.AccumUnop)}
-    return "tanh" if ops.Unop.TANH in unops else "none"
+    return "none" if ops.Unop.ERF in unops else "tanh"
