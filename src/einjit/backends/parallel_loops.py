@@ -240,8 +240,9 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK) 
     """`llc` with one parallel loop of each top-level nest marked `parallel` where one
     execution of the nest runs at least `min_work` assignments and the loop has at least
     `threads` iterations (`_thread_nest`). Nests the scheduler already threads (a loop marked
-    `parallel`) are left as they are, and so is a nest whose per-iteration scratch another
-    top-level statement also touches (threads would each keep their own copy of it)."""
+    `parallel`) keep their threads, outermost where they can (`_threads_outside`); a nest
+    whose per-iteration scratch another top-level statement also touches is left as it is
+    (threads would each keep their own copy of it)."""
     top = list(ll.flatten(llc))
     touched: dict[Tnode, int] = {}
     for s in top:
@@ -249,11 +250,34 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK) 
             touched[tn] = touched.get(tn, 0) + 1
     out: list[ll.LLStmt] = []
     for s in top:
-        if (isinstance(s, ll.ForLoop) and not any(isinstance(x, ll.ForLoop) and x.parallel for x in ll.iter_stmts(s))
-                and all(touched[tn] == 1 for tn in scheduler_locals(s))):
-            s = _thread_nest(s, threads, min_work)
+        if isinstance(s, ll.ForLoop) and all(touched[tn] == 1 for tn in scheduler_locals(s)):
+            if not any(isinstance(x, ll.ForLoop) and x.parallel for x in ll.iter_stmts(s)):
+                s = _thread_nest(s, threads, min_work)
+            elif not s.parallel:
+                s = _threads_outside(s, threads, min_work)
         out.append(s)
     return ll.seq(*out)
+
+
+def _threads_outside(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
+    """A nest the scheduler threads inside (a contraction's panel loop, 2 panels, under a
+    loop over 4 heads) with its outermost loop on threads instead, where that loop is
+    parallel and splits evenly: one fork-join instead of one per head, and the nest can share
+    a parallel region with its neighbours."""
+    if (_share(_extent(nest), threads) < 0.9 or work(nest) < min_work
+            or not is_parallel(nest, scheduler_locals(nest))):
+        return nest
+    return dataclasses.replace(nest, body=_serial(nest.body), parallel=True)
+
+
+def _serial(stmt: ll.LLStmt) -> ll.LLStmt:
+    """`stmt` with no loop marked `parallel`."""
+    match stmt:
+        case ll.ForLoop():
+            return dataclasses.replace(stmt, body=_serial(stmt.body), parallel=False)
+        case ll.Seq():
+            return ll.seq(*(_serial(s) for s in ll.flatten(stmt)))
+    return stmt
 
 
 def _thread_nest(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
