@@ -20,18 +20,25 @@ from collections.abc import Iterator as PyIterator
 from dataclasses import dataclass
 
 from einjit.ir import low_level as ll
+from einjit.ir import provenance
 from einjit.ir.indexing import Affine, AxisIndex, Iterator, Symbol, gather_indices, get_symbol, make_affine, subst_index
 from einjit.ir.passes.local_storage import is_routine_local
 from einjit.ir.sched import nests
 from einjit.ir.tnode import Tnode
 
-__all__ = ["CHUNK_WORK", "SHARED_RUN_BYTES", "THREAD_MIN_WORK", "Access", "Region", "Unit", "accesses", "chunk",
-           "collapsed", "is_parallel", "opaque", "parallel_chain", "reads", "run_bytes", "scheduler_locals",
-           "shared_regions", "slicing", "thread_nests", "work"]
+__all__ = ["BLOCKED_WORK_FACTOR", "CHUNK_WORK", "SHARED_RUN_BYTES", "THREAD_MIN_WORK", "Access", "Region", "Unit",
+           "accesses", "chunk", "collapsed", "is_parallel", "opaque", "parallel_chain", "reads", "run_bytes",
+           "scheduler_locals", "shared_regions", "slicing", "thread_nests", "work"]
 
 THREAD_MIN_WORK = 1 << 15
 """Assignments a loop must run (one execution of it) to be put on threads: about 10 µs of
 pointwise work, several times a fork-join (1-2 µs with libgomp's spinning threads)."""
+
+BLOCKED_WORK_FACTOR = 16
+"""A register-blocked contraction's assignments are lanes of vector multiply-adds, a small
+fraction of a pointwise assignment's time each: its nest goes on threads from 16 times the
+work (512K multiply-adds, about 10 µs). The scheduler threads contractions from a
+millisecond (`Blocking.parallel_min_work`); between the two, a convolution threads here."""
 
 SHARED_RUN_BYTES = 1024
 """Below this many contiguous bytes written per iteration (`run_bytes`), a threaded loop's
@@ -249,14 +256,29 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK) 
         for tn in ll.nodes_of(s):
             touched[tn] = touched.get(tn, 0) + 1
     out: list[ll.LLStmt] = []
+    done: dict[int, tuple[ll.LLStmt, tuple[int, int], ll.LLStmt]] = {}
     for s in top:
         if isinstance(s, ll.ForLoop) and all(touched[tn] == 1 for tn in scheduler_locals(s)):
-            if not any(isinstance(x, ll.ForLoop) and x.parallel for x in ll.iter_stmts(s)):
-                s = _thread_nest(s, threads, min_work)
-            elif not s.parallel:
-                s = _threads_outside(s, threads, min_work)
+            known = _LAST_THREADED.get(id(s))
+            if known is not None and known[0] is s and known[1] == (threads, min_work):
+                threaded = known[2]
+            elif not any(isinstance(x, ll.ForLoop) and x.parallel for x in ll.iter_stmts(s)):
+                threaded = _thread_nest(s, threads, min_work)
+            else:
+                threaded = s if s.parallel else _threads_outside(s, threads, min_work)
+            done[id(s)] = (s, (threads, min_work), threaded)
+            s = threaded
         out.append(s)
+    _LAST_THREADED.clear()
+    _LAST_THREADED.update(done)
     return ll.seq(*out)
+
+
+_LAST_THREADED: dict[int, tuple[ll.LLStmt, tuple[int, int], ll.LLStmt]] = {}
+"""The nests of the last `thread_nests` call (by identity, kept alive here so an id is not
+reused), with the thread count and threshold and what they became: the scratch planner and
+the renderer thread the same nests of a routine (the planner's code gains only compiler
+barriers and moved zero fills), and a large routine's nests take a good part of a second."""
 
 
 def _threads_outside(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
@@ -290,8 +312,10 @@ def _thread_nest(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
     Loops nested right inside the threaded one that are parallel too are marked as well while
     the threads' shares are uneven (3 rows on 2 threads): the renderer collapses them.
     Without a parallel loop in the chain, the statements of the chain's last body are
-    threaded one by one (`_thread_body`)."""
-    if work(nest) < min_work:
+    threaded one by one (`_thread_body`). A register-blocked contraction needs
+    `BLOCKED_WORK_FACTOR` times the work."""
+    blocked = any(tn.provenance == provenance.REGISTER_BLOCK for tn in scheduler_locals(nest))
+    if work(nest) < min_work * (BLOCKED_WORK_FACTOR if blocked else 1):
         return nest
     chain: list[ll.ForLoop] = []
     cur: ll.LLStmt = nest
@@ -403,6 +427,20 @@ def shared_regions(top: list[ll.LLStmt]) -> list[Region]:
     threads an inner loop (its own region), or backend-staged code, ends a region. Regions of
     fewer than two threaded nests are left out: they would gain nothing. A compiler barrier
     of the scratch planner stays in the region, after a barrier of the threads."""
+    last = _LAST_REGIONS.get("top")
+    if last is not None and len(last[0]) == len(top) and all(a is b for a, b in zip(last[0], top, strict=True)):
+        return list(last[1])
+    regions = _shared_regions(top)
+    _LAST_REGIONS["top"] = (tuple(top), tuple(regions))
+    return regions
+
+
+_LAST_REGIONS: dict[str, tuple[tuple[ll.LLStmt, ...], tuple[Region, ...]]] = {}
+"""The statements of the last `shared_regions` call and their regions: the layout and the
+renderer ask for the regions of the same statements."""
+
+
+def _shared_regions(top: list[ll.LLStmt]) -> list[Region]:
     touched: dict[Tnode, int] = {}
     for s in top:
         for tn in ll.nodes_of(s):
