@@ -329,3 +329,22 @@ def test_a_compiler_barrier_stays_in_the_region_after_a_thread_barrier():
     body = _functions(cc.compile_proc(code, name="fence", options=options(2)).source, "fence")["fence"]
     assert _pragmas(body) == [REGION, "#pragma omp barrier"]
     assert body.index("#pragma omp barrier") < body.index(parallel_loops.COMPILER_BARRIER)
+
+
+def test_a_large_zero_fill_in_a_region_is_shared_in_pieces():
+    """A 256 KB zero fill between two threaded nests: the threads clear 64 KB pieces of it
+    (the last one shorter) instead of one thread clearing it all while the other waits; the
+    nest that adds into it waits for the fill, the one before does not."""
+    x, a, z = Tnode("x", (48, 40)), Tnode("a", (48, 40)), Tnode("big", (130, 512))
+    i, j = get_symbol("i"), get_symbol("j")
+    cell = it(i, j)
+    bump = ll.Set(z, cell, ll.Binop(ops.Binop.ADD, ll.Get(z, cell), ll.Constant(1.5)))
+    code = ll.seq(pointwise(x, a, 2.0), ll.ZeroOut(z), ll.ForLoop(i, 0, 129, ll.ForLoop(j, 0, 511, bump)))
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1)))
+    [region] = parallel_loops.shared_regions(top)
+    assert [(u.role, u.nowait) for u in region.units] == [("for", True), ("zero", False), ("for", True)]
+    source, want = check_threads(code, inputs_for(x), [a, z], "zero_fill")
+    body = _functions(source, "zero_fill")["zero_fill"]
+    assert _pragmas(body) == [REGION, "#pragma omp for schedule(dynamic)"]
+    assert "for (int z = 0; z < 5; ++z) memset(big + z * 16384, 0, sizeof(float) * (z < 4 ? 16384 : 1024));" in body
+    np.testing.assert_array_equal(want[z], np.full((130, 512), 1.5, np.float32))

@@ -386,6 +386,9 @@ class _Writer:
         self.orphan: bool | None = None
         """In a shared region: render the next threaded loop as an orphaned `omp for`, with
         `nowait` when True."""
+        self.shared_zero: bool | None = None
+        """In a shared region: render the zero fill as an `omp for` over its pieces, with
+        `nowait` when True."""
 
     # -- names and storage
 
@@ -765,8 +768,9 @@ class _Writer:
             if unit.role == "sync":
                 self.lines.append(inner + self.syn.barrier_pragma)
             self.orphan = unit.nowait if unit.role == "for" else None
+            self.shared_zero = unit.nowait if unit.role == "zero" else None
             emit(inner)
-            self.orphan = None
+            self.orphan = self.shared_zero = None
         if k == region.stop - region.start - 1:
             self.lines.append(indent + "}")
 
@@ -784,7 +788,15 @@ class _Writer:
 
     def zero_out(self, tn: Tnode, indent: str) -> None:
         name, t = self.node_name(tn, written=True), self.syn.type_name(tn.prec)
-        if self.syn.zero_out_memset:
+        if self.shared_zero is not None and self.syn.zero_out_memset:
+            piece = max(1, parallel_loops.ZERO_PIECE_BYTES // tn.prec.itemsize)
+            pieces = -(-tn.size // piece)
+            last = tn.size - (pieces - 1) * piece
+            self.lines.append(indent + self.syn.parallel_for_pragma.format(chunk="", collapse="")
+                              + (self.syn.nowait_clause if self.shared_zero else ""))
+            self.lines.append(f"{indent}for ({self.index_type} z = 0; z < {pieces}; ++z) "
+                              f"memset({name} + z * {piece}, 0, sizeof({t}) * (z < {pieces - 1} ? {piece} : {last}));")
+        elif self.syn.zero_out_memset:
             self.lines.append(f"{indent}memset({name}, 0, sizeof({t}) * {tn.size});")
         else:
             zero = self.stored("0.0f", tn.prec) if tn.prec is ops.bf16 else "0"

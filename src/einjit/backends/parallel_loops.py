@@ -26,9 +26,10 @@ from einjit.ir.passes.local_storage import is_routine_local
 from einjit.ir.sched import nests
 from einjit.ir.tnode import Tnode
 
-__all__ = ["BLOCKED_WORK_FACTOR", "CHUNK_WORK", "SHARED_RUN_BYTES", "THREAD_MIN_WORK", "Access", "Region", "Unit",
-           "accesses", "chunk", "collapsed", "is_parallel", "opaque", "parallel_chain", "reads", "run_bytes",
-           "scheduler_locals", "shared_regions", "slicing", "thread_nests", "work"]
+__all__ = ["BLOCKED_WORK_FACTOR", "CHUNK_WORK", "SHARED_RUN_BYTES", "SHARED_ZERO_BYTES", "THREAD_MIN_WORK",
+           "ZERO_PIECE_BYTES", "Access", "Region", "Unit", "accesses", "chunk", "collapsed", "is_parallel", "opaque",
+           "parallel_chain", "reads", "run_bytes", "scheduler_locals", "shared_regions", "slicing", "thread_nests",
+           "work"]
 
 THREAD_MIN_WORK = 1 << 15
 """Assignments a loop must run (one execution of it) to be put on threads: about 10 µs of
@@ -45,6 +46,13 @@ SHARED_RUN_BYTES = 1024
 neighbouring iterations share many cache lines: a convolution threaded over its output rows
 (26 floats each) writes lines another thread writes too, where its batch blocks (16 images)
 do not. Another parallel loop of the nest is taken instead, if there is one that splits evenly."""
+
+SHARED_ZERO_BYTES = 1 << 17
+"""A zero fill (`ZeroOut`) of at least this many bytes in a parallel region is shared by the
+threads in pieces of `ZERO_PIECE_BYTES` (a convnet's gradient arrays are 1.4 MB, 100 µs or
+so of one core's stores), not left to one thread while the others wait."""
+
+ZERO_PIECE_BYTES = 1 << 16
 
 CHUNK_WORK = 2048
 """Assignments a thread takes at once from a threaded loop with light iterations (a loop over
@@ -394,7 +402,8 @@ class Unit:
     """Statements `first` to `stop` (exclusive, numbered within their region) that run as one
     construct: "for" (one nest whose outermost loop the threads share), "single" (statements
     one thread runs), "plain" (comments: no code), "sync" (a compiler barrier, after a
-    barrier of the threads: `is_compiler_barrier`). `nowait`: no barrier after it, since
+    barrier of the threads: `is_compiler_barrier`), "zero" (a large array's zero fill, its
+    pieces shared by the threads: `SHARED_ZERO_BYTES`). `nowait`: no barrier after it, since
     nothing up to the next barrier touches what it writes or writes what it reads."""
 
     role: str
@@ -470,6 +479,8 @@ def _role(s: ll.LLStmt, touched: dict[Tnode, int]) -> str:
         return "sync"
     if opaque(s):
         return "end"
+    if isinstance(s, ll.ZeroOut) and s.tn.size * s.tn.prec.itemsize >= SHARED_ZERO_BYTES:
+        return "zero"
     threaded = [x for x in ll.iter_stmts(s) if isinstance(x, ll.ForLoop) and x.parallel]
     if not threaded:
         return "single"
@@ -478,15 +489,19 @@ def _role(s: ll.LLStmt, touched: dict[Tnode, int]) -> str:
     return "end"
 
 
+_ALONE = ("for", "sync", "zero")
+"""The roles of statements that are units by themselves."""
+
+
 def _units(stmts: list[ll.LLStmt], kinds: list[str]) -> tuple[Unit, ...]:
-    """`stmts` as units: each "for" and "sync" alone, each run of other statements one
+    """`stmts` as units: each "for", "zero" and "sync" alone, each run of other statements one
     "single" (or "plain" if they are all comments); then whether each may skip its barrier:
     the next unit is a "sync" (a barrier itself), or it touches nothing that a unit since the
     last barrier writes, and writes nothing they read. The last one always may (the region
     ends with a barrier)."""
     spans: list[tuple[str, int, int]] = []
     for k, kind in enumerate(kinds):
-        if kind in ("for", "sync") or not spans or spans[-1][0] in ("for", "sync"):
+        if kind in _ALONE or not spans or spans[-1][0] in _ALONE:
             spans.append((kind, k, k + 1))
         else:
             role = "single" if "single" in (kind, spans[-1][0]) else "plain"
