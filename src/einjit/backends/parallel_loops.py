@@ -293,8 +293,11 @@ def _threads_outside(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoo
     """A nest the scheduler threads inside (a contraction's panel loop, 2 panels, under a
     loop over 4 heads) with its outermost loop on threads instead, where that loop is
     parallel and splits evenly: one fork-join instead of one per head, and the nest can share
-    a parallel region with its neighbours."""
-    if (_share(_extent(nest), threads) < 0.9 or work(nest) < min_work
+    a parallel region with its neighbours. Only where the scheduler's threaded loops are
+    all the loop holds: threads sharing a panel packed before them stay as they are."""
+    inside = [s for s in ll.flatten(nest.body) if not isinstance(s, ll.Comment)]
+    if (not all(isinstance(s, ll.ForLoop) and s.parallel for s in inside)
+            or _share(_extent(nest), threads) < 0.9 or work(nest) < min_work
             or not is_parallel(nest, scheduler_locals(nest))):
         return nest
     return dataclasses.replace(nest, body=_serial(nest.body), parallel=True)
@@ -347,8 +350,10 @@ def _thread_nest(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
         even = [k for k in candidates if _share(_extent(chain[k]), threads) >= 0.9]
         pick = next((k for k in even if runs[k] >= SHARED_RUN_BYTES), pick)
     group = _collapsed(chain, pick, threads)
-    inner = _rewrap(chain[:pick], chain[pick + len(group) - 1].body)
-    return _rewrap([dataclasses.replace(loop, parallel=True) for loop in group], inner)  # type: ignore[return-value]
+    below = _rewrap(chain[:pick], chain[pick + len(group) - 1].body)
+    threaded = _rewrap([dataclasses.replace(loop, parallel=True) for loop in group], below)
+    assert isinstance(threaded, ll.ForLoop)
+    return threaded
 
 
 def _extent(loop: ll.ForLoop) -> int:
@@ -394,7 +399,9 @@ def _thread_body(chain: list[ll.ForLoop], threads: int, min_work: int) -> ll.For
            if isinstance(s, ll.ForLoop) and all(touched[tn] == 1 for tn in scheduler_locals(s)) else s for s in body]
     if all(a is b for a, b in zip(out, body, strict=True)):
         return chain[0]
-    return _rewrap(chain, ll.seq(*out))  # type: ignore[return-value]
+    threaded = _rewrap(chain, ll.seq(*out))
+    assert isinstance(threaded, ll.ForLoop)
+    return threaded
 
 
 @dataclass(frozen=True, slots=True)
