@@ -1,11 +1,15 @@
 """Which loops of low-level code can run their iterations in parallel.
 
 A loop is parallel when its iterations are independent: every shared node its body writes
-is sliced by the loop's index at one axis in all its accesses, and the private nodes (given
-by the caller: per-thread or per-iteration scratch) are written before they are read. The
-CUDA backend spreads such loops over a grid; the C backend, at more than one thread, runs
-the outermost such loop of every top-level nest big enough to pay on OpenMP threads
-(`thread_nests`): pointwise and reduction nests, convolutions, attention's batch × heads.
+is sliced by the loop's index at one axis in all its accesses (the index itself, or blocks
+of it: `16*p + l` with `l` < 16), and the private nodes (given by the caller: per-thread or
+per-iteration scratch) are written before they are read. The CUDA backend spreads such loops
+over a grid; the C backend, at more than one thread, runs one such loop of every top-level
+nest big enough to pay on OpenMP threads (`thread_nests`): pointwise and reduction nests,
+convolutions and their gradients, attention's batch × heads. The loop moves outside serial
+loops above it (one fork-join per nest), is chosen so threads do not write one cache line,
+and takes the parallel loops right inside it along where its iterations split unevenly.
+Consecutive threaded nests share one parallel region (`shared_regions`).
 
 Only loops over output cells are threaded: a loop summed into one cell is never parallel
 (its cell is not sliced by the loop's index), so each cell is computed by one thread in the
