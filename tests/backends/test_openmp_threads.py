@@ -18,7 +18,7 @@ from einjit.backends.cc import toolchain as cc
 from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import FixedIdx, GatherIdx, Iterator, get_symbol
+from einjit.ir.indexing import FixedIdx, GatherIdx, Iterator, get_symbol, make_affine
 from einjit.ir.tnode import Tnode
 
 REGION = "#pragma omp parallel num_threads(2)"
@@ -260,3 +260,118 @@ def test_a_serial_loop_around_threaded_loops_is_one_region():
     for k in range(3):
         expect = expect * 0.5 + ins[x] * (ins[x][k, 0] + 1.0)
     np.testing.assert_allclose(want[acc], expect, rtol=1e-5, atol=1e-6)
+
+
+def batch_blocks(two_sets: bool) -> tuple[ll.LLStmt, Tnode, Tnode, tuple[Tnode, ...]]:
+    """`out[16*p + l, j] += x[r, 16*p + l, j]` summed over an outer `r`: the batch axis is
+    written in blocks of 16 (`p`), as a channel-blocked convolution writes it. With
+    `two_sets`, `out2` gets the running value too (the nest's body is two statements)."""
+    x, out, out2 = Tnode("x", (5, 32, 64)), Tnode("out", (32, 64)), Tnode("out2", (32, 64))
+    r, p, lane, j = (get_symbol(n) for n in ("r", "p", "l", "j"))
+    row = make_affine([(16, p), (1, lane)])
+    cell = (row, Iterator(j))
+    add = ll.Set(out, cell, ll.Binop(ops.Binop.ADD, ll.Get(out, cell), ll.Get(x, (Iterator(r), row, Iterator(j)))))
+    body: ll.LLStmt = ll.seq(add, ll.Set(out2, cell, ll.Get(out, cell))) if two_sets else add
+    nest = ll.ForLoop(r, 0, 4, ll.ForLoop(p, 0, 1, ll.ForLoop(lane, 0, 15, ll.ForLoop(j, 0, 63, body))))
+    return ll.seq(ll.ZeroOut(out), nest), x, out, (out2,) if two_sets else ()
+
+
+@pytest.mark.parametrize("two_sets", [False, True], ids=["one statement", "two statements"])
+def test_a_loop_over_blocks_of_an_axis_moves_outermost(two_sets):
+    """`p` slices the batch axis in blocks of 16 (`16*p + l`, `l` < 16), so its iterations
+    touch disjoint cells whatever `r` is: it moves outside the summed `r` (one fork-join),
+    and each cell still adds its terms in `r` order. `l` is parallel too, but its rows of 64
+    floats would put neighbouring iterations on one cache line; `p`'s 16 rows would not."""
+    code, x, out, more = batch_blocks(two_sets)
+    nest = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1)))[1]
+    assert nest.parallel and nest.index.name == "p"
+    assert nest.body.index.name == "r" and not nest.body.parallel
+    ins = inputs_for(x)
+    source, want = check_threads(code, ins, [out, *more], f"blocks{int(two_sets)}")
+    assert source.count("#pragma omp parallel for schedule(dynamic) num_threads(2)") == 1
+    np.testing.assert_allclose(want[out], ins[x].astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_block_index_reaching_the_next_block_is_not_parallel():
+    """`out[16*p + l]` with `l` up to 16 reaches the first row of the next block: `p`'s
+    iterations share cells, so it is not parallel (nor is `l`: rows collide across `p`)."""
+    x, out = Tnode("x", (48,)), Tnode("out", (48,))
+    p, lane = get_symbol("p"), get_symbol("l")
+    row = (make_affine([(16, p), (1, lane)]),)
+    add = ll.Set(out, row, ll.Binop(ops.Binop.ADD, ll.Get(out, row), ll.Get(x, row)))
+    loop = ll.ForLoop(p, 0, 1, ll.ForLoop(lane, 0, 16, add))
+    assert not parallel_loops.is_parallel(loop, set())
+    assert parallel_loops.is_parallel(replace(loop, body=replace(loop.body, to_=15)), set())
+
+
+def test_uneven_rows_collapse_with_the_loop_inside():
+    """3 x 3 kernel offsets on 2 threads: 3 rows keep one thread busy a third of the time
+    alone, 9 (rows x columns, `collapse(2)`) split 5 to 4, one at a time (each 2048 cells); the
+    vector loop inside stays."""
+    x, out = Tnode("x", (3, 3, 2048)), Tnode("out", (3, 3, 2048))
+    a, b, j = get_symbol("a"), get_symbol("b"), get_symbol("j")
+    set_ = ll.Set(out, it(a, b, j), ll.Binop(ops.Binop.MUL, ll.Get(x, it(a, b, j)), ll.Constant(2.0)))
+    code = ll.ForLoop(a, 0, 2, ll.ForLoop(b, 0, 2, ll.ForLoop(j, 0, 2047, set_)))
+    nest = parallel_loops.thread_nests(code, 2, 1)
+    assert isinstance(nest, ll.ForLoop) and [nest.parallel, nest.body.parallel, nest.body.body.parallel] == \
+        [True, True, False]
+    ins = inputs_for(x)
+    source, want = check_threads(code, ins, [out], "collapse")
+    assert "#pragma omp parallel for schedule(dynamic) collapse(2) num_threads(2)" in source
+    np.testing.assert_array_equal(want[out], ins[x] * np.float32(2.0))
+
+
+def test_statements_under_a_loop_of_one_iteration_thread_one_by_one():
+    """A weight gradient's nest is a loop of one iteration around a pack and the sums that
+    read it: with no parallel loop around them, each nest inside goes on threads by itself,
+    both in one region around the serial loop (`omp for`s whose barrier orders `b` after `a`)."""
+    x, a, b = Tnode("x", (48, 40)), Tnode("a", (48, 40)), Tnode("b", (48, 40))
+    code = ll.ForLoop(get_symbol("q"), 0, 0, ll.seq(pointwise(x, a, 2.0), pointwise(a, b, 3.0)))
+    nest = parallel_loops.thread_nests(code, 2, 1)
+    assert isinstance(nest, ll.ForLoop) and not nest.parallel
+    assert [s.parallel for s in ll.flatten(nest.body)] == [True, True]
+    ins = inputs_for(x)
+    source, want = check_threads(code, ins, [a, b], "one_iteration")
+    body = source[source.index("void one_iteration"):]
+    assert _pragmas(body) == [REGION, FOR, FOR]
+    np.testing.assert_allclose(want[b], np.maximum(3 * np.maximum(2 * ins[x], 0), 0), rtol=1e-6)
+
+
+def test_a_compiler_barrier_stays_in_the_region_after_a_thread_barrier():
+    """Where the scratch planner lets an array start to live in another's bytes, every thread
+    must be done with the old one: the region goes on, with `omp barrier` before the compiler
+    barrier, and the nest before it needs no barrier of its own."""
+    x, a, b = Tnode("x", (48, 40)), Tnode("a", (48, 40)), Tnode("b", (48, 40))
+    fence = ll.StagedCompilation(lambda: parallel_loops.COMPILER_BARRIER)
+    code = ll.seq(pointwise(x, a, 2.0), fence, pointwise(x, b, 3.0))
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1)))
+    [region] = parallel_loops.shared_regions(top)
+    assert [(u.role, u.nowait) for u in region.units] == [("for", True), ("sync", True), ("for", True)]
+    ins = inputs_for(x)
+    want = interpret.run(ll.seq(pointwise(x, a, 2.0), pointwise(x, b, 3.0)), {x: ins[x].copy()})
+    for threads in (1, 2):
+        ctx = run_c(code, ins, options(threads), "fence")
+        for out in (a, b):
+            np.testing.assert_array_equal(ctx.array(out), want[out], err_msg=f"{out.name} at {threads} threads")
+    body = _functions(cc.compile_proc(code, name="fence", options=options(2)).source, "fence")["fence"]
+    assert _pragmas(body) == [REGION, "#pragma omp barrier"]
+    assert body.index("#pragma omp barrier") < body.index(parallel_loops.COMPILER_BARRIER)
+
+
+def test_a_large_zero_fill_in_a_region_is_shared_in_pieces():
+    """A 256 KB zero fill between two threaded nests: the threads clear 64 KB pieces of it
+    (the last one shorter) instead of one thread clearing it all while the other waits; the
+    nest that adds into it waits for the fill, the one before does not."""
+    x, a, z = Tnode("x", (48, 40)), Tnode("a", (48, 40)), Tnode("big", (130, 512))
+    i, j = get_symbol("i"), get_symbol("j")
+    cell = it(i, j)
+    bump = ll.Set(z, cell, ll.Binop(ops.Binop.ADD, ll.Get(z, cell), ll.Constant(1.5)))
+    code = ll.seq(pointwise(x, a, 2.0), ll.ZeroOut(z), ll.ForLoop(i, 0, 129, ll.ForLoop(j, 0, 511, bump)))
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1)))
+    [region] = parallel_loops.shared_regions(top)
+    assert [(u.role, u.nowait) for u in region.units] == [("for", True), ("zero", False), ("for", True)]
+    source, want = check_threads(code, inputs_for(x), [a, z], "zero_fill")
+    body = _functions(source, "zero_fill")["zero_fill"]
+    assert _pragmas(body) == [REGION, "#pragma omp for schedule(dynamic)"]
+    assert "for (int z = 0; z < 5; ++z) memset(big + z * 16384, 0, sizeof(float) * (z < 4 ? 16384 : 1024));" in body
+    np.testing.assert_array_equal(want[z], np.full((130, 512), 1.5, np.float32))

@@ -119,7 +119,7 @@ class CSyntax:
     zero_out_memset: bool = True
     unroll_pragma: str = "#pragma GCC unroll {n}"
     num_threads: int = 1
-    parallel_pragma: str = "#pragma omp parallel for schedule(dynamic{chunk}) num_threads({n}){private}"
+    parallel_pragma: str = "#pragma omp parallel for schedule(dynamic{chunk}){collapse} num_threads({n}){private}"
     parallel_region_pragma: str = "#pragma omp parallel num_threads({n}){private}"
     private_heap_decl: str = "{t} *{restrict} {name} = ({t} *)malloc({size} * sizeof({t}));\nif (!{name}) abort();"
     """A thread's own copy of a scratch node, written before it is read (the `parallel`
@@ -128,11 +128,14 @@ class CSyntax:
     private_stack_decl: str = "{t} {name}[{size}];"
     """A thread's own copy of a stack local that only its parallel region uses (again written
     before it is read)."""
-    parallel_for_pragma: str = "#pragma omp for schedule(dynamic{chunk})"
+    parallel_for_pragma: str = "#pragma omp for schedule(dynamic{chunk}){collapse}"
     """Loops on threads hand out iterations dynamically: on a busy machine a descheduled
     thread then delays only its current iteration, not a fixed share of the loop. Light
     iterations go in chunks (`chunk_clause` of `parallel_loops.chunk`)."""
     chunk_clause: str = ", {k}"
+    collapse_clause: str = " collapse({k})"
+    """A threaded loop and the `parallel` loops right inside it shared out as one
+    (`parallel_loops.collapsed`): 3 kernel rows times 3 columns split evenly over 2 threads."""
     thread_min_work: int = parallel_loops.THREAD_MIN_WORK
     """At more than one thread, nests whose outermost parallel loop runs at least this many
     assignments go on threads (`parallel_loops.thread_nests`)."""
@@ -140,6 +143,7 @@ class CSyntax:
     """One region around consecutive threaded nests (`parallel_loops.shared_regions`): each
     nest an orphaned `parallel_for_pragma` loop, the statements between them `single_pragma`."""
     single_pragma: str = "#pragma omp single"
+    barrier_pragma: str = "#pragma omp barrier"
     nowait_clause: str = " nowait"
     loop_head: Callable[[ll.ForLoop, str, str], str | None] | None = None
     classify: Callable[[Tnode, bool], MemClass] | None = None
@@ -402,6 +406,9 @@ class _Writer:
         a threaded loop go in `omp single`."""
         self.hoisted: set[Tnode] = set()
         """Private nodes a loop region declared once for all its threaded loops."""
+        self.shared_zero: bool | None = None
+        """In a shared region: render the zero fill as an `omp for` over its pieces, with
+        `nowait` when True."""
 
     # -- names and storage
 
@@ -811,10 +818,10 @@ class _Writer:
             return self.orphaned_head(loop, indent, declared, private)
         if not declared:
             self.lines.append(indent + self.syn.parallel_pragma.format(n=self.syn.num_threads, private=private,
-                                                                       chunk=self.chunk(loop)))
+                                                                       **self.for_clauses(loop)))
             return indent, []
         self.lines.append(indent + self.syn.parallel_region_pragma.format(n=self.syn.num_threads, private=private))
-        return self.private_block(indent, declared, self.syn.parallel_for_pragma.format(chunk=self.chunk(loop)))
+        return self.private_block(indent, declared, self.syn.parallel_for_pragma.format(**self.for_clauses(loop)))
 
     def private_block(self, indent: str, declared: list[Tnode], pragma: str | None) -> tuple[str, list[str]]:
         """A block every thread runs: its own copies of `declared` (on the stack, or from the
@@ -832,16 +839,19 @@ class _Writer:
         frees = [inner + self.syn.private_heap_free.format(name=self.node_name(tn, written=True)) for tn in heap]
         return inner, [*frees, indent + "}"]
 
-    def chunk(self, loop: ll.ForLoop) -> str:
+    def for_clauses(self, loop: ll.ForLoop) -> dict[str, str]:
+        """The chunk and collapse clauses of a threaded loop's pragma."""
         k = parallel_loops.chunk(loop, self.syn.num_threads)
-        return self.syn.chunk_clause.format(k=k) if k > 1 else ""
+        depth = len(parallel_loops.collapsed(loop))
+        return dict(chunk=self.syn.chunk_clause.format(k=k) if k > 1 else "",
+                    collapse=self.syn.collapse_clause.format(k=depth) if depth > 1 else "")
 
     def orphaned_head(self, loop: ll.ForLoop, indent: str, declared: list[Tnode],
                       private: str) -> tuple[str, list[str]]:
         """`parallel_head` inside a shared region: an `omp for` binding to the enclosing
         region (called outside one, it runs on the calling thread alone). Every thread runs
         the block, so the copies declared in it are its own."""
-        pragma = (self.syn.parallel_for_pragma.format(chunk=self.chunk(loop)) + private
+        pragma = (self.syn.parallel_for_pragma.format(**self.for_clauses(loop)) + private
                   + (self.syn.nowait_clause if self.orphan else ""))
         if not declared:
             self.lines.append(indent + pragma)
@@ -866,9 +876,12 @@ class _Writer:
             if k == unit.stop - 1:
                 self.lines.append(inner + "}")
         else:
+            if unit.role == "sync":
+                self.lines.append(inner + self.syn.barrier_pragma)
             self.orphan = unit.nowait if unit.role == "for" else None
+            self.shared_zero = unit.nowait if unit.role == "zero" else None
             emit(inner)
-            self.orphan = None
+            self.orphan = self.shared_zero = None
         if k == region.stop - region.start - 1:
             self.lines.append(indent + "}")
 
@@ -886,7 +899,15 @@ class _Writer:
 
     def zero_out(self, tn: Tnode, indent: str) -> None:
         name, t = self.node_name(tn, written=True), self.syn.type_name(tn.prec)
-        if self.syn.zero_out_memset:
+        if self.shared_zero is not None and self.syn.zero_out_memset:
+            piece = max(1, parallel_loops.ZERO_PIECE_BYTES // tn.prec.itemsize)
+            pieces = -(-tn.size // piece)
+            last = tn.size - (pieces - 1) * piece
+            self.lines.append(indent + self.syn.parallel_for_pragma.format(chunk="", collapse="")
+                              + (self.syn.nowait_clause if self.shared_zero else ""))
+            self.lines.append(f"{indent}for ({self.index_type} z = 0; z < {pieces}; ++z) "
+                              f"memset({name} + z * {piece}, 0, sizeof({t}) * (z < {pieces - 1} ? {piece} : {last}));")
+        elif self.syn.zero_out_memset:
             self.lines.append(f"{indent}memset({name}, 0, sizeof({t}) * {tn.size});")
         else:
             zero = self.stored("0.0f", tn.prec) if tn.prec is ops.bf16 else "0"

@@ -1,11 +1,15 @@
 """Which loops of low-level code can run their iterations in parallel.
 
 A loop is parallel when its iterations are independent: every shared node its body writes
-is sliced by the loop's index at one axis in all its accesses, and the private nodes (given
-by the caller: per-thread or per-iteration scratch) are written before they are read. The
-CUDA backend spreads such loops over a grid; the C backend, at more than one thread, runs
-the outermost such loop of every top-level nest big enough to pay on OpenMP threads
-(`thread_nests`): pointwise and reduction nests, convolutions, attention's batch × heads.
+is sliced by the loop's index at one axis in all its accesses (the index itself, or blocks
+of it: `16*p + l` with `l` < 16), and the private nodes (given by the caller: per-thread or
+per-iteration scratch) are written before they are read. The CUDA backend spreads such loops
+over a grid; the C backend, at more than one thread, runs one such loop of every top-level
+nest big enough to pay on OpenMP threads (`thread_nests`): pointwise and reduction nests,
+convolutions and their gradients, attention's batch × heads. The loop moves outside serial
+loops above it (one fork-join per nest), is chosen so threads do not write one cache line,
+and takes the parallel loops right inside it along where its iterations split unevenly.
+Consecutive threaded nests share one parallel region (`shared_regions`).
 
 Only loops over output cells are threaded: a loop summed into one cell is never parallel
 (its cell is not sliced by the loop's index), so each cell is computed by one thread in the
@@ -15,21 +19,44 @@ order of the 1-thread code and results are bit-identical at any thread count.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator as PyIterator
 from dataclasses import dataclass
 
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import AxisIndex, Iterator, Symbol, gather_indices, get_symbol, make_affine, subst_index
+from einjit.ir import provenance
+from einjit.ir.indexing import Affine, AxisIndex, Iterator, Symbol, gather_indices, get_symbol, make_affine, subst_index
 from einjit.ir.passes.local_storage import is_routine_local
 from einjit.ir.sched import nests
 from einjit.ir.tnode import Tnode
 
-__all__ = ["CHUNK_WORK", "THREAD_MIN_WORK", "Access", "Region", "Unit", "accesses", "chunk", "is_parallel", "opaque",
-           "parallel_chain", "reads", "scheduler_locals", "shared_regions", "thread_nests", "work"]
+__all__ = ["BLOCKED_WORK_FACTOR", "CHUNK_WORK", "SHARED_RUN_BYTES", "SHARED_ZERO_BYTES", "THREAD_MIN_WORK",
+           "ZERO_PIECE_BYTES", "Access", "Region", "Unit", "accesses", "chunk", "collapsed", "is_parallel", "opaque",
+           "parallel_chain", "reads", "run_bytes", "scheduler_locals", "shared_regions", "slicing", "thread_nests",
+           "work"]
 
 THREAD_MIN_WORK = 1 << 15
 """Assignments a loop must run (one execution of it) to be put on threads: about 10 µs of
 pointwise work, several times a fork-join (1-2 µs with libgomp's spinning threads)."""
+
+BLOCKED_WORK_FACTOR = 16
+"""A register-blocked contraction's assignments are lanes of vector multiply-adds, a small
+fraction of a pointwise assignment's time each: its nest goes on threads from 16 times the
+work (512K multiply-adds, about 10 µs). The scheduler threads contractions from a
+millisecond (`Blocking.parallel_min_work`); between the two, a convolution threads here."""
+
+SHARED_RUN_BYTES = 1024
+"""Below this many contiguous bytes written per iteration (`run_bytes`), a threaded loop's
+neighbouring iterations share many cache lines: a convolution threaded over its output rows
+(26 floats each) writes lines another thread writes too, where its batch blocks (16 images)
+do not. Another parallel loop of the nest is taken instead, if there is one that splits evenly."""
+
+SHARED_ZERO_BYTES = 1 << 17
+"""A zero fill (`ZeroOut`) of at least this many bytes in a parallel region is shared by the
+threads in pieces of `ZERO_PIECE_BYTES` (a convnet's gradient arrays are 1.4 MB, 100 µs or
+so of one core's stores), not left to one thread while the others wait."""
+
+ZERO_PIECE_BYTES = 1 << 16
 
 CHUNK_WORK = 2048
 """Assignments a thread takes at once from a threaded loop with light iterations (a loop over
@@ -83,12 +110,19 @@ def _index_reads(idcs: tuple[AxisIndex, ...]) -> PyIterator[Access]:
 
 def is_parallel(loop: ll.ForLoop, private: set[Tnode]) -> bool:
     """Iterations of `loop` are independent: each shared node the body writes is sliced by
-    the loop's index at one axis in all its accesses; private nodes are written before read."""
+    the loop's index at one axis in all its accesses (`_blocks`); private nodes are written
+    before they are read."""
+    return slicing(loop, private) is not None
+
+
+def slicing(loop: ll.ForLoop, private: set[Tnode]) -> dict[Tnode, set[tuple[int, int]]] | None:
+    """For a parallel `loop` (`is_parallel`), the (axis, block size) pairs at which it slices
+    each shared node its body writes; None when the loop is not parallel."""
     if loop.to_ < loop.from_ or loop.start or loop.stop or opaque(loop.body):
-        return False
+        return None
     found = list(accesses(loop.body))
-    here = Iterator(loop.index)
-    axes: dict[Tnode, set[int]] = {}
+    inner = {s.index: (s.from_, s.to_) for s in ll.iter_stmts(loop.body) if isinstance(s, ll.ForLoop)}
+    axes: dict[Tnode, set[tuple[int, int]]] = {}
     written = {a.tn for a in found if a.write and a.tn not in private}
     first_private: dict[Tnode, Access] = {}
     for a in found:
@@ -98,13 +132,59 @@ def is_parallel(loop: ll.ForLoop, private: set[Tnode]) -> bool:
         if a.tn not in written:
             continue
         if a.idcs is None:
-            return False
-        last = len(a.idcs) - 1
-        cand = {p for p, idx in enumerate(a.idcs) if idx == here and not (a.vector and p == last)}
+            return None
+        cand = _blocks(a, loop.index, inner)
         axes[a.tn] = axes[a.tn] & cand if a.tn in axes else cand
         if not axes[a.tn]:
-            return False
-    return all(a.write for a in first_private.values())
+            return None
+    return axes if all(a.write for a in first_private.values()) else None
+
+
+def run_bytes(axes: dict[Tnode, set[tuple[int, int]]]) -> int:
+    """The shortest run of contiguous bytes one iteration writes of a node (`slicing`'s
+    `axes`): where it is shorter than a few cache lines, threads taking neighbouring
+    iterations write the same lines (false sharing)."""
+    runs = [max(c * math.prod(tn.dims[p + 1:]) for p, c in blocks) * tn.prec.itemsize for tn, blocks in axes.items()]
+    return min(runs, default=1 << 62)
+
+
+def _blocks(a: Access, here: Symbol, inner: dict[Symbol, tuple[int, int]]) -> set[tuple[int, int]]:
+    """The (axis, block size `c`) pairs at which access `a` stays in block `i` of the loop
+    over `here` (cells `c*i` to `c*i + c - 1` of the axis): the index is `c*i + rest`, where
+    `rest`, over loops inside (`inner`: their ranges), stays in `[0, c)`. A plain `i` is a
+    block of 1; a channel-blocked convolution writes batch `16*jp + 8*jv + jl`, blocks of 16.
+    Accesses of a node that agree on an (axis, c) pair touch disjoint cells in different
+    iterations. A vector write's last axis is not a candidate (it covers more cells)."""
+    found: set[tuple[int, int]] = set()
+    assert a.idcs is not None
+    last = len(a.idcs) - 1
+    for p, idx in enumerate(a.idcs):
+        if a.vector and p == last:
+            continue
+        if idx == Iterator(here):
+            found.add((p, 1))
+        elif isinstance(idx, Affine):
+            c = next((k for k, sym in idx.symbols if sym == here), 0)
+            rest = [(k, sym) for k, sym in idx.symbols if sym != here]
+            if c <= 0 or any(sym not in inner for _, sym in rest):
+                continue
+            lo = idx.offset + sum(min(k * inner[sym][0], k * inner[sym][1]) for k, sym in rest)
+            hi = idx.offset + sum(max(k * inner[sym][0], k * inner[sym][1]) for k, sym in rest)
+            if 0 <= lo and hi < c:
+                found.add((p, c))
+    return found
+
+
+COMPILER_BARRIER = '__asm__ __volatile__("" ::: "memory");'
+"""How a compiler barrier starts: the scratch planner's (`scratch_plan.BARRIER`), where an
+array starts to live in bytes another used."""
+
+
+def is_compiler_barrier(stmt: ll.LLStmt) -> bool:
+    """`stmt` is backend-staged code that is only a compiler barrier: it touches no array, but
+    in a parallel region every thread must be done with the arrays before it (their bytes may
+    change arrays there), so it is rendered after an `omp barrier`."""
+    return isinstance(stmt, ll.StagedCompilation) and stmt.render().startswith(COMPILER_BARRIER)
 
 
 def opaque(stmt: ll.LLStmt) -> bool:
@@ -147,67 +227,194 @@ def work(stmt: ll.LLStmt) -> int:
     return total
 
 
+def collapsed(loop: ll.ForLoop) -> list[ll.ForLoop]:
+    """The loops a threaded `loop` shares out as one (`omp for collapse`): it and the loops
+    marked `parallel` nested right inside it, each the only statement of the one above."""
+    group = [loop]
+    while True:
+        inner = list(ll.flatten(group[-1].body))
+        if len(inner) != 1 or not isinstance(inner[0], ll.ForLoop) or not inner[0].parallel:
+            return group
+        group.append(inner[0])
+
+
 def chunk(loop: ll.ForLoop, threads: int) -> int:
-    """How many iterations of a threaded `loop` a thread takes at once: 1 for heavy iterations,
-    else about `CHUNK_WORK` assignments' worth, at most an even share per thread, and a
-    multiple of 8 (whole vectors) when the body has no loop left to vectorize."""
-    per = max(1, work(loop.body))
+    """How many iterations of a threaded `loop` (of its `collapsed` loops together) a thread
+    takes at once: 1 for heavy iterations, else about `CHUNK_WORK` assignments' worth, at most
+    an even share per thread, and a multiple of 8 (whole vectors) when the body has no loop
+    left to vectorize."""
+    group = collapsed(loop)
+    per = max(1, work(group[-1].body))
     if per >= CHUNK_WORK:
         return 1
-    k = min(-(-CHUNK_WORK // per), -(-(loop.to_ - loop.from_ + 1) // threads))
-    innermost = not any(isinstance(s, ll.ForLoop) for s in ll.iter_stmts(loop.body))
+    count = 1
+    for lp in group:
+        count *= lp.to_ - lp.from_ + 1
+    k = min(-(-CHUNK_WORK // per), -(-count // threads))
+    innermost = not any(isinstance(s, ll.ForLoop) for s in ll.iter_stmts(group[-1].body))
     return -(-k // 8) * 8 if innermost else k
 
 
 def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK) -> ll.LLStmt:
-    """`llc` with the outermost parallel loop of each top-level nest marked `parallel` where
-    one execution of it runs at least `min_work` assignments and it has at least `threads`
-    iterations. The search descends only through perfect nests (a loop whose body is one
-    loop) and prefers a loop with `2 * threads` iterations or more, for balance. Nests the
-    scheduler already threads (a loop marked `parallel`) are left as they are, and so is a
-    nest whose per-iteration scratch another top-level statement also touches (threads
-    would each keep their own copy of it)."""
+    """`llc` with one parallel loop of each top-level nest marked `parallel` where one
+    execution of the nest runs at least `min_work` assignments and the loop has at least
+    `threads` iterations (`_thread_nest`). Nests the scheduler already threads (a loop marked
+    `parallel`) keep their threads, outermost where they can (`_threads_outside`); a nest
+    whose per-iteration scratch another top-level statement also touches is left as it is
+    (threads would each keep their own copy of it)."""
     top = list(ll.flatten(llc))
     touched: dict[Tnode, int] = {}
     for s in top:
         for tn in ll.nodes_of(s):
             touched[tn] = touched.get(tn, 0) + 1
     out: list[ll.LLStmt] = []
+    done: dict[int, tuple[ll.LLStmt, tuple[int, int], ll.LLStmt]] = {}
     for s in top:
-        if (isinstance(s, ll.ForLoop) and not any(isinstance(x, ll.ForLoop) and x.parallel for x in ll.iter_stmts(s))
-                and all(touched[tn] == 1 for tn in scheduler_locals(s))):
-            s = _thread_outermost(s, threads, min_work)
+        if isinstance(s, ll.ForLoop) and all(touched[tn] == 1 for tn in scheduler_locals(s)):
+            known = _LAST_THREADED.get(id(s))
+            if known is not None and known[0] is s and known[1] == (threads, min_work):
+                threaded = known[2]
+            elif not any(isinstance(x, ll.ForLoop) and x.parallel for x in ll.iter_stmts(s)):
+                threaded = _thread_nest(s, threads, min_work)
+            else:
+                threaded = s if s.parallel else _threads_outside(s, threads, min_work)
+            done[id(s)] = (s, (threads, min_work), threaded)
+            s = threaded
         out.append(s)
+    _LAST_THREADED.clear()
+    _LAST_THREADED.update(done)
     return ll.seq(*out)
 
 
-def _thread_outermost(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
+_LAST_THREADED: dict[int, tuple[ll.LLStmt, tuple[int, int], ll.LLStmt]] = {}
+"""The nests of the last `thread_nests` call (by identity, kept alive here so an id is not
+reused), with the thread count and threshold and what they became: the scratch planner and
+the renderer thread the same nests of a routine (the planner's code gains only compiler
+barriers and moved zero fills), and a large routine's nests take a good part of a second."""
+
+
+def _threads_outside(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
+    """A nest the scheduler threads inside (a contraction's panel loop, 2 panels, under a
+    loop over 4 heads) with its outermost loop on threads instead, where that loop is
+    parallel and splits evenly: one fork-join instead of one per head, and the nest can share
+    a parallel region with its neighbours. Only where the scheduler's threaded loops are
+    all the loop holds: threads sharing a panel packed before them stay as they are."""
+    inside = [s for s in ll.flatten(nest.body) if not isinstance(s, ll.Comment)]
+    if (not all(isinstance(s, ll.ForLoop) and s.parallel for s in inside)
+            or _share(_extent(nest), threads) < 0.9 or work(nest) < min_work
+            or not is_parallel(nest, scheduler_locals(nest))):
+        return nest
+    return dataclasses.replace(nest, body=_serial(nest.body), parallel=True)
+
+
+def _serial(stmt: ll.LLStmt) -> ll.LLStmt:
+    """`stmt` with no loop marked `parallel`."""
+    match stmt:
+        case ll.ForLoop():
+            return dataclasses.replace(stmt, body=_serial(stmt.body), parallel=False)
+        case ll.Seq():
+            return ll.seq(*(_serial(s) for s in ll.flatten(stmt)))
+    return stmt
+
+
+def _thread_nest(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
+    """`nest` with a parallel loop of its perfect chain (the loops down to the first whose
+    body is not one loop) on threads: the outermost with `2 * threads` iterations or more
+    (for balance), else the outermost with `threads`. A parallel loop below serial ones moves
+    outermost, so one fork-join runs the nest: its iterations touch disjoint cells (`_blocks`)
+    whatever the outer loops' values, and each cell's updates keep their order, so results
+    are bit-identical. An innermost loop is left to `_hoisted` (it moves in vector chunks).
+    Loops nested right inside the threaded one that are parallel too are marked as well while
+    the threads' shares are uneven (3 rows on 2 threads): the renderer collapses them.
+    Without a parallel loop in the chain, the statements of the chain's last body are
+    threaded one by one (`_thread_body`). A register-blocked contraction needs
+    `BLOCKED_WORK_FACTOR` times the work."""
+    blocked = any(tn.provenance == provenance.REGISTER_BLOCK for tn in scheduler_locals(nest))
+    if work(nest) < min_work * (BLOCKED_WORK_FACTOR if blocked else 1):
+        return nest
     chain: list[ll.ForLoop] = []
     cur: ll.LLStmt = nest
     while isinstance(cur, ll.ForLoop):
         chain.append(cur)
         inner = list(ll.flatten(cur.body))
         cur = inner[0] if len(inner) == 1 else ll.Noop()
-    candidates = [k for k, loop in enumerate(chain)
-                  if loop.to_ - loop.from_ + 1 >= threads and work(loop) >= min_work
-                  and is_parallel(loop, scheduler_locals(loop))]
+    last_innermost = not any(isinstance(x, ll.ForLoop) for x in ll.iter_stmts(chain[-1].body))
+    runs = {k: run_bytes(axes) for k, loop in enumerate(chain)
+            if _extent(loop) >= threads and not (k == len(chain) - 1 > 0 and last_innermost)
+            and (axes := slicing(loop, scheduler_locals(loop))) is not None}
+    candidates = sorted(runs)
     if not candidates or candidates[0] > 0:
-        hoisted = _hoisted(chain, threads) if work(nest) >= min_work else nest
-        if hoisted is not nest or not candidates:
+        hoisted = _hoisted(chain, threads)
+        if hoisted is not nest:
             return hoisted
-    pick = next((k for k in candidates if chain[k].to_ - chain[k].from_ + 1 >= 2 * threads), candidates[0])
-    marked: ll.LLStmt = dataclasses.replace(chain[pick], parallel=True)
-    for loop in reversed(chain[:pick]):
-        marked = dataclasses.replace(loop, body=marked)
-    assert isinstance(marked, ll.ForLoop)
-    return marked
+    if not candidates:
+        return _thread_body(chain, threads, min_work)
+    pick = next((k for k in candidates if _extent(chain[k]) >= 2 * threads), candidates[0])
+    if runs[pick] < SHARED_RUN_BYTES:
+        even = [k for k in candidates if _share(_extent(chain[k]), threads) >= 0.9]
+        pick = next((k for k in even if runs[k] >= SHARED_RUN_BYTES), pick)
+    group = _collapsed(chain, pick, threads)
+    below = _rewrap(chain[:pick], chain[pick + len(group) - 1].body)
+    threaded = _rewrap([dataclasses.replace(loop, parallel=True) for loop in group], below)
+    assert isinstance(threaded, ll.ForLoop)
+    return threaded
+
+
+def _extent(loop: ll.ForLoop) -> int:
+    return loop.to_ - loop.from_ + 1
+
+
+def _share(n: int, threads: int) -> float:
+    """How busy `threads` threads are on `n` equal iterations."""
+    return n / (threads * -(-n // threads))
+
+
+def _collapsed(chain: list[ll.ForLoop], pick: int, threads: int) -> list[ll.ForLoop]:
+    """The loops from `chain[pick]` that go on threads as one (`omp for collapse`): the next
+    loop joins while the iterations so far split unevenly over `threads` (less than 95% of
+    the threads' time busy: 3 of 4 for 3 rows on 2 threads), it is parallel, and it evens the split. A loop with no loop
+    inside (left to vectorize) or one to unroll stays out."""
+    group = [chain[pick]]
+    n = _extent(chain[pick])
+    for loop in chain[pick + 1:]:
+        if (_share(n, threads) >= 0.95 or _share(n * _extent(loop), threads) <= _share(n, threads) or loop.unroll
+                or not any(isinstance(x, ll.ForLoop) for x in ll.iter_stmts(loop.body))
+                or not is_parallel(loop, scheduler_locals(loop))):
+            break
+        group.append(loop)
+        n *= _extent(loop)
+    return group
+
+
+def _thread_body(chain: list[ll.ForLoop], threads: int, min_work: int) -> ll.ForLoop:
+    """The nest with each loop nest in the last body of its chain threaded on its own (an
+    `omp parallel for` each time the chain's loops run it), where one execution of it runs
+    at least `min_work` assignments and no other statement there touches its per-iteration
+    scratch: a weight gradient packs a panel, then sums into the weight's cells (the kernel
+    offsets, the channel blocks) reading it."""
+    body = list(ll.flatten(chain[-1].body))
+    if len(body) < 2:
+        return chain[0]
+    touched: dict[Tnode, int] = {}
+    for s in body:
+        for tn in ll.nodes_of(s):
+            touched[tn] = touched.get(tn, 0) + 1
+    out = [_thread_nest(s, threads, min_work)
+           if isinstance(s, ll.ForLoop) and all(touched[tn] == 1 for tn in scheduler_locals(s)) else s for s in body]
+    if all(a is b for a, b in zip(out, body, strict=True)):
+        return chain[0]
+    threaded = _rewrap(chain, ll.seq(*out))
+    assert isinstance(threaded, ll.ForLoop)
+    return threaded
 
 
 @dataclass(frozen=True, slots=True)
 class Unit:
     """Statements `first` to `stop` (exclusive, numbered within their region) that run as one
     construct: "for" (one nest whose outermost loop the threads share), "single" (statements
-    one thread runs), "plain" (comments: no code). `nowait`: no barrier after it, since
+    one thread runs), "plain" (comments: no code), "sync" (a compiler barrier, after a
+    barrier of the threads: `is_compiler_barrier`), "zero" (a large array's zero fill, its
+    pieces shared by the threads: `SHARED_ZERO_BYTES`). `nowait`: no barrier after it, since
     nothing up to the next barrier touches what it writes or writes what it reads."""
 
     role: str
@@ -238,7 +445,22 @@ def shared_regions(top: list[ll.LLStmt]) -> list[Region]:
     run on one thread (one `omp single` for each run of them), so small serial nests or a
     `memset` between two threaded nests cost a barrier, not a fork-join. A statement that
     threads an inner loop (its own region), or backend-staged code, ends a region. Regions of
-    fewer than two threaded nests are left out: they would gain nothing."""
+    fewer than two threaded nests are left out: they would gain nothing. A compiler barrier
+    of the scratch planner stays in the region, after a barrier of the threads."""
+    last = _LAST_REGIONS.get("top")
+    if last is not None and len(last[0]) == len(top) and all(a is b for a, b in zip(last[0], top, strict=True)):
+        return list(last[1])
+    regions = _shared_regions(top)
+    _LAST_REGIONS["top"] = (tuple(top), tuple(regions))
+    return regions
+
+
+_LAST_REGIONS: dict[str, tuple[tuple[ll.LLStmt, ...], tuple[Region, ...]]] = {}
+"""The statements of the last `shared_regions` call and their regions: the layout and the
+renderer ask for the regions of the same statements."""
+
+
+def _shared_regions(top: list[ll.LLStmt]) -> list[Region]:
     touched: dict[Tnode, int] = {}
     for s in top:
         for tn in ll.nodes_of(s):
@@ -264,8 +486,12 @@ def shared_regions(top: list[ll.LLStmt]) -> list[Region]:
 def _role(s: ll.LLStmt, touched: dict[Tnode, int]) -> str:
     if isinstance(s, ll.Comment):
         return "plain"
+    if is_compiler_barrier(s):
+        return "sync"
     if opaque(s):
         return "end"
+    if isinstance(s, ll.ZeroOut) and s.tn.size * s.tn.prec.itemsize >= SHARED_ZERO_BYTES:
+        return "zero"
     threaded = [x for x in ll.iter_stmts(s) if isinstance(x, ll.ForLoop) and x.parallel]
     if not threaded:
         return "single"
@@ -274,14 +500,19 @@ def _role(s: ll.LLStmt, touched: dict[Tnode, int]) -> str:
     return "end"
 
 
+_ALONE = ("for", "sync", "zero")
+"""The roles of statements that are units by themselves."""
+
+
 def _units(stmts: list[ll.LLStmt], kinds: list[str]) -> tuple[Unit, ...]:
-    """`stmts` as units: each "for" alone, each run of other statements one "single" (or
-    "plain" if they are all comments); then whether each may skip its barrier: the next unit
-    touches nothing that a unit since the last barrier writes, and writes nothing they read.
-    The last one always may (the region ends with a barrier)."""
+    """`stmts` as units: each "for", "zero" and "sync" alone, each run of other statements one
+    "single" (or "plain" if they are all comments); then whether each may skip its barrier:
+    the next unit is a "sync" (a barrier itself), or it touches nothing that a unit since the
+    last barrier writes, and writes nothing they read. The last one always may (the region
+    ends with a barrier)."""
     spans: list[tuple[str, int, int]] = []
     for k, kind in enumerate(kinds):
-        if kind == "for" or not spans or spans[-1][0] == "for":
+        if kind in _ALONE or not spans or spans[-1][0] in _ALONE:
             spans.append((kind, k, k + 1))
         else:
             role = "single" if "single" in (kind, spans[-1][0]) else "plain"
@@ -302,7 +533,9 @@ def _units(stmts: list[ll.LLStmt], kinds: list[str]) -> tuple[Unit, ...]:
         writes |= shared[n][1]
         later = [m for m in range(n + 1, len(spans)) if spans[m][0] != "plain"]
         nowait = True
-        if later:
+        if role == "sync" or later and spans[later[0]][0] == "sync":
+            reads, writes = set(), set()
+        elif later:
             nr, nw = shared[later[0]]
             if writes & (nr | nw) or reads & nw:
                 nowait = False
