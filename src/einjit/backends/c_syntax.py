@@ -404,7 +404,7 @@ class _Writer:
         self.team = False
         """Statements here run on every thread of a loop region (`loop_region`): those without
         a threaded loop go in `omp single`."""
-        self.hoisted: set[Tnode] = set()
+        self.region_declared: set[Tnode] = set()
         """Private nodes a loop region declared once for all its threaded loops."""
         self.shared_zero: bool | None = None
         """In a shared region: render the zero fill as an `omp for` over its pieces, with
@@ -696,7 +696,7 @@ class _Writer:
                     self.lines.append(at + "}")
                     self.lines.extend(region)
                     if opens:
-                        self.orphan, self.hoisted = None, set()
+                        self.orphan, self.region_declared = None, set()
                     if dot is not None:
                         self.lines.append("#endif")
                 case ll.ZeroOut(tn):
@@ -733,7 +733,7 @@ class _Writer:
         threaded = [s for s in ll.iter_stmts(loop) if isinstance(s, ll.ForLoop) and s.parallel]
         hoist = {tn.id: tn for s in threaded for tn in private_nodes(s) if tn in self.region_only}
         self.lines.append(indent + self.syn.parallel_region_pragma.format(n=self.syn.num_threads, private=""))
-        self.orphan, self.hoisted = False, set(hoist.values())
+        self.orphan, self.region_declared = False, set(hoist.values())
         return self.private_block(indent, [tn for _, tn in sorted(hoist.items())], None)
 
     def team_stmts(self, stmt: ll.LLStmt, indent: str) -> None:
@@ -810,7 +810,7 @@ class _Writer:
         Either kind of copy in the region makes it a `parallel` region around an `omp for`.
         Routine-local nodes (`ir.local_storage`) are shared like context arrays, since each
         iteration writes its own cells of them and later code reads them all."""
-        nodes = [tn for tn in private_nodes(loop) if tn not in self.hoisted]
+        nodes = [tn for tn in private_nodes(loop) if tn not in self.region_declared]
         declared = [tn for tn in nodes if tn in self.region_only or tn not in self.on_stack]
         stack = ", ".join(self.node_name(tn, written=True) for tn in nodes if tn not in declared)
         private = f" private({stack})" if stack else ""
