@@ -137,3 +137,17 @@ def test_a_nests_own_locals_count_against_that_nests_stack_alone():
     # A nest whose own locals exceed what the shared ones leave puts the excess in scratch.
     big = c_syntax.CSyntax(stack_limit_bytes=4096, stack_total_bytes=4096)
     assert c_syntax.outlined_placement(top, [shared, *own], big).on_stack == {shared}
+
+
+def test_units_of_a_threaded_program_are_compiled_for_openmp(tmp_path, monkeypatch):
+    """Each translation unit of a split program is compiled with `-fopenmp` when the program
+    runs on several threads: without it gcc ignores the pragmas of an outlined nest and the
+    whole routine runs on one thread (the results stay right, only the speed is lost)."""
+    monkeypatch.setenv("EINJIT_CACHE_DIR", str(tmp_path))
+    team = ("int team(void) {\n  int n = 0;\n  #pragma omp parallel num_threads(2)\n  {\n"
+            "    #pragma omp atomic\n    n += 1;\n  }\n  return n;\n}\n")
+    source = "int team(void);\nint run(void) { return team(); }\n" + UNIT_MARK + team
+    for threads, want in [(1, 1), (2, 2)]:
+        options = cc.CcOptions(threads=threads)
+        lib = cc.load_library(cc.compile_source(source, label=f"team{threads}", options=options))
+        assert lib.run() == want

@@ -44,7 +44,9 @@ from einjit.ir import low_level as ll
 from einjit.ir.indexing import StaticSymbol
 from einjit.ir.tnode import Tnode
 
-_ABI_VERSION = "einjit-cc-1"
+_ABI_VERSION = "einjit-cc-2"
+"""Changed when objects built from the same source and flags differ: 2, the translation units
+of a split program are compiled with `-fopenmp` (objects of 1 ran their threads on one)."""
 _MAX_DIAGNOSTICS = 8000
 
 
@@ -165,11 +167,15 @@ class CcOptions:
             return dataclasses.replace(syntax, prelude=syntax.prelude + _VECTOR_MATH_PRELUDE)
         return syntax
 
+    def openmp_flags(self) -> tuple[str, ...]:
+        """`-fopenmp` when compiling for several threads: gcc needs it when it compiles a unit
+        (without it the pragmas are ignored and the code runs on one thread) and when it links."""
+        return ("-fopenmp",) if self.threads > 1 else ()
+
     def effective_libs(self) -> tuple[str, ...]:
-        """The libraries, and `-fopenmp` when compiling for several threads (gcc takes it at
-        any position of its one compile-and-link command)."""
-        openmp = ("-fopenmp",) if self.threads > 1 else ()
-        return openmp + (("-lmvec",) if self.vector_math and _has_libmvec() else ()) + self.libs
+        """The libraries, with `openmp_flags` (gcc takes them at any position of its one
+        compile-and-link command)."""
+        return self.openmp_flags() + (("-lmvec",) if self.vector_math and _has_libmvec() else ()) + self.libs
 
 
 def default_threads() -> int:
@@ -323,7 +329,8 @@ def _compile(so_path: Path, c_path: Path, kept: Path, label: str, options: CcOpt
             for path, text in zip(paths, units, strict=True):
                 path.write_text(text, encoding="utf-8")
             flags = [f for f in options.flags if f != "-shared"]
-            _run([[options.compiler, *flags, *(options.routine_unit_flags if k == 0 else ()), "-c", "-o",
+            _run([[options.compiler, *flags, *options.openmp_flags(), *(options.routine_unit_flags if k == 0 else ()),
+                   "-c", "-o",
                    str(p.with_suffix(".o")), str(p)] for k, p in enumerate(paths)], kept, label, options)
             _run([[options.compiler, *options.flags, "-o", str(so_path), *(str(p.with_suffix(".o")) for p in paths),
                    *options.effective_libs()]], kept, label, options)
