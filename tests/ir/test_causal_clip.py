@@ -12,6 +12,7 @@ import re
 import numpy as np
 import pytest
 from gradcheck import weighted_loss
+from torch_refs import torch_mha
 
 import einjit as ej
 from einjit import train
@@ -120,12 +121,7 @@ def test_clipped_causal_attention_matches_torch():
     r = rng.standard_normal((B, T, D))
     p = {name: (w.value.numpy().astype(np.float64), b.value.numpy().astype(np.float64))
          for name, (w, b) in layer.proj.items()}
-    ref = torch.nn.MultiheadAttention(D, H, batch_first=True, dtype=torch.float64)
-    with torch.no_grad():
-        ref.in_proj_weight.copy_(torch.tensor(np.concatenate([p[n][0].reshape(D, D) for n in "qkv"])))
-        ref.in_proj_bias.copy_(torch.tensor(np.concatenate([p[n][1].reshape(D) for n in "qkv"])))
-        ref.out_proj.weight.copy_(torch.tensor(p["out"][0].reshape(D, D)))
-        ref.out_proj.bias.copy_(torch.tensor(p["out"][1]))
+    ref = torch_mha(torch, p, D, H)
     xt = torch.tensor(xv.astype(np.float64))
     mask = torch.nn.Transformer.generate_square_subsequent_mask(T, dtype=torch.float64)
     y, _ = ref(xt, xt, xt, attn_mask=mask, is_causal=True, need_weights=False)

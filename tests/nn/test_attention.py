@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gradcheck import check_gradients, weighted_loss
+from torch_refs import torch_mha
 
 import einjit as ej
 from einjit import fit, nn, train
@@ -197,12 +198,8 @@ def test_mha_key_padding_matches_torch_and_numpy():
     want = np.einsum("dhe,bthe->btd", p["out"][0], np.einsum("bths,bshe->bthe", _np_softmax(s), v)) + p["out"][1]
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
     torch = pytest.importorskip("torch")
-    ref = torch.nn.MultiheadAttention(D, H, batch_first=True, dtype=torch.float64)
+    ref = torch_mha(torch, p, D, H)
     with torch.no_grad():
-        ref.in_proj_weight.copy_(torch.tensor(np.concatenate([p[n][0].reshape(D, D) for n in "qkv"])))
-        ref.in_proj_bias.copy_(torch.tensor(np.concatenate([p[n][1].reshape(D) for n in "qkv"])))
-        ref.out_proj.weight.copy_(torch.tensor(p["out"][0].reshape(D, D)))
-        ref.out_proj.bias.copy_(torch.tensor(p["out"][1]))
         xt = torch.tensor(xv)
         tw, _ = ref(xt, xt, xt, key_padding_mask=torch.tensor(pad > 0), need_weights=False)
     np.testing.assert_allclose(got, tw.numpy(), rtol=1e-10, atol=1e-12)
