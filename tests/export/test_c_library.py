@@ -292,6 +292,27 @@ def test_scratch_arrays_share_the_arena_einjit_plans(tmp_path):
     np.testing.assert_allclose(got.reshape(want.shape), ort.reshape(want.shape), rtol=1e-5, atol=1e-5)
 
 
+def test_scratch_plan_off_gives_the_library_one_array_each(tmp_path, monkeypatch):
+    """With `EINJIT_SCRATCH_PLAN=0` the library's scratch arrays share no byte, as einjit's own
+    arrays don't: each at its own offset, the arena their sum; the outputs are einjit's."""
+    model = trained("convnet")
+    step = fit.predictor(model, batch_dims=[16], output_dims=[1, 8, 8])
+    xs, _ = images(16, seed=4)
+    want = step(xs)
+    shared = step.routine.scratch_plan
+    assert shared is not None and shared.size < shared.parts_bytes
+    monkeypatch.setenv("EINJIT_SCRATCH_PLAN", "0")
+    lib = export_c(step, tmp_path / "lib", name="apart")
+    source = (lib.directory / "apart.c").read_text()
+    views = [int(v) for v in re.findall(r"model_->\w+ = \(float \*\)\(model_->scratch_ \+ (\d+)\);", source)]
+    spans = sorted((o, o + -(-n // 64) * 64) for o, n in zip(views, shared.nbytes, strict=True))
+    assert all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:]))
+    assert lib.scratch_bytes == sum(hi - lo for lo, hi in spans) > shared.size
+    build(lib.directory)
+    got = run_main(lib.directory, xs, 16 * 10)
+    np.testing.assert_array_equal(got.reshape(want.shape), want)
+
+
 _BF16_PROGRAM = """\
 #include <stdio.h>
 #include "bfm.h"

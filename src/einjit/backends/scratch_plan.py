@@ -39,8 +39,10 @@ inside the region, never planned (`scratch_nodes`). The differential tests
 (`tests/backends/test_scratch_plan.py`) compare MLP, convnet and GPT steps with the planner on
 and off bit for bit, at 1 and 2 threads.
 
-`EINJIT_SCRATCH_PLAN=0` turns sharing off when routines are linked: every scratch node then
-gets an array of its own, as before the planner.
+`EINJIT_SCRATCH_PLAN=0` turns sharing off: when routines are linked every scratch node then
+gets an array of its own, as before the planner, and `place` plans every node live through
+the whole routine, so an exported library's arena (`export/c_library.py`) holds the arrays
+side by side too.
 
 The CUDA backend stays on its own path (`gpu/plan.py`): a routine-local node used by one
 segment is a per-thread local array, and one living across segments is a `GLOBAL` device
@@ -162,9 +164,13 @@ def assign(buffers: Sequence[Interval]) -> tuple[tuple[int, ...], int]:
     return tuple(offsets[k] for k in range(len(buffers))), size
 
 
-def plan_routine(llc: ll.LLStmt, scratch: Sequence[Tnode]) -> ScratchPlan:
-    """The plan of a routine's scratch nodes (in parameter order) over its code `llc`."""
+def plan_routine(llc: ll.LLStmt, scratch: Sequence[Tnode], shared: bool = True) -> ScratchPlan:
+    """The plan of a routine's scratch nodes (in parameter order) over its code `llc`; with
+    `shared` off every node is live throughout, so no two share a byte."""
     buffers = live_intervals(llc, scratch)
+    if not shared:
+        end = max(len(list(ll.flatten(llc))) - 1, 0)
+        buffers = [_whole(end, b.nbytes) for b in buffers]
     offsets, size = assign(buffers)
     return ScratchPlan(offsets, tuple(b.nbytes for b in buffers), size, tuple(buffers))
 
@@ -212,13 +218,13 @@ def _barrier() -> str:
 
 def place(llc: ll.LLStmt, syntax: CSyntax) -> tuple[ll.LLStmt, ScratchPlan | None]:
     """The code to render and its scratch plan: zeroing of scratch arrays sunk to first use
-    (`sink_zero_outs`), the plan of its scratch nodes (None without any), and `BARRIER`s where
-    bytes change arrays (`with_barriers`)."""
+    (`sink_zero_outs`), the plan of its scratch nodes (None without any; sharing no bytes when
+    `enabled()` is off), and `BARRIER`s where bytes change arrays (`with_barriers`)."""
     nodes = scratch_nodes(llc, syntax)
     if not nodes:
         return llc, None
     llc = sink_zero_outs(llc, set(nodes))
-    plan = plan_routine(llc, nodes)
+    plan = plan_routine(llc, nodes, shared=enabled())
     return with_barriers(llc, plan), plan
 
 
