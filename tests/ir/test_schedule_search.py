@@ -57,6 +57,21 @@ def test_second_process_does_no_search(tmp_path):
     assert second["tiles"] == first["tiles"]
 
 
+def test_a_record_naming_no_candidate_is_searched_again(tmp_path):
+    """A record edited (or planted) to name a tile outside the candidates is not believed: the
+    next process searches again and schedules a candidate, rewriting the record."""
+    first = run_process(tmp_path)
+    [path] = (tmp_path / "search").iterdir()
+    record = json.loads(path.read_text())
+    record["tile"] = dict(record["tile"], mb=4096, nb=0)
+    path.write_text(json.dumps(record))
+    again = run_process(tmp_path)
+    assert (again["searches"], again["hits"]) == (1, 1)
+    assert len(again["tiles"]) == 1 and "register-blocked 4096x" not in again["tiles"][0]
+    assert (first["searches"], first["hits"]) == (1, 1)
+    assert json.loads(path.read_text())["tile"]["nb"] > 0
+
+
 def test_search_setting_is_validated(monkeypatch):
     monkeypatch.setenv("EINJIT_SEARCH", "yes")
     with pytest.raises(EinjitError, match="EINJIT_SEARCH must be 0 or 1, got 'yes'"):

@@ -13,7 +13,10 @@ when it loads, so this module imports no backend.
 Winners are stored on disk in the compiled-object cache, `<cache>/search/<key>.json`, beside
 `<cache>/cc/`, keyed by the shape, the candidates, the compiler, its flags and the host CPU.
 A later compile of the same shape — in this process or another — reads the winner and
-searches nothing, so the generated C (and its cached object) is the same again. `stats`
+searches nothing, so the generated C (and its cached object) is the same again. A record is
+believed only when its tile is one of the candidates the shape has now: one edited or planted
+in the cache directory can pick among tiles the schedule would have timed anyway, never a tile
+no candidate list holds. `stats`
 counts searches and cache answers. Without `EINJIT_SEARCH` nothing here runs: the default
 schedule is deterministic, the same model giving byte-identical C on every machine of a kind.
 """
@@ -117,11 +120,14 @@ def tile_for(shape: Shape, blocking: Blocking) -> Tile | None:
                            repr(blocking.parallel_min_work))
     path = config.cache_dir() / "search" / f"{key}.json"
     try:
-        won = json.loads(path.read_text())
-        stats.cache_hits += 1
-        return Tile(**won["tile"])
+        won = Tile(**json.loads(path.read_text())["tile"])
     except (OSError, ValueError, KeyError, TypeError):
-        pass
+        won = None
+    if won in tiles:
+        stats.cache_hits += 1
+        return won
+    if won is not None:
+        config.debug(1, f"search: {path} names {won}, not one of the candidates for {shape}: searching again")
     stats.searches += 1
     times = {t: _time(shape, t, blocking, timer) for t in tiles}
     best = min(tiles, key=lambda t: times[t])
