@@ -2,16 +2,16 @@
 
     python benchmarks/bench_atl.py [--n 1024] [--threads N] [--repeat 5]
 
-Both sides get the same number of threads (BLAS through its environment variables,
-Halide through HL_NUM_THREADS and the autoscheduler's parallelism). Times are medians of
+Every side gets the same number of threads (BLAS through its environment variables,
+Halide through HL_NUM_THREADS and the autoscheduler's parallelism, einjit through
+EINJIT_NUM_THREADS). Times are medians of
 ``--repeat`` samples (each a batch of calls lasting about 20 ms) after one warm-up run,
 NumPy's and the ATL function's samples interleaved in one process (a busy moment on a
 shared machine slows both alike); ratios are ATL time over NumPy time (lower is better).
 Without Halide installed its column is a note. A large matmul gets Halide's register-blocked contraction
 schedule ("contraction" in the schedule column), other programs an autoscheduler.
 The einjit column is the same ATL program through
-``einjit.atl.to_assignments``: einjit's assignments, optimizer and C backend (gcc, one
-thread), with its time, its ratio to NumPy and its compile time; it is skipped with a
+``einjit.atl.to_assignments``: einjit's assignments, optimizer and C backend (gcc), with its time, its ratio to NumPy and its compile time; it is skipped with a
 note if that backend cannot be imported.
 """
 
@@ -28,14 +28,14 @@ def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1024, help="matrix size")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                    help="threads for BLAS and Halide")
+                    help="threads for BLAS, Halide and einjit")
     ap.add_argument("--repeat", type=int, default=5)
     return ap.parse_args()
 
 
 ARGS = _parse() if __name__ == "__main__" else None
 if ARGS is not None:
-    set_threads(ARGS.threads, also=("HL_NUM_THREADS",))
+    set_threads(ARGS.threads, also=("HL_NUM_THREADS", "EINJIT_NUM_THREADS"))
 
 import numpy as np  # noqa: E402  (after the thread settings)
 
