@@ -151,3 +151,43 @@ def test_units_of_a_threaded_program_are_compiled_for_openmp(tmp_path, monkeypat
         options = cc.CcOptions(threads=threads)
         lib = cc.load_library(cc.compile_source(source, label=f"team{threads}", options=options))
         assert lib.run() == want
+
+
+def small_gpt_step_code(n_layer: int):
+    """A `models.GPT` step (gathered token rows, tied head) with AdamW: the nests of a real
+    training step, repeated per block and per parameter."""
+    from einjit import nn
+    from einjit.models import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=n_layer, n_head=2, d_model=8), label="tiny")
+    x = ej.input("tokens", batch_dims=[2, 4], prec="int32")
+    y = ej.input("targets", batch_dims=[2, 4], prec="int32")
+    loss = nn.cross_entropy(model(x), y)
+    opt = nn.AdamW(model.params(), 1e-3)
+    train.init_params(loss)
+    return [train.grad_update(loss), opt.update()]
+
+
+@pytest.mark.parametrize(("model", "threads"), [("residual", 1), ("gpt", 1), ("gpt", 2)])
+def test_nests_copied_by_structure_render_the_same_source(model, threads, monkeypatch):
+    """Nests of a structure rendered before are not rendered (`c_outline.Copy`); the program
+    must be byte for byte the one rendered nest by nest, names included."""
+    from einjit.backends import c_outline
+    from einjit.ir import assignments as asg
+
+    if model == "residual":  # one nest per node: fused, its blocks are one loop over the batch
+        monkeypatch.setattr(optimize, "virtualize_settings", VirtualizeSettings(fuse=False))
+    syntax = c_syntax.CSyntax(outline_min_nests=1, units=2, num_threads=threads)
+    code = train.grad_update(residual_model(3)) if model == "residual" else asg.sequence(
+        *[c.asgns if hasattr(c, "asgns") else c for c in small_gpt_step_code(2)])
+    _, lowered = lower_assignments((), code, "step")
+    shared = []
+    share = c_outline.share
+    monkeypatch.setattr(c_outline, "share", lambda routine, nests, *rest: shared.append(nests) or share(
+        routine, nests, *rest))
+    copied = c_syntax.render_program([("step", lowered.llc)], (), syntax).source
+    monkeypatch.setattr(c_outline, "SHARE_BY_STRUCTURE", False)
+    rendered = c_syntax.render_program([("step", lowered.llc)], (), syntax).source
+    assert copied == rendered
+    copies = sum(isinstance(n, c_outline.Copy) for n in shared[0])
+    assert copies > len(shared[0]) // 3 and not any(isinstance(n, c_outline.Copy) for n in shared[1])

@@ -13,7 +13,6 @@ shows in the first iterations already.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from einjit.ir.indexing import (
     gather_indices,
     index_symbols,
 )
+from einjit.ir.structure import structure
 from einjit.ir.tnode import Tnode
 
 Position = tuple[int, ...]
@@ -269,58 +269,23 @@ def visit_llc(llc: ll.LLStmt, *, settings: VirtualizeSettings) -> Trace:
     st = _State()
     recorded: dict[Hashable, tuple[list[Tnode], list[Symbol], list[tuple]]] = {}
     for stmt in ll.flatten(llc):
-        key, nodes, symbols = _structure(stmt)
-        known = recorded.get(key)
+        found = structure(stmt, _dims)
+        known = recorded.get(found.key)
         if known is None:
             recorder = _Recorder(settings.max_tracing_dim, settings.max_tracing_nest)
             recorder.stmt(stmt, {}, (), True)
-            known = recorded[key] = (nodes, symbols, recorder.events)
-        _apply(st, known[2], dict(zip(known[0], nodes, strict=True)), dict(zip(known[1], symbols, strict=True)))
+            known = recorded[found.key] = (found.nodes, found.symbols, recorder.events)
+        _apply(st, known[2], dict(zip(known[0], found.nodes, strict=True)),
+               dict(zip(known[1], found.symbols, strict=True)))
     for ta in st.store.values():
         ta.read_only = not ta.zeroed_out and not ta.assignments
         ta.read_before_write = any(v is RECURRENT for v in ta.accesses.values())
     return Trace(st.store, st.reverse_node_map, st.merge_node)
 
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _structure(stmt: ll.LLStmt) -> tuple[Hashable, list[Tnode], list[Symbol]]:
-    """What tracing `stmt` depends on, with its nodes and symbols numbered in order of first
-    appearance (a node with its dims), and those nodes and symbols in that order. Comments
-    and fields left out of equality (a statement's debug text) are left out: they name one
-    instance's tensors and trace to nothing."""
-    nodes: dict[Tnode, int] = {}
-    symbols: dict[Symbol, int] = {}
-    scopes: dict[ll.ScopeId, int] = {}
-
-    def walk(x: object) -> Hashable:
-        kind = type(x)
-        if kind is Tnode:
-            assert isinstance(x, Tnode)
-            return ("node", nodes.setdefault(x, len(nodes)), x.dims)
-        if kind is Symbol:
-            assert isinstance(x, Symbol)
-            return ("symbol", symbols.setdefault(x, len(symbols)))
-        if kind is ll.ScopeId:
-            assert isinstance(x, ll.ScopeId)
-            return ("scope", scopes.setdefault(x, len(scopes)), walk(x.tn))
-        if kind is ll.Comment:
-            return ("comment",)
-        if kind is tuple or kind is list:
-            assert isinstance(x, (tuple, list))
-            return (kind, *map(walk, x))
-        if kind is float:
-            return ("float", repr(x))
-        names = _FIELDS.get(kind)
-        if names is None:
-            names = _FIELDS[kind] = (tuple(f.name for f in dataclasses.fields(kind) if f.compare)
-                                     if dataclasses.is_dataclass(kind) else ())
-        if names:
-            return (kind, *[walk(getattr(x, n)) for n in names])
-        return x if isinstance(x, Hashable) else ("object", id(x))
-
-    return walk(stmt), list(nodes), list(symbols)
+def _dims(tn: Tnode) -> tuple[int, ...]:
+    """What tracing a statement depends on of a node besides its place in the code."""
+    return tn.dims
 
 
 def _is_scalar_dims(tn: Tnode) -> bool:
