@@ -304,6 +304,13 @@ class _Recorder:
     write_templates: dict[int, tuple[ll.ForLoop, list]] = field(default_factory=dict)
     specs: dict[int, tuple[tuple[AxisIndex, ...], _Spec, tuple[GatherIdx, ...]]] = field(default_factory=dict)
     owned: set[tuple[int, ...]] = field(default_factory=set)
+    flat: dict[int, tuple[ll.LLStmt, list[ll.LLStmt]]] = field(default_factory=dict)
+    """Each block's statements (`ll.flatten`), by the block's id: a loop body is run once per
+    traced iteration."""
+    plain: dict[int, tuple[ll.LLScalar, list[tuple[Tnode, tuple[AxisIndex, ...]]] | None]] = field(
+        default_factory=dict)
+    """Per expression (by id): its reads in program order, when reading is all it does to the
+    trace (no local scope, merge buffer or `where`); None otherwise."""
 
     def stmt(self, stmt: ll.LLStmt, env: Env, loops: tuple[tuple[Symbol, int], ...], first_visit: bool,
              traced: int = 1) -> None:
@@ -311,7 +318,10 @@ class _Recorder:
         the first iteration of every enclosing loop, when per-computation facts are collected;
         `traced`: how many iterations of the enclosing loops tracing runs."""
         events = self.events
-        for s in ll.flatten(stmt):
+        flat = self.flat.get(id(stmt))
+        if flat is None or flat[0] is not stmt:
+            flat = self.flat[id(stmt)] = (stmt, list(ll.flatten(stmt)))
+        for s in flat[1]:
             match s:
                 case ll.ForLoop(index, from_, to_, body, trace_it):
                     count = self.max_tracing_dim if traced < self.max_tracing_nest else min(2, self.max_tracing_dim)
@@ -370,6 +380,16 @@ class _Recorder:
             self.events.append((_GATHERED, g.ids))
 
     def scalar(self, sc: ll.LLScalar, env: Env, own: tuple[Tnode, Position] | None) -> None:
+        plain = self.plain.get(id(sc))
+        if plain is None or plain[0] is not sc:
+            plain = self.plain[id(sc)] = (sc, _plain_reads(sc))
+        if plain[1] is not None:
+            events = self.events
+            for tn, idcs in plain[1]:
+                self.gathered(tn, idcs, env)
+                pos = self.position(env, idcs)
+                events.append((_READ, tn, pos, own is not None and own[0] is tn and own[1] == pos))
+            return
         match sc:
             case ll.Get(tn, idcs):
                 self.gathered(tn, idcs, env)
@@ -460,6 +480,23 @@ class _Recorder:
 _Template = tuple["tuple[int, int] | int", ...]
 
 
+def _plain_reads(sc: ll.LLScalar) -> list[tuple[Tnode, tuple[AxisIndex, ...]]] | None:
+    """The reads of `sc` in the order `_Recorder.scalar` visits them, or None when it holds
+    a local scope, a merge buffer read or a `where` (which `scalar` follows case by case)."""
+    out = []
+    stack = [sc]
+    while stack:
+        x = stack.pop()
+        match x:
+            case ll.Get(tn, idcs):
+                out.append((tn, idcs))
+            case ll.LocalScope() | ll.GetMergeBuffer() | ll.Ternop(ops.Ternop.WHERE):
+                return None
+            case _:
+                stack.extend(reversed(ll.scalar_children(x)))
+    return out
+
+
 def _apply(st: _State, events: list[tuple], nodes: dict[Tnode, Tnode], symbols: dict[Symbol, Symbol]) -> None:
     """Replay recorded `events` on the trace, on the nodes and symbols `nodes` and `symbols`
     map the recorded ones to."""
@@ -470,11 +507,12 @@ def _apply(st: _State, events: list[tuple], nodes: dict[Tnode, Tnode], symbols: 
             tn = nodes[ev[1]]
             ta = store.get(tn) or st.node(tn)
             pos = ev[2]
-            if not ta.is_written(pos):
-                ta.accesses[pos] = RECURRENT
+            accesses = ta.accesses
+            if not (ta.zeroed_out or pos in ta.assignments or (ta.written_boxes and ta.is_written(pos))):
+                accesses[pos] = RECURRENT
             elif not ev[3]:
-                old = ta.accesses.get(pos, 0)
-                ta.accesses[pos] = old if old is RECURRENT else old + 1
+                old = accesses.get(pos, 0)
+                accesses[pos] = old if old is RECURRENT else old + 1
         elif op == _SET:
             _, tn, pos, llsc, first_visit, reduction, local_reduction = ev
             ta = st.node(nodes[tn])
