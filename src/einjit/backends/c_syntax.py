@@ -1086,6 +1086,8 @@ def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequ
     """The nest (index into `nests`) each rendered writer became, for the copies of it."""
     nests_owned: dict[int, list[Tnode]] = {}
     nests_args: dict[int, list[tuple[Tnode, bool]]] = {}
+    nests_bound: dict[int, list[tuple[str, Any]]] = {}
+    """Per nest: the names its loop counters and locals asked for, for its copies to ask."""
 
     def emit(item: tuple[ll.ForLoop, _Writer] | ll.LLStmt, indent: str) -> None:
         if not isinstance(item, tuple):
@@ -1098,10 +1100,12 @@ def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequ
         if copied is not None:
             source = first_nest.get(id(copied[0]))
             mapping = copied[1]
+            if source is not None and not all(x in copied[2][kind] for kind, x in nests_bound.get(source, ())):
+                source = None
             if source is not None and {mapping[tn] for tn in nests_owned[source]} == set(owned):
                 merge_into(nw, owned)
                 args = [arg(mapping[tn], merge, nw) for tn, merge in nests_args[source]]
-                _bound_names(loop)  # the names rendering it would have asked last
+                shapes.ask(copied[2], nests_bound.get(source, []))  # the names rendering it would have asked last
                 nests.append(c_outline.Copy(source, args))
                 w.lines.append(f"{indent}{c_outline.CALL_MARK}{len(nests) - 1}")
                 return
@@ -1117,7 +1121,12 @@ def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequ
         decls = [w.syn.local_stack_decl.format(t=t, name=tn.name, size=size)
                  for tn in sorted(owned, key=lambda n: n.id) for t, size in [storage(tn, w.syn)]]
         private = [tn.name for tn in nw.nodes.values() if tn in w.region_only]
+        names = naming.current()
+        if names is not None:
+            names.requests = []
         renamed = [*(tn.name for tn in owned), *private, *_bound_names(loop)]
+        if names is not None:
+            nests_bound[len(nests)], names.requests = names.requests or [], None
         first_nest[id(nw)] = len(nests)
         nests_owned[len(nests)] = owned
         nests_args[len(nests)] = arg_nodes
@@ -1166,8 +1175,9 @@ class _NestShapes:
         self.first: dict[Hashable, tuple[_Writer, Structure, list[tuple[str, Any]]]] = {}
         """Per structure: the writer that rendered its first nest, that nest's structure and
         the names rendering it asked for, each once, in order."""
-        self.copied: dict[int, tuple[_Writer, dict[Tnode, Tnode]]] = {}
-        """Per copy's writer (by id): the first nest's writer and its nodes' counterparts."""
+        self.copied: dict[int, tuple[_Writer, dict[Tnode, Tnode], dict[str, dict[Any, Any]]]] = {}
+        """Per copy's writer (by id): the first nest's writer, its nodes' counterparts and
+        the counterparts of its nodes, symbols and scopes by kind (as `Names` asks them)."""
         self._pending: tuple[Hashable, Structure] | None = None
 
     def _node_key(self, tn: Tnode) -> Hashable:
@@ -1195,19 +1205,26 @@ class _NestShapes:
             return False
         of, first, requests = known
         mapping = dict(zip(first.nodes, found.nodes, strict=True))
-        if names is not None:
-            counterpart: dict[str, dict[Any, Any]] = {
-                "node": mapping, "symbol": dict(zip(first.symbols, found.symbols, strict=True)),
-                "local": dict(zip(first.scopes, found.scopes, strict=True))}
-            ask = {"node": names.node, "symbol": names.symbol, "local": names.local}
-            for kind, x in requests:
-                ask[kind](counterpart[kind][x])
+        counterpart: dict[str, dict[Any, Any]] = {
+            "node": mapping, "symbol": dict(zip(first.symbols, found.symbols, strict=True)),
+            "local": dict(zip(first.scopes, found.scopes, strict=True))}
+        self.ask(counterpart, requests)
         nw.nodes = {mapping[tn].id: mapping[tn] for tn in of.nodes.values()}
         nw.written = {mapping[of.nodes[k]].id for k in of.written}
         nw.merges = {mapping[tn].id: mapping[tn] for tn in of.merges.values()}
         nw.helpers = set(of.helpers)
-        self.copied[id(nw)] = (of, mapping)
+        self.copied[id(nw)] = (of, mapping, counterpart)
         return True
+
+    @staticmethod
+    def ask(counterpart: dict[str, dict[Any, Any]], requests: list[tuple[str, Any]]) -> None:
+        """Ask the program's names of the counterparts of what a nest's rendering asked."""
+        names = naming.current()
+        if names is None:
+            return
+        ask = {"node": names.node, "symbol": names.symbol, "local": names.local}
+        for kind, x in requests:
+            ask[kind](counterpart[kind][x])
 
     def rendered(self, nw: _Writer) -> None:
         """`nw` rendered the nest `copy` last declined: the first of its structure, unless it

@@ -13,6 +13,7 @@ equality (a statement's debug text) are left out: they name one instance's tenso
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
@@ -20,7 +21,10 @@ from einjit.ir import low_level as ll
 from einjit.ir.indexing import Symbol
 from einjit.ir.tnode import Tnode
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
+_FIELDS: dict[type, Callable[[object], tuple]] = {}
+"""Per dataclass: its compared fields' values, as a tuple."""
+_ATOMS: set[type] = {int, str, bool, type(None)}
+"""Types whose values stand for themselves in a key (hashable, no fields)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -35,6 +39,13 @@ class Structure:
     scopes: list[ll.ScopeId]
 
 
+def _getter(names: tuple[str, ...]) -> Callable[[object], tuple]:
+    if len(names) > 1:
+        return operator.attrgetter(*names)
+    name = names[0]
+    return lambda x: (getattr(x, name),)
+
+
 def structure(stmt: ll.LLStmt, node_key: Callable[[Tnode], Hashable],
               symbol_key: Callable[[Symbol], Hashable] = lambda s: None) -> Structure:
     """The structure of `stmt`; `symbol_key` tells symbols apart beyond their numbering (the
@@ -45,6 +56,8 @@ def structure(stmt: ll.LLStmt, node_key: Callable[[Tnode], Hashable],
 
     def walk(x: object) -> Hashable:
         kind = type(x)
+        if kind in _ATOMS:
+            return x
         if kind is Tnode:
             assert isinstance(x, Tnode)
             k = nodes.get(x)
@@ -59,23 +72,27 @@ def structure(stmt: ll.LLStmt, node_key: Callable[[Tnode], Hashable],
                 k = symbols[x] = len(symbols)
                 return ("symbol", k, symbol_key(x))
             return ("symbol", k)
+        if kind is tuple or kind is list:
+            assert isinstance(x, (tuple, list))
+            return (kind, *[walk(y) for y in x])
         if kind is ll.ScopeId:
             assert isinstance(x, ll.ScopeId)
             return ("scope", scopes.setdefault(x, len(scopes)), walk(x.tn))
         if kind is ll.Comment:
             return ("comment",)
-        if kind is tuple or kind is list:
-            assert isinstance(x, (tuple, list))
-            return (kind, *map(walk, x))
         if kind is float:
             return ("float", repr(x))
-        names = _FIELDS.get(kind)
-        if names is None:
-            names = _FIELDS[kind] = (tuple(f.name for f in dataclasses.fields(kind) if f.compare)
-                                     if dataclasses.is_dataclass(kind) else ())
-        if names:
-            return (kind, *[walk(getattr(x, n)) for n in names])
-        return x if isinstance(x, Hashable) else ("object", id(x))
+        fields = _FIELDS.get(kind)
+        if fields is None:
+            names = (tuple(f.name for f in dataclasses.fields(kind) if f.compare)
+                     if dataclasses.is_dataclass(kind) else ())
+            if not names:
+                if not isinstance(x, Hashable):
+                    return ("object", id(x))
+                _ATOMS.add(kind)
+                return x
+            fields = _FIELDS[kind] = _getter(names)
+        return (kind, *[walk(y) for y in fields(x)])
 
     key = walk(stmt)
     return Structure(key, list(nodes), list(symbols), list(scopes))
