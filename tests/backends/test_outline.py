@@ -151,3 +151,84 @@ def test_units_of_a_threaded_program_are_compiled_for_openmp(tmp_path, monkeypat
         options = cc.CcOptions(threads=threads)
         lib = cc.load_library(cc.compile_source(source, label=f"team{threads}", options=options))
         assert lib.run() == want
+
+
+def small_gpt_step_code(n_layer: int):
+    """A `models.GPT` step (gathered token rows, tied head) with AdamW: the nests of a real
+    training step, repeated per block and per parameter."""
+    from einjit import nn
+    from einjit.models import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=n_layer, n_head=2, d_model=8), label="tiny")
+    x = ej.input("tokens", batch_dims=[2, 4], prec="int32")
+    y = ej.input("targets", batch_dims=[2, 4], prec="int32")
+    loss = nn.cross_entropy(model(x), y)
+    opt = nn.AdamW(model.params(), 1e-3)
+    train.init_params(loss)
+    return [train.grad_update(loss), opt.update()]
+
+
+@pytest.mark.parametrize(("model", "threads"), [("residual", 1), ("gpt", 1), ("gpt", 2)])
+def test_nests_copied_by_structure_render_the_same_source(model, threads, monkeypatch):
+    """Nests of a structure rendered before are not rendered (`c_outline.Copy`); the program
+    must be byte for byte the one rendered nest by nest, names included."""
+    from einjit.backends import c_outline
+    from einjit.ir import assignments as asg
+
+    if model == "residual":  # one nest per node: fused, its blocks are one loop over the batch
+        monkeypatch.setattr(optimize, "virtualize_settings", VirtualizeSettings(fuse=False))
+    syntax = c_syntax.CSyntax(outline_min_nests=1, units=2, num_threads=threads)
+    code = train.grad_update(residual_model(3)) if model == "residual" else asg.sequence(
+        *[c.asgns if hasattr(c, "asgns") else c for c in small_gpt_step_code(2)])
+    _, lowered = lower_assignments((), code, "step")
+    shared = []
+    share = c_outline.share
+    monkeypatch.setattr(c_outline, "share", lambda routine, nests, *rest: shared.append(nests) or share(
+        routine, nests, *rest))
+    copied = c_syntax.render_program([("step", lowered.llc)], (), syntax).source
+    monkeypatch.setattr(c_outline, "SHARE_BY_STRUCTURE", False)
+    rendered = c_syntax.render_program([("step", lowered.llc)], (), syntax).source
+    assert copied == rendered
+    copies = sum(isinstance(n, c_outline.Copy) for n in shared[0])
+    assert copies > len(shared[0]) // 3 and not any(isinstance(n, c_outline.Copy) for n in shared[1])
+
+
+def test_nests_alike_but_for_precision_dims_or_placement_are_not_copies():
+    """Five nests of one loop structure: equal but for their nodes' precision, dims and
+    placement (stack or scratch), each rendered as its own function; the one truly equal to the
+    first calls the first's. Copying by a structure that ignored any of these would call a
+    float function with double arrays (or the wrong bounds): the sources would differ."""
+    from einjit.backends import c_outline
+    from einjit.ir import low_level as ll
+    from einjit.ir import ops
+    from einjit.ir.indexing import Iterator, get_symbol
+    from einjit.ir.tnode import LOCAL, Tnode, hosted
+
+    def nest(n: int, prec: ops.Prec = ops.single, mode=None) -> tuple[ll.LLStmt, Tnode]:
+        src = Tnode("src", (n,), prec, memory_mode=hosted())
+        dst = Tnode("dst", (n,), prec, memory_mode=mode or hosted())
+        i = get_symbol()
+        loop = ll.ForLoop(i, 0, n - 1, ll.Set(dst, (Iterator(i),), ll.Binop(
+            ops.Binop.MUL, ll.Get(src, (Iterator(i),)), ll.Constant(2.0))))
+        return loop, dst
+
+    nests = [nest(8), nest(8), nest(8, ops.double), nest(16), nest(8, mode=LOCAL)]
+    reads = [ll.ForLoop(i, 0, 7, ll.Set(out, (Iterator(i),), ll.Get(nests[4][1], (Iterator(i),))))
+             for i in [get_symbol()] for out in [Tnode("out", (8,), memory_mode=hosted())]]
+    code = ll.seq(*[loop for loop, _ in nests], *reads)
+    syntax = c_syntax.CSyntax(outline_min_nests=1, stack_limit_bytes=16)   # the local goes to scratch
+    shared = []
+    share = c_outline.share
+    try:
+        c_outline.share = lambda routine, nests, *rest: shared.append(nests) or share(routine, nests, *rest)
+        copied = c_syntax.render_program([("alike", code)], (), syntax).source
+        c_outline.SHARE_BY_STRUCTURE = False
+        rendered = c_syntax.render_program([("alike", code)], (), syntax).source
+    finally:
+        c_outline.share, c_outline.SHARE_BY_STRUCTURE = share, True
+    assert copied == rendered
+    assert [type(n).__name__ for n in shared[0]] == ["Nest", "Copy", "Nest", "Nest", "Nest", "Nest"]
+    # rendered, the scratch nest's text is the first's (a pointer either way): one function for
+    # those three, one each for the double and the longer nest, one for the reading nest
+    functions = re.findall(r"^static __attribute__\(\(noinline\)\) void (alike_nest\d+)\(", copied, re.M)
+    assert len(functions) == 4 and "double" in copied

@@ -45,6 +45,34 @@ def test_no_two_arrays_live_at_once_share_a_byte(raw):
     assert size >= peak                                                    # no plan beats the peak of live bytes
 
 
+def _assign_pairwise(buffers: list[Interval]) -> tuple[tuple[int, ...], int]:
+    """`assign` as it was written before it was vectorized: every placed buffer checked in
+    Python, the gaps walked in order of their start."""
+    order = sorted(range(len(buffers)), key=lambda k: (-buffers[k].nbytes, buffers[k].first, k))
+    offsets: dict[int, int] = {}
+    size = 0
+    for k in order:
+        need = -(-buffers[k].nbytes // ALIGN) * ALIGN
+        busy = sorted((o, o + -(-buffers[j].nbytes // ALIGN) * ALIGN) for j, o in offsets.items()
+                      if buffers[j].meets(buffers[k]))
+        best: tuple[int, int] | None = None
+        at = 0
+        for lo, hi in busy:
+            if lo - at >= need and (best is None or lo - at - need < best[0]):
+                best = (lo - at - need, at)
+            at = max(at, hi)
+        offsets[k] = best[1] if best is not None else at
+        size = max(size, offsets[k] + need)
+    return tuple(offsets[k] for k in range(len(buffers))), size
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 12), st.integers(1, 5000)), max_size=60))
+def test_vectorized_plan_is_the_pairwise_one(raw):
+    buffers = [Interval(first, first + span, nbytes) for first, span, nbytes in raw]
+    assert assign(buffers) == _assign_pairwise(buffers)
+
+
 def test_disjoint_lifetimes_share_bytes_and_meeting_ones_do_not():
     offsets, size = assign([Interval(0, 1, 1000), Interval(2, 3, 1000), Interval(1, 2, 100)])
     assert offsets[0] == offsets[1] == 0 and offsets[2] == 1024 and size == 1024 + 128

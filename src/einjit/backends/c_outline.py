@@ -13,7 +13,9 @@ so equal texts are equal functions. Comments are left out of the comparison (the
 tensors of one instance); the function keeps those of the first nest that uses it.
 
 The renderer (`c_syntax.render_routine`) renders the nests; this module only compares texts,
-writes the functions and their calls.
+writes the functions and their calls. A nest whose code has the structure of one rendered
+before is not rendered at all: the renderer hands over a `Copy` of the first, with its own
+arrays (`SHARE_BY_STRUCTURE`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from dataclasses import dataclass
 
 CALL_MARK = "@einjit-nest-call "
 """Stands for a nest's call in the routine's body until the calls are known."""
+
+SHARE_BY_STRUCTURE = True
+"""Whether the renderer copies nests of a structure rendered before instead of rendering
+them; off, every nest is rendered and compared as text (the tests compare the two)."""
 
 _COMMENT = re.compile(r"/\*.*?\*/")
 _TOKEN = re.compile(r"\b[A-Za-z_]\w*")
@@ -47,6 +53,15 @@ class Nest:
     decls: list[str]
     lines: list[str]
     bound: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """A nest of the same structure as `nests[of]`: its `args` stand at the positions of the
+    first nest's `Nest.args`."""
+
+    of: int
+    args: list[Arg]
 
 
 def _canonical(nest: Nest) -> tuple[str, list[Arg]]:
@@ -75,16 +90,23 @@ def _canonical(nest: Nest) -> tuple[str, list[Arg]]:
     return f"{signature}\n{text}", order
 
 
-def share(routine: str, nests: list[Nest], statics: list[tuple[str, str]], restrict: str
+def share(routine: str, nests: list[Nest | Copy], statics: list[tuple[str, str]], restrict: str
           ) -> tuple[tuple[str, ...], list[str]]:
     """The nest functions of `routine` (definitions, without storage class) and the call of
-    each nest in order. `statics` are the routine's static symbols (name, C type), passed on
-    to every function."""
+    each nest in order (a `Copy` calls the function of the nest it copies). `statics` are the
+    routine's static symbols (name, C type), passed on to every function."""
     functions: list[str] = []
     known: dict[str, tuple[str, list[Arg]]] = {}
     calls = []
     static_args = [name for name, _ in statics]
+    called: list[tuple[str, list[int]]] = []
+    """Per nest: its function and the positions in its `args` of the function's parameters."""
     for nest in nests:
+        if isinstance(nest, Copy):
+            fname, positions = called[nest.of]
+            called.append((fname, positions))
+            calls.append(f"  {fname}({', '.join([nest.args[p].name for p in positions] + static_args)});")
+            continue
         key, order = _canonical(nest)
         if key not in known:
             fname = f"{routine}_nest{len(functions)}"
@@ -94,5 +116,7 @@ def share(routine: str, nests: list[Nest], statics: list[tuple[str, str]], restr
             functions.append("\n".join([f"void {fname}({', '.join(params) or 'void'}) {{", *body, "}"]) + "\n")
             known[key] = (fname, order)
         fname, _ = known[key]
+        index = {a.name: k for k, a in enumerate(nest.args)}
+        called.append((fname, [index[a.name] for a in order]))
         calls.append(f"  {fname}({', '.join([a.name for a in order] + static_args)});")
     return tuple(functions), calls

@@ -22,7 +22,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 from einjit.backends import bf16_dot, c_outline, c_vectors, parallel_loops
 from einjit.backends.params import MemClass, Param, ParamKind, repeated_names
@@ -45,6 +45,7 @@ from einjit.ir.indexing import (
 )
 from einjit.ir.passes.local_storage import is_routine_local
 from einjit.ir.precision import combine_prec
+from einjit.ir.structure import Structure, structure
 from einjit.ir.tnode import Tnode
 
 _INT_MAX = 2**31 - 1
@@ -1060,6 +1061,7 @@ def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequ
     users: dict[Tnode, int] = {}
     regions = parallel_loops.shared_regions(top) if w.syn.num_threads > 1 else []
     place = {r.start + k: (r, k) for r in regions for k in range(r.stop - r.start)}
+    shapes = _NestShapes(w, {b.symbol for b in bindings})
     for i, s in enumerate(top):
         if not isinstance(s, ll.ForLoop):
             before = set(w.nodes)
@@ -1072,36 +1074,76 @@ def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequ
         nw.on_stack, nw.region_only = w.on_stack, w.region_only
         if i in place and (unit := place[i][0].unit_of(place[i][1])).role == "for":
             nw.orphan = unit.nowait
-        nw.stmt(s, "  ")
+        if not shapes.copy(s, nw):
+            nw.stmt(s, "  ")
+            shapes.rendered(nw)
         for tn in nw.nodes.values():
             users[tn] = users.get(tn, 0) + 1
         rendered.append((s, nw))
     w.lines = []
-    nests: list[c_outline.Nest] = []
+    nests: list[c_outline.Nest | c_outline.Copy] = []
+    first_nest: dict[int, int] = {}
+    """The nest (index into `nests`) each rendered writer became, for the copies of it."""
+    nests_owned: dict[int, list[Tnode]] = {}
+    nests_args: dict[int, list[tuple[Tnode, bool]]] = {}
+    nests_bound: dict[int, list[tuple[str, Any]]] = {}
+    """Per nest: the names its loop counters and locals asked for, for its copies to ask."""
 
     def emit(item: tuple[ll.ForLoop, _Writer] | ll.LLStmt, indent: str) -> None:
         if not isinstance(item, tuple):
             w.stmt(item, indent)
             return
         loop, nw = item
+        owned = [tn for tn in nw.nodes.values() if users[tn] == 1 and tn in w.on_stack and tn not in w.region_only
+                 and (w.syn.classify or mem_class)(tn, tn.id in nw.written) is MemClass.LOCAL_ONLY]
+        copied = shapes.copied.get(id(nw))
+        if copied is not None:
+            source = first_nest.get(id(copied[0]))
+            mapping = copied[1]
+            if source is not None and not all(x in copied[2][kind] for kind, x in nests_bound.get(source, ())):
+                source = None
+            if source is not None and {mapping[tn] for tn in nests_owned[source]} == set(owned):
+                merge_into(nw, owned)
+                args = [arg(mapping[tn], merge, nw) for tn, merge in nests_args[source]]
+                shapes.ask(copied[2], nests_bound.get(source, []))  # the names rendering it would have asked last
+                nests.append(c_outline.Copy(source, args))
+                w.lines.append(f"{indent}{c_outline.CALL_MARK}{len(nests) - 1}")
+                return
+            # the first nest of this structure owns other locals: this one is rendered after all
+            fresh = _Writer(w.syn, tuple(bindings), itype)
+            fresh.on_stack, fresh.region_only, fresh.orphan = nw.on_stack, nw.region_only, nw.orphan
+            fresh.stmt(loop, "  ")
+            nw = fresh
+        merge_into(nw, owned)
+        arg_nodes = [(tn, False) for tn in sorted(nw.nodes.values(), key=lambda n: n.id)
+                     if tn not in owned and tn not in w.region_only]
+        arg_nodes += [(tn, True) for tn in sorted(nw.merges.values(), key=lambda n: n.id)]
+        decls = [w.syn.local_stack_decl.format(t=t, name=tn.name, size=size)
+                 for tn in sorted(owned, key=lambda n: n.id) for t, size in [storage(tn, w.syn)]]
+        private = [tn.name for tn in nw.nodes.values() if tn in w.region_only]
+        names = naming.current()
+        if names is not None:
+            names.requests = []
+        renamed = [*(tn.name for tn in owned), *private, *_bound_names(loop)]
+        if names is not None:
+            nests_bound[len(nests)], names.requests = names.requests or [], None
+        first_nest[id(nw)] = len(nests)
+        nests_owned[len(nests)] = owned
+        nests_args[len(nests)] = arg_nodes
+        nests.append(c_outline.Nest([arg(tn, merge, nw) for tn, merge in arg_nodes], decls, nw.lines, renamed))
+        w.lines.append(f"{indent}{c_outline.CALL_MARK}{len(nests) - 1}")
+
+    def merge_into(nw: _Writer, owned: list[Tnode]) -> None:
         w.nodes.update(nw.nodes)
         w.written |= nw.written
         w.merges.update(nw.merges)
         w.helpers |= nw.helpers
-        owned = [tn for tn in nw.nodes.values() if users[tn] == 1 and tn in w.on_stack and tn not in w.region_only
-                 and (w.syn.classify or mem_class)(tn, tn.id in nw.written) is MemClass.LOCAL_ONLY]
         w.nest_owned.update(owned)
-        args = [c_outline.Arg(tn.name, storage(tn, w.syn)[0], tn.id in nw.written)
-                for tn in sorted(nw.nodes.values(), key=lambda n: n.id)
-                if tn not in owned and tn not in w.region_only]
-        args += [c_outline.Arg(f"merge_{tn.name}", w.syn.type_name(tn.prec), False)
-                 for tn in sorted(nw.merges.values(), key=lambda n: n.id)]
-        decls = [w.syn.local_stack_decl.format(t=t, name=tn.name, size=size)
-                 for tn in sorted(owned, key=lambda n: n.id) for t, size in [storage(tn, w.syn)]]
-        private = [tn.name for tn in nw.nodes.values() if tn in w.region_only]
-        renamed = [*(tn.name for tn in owned), *private, *_bound_names(loop)]
-        nests.append(c_outline.Nest(args, decls, nw.lines, renamed))
-        w.lines.append(f"{indent}{c_outline.CALL_MARK}{len(nests) - 1}")
+
+    def arg(tn: Tnode, merge: bool, nw: _Writer) -> c_outline.Arg:
+        if merge:
+            return c_outline.Arg(f"merge_{tn.name}", w.syn.type_name(tn.prec), False)
+        return c_outline.Arg(tn.name, storage(tn, w.syn)[0], tn.id in nw.written)
 
     for i, item in enumerate(rendered):
         if i in place:
@@ -1114,6 +1156,94 @@ def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequ
     return functions
 
 
+class _NestShapes:
+    """The nests `_render_outlined` rendered, by structure (`ir.structure`): a later nest of
+    the same structure is not rendered, it becomes a `c_outline.Copy` of the first, whose
+    function it calls with its own arrays. Rendering every nest and comparing texts took most
+    of a deep model's rendering time (the 12-block GPT-2 step: 946 nests, 74 functions).
+
+    The structure compares everything the text of a nest depends on: the code up to renaming
+    its nodes and symbols, each node's dims, precision, memory mode, provenance (register
+    blocks) and placement (stack, thread-private), the order of the nodes' ids (arguments
+    and declarations are sorted by id), the static symbols by identity (they keep their
+    names) and how the nest joins a shared parallel region. Equal structures render to equal
+    texts up to those names, so the copy calls the function the first nest's text became."""
+
+    def __init__(self, w: _Writer, statics: set[Symbol]):
+        self.w = w
+        self.statics = statics
+        self.first: dict[Hashable, tuple[_Writer, Structure, list[tuple[str, Any]]]] = {}
+        """Per structure: the writer that rendered its first nest, that nest's structure and
+        the names rendering it asked for, each once, in order."""
+        self.copied: dict[int, tuple[_Writer, dict[Tnode, Tnode], dict[str, dict[Any, Any]]]] = {}
+        """Per copy's writer (by id): the first nest's writer, its nodes' counterparts and
+        the counterparts of its nodes, symbols and scopes by kind (as `Names` asks them)."""
+        self._pending: tuple[Hashable, Structure] | None = None
+
+    def _node_key(self, tn: Tnode) -> Hashable:
+        return (tn.dims, tn.prec, tn.memory_mode, tn.provenance, tn in self.w.on_stack, tn in self.w.region_only)
+
+    def _symbol_key(self, s: Symbol) -> Hashable:
+        return s if s in self.statics else None
+
+    def copy(self, loop: ll.ForLoop, nw: _Writer) -> bool:
+        """Whether `loop` is a copy of a nest rendered before: then `nw` gets the nodes,
+        written nodes, merge buffers and helpers that rendering it would have given it, and
+        the program's names are asked in the order rendering it would have asked them."""
+        self._pending = None
+        if not c_outline.SHARE_BY_STRUCTURE:
+            return False
+        found = structure(loop, self._node_key, self._symbol_key)
+        ranks = tuple(sorted(range(len(found.nodes)), key=lambda k: found.nodes[k].id))
+        key = (nw.orphan, ranks, found.key)
+        known = self.first.get(key)
+        names = naming.current()
+        if known is None:
+            self._pending = (key, found)
+            if names is not None:
+                names.requests = []
+            return False
+        of, first, requests = known
+        mapping = dict(zip(first.nodes, found.nodes, strict=True))
+        counterpart: dict[str, dict[Any, Any]] = {
+            "node": mapping, "symbol": dict(zip(first.symbols, found.symbols, strict=True)),
+            "local": dict(zip(first.scopes, found.scopes, strict=True))}
+        self.ask(counterpart, requests)
+        nw.nodes = {mapping[tn].id: mapping[tn] for tn in of.nodes.values()}
+        nw.written = {mapping[of.nodes[k]].id for k in of.written}
+        nw.merges = {mapping[tn].id: mapping[tn] for tn in of.merges.values()}
+        nw.helpers = set(of.helpers)
+        self.copied[id(nw)] = (of, mapping, counterpart)
+        return True
+
+    @staticmethod
+    def ask(counterpart: dict[str, dict[Any, Any]], requests: list[tuple[str, Any]]) -> None:
+        """Ask the program's names of the counterparts of what a nest's rendering asked."""
+        names = naming.current()
+        if names is None:
+            return
+        ask = {"node": names.node, "symbol": names.symbol, "local": names.local}
+        for kind, x in requests:
+            ask[kind](counterpart[kind][x])
+
+    def rendered(self, nw: _Writer) -> None:
+        """`nw` rendered the nest `copy` last declined: the first of its structure, unless it
+        touched or named something its code does not hold (then each is rendered)."""
+        names = naming.current()
+        requests: list[tuple[str, Any]] = []
+        if names is not None:
+            requests, names.requests = names.requests or [], None
+        if self._pending is None:
+            return
+        key, found = self._pending
+        self._pending = None
+        held: dict[str, set[Any]] = {"node": set(found.nodes), "symbol": set(found.symbols),
+                                     "local": set(found.scopes)}
+        if (all(tn in held["node"] for tn in [*nw.nodes.values(), *nw.merges.values()])
+                and set(nw.written) <= set(nw.nodes) and all(x in held[kind] for kind, x in requests)):
+            self.first.setdefault(key, (nw, found, list(dict.fromkeys(requests))))
+
+
 def _call_line(line: str, calls: list[str]) -> str:
     """The nest call a `CALL_MARK` line stands for, at the line's indentation."""
     indent, mark = line.split(c_outline.CALL_MARK)
@@ -1122,12 +1252,13 @@ def _call_line(line: str, calls: list[str]) -> str:
 
 def _bound_names(loop: ll.ForLoop) -> list[str]:
     """The C names a nest binds itself (loop counters, scalar locals): renamed when comparing
-    nests, like its arrays."""
-    names = [symbol_name(s.index) for s in ll.iter_stmts(loop) if isinstance(s, ll.ForLoop)]
-    for s in ll.iter_stmts(loop):
-        for x in ll.deep_parts(s):
-            if isinstance(x, ll.LocalScope):
-                names.append(local_name(x.id))
+    nests, like its arrays. One walk: a walk per statement was quadratic in the nest's depth."""
+    names = []
+    for x in ll.deep_parts(loop):
+        if isinstance(x, ll.ForLoop):
+            names.append(symbol_name(x.index))
+        elif isinstance(x, ll.LocalScope):
+            names.append(local_name(x.id))
     return names
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sys
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Callable
 from typing import Iterator as PyIterator
@@ -362,8 +363,44 @@ def iter_scalars(sc: LLScalar) -> PyIterator[LLScalar]:
         stack.extend(scalar_children(s))
 
 
+_remembered: ContextVar[dict[int, tuple[LLStmt, tuple[Tnode, ...]]] | None] = ContextVar(
+    "einjit_remembered_nodes", default=None)
+
+
+@contextlib.contextmanager
+def remembered_nodes() -> PyIterator[None]:
+    """Inside, `nodes_of` walks each statement once: a compile asks for the nodes of the same
+    top-level statements in many passes (local storage, scratch planning, layout, rendering,
+    the program cache: nine walks of the whole 12-block GPT-2 step). Statements are
+    immutable, so an answer stays right while the statement lives; the memo holds each one
+    it answers for, so that its id is not reused, and is dropped on leaving (nested uses
+    share the outer memo)."""
+    if _remembered.get() is not None:
+        yield
+        return
+    token = _remembered.set({})
+    try:
+        yield
+    finally:
+        _remembered.reset(token)
+
+
 def nodes_of(stmt: LLStmt) -> list[Tnode]:
     """Every tensor node the code touches, in order of first appearance."""
+    memo = _remembered.get()
+    if memo is None:
+        return list(_nodes_of(stmt))
+    seen: dict[int, Tnode] = {}
+    for s in flatten(stmt):
+        hit = memo.get(id(s))
+        if hit is None or hit[0] is not s:
+            hit = memo[id(s)] = (s, _nodes_of(s))
+        for tn in hit[1]:
+            seen.setdefault(tn.id, tn)
+    return list(seen.values())
+
+
+def _nodes_of(stmt: LLStmt) -> tuple[Tnode, ...]:
     seen: dict[int, Tnode] = {}
     for x in deep_parts(stmt):
         match x:
@@ -375,7 +412,7 @@ def nodes_of(stmt: LLStmt) -> list[Tnode]:
                 seen.setdefault(tn.id, tn)
             case LocalScope(id=sid):
                 seen.setdefault(sid.tn.id, sid.tn)
-    return list(seen.values())
+    return tuple(seen.values())
 
 
 def row_major_strides(dims: tuple[int, ...]) -> list[int]:

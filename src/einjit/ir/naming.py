@@ -61,6 +61,10 @@ class Names:
         self._used: set[str] = set()
         self._counters: dict[str, int] = {}
         self._suffixes: dict[str, int] = {}
+        self.requests: list[tuple[str, Any]] | None = None
+        """While a list, every node, symbol and scope id whose name is asked, in order: the C
+        renderer records a nest's and asks the same of the nests it copies instead of
+        rendering them, so that names are handed out as if it had rendered them."""
 
     def _take(self, key: tuple[str, int], candidates: Iterator[str]) -> str:
         name = self._given.get(key)
@@ -71,6 +75,8 @@ class Names:
         return name
 
     def node(self, tn: Any) -> str:
+        if self.requests is not None:
+            self.requests.append(("node", tn))
         key = ("node", tn.id)
         if key in self._given:
             return self._given[key]
@@ -78,9 +84,13 @@ class Names:
         return self._take(key, self._suffixed(base))
 
     def symbol(self, s: Any) -> str:
+        if self.requests is not None:
+            self.requests.append(("symbol", s))
         return self._take(("symbol", s.id), self._counted(_identifier(s.name), ""))
 
     def local(self, sid: Any) -> str:
+        if self.requests is not None:
+            self.requests.append(("local", sid))
         return self._take(("local", sid.id), self._counted("v", "_"))
 
     def _suffixed(self, base: str) -> Iterator[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from einjit import memory
 from einjit import shape as sh
 from einjit.ir import assignments as asg
 from einjit.ir import ops
@@ -74,7 +75,8 @@ class Optimizer:
         """The update code, built once: every routine compiled with it shares the moments, and
         a checkpoint can be loaded into them before any routine is compiled."""
         if self._code is None:
-            self._code = self._update()
+            with memory.collector_paused():
+                self._code = self._update()
         return self._code
 
     def _keep(self, p: Tensor, code: Code, *names: str) -> Code:

@@ -16,7 +16,7 @@ import os
 import time
 from typing import Any, Callable, Mapping, Sequence, cast
 
-from einjit import backends, config
+from einjit import backends, config, memory
 from einjit import shape as sh
 from einjit.backends import profile
 from einjit.backends.cc import program_cache
@@ -72,7 +72,7 @@ def compile_code(code: "Code | asg.Asgns | Sequence[Code | asg.Asgns]", *, bindi
     def lower() -> Any:
         return lower_assignments(symbols, asgns, name, settings=settings)[1]
 
-    with stable_names():
+    with stable_names(), ll.remembered_nodes(), memory.collector_paused():
         sh.finish_inference()
         key = program_cache.key(asgns, symbols, name, settings, compiler) if use_program_cache else None
         hit = program_cache.load(key, asgns, symbols, name, compiler) if key else None

@@ -13,7 +13,6 @@ shows in the first iterations already.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from einjit.ir.indexing import (
     gather_indices,
     index_symbols,
 )
+from einjit.ir.structure import structure
 from einjit.ir.tnode import Tnode
 
 Position = tuple[int, ...]
@@ -269,58 +269,23 @@ def visit_llc(llc: ll.LLStmt, *, settings: VirtualizeSettings) -> Trace:
     st = _State()
     recorded: dict[Hashable, tuple[list[Tnode], list[Symbol], list[tuple]]] = {}
     for stmt in ll.flatten(llc):
-        key, nodes, symbols = _structure(stmt)
-        known = recorded.get(key)
+        found = structure(stmt, _dims)
+        known = recorded.get(found.key)
         if known is None:
             recorder = _Recorder(settings.max_tracing_dim, settings.max_tracing_nest)
             recorder.stmt(stmt, {}, (), True)
-            known = recorded[key] = (nodes, symbols, recorder.events)
-        _apply(st, known[2], dict(zip(known[0], nodes, strict=True)), dict(zip(known[1], symbols, strict=True)))
+            known = recorded[found.key] = (found.nodes, found.symbols, recorder.events)
+        _apply(st, known[2], dict(zip(known[0], found.nodes, strict=True)),
+               dict(zip(known[1], found.symbols, strict=True)))
     for ta in st.store.values():
         ta.read_only = not ta.zeroed_out and not ta.assignments
         ta.read_before_write = any(v is RECURRENT for v in ta.accesses.values())
     return Trace(st.store, st.reverse_node_map, st.merge_node)
 
 
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _structure(stmt: ll.LLStmt) -> tuple[Hashable, list[Tnode], list[Symbol]]:
-    """What tracing `stmt` depends on, with its nodes and symbols numbered in order of first
-    appearance (a node with its dims), and those nodes and symbols in that order. Comments
-    and fields left out of equality (a statement's debug text) are left out: they name one
-    instance's tensors and trace to nothing."""
-    nodes: dict[Tnode, int] = {}
-    symbols: dict[Symbol, int] = {}
-    scopes: dict[ll.ScopeId, int] = {}
-
-    def walk(x: object) -> Hashable:
-        kind = type(x)
-        if kind is Tnode:
-            assert isinstance(x, Tnode)
-            return ("node", nodes.setdefault(x, len(nodes)), x.dims)
-        if kind is Symbol:
-            assert isinstance(x, Symbol)
-            return ("symbol", symbols.setdefault(x, len(symbols)))
-        if kind is ll.ScopeId:
-            assert isinstance(x, ll.ScopeId)
-            return ("scope", scopes.setdefault(x, len(scopes)), walk(x.tn))
-        if kind is ll.Comment:
-            return ("comment",)
-        if kind is tuple or kind is list:
-            assert isinstance(x, (tuple, list))
-            return (kind, *map(walk, x))
-        if kind is float:
-            return ("float", repr(x))
-        names = _FIELDS.get(kind)
-        if names is None:
-            names = _FIELDS[kind] = (tuple(f.name for f in dataclasses.fields(kind) if f.compare)
-                                     if dataclasses.is_dataclass(kind) else ())
-        if names:
-            return (kind, *[walk(getattr(x, n)) for n in names])
-        return x if isinstance(x, Hashable) else ("object", id(x))
-
-    return walk(stmt), list(nodes), list(symbols)
+def _dims(tn: Tnode) -> tuple[int, ...]:
+    """What tracing a statement depends on of a node besides its place in the code."""
+    return tn.dims
 
 
 def _is_scalar_dims(tn: Tnode) -> bool:
@@ -339,6 +304,13 @@ class _Recorder:
     write_templates: dict[int, tuple[ll.ForLoop, list]] = field(default_factory=dict)
     specs: dict[int, tuple[tuple[AxisIndex, ...], _Spec, tuple[GatherIdx, ...]]] = field(default_factory=dict)
     owned: set[tuple[int, ...]] = field(default_factory=set)
+    flat: dict[int, tuple[ll.LLStmt, list[ll.LLStmt]]] = field(default_factory=dict)
+    """Each block's statements (`ll.flatten`), by the block's id: a loop body is run once per
+    traced iteration."""
+    plain: dict[int, tuple[ll.LLScalar, list[tuple[Tnode, tuple[AxisIndex, ...]]] | None]] = field(
+        default_factory=dict)
+    """Per expression (by id): its reads in program order, when reading is all it does to the
+    trace (no local scope, merge buffer or `where`); None otherwise."""
 
     def stmt(self, stmt: ll.LLStmt, env: Env, loops: tuple[tuple[Symbol, int], ...], first_visit: bool,
              traced: int = 1) -> None:
@@ -346,7 +318,10 @@ class _Recorder:
         the first iteration of every enclosing loop, when per-computation facts are collected;
         `traced`: how many iterations of the enclosing loops tracing runs."""
         events = self.events
-        for s in ll.flatten(stmt):
+        flat = self.flat.get(id(stmt))
+        if flat is None or flat[0] is not stmt:
+            flat = self.flat[id(stmt)] = (stmt, list(ll.flatten(stmt)))
+        for s in flat[1]:
             match s:
                 case ll.ForLoop(index, from_, to_, body, trace_it):
                     count = self.max_tracing_dim if traced < self.max_tracing_nest else min(2, self.max_tracing_dim)
@@ -405,6 +380,16 @@ class _Recorder:
             self.events.append((_GATHERED, g.ids))
 
     def scalar(self, sc: ll.LLScalar, env: Env, own: tuple[Tnode, Position] | None) -> None:
+        plain = self.plain.get(id(sc))
+        if plain is None or plain[0] is not sc:
+            plain = self.plain[id(sc)] = (sc, _plain_reads(sc))
+        if plain[1] is not None:
+            events = self.events
+            for tn, idcs in plain[1]:
+                self.gathered(tn, idcs, env)
+                pos = self.position(env, idcs)
+                events.append((_READ, tn, pos, own is not None and own[0] is tn and own[1] == pos))
+            return
         match sc:
             case ll.Get(tn, idcs):
                 self.gathered(tn, idcs, env)
@@ -495,6 +480,23 @@ class _Recorder:
 _Template = tuple["tuple[int, int] | int", ...]
 
 
+def _plain_reads(sc: ll.LLScalar) -> list[tuple[Tnode, tuple[AxisIndex, ...]]] | None:
+    """The reads of `sc` in the order `_Recorder.scalar` visits them, or None when it holds
+    a local scope, a merge buffer read or a `where` (which `scalar` follows case by case)."""
+    out = []
+    stack = [sc]
+    while stack:
+        x = stack.pop()
+        match x:
+            case ll.Get(tn, idcs):
+                out.append((tn, idcs))
+            case ll.LocalScope() | ll.GetMergeBuffer() | ll.Ternop(ops.Ternop.WHERE):
+                return None
+            case _:
+                stack.extend(reversed(ll.scalar_children(x)))
+    return out
+
+
 def _apply(st: _State, events: list[tuple], nodes: dict[Tnode, Tnode], symbols: dict[Symbol, Symbol]) -> None:
     """Replay recorded `events` on the trace, on the nodes and symbols `nodes` and `symbols`
     map the recorded ones to."""
@@ -505,11 +507,12 @@ def _apply(st: _State, events: list[tuple], nodes: dict[Tnode, Tnode], symbols: 
             tn = nodes[ev[1]]
             ta = store.get(tn) or st.node(tn)
             pos = ev[2]
-            if not ta.is_written(pos):
-                ta.accesses[pos] = RECURRENT
+            accesses = ta.accesses
+            if not (ta.zeroed_out or pos in ta.assignments or (ta.written_boxes and ta.is_written(pos))):
+                accesses[pos] = RECURRENT
             elif not ev[3]:
-                old = ta.accesses.get(pos, 0)
-                ta.accesses[pos] = old if old is RECURRENT else old + 1
+                old = accesses.get(pos, 0)
+                accesses[pos] = old if old is RECURRENT else old + 1
         elif op == _SET:
             _, tn, pos, llsc, first_visit, reduction, local_reduction = ev
             ta = st.node(nodes[tn])

@@ -1,0 +1,98 @@
+"""The structure of low-level code up to a renaming of its nodes and symbols.
+
+Deep models repeat the same computation on other tensors (every block of a transformer, in
+forward and in backward). A pass whose result depends only on the code's shape can compute it
+once per structure and carry it over to the other instances: tracing replays the events of
+the first statement of a structure, the C renderer calls the function of the first nest. Two
+statements have equal keys when they are equal after renaming their nodes and symbols in
+order of first appearance, each node also compared by what `node_key` says of it (its dims
+for tracing; everything rendering reads for the renderer). Comments and fields left out of
+equality (a statement's debug text) are left out: they name one instance's tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from einjit.ir import low_level as ll
+from einjit.ir.indexing import Symbol
+from einjit.ir.tnode import Tnode
+
+_FIELDS: dict[type, Callable[[object], tuple]] = {}
+"""Per dataclass: its compared fields' values, as a tuple."""
+_ATOMS: set[type] = {int, str, bool, type(None)}
+"""Types whose values stand for themselves in a key (hashable, no fields)."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Structure:
+    """`key` hashes the structure; `nodes`, `symbols` and `scopes` (local scalars) are the
+    statement's own, in the order the key numbers them, so that instances of one key
+    correspond position by position."""
+
+    key: Hashable
+    nodes: list[Tnode]
+    symbols: list[Symbol]
+    scopes: list[ll.ScopeId]
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[object], tuple]:
+    if len(names) > 1:
+        return operator.attrgetter(*names)
+    name = names[0]
+    return lambda x: (getattr(x, name),)
+
+
+def structure(stmt: ll.LLStmt, node_key: Callable[[Tnode], Hashable],
+              symbol_key: Callable[[Symbol], Hashable] = lambda s: None) -> Structure:
+    """The structure of `stmt`; `symbol_key` tells symbols apart beyond their numbering (the
+    renderer's static symbols keep their names)."""
+    nodes: dict[Tnode, int] = {}
+    symbols: dict[Symbol, int] = {}
+    scopes: dict[ll.ScopeId, int] = {}
+
+    def walk(x: object) -> Hashable:
+        kind = type(x)
+        if kind in _ATOMS:
+            return x
+        if kind is Tnode:
+            assert isinstance(x, Tnode)
+            k = nodes.get(x)
+            if k is None:
+                k = nodes[x] = len(nodes)
+                return ("node", k, node_key(x))
+            return ("node", k)
+        if kind is Symbol:
+            assert isinstance(x, Symbol)
+            k = symbols.get(x)
+            if k is None:
+                k = symbols[x] = len(symbols)
+                return ("symbol", k, symbol_key(x))
+            return ("symbol", k)
+        if kind is tuple or kind is list:
+            assert isinstance(x, (tuple, list))
+            return (kind, *[walk(y) for y in x])
+        if kind is ll.ScopeId:
+            assert isinstance(x, ll.ScopeId)
+            return ("scope", scopes.setdefault(x, len(scopes)), walk(x.tn))
+        if kind is ll.Comment:
+            return ("comment",)
+        if kind is float:
+            return ("float", repr(x))
+        fields = _FIELDS.get(kind)
+        if fields is None:
+            names = (tuple(f.name for f in dataclasses.fields(kind) if f.compare)
+                     if dataclasses.is_dataclass(kind) else ())
+            if not names:
+                if not isinstance(x, Hashable):
+                    return ("object", id(x))
+                _ATOMS.add(kind)
+                return x
+            fields = _FIELDS[kind] = _getter(names)
+        return (kind, *[walk(y) for y in fields(x)])
+
+    key = walk(stmt)
+    return Structure(key, list(nodes), list(symbols), list(scopes))
