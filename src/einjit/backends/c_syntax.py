@@ -144,6 +144,8 @@ class CSyntax:
     nest an orphaned `parallel_for_pragma` loop, the statements between them `single_pragma`."""
     single_pragma: str = "#pragma omp single"
     barrier_pragma: str = "#pragma omp barrier"
+    master_pragma: str = "#pragma omp master"
+    """The profiler's clock reads in a shared region: one thread reads, after a barrier."""
     nowait_clause: str = " nowait"
     loop_head: Callable[[ll.ForLoop, str, str], str | None] | None = None
     classify: Callable[[Tnode, bool], MemClass] | None = None
@@ -876,8 +878,10 @@ class _Writer:
             if k == unit.stop - 1:
                 self.lines.append(inner + "}")
         else:
-            if unit.role == "sync":
+            if unit.role in ("sync", "timer"):
                 self.lines.append(inner + self.syn.barrier_pragma)
+            if unit.role == "timer":
+                self.lines.append(inner + self.syn.master_pragma)
             self.orphan = unit.nowait if unit.role == "for" else None
             self.shared_zero = unit.nowait if unit.role == "zero" else None
             emit(inner)

@@ -187,6 +187,17 @@ def is_compiler_barrier(stmt: ll.LLStmt) -> bool:
     return isinstance(stmt, ll.StagedCompilation) and stmt.render().startswith(COMPILER_BARRIER)
 
 
+NEST_TIMER = "/* einjit: nest timer */"
+"""How the profiler's clock reads end (`backends.profile`): in a shared region each is run by
+the master thread after a barrier of the threads, so a nest's time is that of all threads
+being done with it, not of the master's share of an `omp for nowait`."""
+
+
+def is_timer(stmt: ll.LLStmt) -> bool:
+    """`stmt` is one of the profiler's clock reads (`NEST_TIMER`)."""
+    return isinstance(stmt, ll.StagedCompilation) and stmt.render().endswith(NEST_TIMER)
+
+
 def opaque(stmt: ll.LLStmt) -> bool:
     """Backend-staged code: what it touches is unknown."""
     return any(isinstance(s, ll.StagedCompilation) for s in ll.iter_stmts(stmt))
@@ -414,7 +425,8 @@ class Unit:
     construct: "for" (one nest whose outermost loop the threads share), "single" (statements
     one thread runs), "plain" (comments: no code), "sync" (a compiler barrier, after a
     barrier of the threads: `is_compiler_barrier`), "zero" (a large array's zero fill, its
-    pieces shared by the threads: `SHARED_ZERO_BYTES`). `nowait`: no barrier after it, since
+    pieces shared by the threads: `SHARED_ZERO_BYTES`), "timer" (a clock read of the
+    profiler, by the master thread after a barrier: `is_timer`). `nowait`: no barrier after it, since
     nothing up to the next barrier touches what it writes or writes what it reads."""
 
     role: str
@@ -446,7 +458,8 @@ def shared_regions(top: list[ll.LLStmt]) -> list[Region]:
     `memset` between two threaded nests cost a barrier, not a fork-join. A statement that
     threads an inner loop (its own region), or backend-staged code, ends a region. Regions of
     fewer than two threaded nests are left out: they would gain nothing. A compiler barrier
-    of the scratch planner stays in the region, after a barrier of the threads."""
+    of the scratch planner stays in the region, after a barrier of the threads, and so does a
+    clock read of the profiler (`is_timer`)."""
     last = _LAST_REGIONS.get("top")
     if last is not None and len(last[0]) == len(top) and all(a is b for a, b in zip(last[0], top, strict=True)):
         return list(last[1])
@@ -488,6 +501,8 @@ def _role(s: ll.LLStmt, touched: dict[Tnode, int]) -> str:
         return "plain"
     if is_compiler_barrier(s):
         return "sync"
+    if is_timer(s):
+        return "timer"
     if opaque(s):
         return "end"
     if isinstance(s, ll.ZeroOut) and s.tn.size * s.tn.prec.itemsize >= SHARED_ZERO_BYTES:
@@ -500,14 +515,18 @@ def _role(s: ll.LLStmt, touched: dict[Tnode, int]) -> str:
     return "end"
 
 
-_ALONE = ("for", "sync", "zero")
+_ALONE = ("for", "sync", "zero", "timer")
 """The roles of statements that are units by themselves."""
 
 
+_BARRIERS = ("sync", "timer")
+"""The roles of units that start with a barrier of the threads."""
+
+
 def _units(stmts: list[ll.LLStmt], kinds: list[str]) -> tuple[Unit, ...]:
-    """`stmts` as units: each "for", "zero" and "sync" alone, each run of other statements one
+    """`stmts` as units: each "for", "zero", "sync" and "timer" alone, each run of other statements one
     "single" (or "plain" if they are all comments); then whether each may skip its barrier:
-    the next unit is a "sync" (a barrier itself), or it touches nothing that a unit since the
+    the next unit is a "sync" or a "timer" (a barrier itself), or it touches nothing that a unit since the
     last barrier writes, and writes nothing they read. The last one always may (the region
     ends with a barrier)."""
     spans: list[tuple[str, int, int]] = []
@@ -533,7 +552,7 @@ def _units(stmts: list[ll.LLStmt], kinds: list[str]) -> tuple[Unit, ...]:
         writes |= shared[n][1]
         later = [m for m in range(n + 1, len(spans)) if spans[m][0] != "plain"]
         nowait = True
-        if role == "sync" or later and spans[later[0]][0] == "sync":
+        if role in _BARRIERS or later and spans[later[0]][0] in _BARRIERS:
             reads, writes = set(), set()
         elif later:
             nr, nw = shared[later[0]]
