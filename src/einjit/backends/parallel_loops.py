@@ -359,7 +359,8 @@ def _thread_nest(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
         if hoisted is not nest:
             return hoisted
     if not candidates:
-        return _thread_body(chain, threads, min_work)
+        split = _split_columns(chain, threads)
+        return split if split is not nest else _thread_body(chain, threads, min_work)
     pick = next((k for k in candidates if _extent(chain[k]) >= 2 * threads), candidates[0])
     if runs[pick] < SHARED_RUN_BYTES:
         even = [k for k in candidates if _share(_extent(chain[k]), threads) >= 0.9]
@@ -602,6 +603,47 @@ def _hoisted(chain: list[ll.ForLoop], threads: int) -> ll.ForLoop:
         body = _rewrap(rest, ll.ForLoop(lane, 0, size - 1, moved))
         return ll.ForLoop(outer, 0, pieces - 1, body, parallel=True)
     return chain[0]
+
+
+def _split_columns(chain: list[ll.ForLoop], threads: int) -> ll.ForLoop:
+    """A nest whose summed loops (`chain`) run several innermost loops over one range of
+    columns, a LayerNorm's or a linear layer's backward fused with its bias gradient
+    (`g[b, t, j] = ...; db[j] += g[b, t, j]; dx[b, t, j] += g[b, t, j]`), with that range cut
+    in chunks of whole vectors that go to threads: a chunk runs every statement on its
+    columns over all the summed loops' iterations. Each column's cells are updated by one
+    thread in the order of the nest, so results are bit-identical; the nest as it is when a
+    statement reads or writes another chunk's cells of a node the nest writes (a sum over the
+    columns: `is_parallel` of the result) or the statements are not all such loops."""
+    body = list(ll.flatten(chain[-1].body))
+    loops = [s for s in body if not isinstance(s, ll.Comment)]
+    if len(loops) < 2 or scheduler_locals(chain[0]) or not all(_column_loop(s, loops[0]) for s in loops):
+        return chain[0]
+    extent = loops[0].to_ + 1
+    pieces = next((n for n in (4 * threads, 2 * threads, threads) if extent % n == 0 and extent // n % 8 == 0), 0)
+    if not pieces:
+        return chain[0]
+    size = extent // pieces
+    outer = get_symbol(loops[0].index.name)
+    moved: list[ll.LLStmt] = []
+    for s in body:
+        if isinstance(s, ll.ForLoop):
+            lane = get_symbol(s.index.name)
+            env: dict[Symbol, AxisIndex] = {s.index: make_affine([(size, outer), (1, lane)])}
+            sets = [ll.Set(st.tn, tuple(subst_index(env, i) for i in st.idcs), nests.subst(st.llsc, env), st.debug)
+                    for st in ll.flatten(s.body) if isinstance(st, ll.Set)]
+            s = ll.ForLoop(lane, 0, size - 1, ll.seq(*sets))
+        moved.append(s)
+    split = ll.ForLoop(outer, 0, pieces - 1, _rewrap(chain, ll.seq(*moved)), parallel=True)
+    return split if is_parallel(split, set()) else chain[0]
+
+
+def _column_loop(s: ll.LLStmt, first: ll.ForLoop) -> bool:
+    """`s` is a plain loop over `first`'s range from 0 whose body is assignments only, none with
+    a local scope (which `nests.subst` does not enter)."""
+    return (isinstance(s, ll.ForLoop) and s.from_ == 0 and s.to_ == first.to_ and not s.start and not s.stop
+            and not s.parallel and not s.unroll
+            and all(isinstance(st, ll.Set) and not any(isinstance(x, ll.LocalScope) for x in ll.iter_scalars(st.llsc))
+                    for st in ll.flatten(s.body)))
 
 
 def _rewrap(loops: list[ll.ForLoop], body: ll.LLStmt) -> ll.LLStmt:
