@@ -428,3 +428,39 @@ def test_a_sum_over_the_columns_keeps_the_column_loops_serial():
     assert not any(isinstance(s, ll.ForLoop) and s.parallel for s in ll.iter_stmts(threaded))
     source, want = check_threads(code, inputs_for(*ins_nodes), outs, "row_sum", min_work=1024)
     assert "omp" not in source
+
+
+def weight_gradient() -> tuple[ll.LLStmt, tuple[Tnode, ...], Tnode, Tnode]:
+    """`dw[j, c] = sum_r y[r, j] x[r, c]` as the scheduler leaves a weight gradient: chunks
+    `kt` of the summed rows, each packing its rows of `x` into a scheduler local `p`, then the
+    panels `j` (on threads) reading the whole pack."""
+    from einjit.ir.sched import nests
+    x, y, dw = Tnode("x", (64, 40)), Tnode("y", (64, 48)), Tnode("dw", (48, 40))
+    p = nests.scheduler_local("pack", (32, 40), ops.single)
+    kt, r, c, j, r2, c2 = (get_symbol(n) for n in ("kt", "r", "c", "j", "r", "c"))
+    row = make_affine([(32, kt), (1, r)])
+    pack = ll.ForLoop(r, 0, 31, ll.ForLoop(c, 0, 39, ll.Set(p, it(r, c), ll.Get(x, (row, Iterator(c))))))
+    row2 = make_affine([(32, kt), (1, r2)])
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(y, (row2, Iterator(j))), ll.Get(p, it(r2, c2)), ll.Get(dw, it(j, c2)))
+    panels = ll.ForLoop(j, 0, 47, ll.ForLoop(r2, 0, 31, ll.ForLoop(c2, 0, 39, ll.Set(dw, it(j, c2), fma))),
+                        parallel=True)
+    return ll.seq(ll.ZeroOut(dw), ll.ForLoop(kt, 0, 1, ll.seq(pack, panels))), (x, y), dw, p
+
+
+def test_a_weight_gradients_pack_is_shared_out_beside_its_panels():
+    """The pack under the serial chunk loop was one thread's `omp single`: it becomes an `omp
+    for` over its rows, every thread writing its rows of one shared pack (it is not made
+    private: the panels after the barrier read all of it). Bit-identical to the interpreter."""
+    code, ins_nodes, dw, p = weight_gradient()
+    nest = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1)))[1]
+    pack = [s for s in ll.flatten(nest.body) if isinstance(s, ll.ForLoop)][0]
+    assert not nest.parallel and pack.parallel and parallel_loops.sliced_nodes(pack) == {p}
+    ins = inputs_for(*ins_nodes)
+    source, want = check_threads(code, ins, [dw], "wgrad")
+    body = source[source.index("void wgrad"):]
+    # 16 pack rows of 40 cells a hand-out; 2 panels of 1280 multiply-adds
+    assert _pragmas(body) == [REGION, "#pragma omp for schedule(dynamic, 16)", "#pragma omp for schedule(dynamic, 2)"]
+    before, region = body.split(REGION)
+    assert "float pack[1280]" in before and "float pack" not in region
+    np.testing.assert_allclose(want[dw], ins[ins_nodes[1]].T.astype(np.float64) @ ins[ins_nodes[0]],
+                               rtol=1e-5, atol=1e-5)

@@ -1143,10 +1143,13 @@ def _threads(stmt: ll.LLStmt) -> bool:
 def private_nodes(loop: ll.ForLoop) -> list[Tnode]:
     """The locals each thread running `loop` needs its own copy of: the scheduler's locals
     written in its body (the `parallel` contract: written before read in every iteration), by
-    id. Routine-local nodes are not among them: each iteration writes its own cells."""
+    id. Routine-local nodes are not among them: each iteration writes its own cells; nor is a
+    local the loop fills block by block (`parallel_loops.sliced_nodes`: a weight gradient's
+    pack of the summed operand, which the threaded panels after it read whole)."""
+    sliced = parallel_loops.sliced_nodes(loop)
     written = {s.tn.id: s.tn for s in ll.iter_stmts(loop.body)
                if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_local()
-               and not is_routine_local(s.tn)}
+               and not is_routine_local(s.tn) and s.tn not in sliced}
     return [tn for _, tn in sorted(written.items())]
 
 

@@ -9,6 +9,9 @@ nest big enough to pay on OpenMP threads (`thread_nests`): pointwise and reducti
 convolutions and their gradients, attention's batch × heads. The loop moves outside serial
 loops above it (one fork-join per nest), is chosen so threads do not write one cache line,
 and takes the parallel loops right inside it along where its iterations split unevenly.
+A nest whose rows are summed (a bias gradient fused with a backward) shares out chunks of its
+column loops instead (`_split_columns`); a nest the scheduler threads inside (a weight
+gradient's panels) gets the packs beside its threaded loops on threads too (`_team_parts`).
 Consecutive threaded nests share one parallel region (`shared_regions`).
 
 Only loops over output cells are threaded: a loop summed into one cell is never parallel
@@ -32,8 +35,8 @@ from einjit.ir.tnode import Tnode
 
 __all__ = ["BLOCKED_WORK_FACTOR", "CHUNK_WORK", "SHARED_RUN_BYTES", "SHARED_ZERO_BYTES", "THREAD_MIN_WORK",
            "ZERO_PIECE_BYTES", "Access", "Region", "Unit", "accesses", "chunk", "collapsed", "is_parallel", "opaque",
-           "parallel_chain", "reads", "run_bytes", "scheduler_locals", "shared_regions", "slicing", "thread_nests",
-           "work"]
+           "parallel_chain", "reads", "run_bytes", "scheduler_locals", "shared_regions", "sliced_nodes", "slicing",
+           "thread_nests", "work"]
 
 THREAD_MIN_WORK = 1 << 15
 """Assignments a loop must run (one execution of it) to be put on threads: about 10 µs of
@@ -138,6 +141,24 @@ def slicing(loop: ll.ForLoop, private: set[Tnode]) -> dict[Tnode, set[tuple[int,
         if not axes[a.tn]:
             return None
     return axes if all(a.write for a in first_private.values()) else None
+
+
+def sliced_nodes(loop: ll.ForLoop) -> set[Tnode]:
+    """The nodes the body of a parallel `loop` writes in the iteration's own block of one axis
+    in all their accesses (`_blocks`): threads sharing one copy write disjoint cells. Only for
+    a loop shared out alone: in a collapsed group (`collapsed`) threads split its iterations."""
+    if len(collapsed(loop)) > 1:
+        return set()
+    found = list(accesses(loop.body))
+    written = {a.tn for a in found if a.write}
+    inner = {s.index: (s.from_, s.to_) for s in ll.iter_stmts(loop.body) if isinstance(s, ll.ForLoop)}
+    axes: dict[Tnode, set[tuple[int, int]]] = {}
+    for a in found:
+        if a.tn not in written:
+            continue
+        cand = set() if a.idcs is None else _blocks(a, loop.index, inner)
+        axes[a.tn] = axes[a.tn] & cand if a.tn in axes else cand
+    return {tn for tn, blocks in axes.items() if blocks}
 
 
 def run_bytes(axes: dict[Tnode, set[tuple[int, int]]]) -> int:
@@ -287,8 +308,11 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK) 
                 threaded = known[2]
             elif not any(isinstance(x, ll.ForLoop) and x.parallel for x in ll.iter_stmts(s)):
                 threaded = _thread_nest(s, threads, min_work)
+            elif s.parallel:
+                threaded = s
             else:
-                threaded = s if s.parallel else _threads_outside(s, threads, min_work)
+                threaded = _threads_outside(s, threads, min_work)
+                threaded = threaded if threaded is not s else _team_parts(s, threads, min_work)
             done[id(s)] = (s, (threads, min_work), threaded)
             s = threaded
         out.append(s)
@@ -316,6 +340,34 @@ def _threads_outside(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoo
             or not is_parallel(nest, scheduler_locals(nest))):
         return nest
     return dataclasses.replace(nest, body=_serial(nest.body), parallel=True)
+
+
+def _team_parts(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
+    """A nest the scheduler threads inside, under serial loops that every thread of its region
+    runs (a weight gradient: k chunks, each packing a panel of the summed operand that all
+    threads read, then the threaded column panels), with the other nests beside the threaded
+    loops on threads too (`_thread_nest`), where they run at least `min_work` assignments: the
+    pack was one thread's (`omp single`) while the other waited. A pack the threads fill block
+    by block is one shared copy (`sliced_nodes`), not each thread's own; an `omp for`'s
+    barrier orders it before the panels that read it."""
+    body = list(ll.flatten(nest.body))
+    if not any(isinstance(s, ll.ForLoop) and s.parallel for s in body):
+        inner = [s for s in body if isinstance(s, ll.ForLoop) and _threads(s)]
+        if len(inner) != 1:
+            return nest
+        return dataclasses.replace(nest, body=ll.seq(*(
+            _team_parts(s, threads, min_work) if s is inner[0] else s for s in body)))
+    out: list[ll.LLStmt] = []
+    for s in body:
+        if isinstance(s, ll.ForLoop) and not _threads(s):
+            part = _thread_nest(s, threads, min_work)
+            s = part if part.parallel and scheduler_locals(part) <= sliced_nodes(part) else s
+        out.append(s)
+    return dataclasses.replace(nest, body=ll.seq(*out))
+
+
+def _threads(stmt: ll.LLStmt) -> bool:
+    return any(isinstance(x, ll.ForLoop) and x.parallel for x in ll.iter_stmts(stmt))
 
 
 def _serial(stmt: ll.LLStmt) -> ll.LLStmt:
@@ -615,8 +667,9 @@ def _split_columns(chain: list[ll.ForLoop], threads: int) -> ll.ForLoop:
     statement reads or writes another chunk's cells of a node the nest writes (a sum over the
     columns: `is_parallel` of the result) or the statements are not all such loops."""
     body = list(ll.flatten(chain[-1].body))
-    loops = [s for s in body if not isinstance(s, ll.Comment)]
-    if len(loops) < 2 or scheduler_locals(chain[0]) or not all(_column_loop(s, loops[0]) for s in loops):
+    loops = [s for s in body if isinstance(s, ll.ForLoop)]
+    if (len(loops) < 2 or len(loops) + sum(isinstance(s, ll.Comment) for s in body) < len(body)
+            or scheduler_locals(chain[0]) or not all(_column_loop(s, loops[0]) for s in loops)):
         return chain[0]
     extent = loops[0].to_ + 1
     pieces = next((n for n in (4 * threads, 2 * threads, threads) if extent % n == 0 and extent // n % 8 == 0), 0)
@@ -637,10 +690,10 @@ def _split_columns(chain: list[ll.ForLoop], threads: int) -> ll.ForLoop:
     return split if is_parallel(split, set()) else chain[0]
 
 
-def _column_loop(s: ll.LLStmt, first: ll.ForLoop) -> bool:
+def _column_loop(s: ll.ForLoop, first: ll.ForLoop) -> bool:
     """`s` is a plain loop over `first`'s range from 0 whose body is assignments only, none with
     a local scope (which `nests.subst` does not enter)."""
-    return (isinstance(s, ll.ForLoop) and s.from_ == 0 and s.to_ == first.to_ and not s.start and not s.stop
+    return (s.from_ == 0 and s.to_ == first.to_ and not s.start and not s.stop
             and not s.parallel and not s.unroll
             and all(isinstance(st, ll.Set) and not any(isinstance(x, ll.LocalScope) for x in ll.iter_scalars(st.llsc))
                     for st in ll.flatten(s.body)))
