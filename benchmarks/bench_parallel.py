@@ -179,18 +179,20 @@ def thread_rows(threads: int, repeats: int) -> list[dict]:
     for n in (512, 1024):
         for transposed in (False, True):
             one, many = matmul_pair(n, transposed, threads)
-            t1, tn = best_times([one, many], repeats, settle=SETTLE_S)
+            cpu: list[float] = []
+            t1, tn = best_times([one, many], repeats, settle=SETTLE_S, cpu=cpu)
             name = f"fp32 matmul {'w @ x (A·Bᵀ)' if transposed else 'a @ b'} n={n}"
             flops = 2.0 * n**3
             rows.append({"workload": name, "t1_s": t1, "tn_s": tn, "speedup": t1 / tn, "flops": flops,
-                         "gflops": flops / tn / 1e9, "share_of_peak": flops / tn / 1e9 / peak})
+                         "gflops": flops / tn / 1e9, "share_of_peak": flops / tn / 1e9 / peak, "tn_cpu_s": cpu[1]})
     with tempfile.TemporaryDirectory() as cache:
         os.environ["EINJIT_CACHE_DIR"] = cache
         for name, pair in (("MNIST-size convnet step (einjit.nn), B=64", convnet_pair),
                            ("GPT train step, 2 blocks d=128 h=4 T=64 B=16", gpt_pair)):
             one, many = pair(threads)
-            t1, tn = best_times([one, many], repeats, 1.0, settle=SETTLE_S)
-            rows.append({"workload": name, "t1_s": t1, "tn_s": tn, "speedup": t1 / tn})
+            cpu = []
+            t1, tn = best_times([one, many], repeats, 1.0, settle=SETTLE_S, cpu=cpu)
+            rows.append({"workload": name, "t1_s": t1, "tn_s": tn, "speedup": t1 / tn, "tn_cpu_s": cpu[1]})
     return rows
 
 
@@ -210,7 +212,8 @@ def main() -> None:
         for r in thread_rows(args.threads, args.repeats):
             extra = f"  {r['gflops']:6.1f} GFLOP/s, {100 * r['share_of_peak']:4.0f}% of peak" if "gflops" in r else ""
             print(f"  {r['workload']:48s} 1 thread {1e3 * r['t1_s']:8.2f} ms  {args.threads} threads "
-                  f"{1e3 * r['tn_s']:8.2f} ms  speed-up {r['speedup']:4.2f}x{extra}")
+                  f"{1e3 * r['tn_s']:8.2f} ms (CPU {r['tn_cpu_s'] / r['tn_s']:.2f} cores)  "
+                  f"speed-up {r['speedup']:4.2f}x{extra}")
     if "dp" not in groups:
         return
     print(f"MLP {N_IN} → {HIDDEN} → {HIDDEN} → {N_OUT}, batch {BATCH}, float32, SGD + momentum; "

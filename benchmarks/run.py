@@ -87,12 +87,15 @@ def _pool_threads() -> int:
         return 1
 
 
-def best_times(fns, repeats: int = 7, min_time: float = 0.2, settle: float | None = None) -> list[float]:
+def best_times(fns, repeats: int = 7, min_time: float = 0.2, settle: float | None = None,
+               cpu: list[float] | None = None) -> list[float]:
     """Best batch time of each function, batches interleaved round by round, so that a busy
     moment on a shared machine slows every contender alike rather than one of them. With
     several contenders on threads each batch starts `settle` seconds after the previous one
     (default `SETTLE_S` when `main` runs at more than one thread), so that no contender's
-    batch runs beside another one's spinning threads."""
+    batch runs beside another one's spinning threads. `cpu`, if given, receives the process's
+    CPU seconds per call in each contender's best batch: at N threads a batch whose CPU time
+    is well under N times its wall time had threads waiting for a core other processes held."""
     if settle is None:
         settle = SETTLE_S if len(fns) > 1 and _pool_threads() > 1 else 0.0
     pers = []
@@ -102,14 +105,19 @@ def best_times(fns, repeats: int = 7, min_time: float = 0.2, settle: float | Non
         fn()
         pers.append(max(1, int(min_time / repeats / max(time.perf_counter() - t, 1e-7))))
     best = [float("inf")] * len(fns)
+    best_cpu = [0.0] * len(fns)
     for _ in range(repeats):
         for k, (fn, per) in enumerate(zip(fns, pers, strict=True)):
             if settle:
                 time.sleep(settle)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             for _ in range(per):
                 fn()
-            best[k] = min(best[k], (time.perf_counter() - t) / per)
+            wall = (time.perf_counter() - t) / per
+            if wall < best[k]:
+                best[k], best_cpu[k] = wall, (time.process_time() - c) / per
+    if cpu is not None:
+        cpu[:] = best_cpu
     return best
 
 
@@ -297,7 +305,7 @@ def thread_rows() -> list[dict]:
     if threads < 2:
         return []
     return [row(f"{r['workload']}, {threads} threads", r["tn_s"], {"1 thread": r["t1_s"]},
-                r.get("flops")) for r in rows_of(threads, 7)]
+                r.get("flops")) | {"einjit_cpu_s": r["tn_cpu_s"]} for r in rows_of(threads, 7)]
 
 
 def compile_row() -> dict:
@@ -374,6 +382,8 @@ def main() -> None:
             line += f" ({r['einjit_gflops']:6.1f} GFLOP/s, {100 * r['share_of_peak']:3.0f}% of peak)"
         if "einjit_gbs" in r:
             line += f" ({r['einjit_gbs']:6.1f} GB/s, {100 * r['share_of_bandwidth']:3.0f}% of bandwidth)"
+        if "einjit_cpu_s" in r:
+            line += f" [CPU {r['einjit_cpu_s'] / r['einjit_s']:.2f} cores]"
         for key in r:
             if key.startswith("vs_"):
                 peer = key[3:]

@@ -375,3 +375,92 @@ def test_a_large_zero_fill_in_a_region_is_shared_in_pieces():
     assert _pragmas(body) == [REGION, "#pragma omp for schedule(dynamic)"]
     assert "for (int z = 0; z < 5; ++z) memset(big + z * 16384, 0, sizeof(float) * (z < 4 ? 16384 : 1024));" in body
     np.testing.assert_array_equal(want[z], np.full((130, 512), 1.5, np.float32))
+
+
+def bias_backward(row_sum: bool) -> tuple[ll.LLStmt, tuple[Tnode, ...], tuple[Tnode, ...]]:
+    """A linear layer's backward fused with its bias gradient, as the scheduler leaves it: over
+    rows (b, t), `h = g * w`, `db += h`, `dx += h`, each an innermost loop over the 64 columns.
+    With `row_sum`, `s[b, t] += h` sums over the columns too."""
+    g, w, dx = Tnode("g", (6, 10, 64)), Tnode("w", (64,)), Tnode("dx", (6, 10, 64))
+    h, db, s = Tnode("h", (6, 10, 64)), Tnode("db", (64,)), Tnode("s", (6, 10))
+    b, t = get_symbol("b"), get_symbol("t")
+    j1, j2, j3, j4 = (get_symbol("j") for _ in range(4))
+    stmts = [ll.ForLoop(j1, 0, 63, ll.Set(h, it(b, t, j1), ll.Binop(ops.Binop.MUL, ll.Get(g, it(b, t, j1)),
+                                                                      ll.Get(w, it(j1))))),
+             ll.ForLoop(j2, 0, 63, ll.Set(db, it(j2), ll.Binop(ops.Binop.ADD, ll.Get(db, it(j2)),
+                                                                ll.Get(h, it(b, t, j2))))),
+             ll.ForLoop(j3, 0, 63, ll.Set(dx, it(b, t, j3), ll.Binop(ops.Binop.ADD, ll.Get(dx, it(b, t, j3)),
+                                                                      ll.Get(h, it(b, t, j3)))))]
+    if row_sum:
+        stmts.append(ll.ForLoop(j4, 0, 63, ll.Set(s, it(b, t), ll.Binop(ops.Binop.ADD, ll.Get(s, it(b, t)),
+                                                                         ll.Get(h, it(b, t, j4))))))
+    nest = ll.ForLoop(b, 0, 5, ll.ForLoop(t, 0, 9, ll.seq(*stmts)))
+    zeros = [ll.ZeroOut(db)] + ([ll.ZeroOut(s)] if row_sum else [])
+    return ll.seq(*zeros, nest), (g, w, dx), (h, db, dx) + ((s,) if row_sum else ())
+
+
+def test_column_loops_under_summed_rows_go_to_threads_in_vector_chunks():
+    """The rows are summed into `db`, so no loop of the nest's chain is parallel; the columns
+    are, in every statement: chunks of 8 columns go to threads (8 chunks on 2 threads), each
+    running the three statements on its columns over all rows, every cell updated in the
+    nest's order (bit-identical to the interpreter at 1 and 2 threads)."""
+    code, ins_nodes, outs = bias_backward(row_sum=False)
+    nest = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024)))[1]
+    assert nest.parallel and (nest.from_, nest.to_) == (0, 7)
+    rows = nest.body
+    assert [rows.index.name, rows.body.index.name] == ["b", "t"] and not rows.parallel and not rows.body.parallel
+    chunks = list(ll.flatten(rows.body.body))
+    assert [(lp.to_, lp.parallel) for lp in chunks] == [(7, False)] * 3
+    ins = inputs_for(*ins_nodes)
+    source, want = check_threads(code, ins, outs, "columns", min_work=1024)
+    # 1440 assignments a chunk: two at a time (`parallel_loops.chunk`)
+    assert _pragmas(source) == ["#pragma omp parallel for schedule(dynamic, 2) num_threads(2)"]
+    h = ins[ins_nodes[0]] * ins[ins_nodes[1]]
+    np.testing.assert_allclose(want[outs[1]], h.astype(np.float64).sum((0, 1)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(want[outs[2]], ins[ins_nodes[2]] + h)
+
+
+def test_a_sum_over_the_columns_keeps_the_column_loops_serial():
+    """`s[b, t]` adds every column of a row: chunks of columns would write one cell from two
+    threads, so the nest stays serial."""
+    code, ins_nodes, outs = bias_backward(row_sum=True)
+    threaded = parallel_loops.thread_nests(code, 2, 1024)
+    assert not any(isinstance(s, ll.ForLoop) and s.parallel for s in ll.iter_stmts(threaded))
+    source, want = check_threads(code, inputs_for(*ins_nodes), outs, "row_sum", min_work=1024)
+    assert "omp" not in source
+
+
+def weight_gradient() -> tuple[ll.LLStmt, tuple[Tnode, ...], Tnode, Tnode]:
+    """`dw[j, c] = sum_r y[r, j] x[r, c]` as the scheduler leaves a weight gradient: chunks
+    `kt` of the summed rows, each packing its rows of `x` into a scheduler local `p`, then the
+    panels `j` (on threads) reading the whole pack."""
+    from einjit.ir.sched import nests
+    x, y, dw = Tnode("x", (64, 40)), Tnode("y", (64, 48)), Tnode("dw", (48, 40))
+    p = nests.scheduler_local("pack", (32, 40), ops.single)
+    kt, r, c, j, r2, c2 = (get_symbol(n) for n in ("kt", "r", "c", "j", "r", "c"))
+    row = make_affine([(32, kt), (1, r)])
+    pack = ll.ForLoop(r, 0, 31, ll.ForLoop(c, 0, 39, ll.Set(p, it(r, c), ll.Get(x, (row, Iterator(c))))))
+    row2 = make_affine([(32, kt), (1, r2)])
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(y, (row2, Iterator(j))), ll.Get(p, it(r2, c2)), ll.Get(dw, it(j, c2)))
+    panels = ll.ForLoop(j, 0, 47, ll.ForLoop(r2, 0, 31, ll.ForLoop(c2, 0, 39, ll.Set(dw, it(j, c2), fma))),
+                        parallel=True)
+    return ll.seq(ll.ZeroOut(dw), ll.ForLoop(kt, 0, 1, ll.seq(pack, panels))), (x, y), dw, p
+
+
+def test_a_weight_gradients_pack_is_shared_out_beside_its_panels():
+    """The pack under the serial chunk loop was one thread's `omp single`: it becomes an `omp
+    for` over its rows, every thread writing its rows of one shared pack (it is not made
+    private: the panels after the barrier read all of it). Bit-identical to the interpreter."""
+    code, ins_nodes, dw, p = weight_gradient()
+    nest = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1)))[1]
+    pack = [s for s in ll.flatten(nest.body) if isinstance(s, ll.ForLoop)][0]
+    assert not nest.parallel and pack.parallel and parallel_loops.sliced_nodes(pack) == {p}
+    ins = inputs_for(*ins_nodes)
+    source, want = check_threads(code, ins, [dw], "wgrad")
+    body = source[source.index("void wgrad"):]
+    # 16 pack rows of 40 cells a hand-out; 2 panels of 1280 multiply-adds
+    assert _pragmas(body) == [REGION, "#pragma omp for schedule(dynamic, 16)", "#pragma omp for schedule(dynamic, 2)"]
+    before, region = body.split(REGION)
+    assert "float pack[1280]" in before and "float pack" not in region
+    np.testing.assert_allclose(want[dw], ins[ins_nodes[1]].T.astype(np.float64) @ ins[ins_nodes[0]],
+                               rtol=1e-5, atol=1e-5)

@@ -215,7 +215,9 @@ def test_stages_are_named_and_dumped(tmp_path, monkeypatch):
 
 
 def _normalized_c(code) -> str:
-    src = cc.compile_proc(code, name="scheduled").source
+    """The C of `code` at one thread: the default thread count is the machine's core count,
+    which would make the golden depend on the machine running the test."""
+    src = cc.compile_proc(code, name="scheduled", options=cc.CcOptions(threads=1)).source
     src = src[src.index("void scheduled("):]
     names: dict[str, str] = {}
     return re.sub(r"\b([a-z]+)_?(\d+)\b", lambda m: names.setdefault(m.group(0), f"{m.group(1)}{len(names)}"), src)

@@ -145,6 +145,8 @@ class CSyntax:
     nest an orphaned `parallel_for_pragma` loop, the statements between them `single_pragma`."""
     single_pragma: str = "#pragma omp single"
     barrier_pragma: str = "#pragma omp barrier"
+    master_pragma: str = "#pragma omp master"
+    """The profiler's clock reads in a shared region: one thread reads, after a barrier."""
     nowait_clause: str = " nowait"
     loop_head: Callable[[ll.ForLoop, str, str], str | None] | None = None
     classify: Callable[[Tnode, bool], MemClass] | None = None
@@ -877,8 +879,10 @@ class _Writer:
             if k == unit.stop - 1:
                 self.lines.append(inner + "}")
         else:
-            if unit.role == "sync":
+            if unit.role in ("sync", "timer"):
                 self.lines.append(inner + self.syn.barrier_pragma)
+            if unit.role == "timer":
+                self.lines.append(inner + self.syn.master_pragma)
             self.orphan = unit.nowait if unit.role == "for" else None
             self.shared_zero = unit.nowait if unit.role == "zero" else None
             emit(inner)
@@ -1270,10 +1274,13 @@ def _threads(stmt: ll.LLStmt) -> bool:
 def private_nodes(loop: ll.ForLoop) -> list[Tnode]:
     """The locals each thread running `loop` needs its own copy of: the scheduler's locals
     written in its body (the `parallel` contract: written before read in every iteration), by
-    id. Routine-local nodes are not among them: each iteration writes its own cells."""
+    id. Routine-local nodes are not among them: each iteration writes its own cells; nor is a
+    local the loop fills block by block (`parallel_loops.sliced_nodes`: a weight gradient's
+    pack of the summed operand, which the threaded panels after it read whole)."""
+    sliced = parallel_loops.sliced_nodes(loop)
     written = {s.tn.id: s.tn for s in ll.iter_stmts(loop.body)
                if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) and s.tn.is_local()
-               and not is_routine_local(s.tn)}
+               and not is_routine_local(s.tn) and s.tn not in sliced}
     return [tn for _, tn in sorted(written.items())]
 
 

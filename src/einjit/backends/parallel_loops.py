@@ -9,6 +9,9 @@ nest big enough to pay on OpenMP threads (`thread_nests`): pointwise and reducti
 convolutions and their gradients, attention's batch × heads. The loop moves outside serial
 loops above it (one fork-join per nest), is chosen so threads do not write one cache line,
 and takes the parallel loops right inside it along where its iterations split unevenly.
+A nest whose rows are summed (a bias gradient fused with a backward) shares out chunks of its
+column loops instead (`_split_columns`); a nest the scheduler threads inside (a weight
+gradient's panels) gets the packs beside its threaded loops on threads too (`_team_parts`).
 Consecutive threaded nests share one parallel region (`shared_regions`).
 
 Only loops over output cells are threaded: a loop summed into one cell is never parallel
@@ -32,8 +35,8 @@ from einjit.ir.tnode import Tnode
 
 __all__ = ["BLOCKED_WORK_FACTOR", "CHUNK_WORK", "SHARED_RUN_BYTES", "SHARED_ZERO_BYTES", "THREAD_MIN_WORK",
            "ZERO_PIECE_BYTES", "Access", "Region", "Unit", "accesses", "chunk", "collapsed", "is_parallel", "opaque",
-           "parallel_chain", "reads", "run_bytes", "scheduler_locals", "shared_regions", "slicing", "thread_nests",
-           "work"]
+           "parallel_chain", "reads", "run_bytes", "scheduler_locals", "shared_regions", "sliced_nodes", "slicing",
+           "thread_nests", "work"]
 
 THREAD_MIN_WORK = 1 << 15
 """Assignments a loop must run (one execution of it) to be put on threads: about 10 µs of
@@ -140,6 +143,24 @@ def slicing(loop: ll.ForLoop, private: set[Tnode]) -> dict[Tnode, set[tuple[int,
     return axes if all(a.write for a in first_private.values()) else None
 
 
+def sliced_nodes(loop: ll.ForLoop) -> set[Tnode]:
+    """The nodes the body of a parallel `loop` writes in the iteration's own block of one axis
+    in all their accesses (`_blocks`): threads sharing one copy write disjoint cells. Only for
+    a loop shared out alone: in a collapsed group (`collapsed`) threads split its iterations."""
+    if len(collapsed(loop)) > 1:
+        return set()
+    found = list(accesses(loop.body))
+    written = {a.tn for a in found if a.write}
+    inner = {s.index: (s.from_, s.to_) for s in ll.iter_stmts(loop.body) if isinstance(s, ll.ForLoop)}
+    axes: dict[Tnode, set[tuple[int, int]]] = {}
+    for a in found:
+        if a.tn not in written:
+            continue
+        cand = set() if a.idcs is None else _blocks(a, loop.index, inner)
+        axes[a.tn] = axes[a.tn] & cand if a.tn in axes else cand
+    return {tn for tn, blocks in axes.items() if blocks}
+
+
 def run_bytes(axes: dict[Tnode, set[tuple[int, int]]]) -> int:
     """The shortest run of contiguous bytes one iteration writes of a node (`slicing`'s
     `axes`): where it is shorter than a few cache lines, threads taking neighbouring
@@ -185,6 +206,17 @@ def is_compiler_barrier(stmt: ll.LLStmt) -> bool:
     in a parallel region every thread must be done with the arrays before it (their bytes may
     change arrays there), so it is rendered after an `omp barrier`."""
     return isinstance(stmt, ll.StagedCompilation) and stmt.render().startswith(COMPILER_BARRIER)
+
+
+NEST_TIMER = "/* einjit: nest timer */"
+"""How the profiler's clock reads end (`backends.profile`): in a shared region each is run by
+the master thread after a barrier of the threads, so a nest's time is that of all threads
+being done with it, not of the master's share of an `omp for nowait`."""
+
+
+def is_timer(stmt: ll.LLStmt) -> bool:
+    """`stmt` is one of the profiler's clock reads (`NEST_TIMER`)."""
+    return isinstance(stmt, ll.StagedCompilation) and stmt.render().endswith(NEST_TIMER)
 
 
 def opaque(stmt: ll.LLStmt) -> bool:
@@ -276,8 +308,11 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK) 
                 threaded = known[2]
             elif not any(isinstance(x, ll.ForLoop) and x.parallel for x in ll.iter_stmts(s)):
                 threaded = _thread_nest(s, threads, min_work)
+            elif s.parallel:
+                threaded = s
             else:
-                threaded = s if s.parallel else _threads_outside(s, threads, min_work)
+                threaded = _threads_outside(s, threads, min_work)
+                threaded = threaded if threaded is not s else _team_parts(s, threads, min_work)
             done[id(s)] = (s, (threads, min_work), threaded)
             s = threaded
         out.append(s)
@@ -305,6 +340,34 @@ def _threads_outside(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoo
             or not is_parallel(nest, scheduler_locals(nest))):
         return nest
     return dataclasses.replace(nest, body=_serial(nest.body), parallel=True)
+
+
+def _team_parts(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
+    """A nest the scheduler threads inside, under serial loops that every thread of its region
+    runs (a weight gradient: k chunks, each packing a panel of the summed operand that all
+    threads read, then the threaded column panels), with the other nests beside the threaded
+    loops on threads too (`_thread_nest`), where they run at least `min_work` assignments: the
+    pack was one thread's (`omp single`) while the other waited. A pack the threads fill block
+    by block is one shared copy (`sliced_nodes`), not each thread's own; an `omp for`'s
+    barrier orders it before the panels that read it."""
+    body = list(ll.flatten(nest.body))
+    if not any(isinstance(s, ll.ForLoop) and s.parallel for s in body):
+        inner = [s for s in body if isinstance(s, ll.ForLoop) and _threads(s)]
+        if len(inner) != 1:
+            return nest
+        return dataclasses.replace(nest, body=ll.seq(*(
+            _team_parts(s, threads, min_work) if s is inner[0] else s for s in body)))
+    out: list[ll.LLStmt] = []
+    for s in body:
+        if isinstance(s, ll.ForLoop) and not _threads(s):
+            part = _thread_nest(s, threads, min_work)
+            s = part if part.parallel and scheduler_locals(part) <= sliced_nodes(part) else s
+        out.append(s)
+    return dataclasses.replace(nest, body=ll.seq(*out))
+
+
+def _threads(stmt: ll.LLStmt) -> bool:
+    return any(isinstance(x, ll.ForLoop) and x.parallel for x in ll.iter_stmts(stmt))
 
 
 def _serial(stmt: ll.LLStmt) -> ll.LLStmt:
@@ -348,7 +411,8 @@ def _thread_nest(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
         if hoisted is not nest:
             return hoisted
     if not candidates:
-        return _thread_body(chain, threads, min_work)
+        split = _split_columns(chain, threads)
+        return split if split is not nest else _thread_body(chain, threads, min_work)
     pick = next((k for k in candidates if _extent(chain[k]) >= 2 * threads), candidates[0])
     if runs[pick] < SHARED_RUN_BYTES:
         even = [k for k in candidates if _share(_extent(chain[k]), threads) >= 0.9]
@@ -414,7 +478,8 @@ class Unit:
     construct: "for" (one nest whose outermost loop the threads share), "single" (statements
     one thread runs), "plain" (comments: no code), "sync" (a compiler barrier, after a
     barrier of the threads: `is_compiler_barrier`), "zero" (a large array's zero fill, its
-    pieces shared by the threads: `SHARED_ZERO_BYTES`). `nowait`: no barrier after it, since
+    pieces shared by the threads: `SHARED_ZERO_BYTES`), "timer" (a clock read of the
+    profiler, by the master thread after a barrier: `is_timer`). `nowait`: no barrier after it, since
     nothing up to the next barrier touches what it writes or writes what it reads."""
 
     role: str
@@ -446,7 +511,8 @@ def shared_regions(top: list[ll.LLStmt]) -> list[Region]:
     `memset` between two threaded nests cost a barrier, not a fork-join. A statement that
     threads an inner loop (its own region), or backend-staged code, ends a region. Regions of
     fewer than two threaded nests are left out: they would gain nothing. A compiler barrier
-    of the scratch planner stays in the region, after a barrier of the threads."""
+    of the scratch planner stays in the region, after a barrier of the threads, and so does a
+    clock read of the profiler (`is_timer`)."""
     last = _LAST_REGIONS.get("top")
     if last is not None and len(last[0]) == len(top) and all(a is b for a, b in zip(last[0], top, strict=True)):
         return list(last[1])
@@ -488,6 +554,8 @@ def _role(s: ll.LLStmt, touched: dict[Tnode, int]) -> str:
         return "plain"
     if is_compiler_barrier(s):
         return "sync"
+    if is_timer(s):
+        return "timer"
     if opaque(s):
         return "end"
     if isinstance(s, ll.ZeroOut) and s.tn.size * s.tn.prec.itemsize >= SHARED_ZERO_BYTES:
@@ -500,14 +568,18 @@ def _role(s: ll.LLStmt, touched: dict[Tnode, int]) -> str:
     return "end"
 
 
-_ALONE = ("for", "sync", "zero")
+_ALONE = ("for", "sync", "zero", "timer")
 """The roles of statements that are units by themselves."""
 
 
+_BARRIERS = ("sync", "timer")
+"""The roles of units that start with a barrier of the threads."""
+
+
 def _units(stmts: list[ll.LLStmt], kinds: list[str]) -> tuple[Unit, ...]:
-    """`stmts` as units: each "for", "zero" and "sync" alone, each run of other statements one
+    """`stmts` as units: each "for", "zero", "sync" and "timer" alone, each run of other statements one
     "single" (or "plain" if they are all comments); then whether each may skip its barrier:
-    the next unit is a "sync" (a barrier itself), or it touches nothing that a unit since the
+    the next unit is a "sync" or a "timer" (a barrier itself), or it touches nothing that a unit since the
     last barrier writes, and writes nothing they read. The last one always may (the region
     ends with a barrier)."""
     spans: list[tuple[str, int, int]] = []
@@ -533,7 +605,7 @@ def _units(stmts: list[ll.LLStmt], kinds: list[str]) -> tuple[Unit, ...]:
         writes |= shared[n][1]
         later = [m for m in range(n + 1, len(spans)) if spans[m][0] != "plain"]
         nowait = True
-        if role == "sync" or later and spans[later[0]][0] == "sync":
+        if role in _BARRIERS or later and spans[later[0]][0] in _BARRIERS:
             reads, writes = set(), set()
         elif later:
             nr, nw = shared[later[0]]
@@ -583,6 +655,48 @@ def _hoisted(chain: list[ll.ForLoop], threads: int) -> ll.ForLoop:
         body = _rewrap(rest, ll.ForLoop(lane, 0, size - 1, moved))
         return ll.ForLoop(outer, 0, pieces - 1, body, parallel=True)
     return chain[0]
+
+
+def _split_columns(chain: list[ll.ForLoop], threads: int) -> ll.ForLoop:
+    """A nest whose summed loops (`chain`) run several innermost loops over one range of
+    columns, a LayerNorm's or a linear layer's backward fused with its bias gradient
+    (`g[b, t, j] = ...; db[j] += g[b, t, j]; dx[b, t, j] += g[b, t, j]`), with that range cut
+    in chunks of whole vectors that go to threads: a chunk runs every statement on its
+    columns over all the summed loops' iterations. Each column's cells are updated by one
+    thread in the order of the nest, so results are bit-identical; the nest as it is when a
+    statement reads or writes another chunk's cells of a node the nest writes (a sum over the
+    columns: `is_parallel` of the result) or the statements are not all such loops."""
+    body = list(ll.flatten(chain[-1].body))
+    loops = [s for s in body if isinstance(s, ll.ForLoop)]
+    if (len(loops) < 2 or len(loops) + sum(isinstance(s, ll.Comment) for s in body) < len(body)
+            or scheduler_locals(chain[0]) or not all(_column_loop(s, loops[0]) for s in loops)):
+        return chain[0]
+    extent = loops[0].to_ + 1
+    pieces = next((n for n in (4 * threads, 2 * threads, threads) if extent % n == 0 and extent // n % 8 == 0), 0)
+    if not pieces:
+        return chain[0]
+    size = extent // pieces
+    outer = get_symbol(loops[0].index.name)
+    moved: list[ll.LLStmt] = []
+    for s in body:
+        if isinstance(s, ll.ForLoop):
+            lane = get_symbol(s.index.name)
+            env: dict[Symbol, AxisIndex] = {s.index: make_affine([(size, outer), (1, lane)])}
+            sets = [ll.Set(st.tn, tuple(subst_index(env, i) for i in st.idcs), nests.subst(st.llsc, env), st.debug)
+                    for st in ll.flatten(s.body) if isinstance(st, ll.Set)]
+            s = ll.ForLoop(lane, 0, size - 1, ll.seq(*sets))
+        moved.append(s)
+    split = ll.ForLoop(outer, 0, pieces - 1, _rewrap(chain, ll.seq(*moved)), parallel=True)
+    return split if is_parallel(split, set()) else chain[0]
+
+
+def _column_loop(s: ll.ForLoop, first: ll.ForLoop) -> bool:
+    """`s` is a plain loop over `first`'s range from 0 whose body is assignments only, none with
+    a local scope (which `nests.subst` does not enter)."""
+    return (s.from_ == 0 and s.to_ == first.to_ and not s.start and not s.stop
+            and not s.parallel and not s.unroll
+            and all(isinstance(st, ll.Set) and not any(isinstance(x, ll.LocalScope) for x in ll.iter_scalars(st.llsc))
+                    for st in ll.flatten(s.body)))
 
 
 def _rewrap(loops: list[ll.ForLoop], body: ll.LLStmt) -> ll.LLStmt:

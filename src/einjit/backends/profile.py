@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from einjit.backends import parallel_loops
 from einjit.backends.c_syntax import CSyntax
 from einjit.ir import low_level as ll
 from einjit.ir import ops
@@ -31,7 +32,7 @@ from einjit.ir.indexing import FixedIdx, IntRef, StaticSymbol
 from einjit.ir.passes.local_storage import is_routine_local
 from einjit.ir.tnode import Tnode, hosted
 
-__all__ = ["NestInfo", "ProfileReport", "instrument", "profiled", "profiling_syntax", "report"]
+__all__ = ["NestInfo", "ProfileReport", "ThreadScaling", "instrument", "profiled", "profiling_syntax", "report"]
 
 _NOW = """\
 static inline double einjit_now(void) {
@@ -59,12 +60,15 @@ class NestInfo:
 
 @dataclass(frozen=True)
 class ProfileReport:
-    """Seconds per nest summed over `calls` calls of the routine."""
+    """Seconds per nest summed over `calls` calls of the routine; `routine_seconds`: the whole
+    routine's, so that what no nest accounts for (fork-joins outside nests, statements between
+    nests) shows too."""
 
     routine: str
     nests: tuple[NestInfo, ...]
     seconds: tuple[float, ...]
     calls: int
+    routine_seconds: float = 0.0
 
     def rows(self) -> list[dict]:
         total = sum(self.seconds) or 1.0
@@ -76,30 +80,75 @@ class ProfileReport:
                         "gbytes": nest.bytes / per_call / 1e9 if per_call > 0 and nest.bytes else None})
         return out
 
+    def outside(self) -> float:
+        """Seconds per call of the routine outside its timed nests."""
+        return max(0.0, self.routine_seconds - sum(self.seconds)) / max(self.calls, 1)
+
     def __str__(self) -> str:
         rows = self.rows()
         total = sum(r["seconds"] for r in rows)
         lines = [f"profile of {self.routine}: {len(rows)} nests, {total * 1e3:.3f} ms per call "
-                 f"over {self.calls} calls",
+                 f"over {self.calls} calls, {self.outside() * 1e3:.3f} ms outside them",
                  f"{'nest':>5}  {'writes':<32} {'ms/call':>9} {'share':>6} {'GFLOP/s':>8} {'GB/s':>7}"]
         for r in sorted(rows, key=lambda r: -r["seconds"]):
-            writes = ", ".join(r["writes"]) or "-"
-            writes = writes if len(writes) <= 32 else writes[:29] + "..."
             rate = "" if r["gflops"] is None else f"{r['gflops']:8.2f}"
             bw = "" if r["gbytes"] is None else f"{r['gbytes']:7.2f}"
-            lines.append(f"{r['nest']:>5}  {writes:<32} {r['seconds'] * 1e3:9.4f} {r['share'] * 100:5.1f}% "
-                         f"{rate:>8} {bw:>7}")
+            lines.append(f"{r['nest']:>5}  {_label(r['writes']):<32} {r['seconds'] * 1e3:9.4f} "
+                         f"{r['share'] * 100:5.1f}% {rate:>8} {bw:>7}")
+        return "\n".join(lines)
+
+
+def _label(writes: tuple[str, ...]) -> str:
+    text = ", ".join(writes) or "-"
+    return text if len(text) <= 32 else text[:29] + "..."
+
+
+@dataclass(frozen=True)
+class ThreadScaling:
+    """One routine profiled at one thread (`one`) and at `threads` (`many`), nest by nest: the
+    same optimized code, so nest `k` is the same nest in both. `str()` is the table, nests by
+    the time they take at `threads`, each with its speed-up; a nest slower than at one thread,
+    or serial, is where the threads' time goes."""
+
+    one: ProfileReport
+    many: ProfileReport
+    threads: int
+
+    def rows(self) -> list[dict]:
+        if len(self.one.nests) != len(self.many.nests):
+            raise ValueError(f"einjit: profiles of {self.one.routine!r} and {self.many.routine!r} have "
+                             f"{len(self.one.nests)} and {len(self.many.nests)} nests: not the same code")
+        return [{"nest": a["nest"], "writes": a["writes"], "one": a["seconds"], "many": b["seconds"],
+                 "speedup": a["seconds"] / b["seconds"] if b["seconds"] > 0 else None}
+                for a, b in zip(self.one.rows(), self.many.rows(), strict=True)]
+
+    def __str__(self) -> str:
+        rows = self.rows()
+        one = sum(r["one"] for r in rows) + self.one.outside()
+        many = sum(r["many"] for r in rows) + self.many.outside()
+        lines = [f"{self.many.routine}: {one * 1e3:.3f} ms at 1 thread, {many * 1e3:.3f} ms at {self.threads} "
+                 f"({one / many if many else 0:.2f}x)",
+                 f"{'nest':>5}  {'writes':<32} {'ms 1t':>8} {f'ms {self.threads}t':>8} {'speed-up':>8}"]
+        for r in sorted(rows, key=lambda r: -r["many"]):
+            speedup = "" if r["speedup"] is None else f"{r['speedup']:7.2f}x"
+            lines.append(f"{r['nest']:>5}  {_label(r['writes']):<32} {r['one'] * 1e3:8.4f} {r['many'] * 1e3:8.4f} "
+                         f"{speedup:>8}")
+        o1, om = self.one.outside(), self.many.outside()
+        lines.append(f"{'':>5}  {'(outside nests)':<32} {o1 * 1e3:8.4f} {om * 1e3:8.4f}")
         return "\n".join(lines)
 
 
 def instrument(llc: ll.LLStmt, routine: str) -> tuple[ll.LLStmt, Tnode, tuple[NestInfo, ...]]:
-    """The instrumented code, its `profile` node (seconds per nest, then the call count: hosted,
-    so it keeps adding up across calls) and what is known of each nest."""
+    """The instrumented code, its `profile` node (seconds per nest, then seconds per call of
+    the whole routine, then the call count: hosted, so it keeps adding up across calls) and
+    what is known of each nest. The clock reads are `parallel_loops.NEST_TIMER` statements:
+    inside a region that threads share, each is read by one thread after a barrier, so a nest
+    run as an `omp for nowait` is charged with the time until every thread is done with it."""
     top = list(ll.flatten(llc))
     loops = [s for s in top if isinstance(s, ll.ForLoop)]
-    prof = Tnode(f"{routine}_profile", (len(loops) + 1,), ops.double)
+    prof = Tnode(f"{routine}_profile", (len(loops) + 2,), ops.double)
     prof.update_memory_mode(hosted(), 0)
-    out: list[ll.LLStmt] = [ll.StagedCompilation(lambda: "double einjit_t0;")]
+    out: list[ll.LLStmt] = [ll.StagedCompilation(lambda: "double einjit_t0, einjit_start = einjit_now();")]
     infos: list[NestInfo] = []
     for s in top:
         if not isinstance(s, ll.ForLoop):
@@ -107,19 +156,24 @@ def instrument(llc: ll.LLStmt, routine: str) -> tuple[ll.LLStmt, Tnode, tuple[Ne
             continue
         k = len(infos)
         infos.append(NestInfo(k, _writes(s), _flops(s, 1), _bytes(s)))
-        out += [ll.StagedCompilation(lambda: "einjit_t0 = einjit_now();"), s,
-                ll.StagedCompilation(functools.partial(_add_time, prof, k))]
-    last = (FixedIdx(len(loops)),)
+        out += [ll.StagedCompilation(_start_time), s, ll.StagedCompilation(functools.partial(_add_time, prof, k))]
+    last = (FixedIdx(len(loops) + 1),)
+    out.append(ll.StagedCompilation(functools.partial(_add_time, prof, len(loops), "einjit_start")))
     out.append(ll.Set(prof, last, ll.Binop(ops.Binop.ADD, ll.Get(prof, last), ll.Constant(1.0)), "calls"))
     return ll.seq(*out), prof, tuple(infos)
 
 
-def _add_time(prof: Tnode, k: int) -> str:
-    return f"{prof.name}[{k}] += einjit_now() - einjit_t0;"
+def _start_time() -> str:
+    return f"einjit_t0 = einjit_now(); {parallel_loops.NEST_TIMER}"
+
+
+def _add_time(prof: Tnode, k: int, since: str = "einjit_t0") -> str:
+    return f"{prof.name}[{k}] += einjit_now() - {since}; {parallel_loops.NEST_TIMER}"
 
 
 def report(routine: str, prof_values, nests: tuple[NestInfo, ...]) -> ProfileReport:
-    return ProfileReport(routine, nests, tuple(float(v) for v in prof_values[:-1]), int(prof_values[-1]))
+    return ProfileReport(routine, nests, tuple(float(v) for v in prof_values[:-2]), int(prof_values[-1]),
+                         float(prof_values[-2]))
 
 
 def _writes(loop: ll.ForLoop) -> tuple[str, ...]:
