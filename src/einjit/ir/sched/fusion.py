@@ -89,11 +89,21 @@ def _plain(loop: ll.ForLoop) -> bool:
         match x:
             case ll.StagedCompilation() | ll.SetFromVec():
                 return False
-            case ll.ForLoop() if _marked(x):
+            case ll.ForLoop() if _marked(x) and not _partial_sum_loop(x):
                 return False
             case ll.Set(tn) if tn.is_local() and tn.label and tn.label[0] == "pack":
                 return False
     return True
+
+
+def _partial_sum_loop(loop: ll.ForLoop) -> bool:
+    """Whether `loop` is an unrolled loop of a split reduction's partial sums or extrema
+    (`schedule._split_reduction`): it clears, adds to, folds or totals their block. Such a loop
+    runs inside one output cell's iteration, so fusing the loops around it moves it whole;
+    LayerNorm's mean and variance then join the pass over their row."""
+    if loop.parallel or loop.keep_order or not loop.trace_it or loop.start is not None or loop.stop is not None:
+        return False
+    return any(tn.is_local() and tn.label[:1] == ["lanes"] for tn, _, _ in _accesses(loop))
 
 
 def _statements(stmt: ll.LLStmt) -> list[ll.LLStmt]:

@@ -219,7 +219,8 @@ def _rewritten(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSettings
 
 
 def _accumulation(st: ll.Set) -> tuple[str, tuple[ll.LLScalar, ...]] | None:
-    """("fma", (x, y)) for `fma(x, y, self)`, ("add", (e,)) for `self + e` / `e + self`."""
+    """("fma", (x, y)) for `fma(x, y, self)`, ("add", (e,)) for `self + e` / `e + self`,
+    ("sub", (e,)) for `self - e` (LayerNorm's backward subtracts its row sums)."""
     own = ll.Get(st.tn, st.idcs)
     terms: tuple[ll.LLScalar, ...]
     match st.llsc:
@@ -229,6 +230,8 @@ def _accumulation(st: ll.Set) -> tuple[str, tuple[ll.LLScalar, ...]] | None:
             terms, kind = (e,), "add"
         case ll.Binop(ops.Binop.ADD, e, acc) if acc == own:
             terms, kind = (e,), "add"
+        case ll.Binop(ops.Binop.SUB, acc, e) if acc == own:
+            terms, kind = (e,), "sub"
         case _:
             return None
     if not reorderable(st) or any(nests.reads(t, st.tn) for t in terms):
@@ -596,7 +599,8 @@ def _split_reduction(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSe
     summed = [(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index not in lhs]
     vector = rb.lanes > 1
     first = ll.Get(rb.node, (FixedIdx(0), FixedIdx(0), Iterator(rb.lane)) if vector else (FixedIdx(0), FixedIdx(0)))
-    add = ll.Set(st.tn, st.idcs, ll.Binop(ops.Binop.ADD, ll.Get(st.tn, st.idcs), first))
+    into = ops.Binop.SUB if kind == "sub" else ops.Binop.ADD
+    add = ll.Set(st.tn, st.idcs, ll.Binop(into, ll.Get(st.tn, st.idcs), first))
     # the first vector's lanes in lane order, each lane a constant (an indexed vector lane
     # would keep the block in memory)
     total = nests.nest([(rb.lane, rb.lanes)], add, frozenset({rb.lane})) if vector else add
