@@ -36,9 +36,11 @@ _Access = tuple[Tnode, tuple[AxisIndex, ...] | None, bool]
 """An array access: node, indices (None: the whole array), whether it writes."""
 
 
-MAX_FUSED = 8
+MAX_FUSED = 16
 """The most nests fused into one: each fusion checks the nest fused so far, so an unbounded
-group would make the stage quadratic in a long chain of nests (and gcc's function larger)."""
+group would make the stage quadratic in a long chain of nests (and gcc's function larger).
+A GPT block's LayerNorm backward with its residual gradients is a chain of nine or ten; at 8
+the last of them (the residual gradient's copy) ran as one more pass over the activations."""
 
 
 def fuse_loops(stmt: ll.LLStmt) -> ll.LLStmt:
