@@ -63,15 +63,17 @@ panels, the panels around their row blocks) on every thread of one region, with 
 per step instead of a fork-join (`c_syntax._Writer.loop_region`).
 
 **Reductions** whose innermost loop `k` is summed (a row sum, a matrix-vector product, a
-convolution's kernel gradient) and that interchange would leave alone get `Blocking.lanes`
-independent partial sums over `k = lanes*k0 + l` (or one per `k` when `k` is short), kept
-across all the summed loops — the lhs loops move outside — folded pairwise (upper half onto
-lower half) and added into the target at the end. The partial sums are a register block of
-vectors when the step is arithmetic the vectors compute (a dot product: ATL's matvec), else
-a plain array (a sum of `exp`s, which gcc vectorizes through libmvec). That
-reassociates float sums, so it happens only under `VirtualizeSettings.reassociate` (on by
-default); integer sums are exact either way. Small partial sums are also more accurate: a
-float32 sum of 2,000,000 values in [0, 1) is 2e-7 off instead of 1e-5.
+convolution's kernel gradient) or subtracted (LayerNorm's backward subtracts its row sums:
+one dependent chain per row before) and that interchange would leave alone get
+`Blocking.lanes` independent partial sums over `k = lanes*k0 + l` (or one per `k` when `k` is
+short), kept across all the summed loops — the lhs loops move outside — folded pairwise
+(upper half onto lower half) and added into the target at the end (subtracted, for a
+subtracted sum). The partial sums are a register block of vectors when the step is
+arithmetic the vectors compute (a dot product: ATL's matvec), else a plain array (a sum of
+`exp`s, which gcc vectorizes through libmvec). That reassociates float sums, so it happens
+only under `VirtualizeSettings.reassociate` (on by default); integer sums are exact either
+way. Small partial sums are also more accurate: a float32 sum of 2,000,000 values in [0, 1)
+is 2e-7 off instead of 1e-5.
 
 Small nests (under `Blocking.min_work` innermost iterations) are left alone: the rewrites
 pay only when the arithmetic dominates. The split reduction alone reaches further down
