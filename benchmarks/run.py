@@ -49,7 +49,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="threads for einjit and every peer")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, no n=1024, no 12-block GPT compile")
     ap.add_argument("--only", default="", help="comma-separated row groups to run: matmul, mlp, convnet, atl, "
-                    "compile, memory, deploy, gpt, threads, bf16 (default: all)")
+                    "compile, memory, deploy, gpt, threads, bf16, pointwise (default: all)")
     ap.add_argument("--sizes", default="", help="comma-separated matmul sizes (default: 256,512,1000,1024; "
                     "awkward sizes such as 1000,1023,784 take the remainder path)")
     return ap.parse_args()
@@ -357,7 +357,8 @@ def main() -> None:
               "compile": lambda: [chain_row(), compile_row(), *gpt_compile_rows((2, 4) if ARGS.quick else (2, 4, 12))],
               "memory": lambda: [memory_row(), gpt_memory_row()],
               "deploy": lambda: deploy_rows(ARGS.threads, ARGS.quick), "gpt": lambda: [*gpt_rows(), gpt_memory_row()],
-              "threads": thread_rows, "bf16": lambda: bf16_rows([512] if ARGS.quick else [512, 1024])}
+              "threads": thread_rows, "bf16": lambda: bf16_rows([512] if ARGS.quick else [512, 1024]),
+              "pointwise": lambda: __import__("bench_pointwise").pointwise_rows(ARGS.threads)}
     only = [g for g in ARGS.only.split(",") if g] or list(groups)
     unknown = sorted(set(only) - set(groups))
     if unknown:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,17 +41,19 @@ def top_loops(code):
     return [s for s in ll.flatten(code) if isinstance(s, ll.ForLoop)]
 
 
-def row_norm():
+def row_norm(n=N, m=M, subtract=False):
     """LayerNorm's shape: a row mean (a reduction nest), the centred values, the affine map
-    (every node stored, as when each is read several times)."""
+    (every node stored, as when each is read several times). `subtract`: the mean is
+    accumulated negated (`mean -= x / m`, as LayerNorm's backward subtracts its row sums)."""
     x, mean, c, y = (Tnode(name, dims, memory_mode=MATERIALIZED)
-                     for name, dims in (("x", (N, M)), ("mean", (N,)), ("c", (N, M)), ("y", (N, M))))
+                     for name, dims in (("x", (n, m)), ("mean", (n,)), ("c", (n, m)), ("y", (n, m))))
     i, k = get_symbol("i"), get_symbol("k")
-    add = ll.Binop(ops.Binop.ADD, ll.Get(mean, it(i)),
-                   ll.Binop(ops.Binop.MUL, ll.Get(x, it(i, k)), ll.Constant(1 / M)))
-    mean_nest = ll.ForLoop(i, 0, N - 1, ll.ForLoop(k, 0, M - 1, ll.Set(mean, it(i), add)))
-    centred = nest(c, lambda i, j: ll.Binop(ops.Binop.SUB, ll.Get(x, it(i, j)), ll.Get(mean, it(i))))
-    scaled = nest(y, lambda i, j: ll.Binop(ops.Binop.MUL, ll.Get(c, it(i, j)), ll.Get(c, it(i, j))))
+    add = ll.Binop(ops.Binop.SUB if subtract else ops.Binop.ADD, ll.Get(mean, it(i)),
+                   ll.Binop(ops.Binop.MUL, ll.Get(x, it(i, k)), ll.Constant(1 / m)))
+    mean_nest = ll.ForLoop(i, 0, n - 1, ll.ForLoop(k, 0, m - 1, ll.Set(mean, it(i), add)))
+    centred = nest(c, lambda i, j: ll.Binop(ops.Binop.ADD if subtract else ops.Binop.SUB, ll.Get(x, it(i, j)),
+                                            ll.Get(mean, it(i))), (n, m))
+    scaled = nest(y, lambda i, j: ll.Binop(ops.Binop.MUL, ll.Get(c, it(i, j)), ll.Get(c, it(i, j))), (n, m))
     return ll.seq(ll.ZeroOut(mean), mean_nest, ll.ZeroOut(c), centred, scaled), x, y
 
 
@@ -155,3 +158,56 @@ def test_random_programs_compute_the_same_fused_and_unfused(program, opt_setting
     got = interpret.run(fuse_loops(llc), {tn: v.copy() for tn, v in inputs.items()})
     for tn in want:
         np.testing.assert_array_equal(got[tn], want[tn], err_msg=tn.debug_name())
+
+
+def _lanes_inside(code) -> bool:
+    """Whether the split reduction's partial sums are computed inside a top-level loop that
+    also computes a pointwise node (they were fused with their row pass)."""
+    for top in top_loops(code):
+        written = {tn.label[0] for tn in ll.nodes_of(top)}
+        if "lanes" in written and "y" in written:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("machine", ["avx2", "avx512"])
+@pytest.mark.parametrize("subtract", [False, True], ids=["sum", "subtracted"])
+def test_split_row_sums_fuse_with_their_row_pass(machine, subtract, monkeypatch):
+    """Rows long enough for the scheduler's split reduction (partial sums in unrolled loops)
+    still fuse with the nests that use them: one pass per row, bit-identical to the unfused
+    program under gcc, and the row norm NumPy computes."""
+    monkeypatch.setenv("EINJIT_MACHINE", machine)
+    n, m = 40, 128
+    code, x, y = row_norm(n, m, subtract)
+    on = optimize_proc(code, name="split_norm").llc
+    code2, x2, y2 = row_norm(n, m, subtract)
+    off = optimize_proc(code2, name="split_norm", settings=VirtualizeSettings(fuse=False)).llc
+    assert "lanes" in {tn.label[0] for tn in ll.nodes_of(off)}
+    assert _lanes_inside(on) and not _lanes_inside(off)
+    assert len(top_loops(on)) == 1 < len(top_loops(off))
+    v = np.random.default_rng(2).standard_normal(x.dims).astype(np.float32) + 3
+    got = run_c(on, {x: v}, y)
+    np.testing.assert_array_equal(got, run_c(off, {x2: v}, y2))
+    c = v.astype(np.float64) - v.astype(np.float64).mean(axis=1, keepdims=True)
+    np.testing.assert_allclose(got, c * c, rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=8, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 48), m=st.sampled_from([32, 64, 96, 160]), subtract=st.booleans(),
+       machine=st.sampled_from(["avx2", "avx512"]), seed=st.integers(0, 2**16))
+def test_random_row_norms_compute_the_same_fused_and_unfused(n, m, subtract, machine, seed, monkeypatch):
+    """Differential over row counts and lengths around the split reduction's thresholds (split
+    or not, lanes dividing the row or one lane per element): fused and unfused agree bit for
+    bit under gcc, and both match the interpreter on the unoptimized code to float32 rounding."""
+    monkeypatch.setenv("EINJIT_MACHINE", machine)
+    results = []
+    v = np.random.default_rng(seed).standard_normal((n, m)).astype(np.float32)
+    for fuse in (True, False):
+        code, x, y = row_norm(n, m, subtract)
+        llc = optimize_proc(code, name="random_norm", settings=VirtualizeSettings(fuse=fuse)).llc
+        results.append(run_c(llc, {x: v}, y))
+    np.testing.assert_array_equal(results[0], results[1])
+    code, x, y = row_norm(n, m, subtract)
+    want = interpret.run(code, {x: v.copy()})[y]
+    np.testing.assert_allclose(results[0], want, rtol=1e-5, atol=1e-5)

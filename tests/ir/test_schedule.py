@@ -139,6 +139,26 @@ def test_reduction_is_split_into_lanes_only_when_reassociation_is_allowed():
     np.testing.assert_allclose(got, ins[a].astype(np.float64).sum(axis=1), rtol=1e-5, atol=1e-5)
 
 
+def test_a_subtracted_row_sum_is_split_and_subtracted_once():
+    """LayerNorm's backward subtracts a row sum (`s[i] -= g[i, k]`): the partial sums add the
+    terms, and their total is subtracted from the target, which keeps its prior value."""
+    a, s = Tnode("a", (5, 4 * LANES)), Tnode("s", (5,))
+    i, k = get_symbol("i"), get_symbol("k")
+    sub = ll.Binop(ops.Binop.SUB, ll.Get(s, it(i)), ll.Get(a, it(i, k)))
+    code = ll.ForLoop(i, 0, 4, ll.ForLoop(k, 0, 4 * LANES - 1, ll.Set(s, it(i), sub)))
+    split = schedule_llc(code, ON, ANY_SIZE)
+    assert local_nodes(split) == {"lanes"}
+    assert schedule_llc(code, OFF, ANY_SIZE) == code
+    ins = inputs_for(a, s)
+    got = interpret.run(split, {tn: v.copy() for tn, v in ins.items()})[s]
+    np.testing.assert_array_equal(run_c(split, ins, s), got)
+    want = ins[s].astype(np.float64) - ins[a].astype(np.float64).sum(axis=1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    unsplit = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[s]
+    np.testing.assert_allclose(got, unsplit, rtol=1e-5, atol=1e-5)
+    assert not np.array_equal(got, ins[s])
+
+
 def test_decode_sized_matrix_vector_products_are_split_below_min_work():
     """A 128 x 128 `w @ x` for one token (a decode step) is under `min_work`, yet is split
     into lanes (`min_split_work`); a reduction shorter than the lanes and a nest under

@@ -157,14 +157,12 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
     for (int i52 = 0; i52 < 16; ++i52) {
       b1_grad[i52] = (b1_grad[i52] + grad_2[i33 * 16 + i52]); /* b1_grad =+ grad_2 */
     }
-  }
-  for (int i53 = 0; i53 < 10; ++i53) {
     for (int i54 = 0; i54 < 16; ++i54) {
-      grad[i53 * 16 + i54] = (grad[i53 * 16 + i54] + grad_2[i53 * 16 + i54]); /* grad =+ grad_2 */
+      grad[i33 * 16 + i54] = (grad[i33 * 16 + i54] + grad_2[i33 * 16 + i54]); /* grad =+ grad_2 */
     }
     for (int i56 = 0; i56 < 16; ++i56) {
       for (int i57 = 0; i57 < 2; ++i57) {
-        w1_grad[i56 * 2 + i57] = fmaf(grad[i53 * 16 + i56], moons_flat[batch0 * 20 + i53 * 2 + i57], w1_grad[i56 * 2 + i57]); /* w1_grad =+ grad * moons_input */
+        w1_grad[i56 * 2 + i57] = fmaf(grad[i33 * 16 + i56], moons_flat[batch0 * 20 + i33 * 2 + i57], w1_grad[i56 * 2 + i57]); /* w1_grad =+ grad * moons_input */
       }
     }
   }

@@ -86,14 +86,12 @@ for i33 = 0 to 9 {
   for i52 = 0 to 15 {
     b1_grad[i52] := (b1_grad[i52] + grad_2[i33, i52]);
   }
-}
-for i53 = 0 to 9 {
   for i54 = 0 to 15 {
-    grad[i53, i54] := (grad[i53, i54] + grad_2[i53, i54]);
+    grad[i33, i54] := (grad[i33, i54] + grad_2[i33, i54]);
   }
   for i56 = 0 to 15 {
     for i57 = 0 to 1 {
-      w1_grad[i56, i57] := fma(grad[i53, i56], moons_flat[batch0, i53, i57], w1_grad[i56, i57]);
+      w1_grad[i56, i57] := fma(grad[i33, i56], moons_flat[batch0, i33, i57], w1_grad[i56, i57]);
     }
   }
 }

@@ -63,15 +63,17 @@ panels, the panels around their row blocks) on every thread of one region, with 
 per step instead of a fork-join (`c_syntax._Writer.loop_region`).
 
 **Reductions** whose innermost loop `k` is summed (a row sum, a matrix-vector product, a
-convolution's kernel gradient) and that interchange would leave alone get `Blocking.lanes`
-independent partial sums over `k = lanes*k0 + l` (or one per `k` when `k` is short), kept
-across all the summed loops — the lhs loops move outside — folded pairwise (upper half onto
-lower half) and added into the target at the end. The partial sums are a register block of
-vectors when the step is arithmetic the vectors compute (a dot product: ATL's matvec), else
-a plain array (a sum of `exp`s, which gcc vectorizes through libmvec). That
-reassociates float sums, so it happens only under `VirtualizeSettings.reassociate` (on by
-default); integer sums are exact either way. Small partial sums are also more accurate: a
-float32 sum of 2,000,000 values in [0, 1) is 2e-7 off instead of 1e-5.
+convolution's kernel gradient) or subtracted (LayerNorm's backward subtracts its row sums:
+one dependent chain per row before) and that interchange would leave alone get
+`Blocking.lanes` independent partial sums over `k = lanes*k0 + l` (or one per `k` when `k` is
+short), kept across all the summed loops — the lhs loops move outside — folded pairwise
+(upper half onto lower half) and added into the target at the end (subtracted, for a
+subtracted sum). The partial sums are a register block of vectors when the step is
+arithmetic the vectors compute (a dot product: ATL's matvec), else a plain array (a sum of
+`exp`s, which gcc vectorizes through libmvec). That reassociates float sums, so it happens
+only under `VirtualizeSettings.reassociate` (on by default); integer sums are exact either
+way. Small partial sums are also more accurate: a float32 sum of 2,000,000 values in [0, 1)
+is 2e-7 off instead of 1e-5.
 
 Small nests (under `Blocking.min_work` innermost iterations) are left alone: the rewrites
 pay only when the arithmetic dominates. The split reduction alone reaches further down
@@ -219,7 +221,8 @@ def _rewritten(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSettings
 
 
 def _accumulation(st: ll.Set) -> tuple[str, tuple[ll.LLScalar, ...]] | None:
-    """("fma", (x, y)) for `fma(x, y, self)`, ("add", (e,)) for `self + e` / `e + self`."""
+    """("fma", (x, y)) for `fma(x, y, self)`, ("add", (e,)) for `self + e` / `e + self`,
+    ("sub", (e,)) for `self - e` (LayerNorm's backward subtracts its row sums)."""
     own = ll.Get(st.tn, st.idcs)
     terms: tuple[ll.LLScalar, ...]
     match st.llsc:
@@ -229,6 +232,8 @@ def _accumulation(st: ll.Set) -> tuple[str, tuple[ll.LLScalar, ...]] | None:
             terms, kind = (e,), "add"
         case ll.Binop(ops.Binop.ADD, e, acc) if acc == own:
             terms, kind = (e,), "add"
+        case ll.Binop(ops.Binop.SUB, acc, e) if acc == own:
+            terms, kind = (e,), "sub"
         case _:
             return None
     if not reorderable(st) or any(nests.reads(t, st.tn) for t in terms):
@@ -596,7 +601,8 @@ def _split_reduction(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSe
     summed = [(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index not in lhs]
     vector = rb.lanes > 1
     first = ll.Get(rb.node, (FixedIdx(0), FixedIdx(0), Iterator(rb.lane)) if vector else (FixedIdx(0), FixedIdx(0)))
-    add = ll.Set(st.tn, st.idcs, ll.Binop(ops.Binop.ADD, ll.Get(st.tn, st.idcs), first))
+    into = ops.Binop.SUB if kind == "sub" else ops.Binop.ADD
+    add = ll.Set(st.tn, st.idcs, ll.Binop(into, ll.Get(st.tn, st.idcs), first))
     # the first vector's lanes in lane order, each lane a constant (an indexed vector lane
     # would keep the block in memory)
     total = nests.nest([(rb.lane, rb.lanes)], add, frozenset({rb.lane})) if vector else add
