@@ -1,6 +1,6 @@
 """GPT: einjit against PyTorch on the same model, weights and data.
 
-    python benchmarks/bench_gpt.py [--json] [--threads N] [--only step,decode,memory,val]
+    python benchmarks/bench_gpt.py [--json] [--threads N] [--only step,decode,memory,val,shapes]
 
 - `step`: one training step (forward, backprop, AdamW) of a GPT with 2 and 4 blocks, d=128,
   4 heads, T=64, B=16, a vocabulary of 96; peers PyTorch eager and `torch.compile`.
@@ -10,6 +10,10 @@
   (context arrays: parameters, gradients, AdamW moments, hosted inputs; plus routine-local and
   scratch arrays) against PyTorch's parameters, gradients, AdamW state and the tensors autograd
   saves for backprop (counted once per storage with `saved_tensors_hooks`).
+- `shapes`: the step's dense contractions one at a time, each as lowering writes it (a zero fill
+  and the multiply-add nest) through the optimizer: `x @ wᵀ` forward (qkv/out K=N=128, MLP fc
+  K=128 N=512, proj K=512 N=128, LM head N=96) and the input gradients `dy @ w`, over the
+  B*T=1024 rows; peers NumPy and PyTorch on the same (1024, K) operand.
 - `val`: `demo gpt`'s default run trained by einjit and by PyTorch from the same initial weights
   on the same batches; the final validation losses and their relative difference.
 Every row states its figures; nothing here is asserted.
@@ -212,6 +216,59 @@ def step_rows(threads: int | None = None) -> list[dict]:
     return rows
 
 
+SHAPES = (("x @ wᵀ qkv/out", False, D, D), ("x @ wᵀ MLP fc", False, D, 4 * D),
+          ("x @ wᵀ MLP proj", False, 4 * D, D), ("x @ wᵀ LM head", False, D, V), ("dy @ w qkv/out", True, D, D),
+          ("dy @ w MLP proj (gelu.grad)", True, D, 4 * D), ("dy @ w MLP fc", True, 4 * D, D))
+"""(name, input gradient, K, N) of the step's dense contractions: `c[b, t, n] = sum_k x[b, t, k] *
+w[n, k]` forward, `dx[b, t, n] = sum_k dy[b, t, k] * w[k, n]` for an input gradient."""
+
+
+def shape_rows(threads: int | None = None) -> list[dict]:
+    """Each of `SHAPES` compiled alone as lowering writes it (a zero fill, then the nest),
+    against NumPy and PyTorch on the same operands flattened to (B*T, K)."""
+    from einjit.backends.cc import toolchain as cc
+    from einjit.backends.cc.backend import CcBackend
+    from einjit.ir import low_level as ll
+    from einjit.ir import ops
+    from einjit.ir.indexing import Iterator, get_symbol
+    from einjit.ir.optimize import optimize_proc
+    from einjit.ir.tnode import Tnode, hosted
+
+    torch = _torch(threads)
+    rng = np.random.default_rng(0)
+    rows = []
+    for name, input_grad, k_, n_ in SHAPES:
+        x, w, c = Tnode("x", (B, T, k_)), Tnode("w", (k_, n_) if input_grad else (n_, k_)), Tnode("c", (B, T, n_))
+        for tn in (x, w, c):
+            tn.update_memory_mode(hosted(), 0)
+        b, t, n, k = (Iterator(get_symbol(s)) for s in "btnk")
+        fma = ll.Ternop(ops.Ternop.FMA, ll.Get(x, (b, t, k)), ll.Get(w, (k, n) if input_grad else (n, k)),
+                        ll.Get(c, (b, t, n)))
+        body: ll.LLStmt = ll.Set(c, (b, t, n), fma)
+        for idx, extent in reversed([(b, B), (t, T), (n, n_), (k, k_)]):
+            body = ll.ForLoop(idx.symbol, 0, extent - 1, body)
+        label = f"gpt_{'dx' if input_grad else 'fwd'}_{k_}_{n_}"
+        backend = CcBackend(cc.CcOptions(threads=_threads(threads)))
+        ctx = backend.init(label)
+        xs = rng.standard_normal(x.dims).astype(np.float32)
+        ws = rng.standard_normal(w.dims).astype(np.float32)
+        ctx.array(x)[...], ctx.array(w)[...] = xs, ws
+        code = optimize_proc(ll.seq(ll.ZeroOut(c), body), name=label)
+        routine = backend.link(ctx, backend.compile((), code, shared=True, name=label))
+        x2, wt = xs.reshape(B * T, k_), ws if input_grad else np.ascontiguousarray(ws.T)
+        routine()
+        np.testing.assert_allclose(ctx.array(c).reshape(B * T, n_), x2 @ wt, rtol=1e-4, atol=1e-3)
+        fns = [routine, lambda x2=x2, wt=wt: x2 @ wt]
+        if torch is not None:
+            tx, tw = torch.from_numpy(x2), torch.from_numpy(ws)
+            fns.append((lambda tx=tx, tw=tw: tx @ tw) if input_grad else (lambda tx=tx, tw=tw: tx @ tw.T))
+        times = best_time(fns, min_time=0.3)
+        peers = {"numpy": times[1], "torch": times[2] if torch is not None else None}
+        rows.append(row(f"GPT {name}: M={B * T} K={k_} N={n_}, {_threads(threads)} thread(s)", times[0], peers)
+                    | {"gflops": 2.0 * B * T * k_ * n_ / times[0] / 1e9})
+    return rows
+
+
 def decode_rows(n_tokens: int = 48, threads: int | None = None) -> list[dict]:
     """Greedy decoding; einjit's routines use the default backend (`EINJIT_NUM_THREADS`)."""
     from einjit import train
@@ -325,7 +382,7 @@ def val_rows() -> list[dict]:
 
 
 def main() -> None:
-    groups = {"step": step_rows, "decode": decode_rows, "memory": memory_rows, "val": val_rows}
+    groups = {"step": step_rows, "decode": decode_rows, "memory": memory_rows, "val": val_rows, "shapes": shape_rows}
     only = [g for g in ARGS.only.split(",") if g]
     unknown = sorted(set(only) - set(groups))
     if unknown:

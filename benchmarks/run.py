@@ -289,10 +289,11 @@ def chain_row(n: int = 400) -> dict:
 
 def gpt_rows() -> list[dict]:
     """The GPT training step (2 and 4 blocks, d=128, 4 heads, T=64, B=16, V=96) against
-    PyTorch eager and `torch.compile`, and per-token KV-cache decoding (`bench_gpt.py`)."""
-    from bench_gpt import decode_rows, step_rows
+    PyTorch eager and `torch.compile`, per-token KV-cache decoding, and the step's dense
+    contractions one at a time (`bench_gpt.py`)."""
+    from bench_gpt import decode_rows, shape_rows, step_rows
     threads = ARGS.threads if ARGS else 1
-    return step_rows(threads) + decode_rows(threads=threads)
+    return step_rows(threads) + decode_rows(threads=threads) + shape_rows(threads)
 
 
 def thread_rows() -> list[dict]:

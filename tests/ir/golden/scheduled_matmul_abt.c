@@ -1,8 +1,7 @@
 void scheduled(const float *restrict a, float *restrict c, const float *restrict b) {
   float pack[1024] = {0};
   einjit_f32x16 acc[16] = {0};
-  memset(c, 0, sizeof(float) * 4096);
-  /* register-blocked 8x32 contraction into c0 */
+  /* register-blocked 8x32 contraction into c0, from zero */
   for (int jp1 = 0; jp1 < 2; ++jp1) {
     for (int jr2 = 0; jr2 < 32; ++jr2) {
       for (int k3 = 0; k3 < 32; ++k3) {
@@ -14,7 +13,7 @@ void scheduled(const float *restrict a, float *restrict c, const float *restrict
       for (int ir5 = 0; ir5 < 8; ++ir5) {
         #pragma GCC unroll 2
         for (int jv6 = 0; jv6 < 2; ++jv6) {
-          acc[ir5 * 2 + jv6] = einjit_load_f32x16(&c[(8*ib4 + ir5) * 64 + (32*jp1 + 16*jv6)]);
+          acc[ir5 * 2 + jv6] = einjit_splat_f32x16(0.0f);
         }
       }
       for (int k3 = 0; k3 < 32; ++k3) {
