@@ -101,6 +101,14 @@ and new run alternately in fresh processes at a load of 8-14 on the 2 cores, so 
   parameter's known rows close a chain of about 30 row variables of the intermediates, 37
   row inequalities per statement; lowering 1.2 s, forcing their projections; tracing 1.4 s
   over 3,548 top-level statements). Warm compiles unchanged (0.09-0.14 s CPU for 4 blocks).
+- then Python's cyclic collector paused during a compile and while an optimizer builds its
+  update (`memory.collector_paused`): 500 collections walked the live graph during the 4-block
+  step's compile for a few thousand cycles. Its einjit CPU 2.7 -> 1.8 s alone (gc off against
+  on, same code); bench_gpt's AdamW step 8.1 -> 6.3 s; the 12-block GPT-2 step 6.3 s.
+  This script's rows at the end (load 12-14, so wall 5-10x CPU): 4 blocks d=64 einjit 1.84 s,
+  gcc 3.23 s (issue's start: 3.6-4.3 / 4.3-5.8 s); GPT-2 shape 12 blocks einjit 6.62 s, gcc
+  6.04 s (session start 9.7 s and about 7 s); warm 0.08 s (4 blocks) and 0.49 s (12 blocks,
+  0.35 s in the run before at the same load: the program key, not changed here).
 """
 
 from __future__ import annotations
