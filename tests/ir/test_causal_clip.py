@@ -31,10 +31,15 @@ B, T, D, H = 2, 37, 32, 2
 CLIPPED = re.compile(r"\((start|stop) (\d+)\*")
 
 
-def _layer_and_loss(causal: bool, seed: int = 0, shape: tuple[int, int, int] = (B, T, D)):
+def _layer_and_loss(causal: bool, seed: int = 0, shape: tuple[int, int, int] = (B, T, D), poison: float = 0.0):
+    """The layer and a weighted loss of its output; `poison`, when not 0, replaces one input
+    value (the sixth token's fourth feature)."""
     rng = np.random.default_rng(seed)
     layer = MultiHeadAttention(shape[2], H, causal=causal, label="mha")
-    x = ej.ndarray(rng.standard_normal(shape).astype(np.float32), batch_axes=2, label="x")
+    xv = rng.standard_normal(shape).astype(np.float32)
+    if poison:
+        xv[0, 5, 3] = poison
+    x = ej.ndarray(xv, batch_axes=2, label="x")
     loss = weighted_loss(layer(x), rng)
     train.init_params(loss, seed=seed + 1)
     return layer, loss
@@ -151,3 +156,63 @@ def test_clipped_loop_bounds_in_c_and_the_interpreter(scale):
     want = ((scale * ii >= 5 * jj - 7) & (scale * ii < 4 * jj + 2 - scale)).astype(np.float32)
     np.testing.assert_array_equal(interpret.run(code)[out], want)
     np.testing.assert_array_equal(run_in_c(code, {}, name=f"clipped{scale}").array(out), want)
+
+
+CHUNKED = re.compile(r"for \(int c\d+ = 0; c\d+ < \(i\d+ \+ 8\) / 8; \+\+c\d+\) \{\n\s*for \(int l\d+ = 0; l\d+ < 8; ")
+
+
+@pytest.mark.parametrize("machine,threads", [("avx2", 1), ("avx512", 2)])
+def test_softmax_loops_are_clipped_by_whole_vectors(machine, threads, tmp_path, monkeypatch):
+    """A sequence of whole vectors (T = 40): the softmax's `exp` (whose cells above the diagonal
+    only masks read), its backward's row sum of `dP * P` (a local scope's serial sum) and the
+    scores' gradient (`where(mask, ..., 0)` accumulated) run over the chunks of 8 keys that
+    reach the diagonal, each chunk a whole loop gcc vectorizes, and the step stays bit for bit
+    that of the full loops."""
+    monkeypatch.setenv("EINJIT_MACHINE", machine)
+    monkeypatch.setenv("EINJIT_DUMP_DIR", str(tmp_path))
+    layer, loss = _layer_and_loss(causal=True, seed=7, shape=(B, 40, D))
+    code = train.grad_update(loss)
+    clipped = _run(loss, layer, f"chunked_{machine}", VirtualizeSettings(), code, threads)
+    full = _run(loss, layer, f"whole_{machine}", VirtualizeSettings(causal=False), code, threads)
+    for label, want in full.items():
+        np.testing.assert_array_equal(clipped[label], want, err_msg=label)
+    source = (tmp_path / f"chunked_{machine}.c").read_text()
+    chunked = [source[m.end():].split(";", 1)[0] for m in CHUNKED.finditer(source)]
+    assert len(chunked) >= 3, chunked
+    at = source.index("] = expf(")
+    assert CHUNKED.search(source[at - 600:at]), "the exp loop is not clipped"
+
+
+@pytest.mark.parametrize("poison", [np.inf, np.nan])
+def test_clipped_softmax_keeps_infinities_and_nans(poison, tmp_path):
+    """An input row with an infinity or a NaN: scores of `±inf` and NaN reach the masked
+    softmax, and the clipped step's loss and gradients have the NaNs and infinities of the
+    full loops', the other values bit for bit."""
+    layer, loss = _layer_and_loss(causal=True, seed=11, shape=(1, 16, D), poison=poison)
+    code = train.grad_update(loss)
+    clipped = _run(loss, layer, "poisoned_clipped", VirtualizeSettings(), code)
+    full = _run(loss, layer, "poisoned_full", VirtualizeSettings(causal=False), code)
+    for label, want in full.items():
+        np.testing.assert_array_equal(clipped[label], want, err_msg=label)
+    assert not np.isfinite(full["mha.q.w"]).all()
+
+
+def test_interpreter_runs_the_chunked_loops_as_the_full_ones():
+    """The clipped chunk loops (T = 16: two chunks of 8) under the interpreter give the
+    values of the unclipped optimized code."""
+    layer, loss = _layer_and_loss(causal=True, seed=4, shape=(1, 16, 8))
+    code = train.grad_update(loss)
+    finish_inference()
+    llc = asg.to_low_level(code)
+    params = {p.value_tn: p.value.numpy().astype(np.float32) for p in layer.params()}
+
+    def grads(program):
+        arrays = interpret.run(program, {tn: v.copy() for tn, v in params.items()})
+        return {p.label_str: arrays[p.grad_tn] for p in layer.params()}
+
+    opt = optimize_proc(llc, name="interpreted_chunks")
+    chunks = [s for s in ll.iter_stmts(opt.llc) if isinstance(s, ll.ForLoop) and s.stop and s.stop.scale == 8]
+    assert len(chunks) >= 3
+    clipped, full = grads(opt.llc), grads(_without_clips(opt.llc))
+    for label, want in full.items():
+        np.testing.assert_array_equal(clipped[label], want, err_msg=label)
