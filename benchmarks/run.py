@@ -281,10 +281,12 @@ def chain_row(n: int = 400) -> dict:
 
 def gpt_rows() -> list[dict]:
     """The GPT training step (2 and 4 blocks, d=128, 4 heads, T=64, B=16, V=96) against
-    PyTorch eager and `torch.compile`, and per-token KV-cache decoding (`bench_gpt.py`)."""
+    PyTorch eager and `torch.compile`, its causal attention layer alone (`bench_attention.py`),
+    and per-token KV-cache decoding (`bench_gpt.py`)."""
+    from bench_attention import attention_rows
     from bench_gpt import decode_rows, step_rows
     threads = ARGS.threads if ARGS else 1
-    return step_rows(threads) + decode_rows(threads=threads)
+    return step_rows(threads) + attention_rows(threads) + decode_rows(threads=threads)
 
 
 def thread_rows() -> list[dict]:

@@ -117,18 +117,21 @@ def test_interpreter_runs_the_clipped_loops_as_the_full_ones():
         np.testing.assert_allclose(clipped[label], want, rtol=2e-4, atol=1e-5 * np.abs(want).max(), err_msg=label)
 
 
-def test_clipped_causal_attention_matches_torch():
+@pytest.mark.parametrize("seq", [T, 40])
+def test_clipped_causal_attention_matches_torch(seq):
+    """An odd sequence (tail blocks, loops clipped by iterations) and one of whole vectors
+    (the softmax's loops clipped by chunks of 8)."""
     torch = pytest.importorskip("torch")
-    layer, loss = _layer_and_loss(causal=True, seed=5)
-    got = _run(loss, layer, "vs_torch", VirtualizeSettings())
+    layer, loss = _layer_and_loss(causal=True, seed=5, shape=(B, seq, D))
+    got = _run(loss, layer, f"vs_torch_{seq}", VirtualizeSettings())
     rng = np.random.default_rng(5)
-    xv = rng.standard_normal((B, T, D)).astype(np.float32)
-    r = rng.standard_normal((B, T, D))
+    xv = rng.standard_normal((B, seq, D)).astype(np.float32)
+    r = rng.standard_normal((B, seq, D))
     p = {name: (w.value.numpy().astype(np.float64), b.value.numpy().astype(np.float64))
          for name, (w, b) in layer.proj.items()}
     ref = torch_mha(torch, p, D, H)
     xt = torch.tensor(xv.astype(np.float64))
-    mask = torch.nn.Transformer.generate_square_subsequent_mask(T, dtype=torch.float64)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(seq, dtype=torch.float64)
     y, _ = ref(xt, xt, xt, attn_mask=mask, is_causal=True, need_weights=False)
     total = (y * torch.tensor(r)).sum()
     total.backward()
