@@ -18,10 +18,11 @@ import einjit as ej
 from einjit import train
 from einjit.backends.cc import toolchain as cc
 from einjit.ir import assignments as asg
-from einjit.ir import interpret
+from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Iterator, get_symbol, make_affine
 from einjit.ir.optimize import VirtualizeSettings, optimize_proc
+from einjit.ir.sched.fusion import fuse_loops
 from einjit.ir.tnode import Tnode
 from einjit.nn.attention import MultiHeadAttention
 from einjit.shape import finish_inference
@@ -219,3 +220,27 @@ def test_interpreter_runs_the_chunked_loops_as_the_full_ones():
     clipped, full = grads(opt.llc), grads(_without_clips(opt.llc))
     for label, want in full.items():
         np.testing.assert_array_equal(clipped[label], want, err_msg=label)
+
+
+def test_fusion_renames_the_bounds_of_clipped_loops():
+    """Two row nests, the second's inner loop clipped to the chunks of 8 with `8 c < j + 1` (as
+    the causal stage leaves it): fused, the clip names the fused row loop, and the interpreter
+    and gcc write the chunks the unfused code does."""
+    a, out = Tnode("a", (12, 16)), Tnode("out", (12, 16))
+    j1, k1, j2, c, lane = (get_symbol(n) for n in ("j", "k", "j", "c", "l"))
+    first = ll.ForLoop(j1, 0, 11, ll.ForLoop(k1, 0, 15, ll.Set(a, (Iterator(j1), Iterator(k1)), ll.Constant(2.0))))
+    cell = make_affine([(8, c), (1, lane)])
+    tripled = ll.Binop(ops.Binop.MUL, ll.Get(a, (Iterator(j2), cell)), ll.Constant(3.0))
+    chunks = ll.ForLoop(c, 0, 1, ll.ForLoop(lane, 0, 7, ll.Set(out, (Iterator(j2), cell), tripled)),
+                        stop=ll.LoopClip(make_affine([(1, j2)], 1), 8))
+    code = ll.seq(ll.ZeroOut(out), first, ll.ForLoop(j2, 0, 11, chunks))
+    fused = fuse_loops(code)
+    loops = [s for s in ll.flatten(fused) if isinstance(s, ll.ForLoop)]
+    assert len(loops) == 1
+    (clipped,) = (s for s in ll.iter_stmts(fused) if isinstance(s, ll.ForLoop) and s.stop is not None)
+    assert clipped.stop.bound == make_affine([(1, loops[0].index)], 1)
+    want = np.full((12, 16), 6.0, np.float32)
+    want[:8, 8:] = 0.0  # the second chunk from row 8 on
+    np.testing.assert_array_equal(interpret.run(code)[out], want)
+    np.testing.assert_array_equal(interpret.run(fused)[out], want)
+    np.testing.assert_array_equal(run_in_c(fused, {}, name="fused_clips").array(out), want)
