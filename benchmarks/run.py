@@ -289,11 +289,13 @@ def chain_row(n: int = 400) -> dict:
 
 def gpt_rows() -> list[dict]:
     """The GPT training step (2 and 4 blocks, d=128, 4 heads, T=64, B=16, V=96) against
-    PyTorch eager and `torch.compile`, per-token KV-cache decoding, and the step's dense
-    contractions one at a time (`bench_gpt.py`)."""
+    PyTorch eager and `torch.compile`, its causal attention layer alone (`bench_attention.py`),
+    per-token KV-cache decoding, and the step's dense contractions one at a time
+    (`bench_gpt.py`)."""
+    from bench_attention import attention_rows
     from bench_gpt import decode_rows, shape_rows, step_rows
     threads = ARGS.threads if ARGS else 1
-    return step_rows(threads) + decode_rows(threads=threads) + shape_rows(threads)
+    return step_rows(threads) + attention_rows(threads) + decode_rows(threads=threads) + shape_rows(threads)
 
 
 def thread_rows() -> list[dict]:

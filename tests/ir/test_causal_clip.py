@@ -18,10 +18,11 @@ import einjit as ej
 from einjit import train
 from einjit.backends.cc import toolchain as cc
 from einjit.ir import assignments as asg
-from einjit.ir import interpret
+from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Iterator, get_symbol, make_affine
 from einjit.ir.optimize import VirtualizeSettings, optimize_proc
+from einjit.ir.sched.fusion import fuse_loops
 from einjit.ir.tnode import Tnode
 from einjit.nn.attention import MultiHeadAttention
 from einjit.shape import finish_inference
@@ -31,10 +32,15 @@ B, T, D, H = 2, 37, 32, 2
 CLIPPED = re.compile(r"\((start|stop) (\d+)\*")
 
 
-def _layer_and_loss(causal: bool, seed: int = 0, shape: tuple[int, int, int] = (B, T, D)):
+def _layer_and_loss(causal: bool, seed: int = 0, shape: tuple[int, int, int] = (B, T, D), poison: float = 0.0):
+    """The layer and a weighted loss of its output; `poison`, when not 0, replaces one input
+    value (the sixth token's fourth feature)."""
     rng = np.random.default_rng(seed)
     layer = MultiHeadAttention(shape[2], H, causal=causal, label="mha")
-    x = ej.ndarray(rng.standard_normal(shape).astype(np.float32), batch_axes=2, label="x")
+    xv = rng.standard_normal(shape).astype(np.float32)
+    if poison:
+        xv[0, 5, 3] = poison
+    x = ej.ndarray(xv, batch_axes=2, label="x")
     loss = weighted_loss(layer(x), rng)
     train.init_params(loss, seed=seed + 1)
     return layer, loss
@@ -112,18 +118,21 @@ def test_interpreter_runs_the_clipped_loops_as_the_full_ones():
         np.testing.assert_allclose(clipped[label], want, rtol=2e-4, atol=1e-5 * np.abs(want).max(), err_msg=label)
 
 
-def test_clipped_causal_attention_matches_torch():
+@pytest.mark.parametrize("seq", [T, 40])
+def test_clipped_causal_attention_matches_torch(seq):
+    """An odd sequence (tail blocks, loops clipped by iterations) and one of whole vectors
+    (the softmax's loops clipped by chunks of 8)."""
     torch = pytest.importorskip("torch")
-    layer, loss = _layer_and_loss(causal=True, seed=5)
-    got = _run(loss, layer, "vs_torch", VirtualizeSettings())
+    layer, loss = _layer_and_loss(causal=True, seed=5, shape=(B, seq, D))
+    got = _run(loss, layer, f"vs_torch_{seq}", VirtualizeSettings())
     rng = np.random.default_rng(5)
-    xv = rng.standard_normal((B, T, D)).astype(np.float32)
-    r = rng.standard_normal((B, T, D))
+    xv = rng.standard_normal((B, seq, D)).astype(np.float32)
+    r = rng.standard_normal((B, seq, D))
     p = {name: (w.value.numpy().astype(np.float64), b.value.numpy().astype(np.float64))
          for name, (w, b) in layer.proj.items()}
     ref = torch_mha(torch, p, D, H)
     xt = torch.tensor(xv.astype(np.float64))
-    mask = torch.nn.Transformer.generate_square_subsequent_mask(T, dtype=torch.float64)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(seq, dtype=torch.float64)
     y, _ = ref(xt, xt, xt, attn_mask=mask, is_causal=True, need_weights=False)
     total = (y * torch.tensor(r)).sum()
     total.backward()
@@ -151,3 +160,87 @@ def test_clipped_loop_bounds_in_c_and_the_interpreter(scale):
     want = ((scale * ii >= 5 * jj - 7) & (scale * ii < 4 * jj + 2 - scale)).astype(np.float32)
     np.testing.assert_array_equal(interpret.run(code)[out], want)
     np.testing.assert_array_equal(run_in_c(code, {}, name=f"clipped{scale}").array(out), want)
+
+
+CHUNKED = re.compile(r"for \(int c\d+ = 0; c\d+ < \(i\d+ \+ 8\) / 8; \+\+c\d+\) \{\n\s*for \(int l\d+ = 0; l\d+ < 8; ")
+
+
+@pytest.mark.parametrize("machine,threads", [("avx2", 1), ("avx512", 2)])
+def test_softmax_loops_are_clipped_by_whole_vectors(machine, threads, tmp_path, monkeypatch):
+    """A sequence of whole vectors (T = 40): the softmax's `exp` (whose cells above the diagonal
+    only masks read), its backward's row sum of `dP * P` (a local scope's serial sum) and the
+    scores' gradient (`where(mask, ..., 0)` accumulated) run over the chunks of 8 keys that
+    reach the diagonal, each chunk a whole loop gcc vectorizes, and the step stays bit for bit
+    that of the full loops."""
+    monkeypatch.setenv("EINJIT_MACHINE", machine)
+    monkeypatch.setenv("EINJIT_DUMP_DIR", str(tmp_path))
+    layer, loss = _layer_and_loss(causal=True, seed=7, shape=(B, 40, D))
+    code = train.grad_update(loss)
+    clipped = _run(loss, layer, f"chunked_{machine}", VirtualizeSettings(), code, threads)
+    full = _run(loss, layer, f"whole_{machine}", VirtualizeSettings(causal=False), code, threads)
+    for label, want in full.items():
+        np.testing.assert_array_equal(clipped[label], want, err_msg=label)
+    source = (tmp_path / f"chunked_{machine}.c").read_text()
+    chunked = [source[m.end():].split(";", 1)[0] for m in CHUNKED.finditer(source)]
+    assert len(chunked) >= 3, chunked
+    at = source.index("] = expf(")
+    assert CHUNKED.search(source[at - 600:at]), "the exp loop is not clipped"
+
+
+@pytest.mark.parametrize("poison", [np.inf, np.nan])
+def test_clipped_softmax_keeps_infinities_and_nans(poison, tmp_path):
+    """An input row with an infinity or a NaN: scores of `±inf` and NaN reach the masked
+    softmax, and the clipped step's loss and gradients have the NaNs and infinities of the
+    full loops', the other values bit for bit."""
+    layer, loss = _layer_and_loss(causal=True, seed=11, shape=(1, 16, D), poison=poison)
+    code = train.grad_update(loss)
+    clipped = _run(loss, layer, "poisoned_clipped", VirtualizeSettings(), code)
+    full = _run(loss, layer, "poisoned_full", VirtualizeSettings(causal=False), code)
+    for label, want in full.items():
+        np.testing.assert_array_equal(clipped[label], want, err_msg=label)
+    assert not np.isfinite(full["mha.q.w"]).all()
+
+
+def test_interpreter_runs_the_chunked_loops_as_the_full_ones():
+    """The clipped chunk loops (T = 16: two chunks of 8) under the interpreter give the
+    values of the unclipped optimized code."""
+    layer, loss = _layer_and_loss(causal=True, seed=4, shape=(1, 16, 8))
+    code = train.grad_update(loss)
+    finish_inference()
+    llc = asg.to_low_level(code)
+    params = {p.value_tn: p.value.numpy().astype(np.float32) for p in layer.params()}
+
+    def grads(program):
+        arrays = interpret.run(program, {tn: v.copy() for tn, v in params.items()})
+        return {p.label_str: arrays[p.grad_tn] for p in layer.params()}
+
+    opt = optimize_proc(llc, name="interpreted_chunks")
+    chunks = [s for s in ll.iter_stmts(opt.llc) if isinstance(s, ll.ForLoop) and s.stop and s.stop.scale == 8]
+    assert len(chunks) >= 3
+    clipped, full = grads(opt.llc), grads(_without_clips(opt.llc))
+    for label, want in full.items():
+        np.testing.assert_array_equal(clipped[label], want, err_msg=label)
+
+
+def test_fusion_renames_the_bounds_of_clipped_loops():
+    """Two row nests, the second's inner loop clipped to the chunks of 8 with `8 c < j + 1` (as
+    the causal stage leaves it): fused, the clip names the fused row loop, and the interpreter
+    and gcc write the chunks the unfused code does."""
+    a, out = Tnode("a", (12, 16)), Tnode("out", (12, 16))
+    j1, k1, j2, c, lane = (get_symbol(n) for n in ("j", "k", "j", "c", "l"))
+    first = ll.ForLoop(j1, 0, 11, ll.ForLoop(k1, 0, 15, ll.Set(a, (Iterator(j1), Iterator(k1)), ll.Constant(2.0))))
+    cell = make_affine([(8, c), (1, lane)])
+    tripled = ll.Binop(ops.Binop.MUL, ll.Get(a, (Iterator(j2), cell)), ll.Constant(3.0))
+    chunks = ll.ForLoop(c, 0, 1, ll.ForLoop(lane, 0, 7, ll.Set(out, (Iterator(j2), cell), tripled)),
+                        stop=ll.LoopClip(make_affine([(1, j2)], 1), 8))
+    code = ll.seq(ll.ZeroOut(out), first, ll.ForLoop(j2, 0, 11, chunks))
+    fused = fuse_loops(code)
+    loops = [s for s in ll.flatten(fused) if isinstance(s, ll.ForLoop)]
+    assert len(loops) == 1
+    (clipped,) = (s for s in ll.iter_stmts(fused) if isinstance(s, ll.ForLoop) and s.stop is not None)
+    assert clipped.stop.bound == make_affine([(1, loops[0].index)], 1)
+    want = np.full((12, 16), 6.0, np.float32)
+    want[:8, 8:] = 0.0  # the second chunk from row 8 on
+    np.testing.assert_array_equal(interpret.run(code)[out], want)
+    np.testing.assert_array_equal(interpret.run(fused)[out], want)
+    np.testing.assert_array_equal(run_in_c(fused, {}, name="fused_clips").array(out), want)

@@ -30,6 +30,21 @@ the blocks with a cell on or below the diagonal: the skipped cells keep their ze
 the reads ignore or multiply by zero. A clipped loop's other writes must be scheduler locals
 written before they are read, in the loop and after it (register blocks, panels).
 
+The softmax around them has two more kinds of such loops. A factor computed in place,
+`where(key < query + c, x, 0)`, is zero there whatever `x` is (the scores' gradient
+accumulates one), and so is a term of a local scope's sum `v := v - dP * P / total` (the
+softmax's backward row sum; the sum starts at 0, is never -0, and subtracting a zero keeps
+it). And a node of this routine's own storage written once, every read of which is a `where`
+that picks its other branch above the diagonal (`exp(where(mask, s - max, 0))`, read only as
+`where(mask, exp, 0)`), needs no cells written there (*masked above a diagonal*): the loop
+writing it is clipped, and the cells keep whatever they held, which the reads never use
+(a stale infinity or NaN included, which is why a product read does not count here).
+
+A clipped innermost loop over whole vectors becomes a loop over chunks of 8 iterations,
+clipped to the chunks reaching the diagonal, around a whole loop over the chunk (`CHUNK`):
+gcc vectorizes the chunk, and the few iterations past the diagonal it adds back are
+iterations of the full loop, which computed the same.
+
 The loop bound depends on another index, which the IR says with `LoopClip` rather than a
 special attention kernel: the register-blocked contraction the scheduler built is kept as
 it is, only its reduction loop is shortened per row block. Loops marked for unrolling or
@@ -42,8 +57,9 @@ import dataclasses
 
 from einjit.ir import low_level as ll
 from einjit.ir import ops
-from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, Symbol, make_affine
+from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, Symbol, get_symbol, make_affine, subst_index
 from einjit.ir.passes.local_storage import is_routine_local, kept_in_context
+from einjit.ir.sched import nests
 from einjit.ir.tnode import LOCAL, Tnode
 
 __all__ = ["clip_causal_loops"]
@@ -63,7 +79,8 @@ def clip_causal_loops(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStm
     zeros = _Analysis(llc, local_storage)
     tops = zeros.tops
     return ll.seq(*(_clip(top, zeros, {}, tuple(tops[k + 1:]))
-                    if any(zeros.zeros(tn) or zeros.unseen(tn) for tn in nodes) else top
+                    if any(zeros.zeros(tn) or zeros.unseen(tn) or zeros.masked(tn) for tn in nodes)
+                    else top
                     for k, (top, nodes) in enumerate(zip(tops, zeros.nodes, strict=True))))
 
 
@@ -134,6 +151,7 @@ class _Analysis:
         self.memo: dict[Tnode, Zeros] = {}
         self.pending: set[Tnode] = set()
         self.unseen_memo: dict[Tnode, dict[tuple[int, int], int]] = {}
+        self.masked_memo: dict[Tnode, dict[tuple[int, int], int]] = {}
 
     def _collect(self, stmt: ll.LLStmt, loops: dict[Symbol, ll.ForLoop]) -> None:
         for s in ll.flatten(stmt):
@@ -201,11 +219,38 @@ class _Analysis:
                     found = here if found is None else {k: max(found[k], here[k]) for k in found.keys() & here.keys()}
         return found or {}
 
-    def _masked_reads(self, sc: ll.LLScalar, tn: Tnode, unused: Zeros,
-                      target: ll.Set | None) -> dict[tuple[int, int], int] | None:
+    def masked(self, tn: Tnode) -> dict[tuple[int, int], int]:
+        """`(key axis, query axis) -> c` for a node of this routine's own storage, written
+        once (`:=`), every read of which is a `where` picking its other branch wherever
+        `key >= query + c` (the softmax's `exp(where(mask, s - max, 0))`, read only as
+        `where(mask, exp, 0)`): those cells may keep whatever they held, as nothing uses them."""
+        if tn not in self.masked_memo:
+            self.masked_memo[tn] = self._node_masked(tn)
+        return self.masked_memo[tn]
+
+    def _node_masked(self, tn: Tnode) -> dict[tuple[int, int], int]:
+        writes = self.sets.get(tn, [])
+        if (not (self.local_storage and _may_be_local(tn)) or tn in self.zeroed or tn in self.other
+                or len(writes) != 1 or nests.reads(writes[0][0].llsc, tn)):
+            return {}
+        found: dict[tuple[int, int], int] | None = None
+        for top in self.touching.get(tn, []):
+            for s in ll.iter_stmts(top):
+                match s:
+                    case ll.Set(llsc=sc) | ll.SetLocal(value=sc) | ll.SetFromVec(arg=sc):
+                        here = self._masked_reads(sc, tn, {}, None, products=False)
+                    case _:
+                        continue
+                if here is not None:
+                    found = here if found is None else {k: max(found[k], here[k]) for k in found.keys() & here.keys()}
+        return found or {}
+
+    def _masked_reads(self, sc: ll.LLScalar, tn: Tnode, unused: Zeros, target: ll.Set | None,
+                      products: bool = True) -> dict[tuple[int, int], int] | None:
         """The regions (by `tn`'s axes) where every read of `tn` in `sc` goes unused, `unused`
         being where `sc`'s own value is not used (by loop symbols); None when `sc` reads no
-        `tn`, {} when some read is used everywhere."""
+        `tn`, {} when some read is used everywhere. Without `products`, a read times a zero
+        counts as used (a stale cell may hold an infinity or a NaN)."""
         match sc:
             case ll.Get(t, idcs) | ll.GetMergeBuffer(t, idcs) if t is tn:
                 if unused is None:
@@ -214,10 +259,10 @@ class _Analysis:
                 return {(spots[k], spots[q]): c for (k, q), c in unused.items() if k in spots and q in spots}
             case ll.Ternop(ops.Ternop.WHERE, cond, a, b):
                 parts = [(cond, unused), (a, _union(unused, _false_above(cond))), (b, unused)]
-            case ll.Ternop(ops.Ternop.FMA, a, b, c):
+            case ll.Ternop(ops.Ternop.FMA, a, b, c) if products:
                 parts = [(a, _union(unused, self.value(b, target))), (b, _union(unused, self.value(a, target))),
                          (c, unused)]
-            case ll.Binop(ops.Binop.MUL, a, b):
+            case ll.Binop(ops.Binop.MUL, a, b) if products:
                 parts = [(a, _union(unused, self.value(b, target))), (b, _union(unused, self.value(a, target)))]
             case ll.Binop(ops.Binop.DIV, a, b):
                 parts = [(a, unused), (b, {})]
@@ -229,7 +274,7 @@ class _Analysis:
                 parts = [(x, unused) for x in ll.scalar_children(sc)]
         found: dict[tuple[int, int], int] | None = None
         for x, where in parts:
-            here = self._masked_reads(x, tn, where, target)
+            here = self._masked_reads(x, tn, where, target, products)
             if here is not None:
                 found = here if found is None else {k: max(found[k], here[k]) for k in found.keys() & here.keys()}
         return found
@@ -292,12 +337,22 @@ def _position(idcs: tuple[AxisIndex, ...], key: Symbol, query: Symbol) -> tuple[
 
 
 def _covers(st: ll.Set, loops: dict[Symbol, ll.ForLoop]) -> bool:
-    """Whether `st` writes every cell of its node: one loop per axis over the whole axis."""
-    syms = [idx.symbol for idx in st.idcs if isinstance(idx, Iterator)]
-    if len(syms) != len(st.idcs) or len(set(syms)) != len(syms):
+    """Whether `st` writes every cell of its node: one loop per axis over the whole axis (an
+    axis of one cell may be indexed by 0, as a batch of one sequence is)."""
+    spanned: list[tuple[Symbol, int]] = []
+    for idx, d in zip(st.idcs, st.tn.dims, strict=True):
+        match idx:
+            case Iterator(s):
+                spanned.append((s, d))
+            case FixedIdx(0) if d == 1:
+                pass
+            case _:
+                return False
+    syms = [s for s, _ in spanned]
+    if len(set(syms)) != len(syms):
         return False
     return all(s in loops and loops[s].from_ == 0 and loops[s].to_ == d - 1 and loops[s].start is None
-               and loops[s].stop is None for s, d in zip(syms, st.tn.dims, strict=True))
+               and loops[s].stop is None for s, d in spanned)
 
 
 # ---------------------------------------------------------------- clipping
@@ -317,7 +372,70 @@ def _clip(stmt: ll.LLStmt, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]
                 clipped = _clipped(loop, zeros, outer, (body, *after))
                 loop = clipped if clipped is not None and not _over_lanes(loop) else loop
             inner = _clip(body, zeros, {**outer, index: (loop.from_, loop.to_)}, (body, *after))
-            return loop if inner is body else dataclasses.replace(loop, body=inner)
+            whole = loop is stmt
+            loop = loop if inner is body else dataclasses.replace(loop, body=inner)
+            return loop if whole else _chunked(loop)
+        case ll.Set(llsc=sc) if any(isinstance(x, ll.LocalScope) for x in ll.iter_scalars(sc)):
+            return dataclasses.replace(stmt, llsc=_clip_scopes(sc, zeros, outer, after))
+    return stmt
+
+
+def _clip_scopes(sc: ll.LLScalar, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]],
+                 after: tuple[ll.LLStmt, ...]) -> ll.LLScalar:
+    """`sc` with the loops of its local scopes clipped (a reduction computed inside an
+    expression, as the softmax's backward sums `dP * P` over a row)."""
+    match sc:
+        case ll.LocalScope(sid, body, orig):
+            return ll.LocalScope(sid, _clip(body, zeros, outer, after), orig)
+        case ll.Unop() | ll.Binop() | ll.Ternop():
+            return ll.map_operands(sc, lambda x: _clip_scopes(x, zeros, outer, after))
+    return sc
+
+
+CHUNK = 8
+"""The iterations a clipped innermost loop keeps together: gcc at `-O2` vectorizes only a loop
+whose trip count is a known multiple of the vector width, so a loop clipped iteration by
+iteration would run scalar (the softmax's `exp`, its backward's divisions); clipped by chunks
+of 8 (an AVX2 vector of floats), the chunk's loop stays whole and vectorized."""
+
+
+def _chunked(loop: ll.ForLoop) -> ll.ForLoop:
+    """`loop`, a clipped innermost loop, as a loop over chunks of `CHUNK` iterations clipped to
+    the chunks with a kept iteration, around a whole loop over the chunk: the iterations it
+    adds back are iterations of the unclipped loop, which add zeros or write unread cells as
+    the clip's skipped ones do. `loop` itself when its range is not whole chunks from 0."""
+    extent = loop.to_ - loop.from_ + 1
+    body = list(ll.iter_stmts(loop.body))
+    if (loop.from_ != 0 or extent % CHUNK or extent == CHUNK
+            or any(isinstance(x, ll.ForLoop) for x in body)
+            or any(isinstance(x, ll.LocalScope) for st in body for x in ll.deep_parts(st))):
+        return loop
+    chunk, lane = get_symbol("c"), get_symbol("l")
+    env: dict[Symbol, AxisIndex] = {loop.index: make_affine([(CHUNK, chunk), (1, lane)])}
+    lanes = ll.ForLoop(lane, 0, CHUNK - 1, _substituted(loop.body, env))
+    start = stop = None
+    if loop.start is not None:  # scale * (CHUNK * c + CHUNK - 1) >= bound for the chunk's last
+        start = ll.LoopClip(_shifted(loop.start.bound, -(CHUNK - 1) * loop.start.scale), CHUNK * loop.start.scale)
+    if loop.stop is not None:  # scale * CHUNK * c < bound for the chunk's first
+        stop = ll.LoopClip(loop.stop.bound, CHUNK * loop.stop.scale)
+    return ll.ForLoop(chunk, 0, extent // CHUNK - 1, lanes, loop.trace_it, start=start, stop=stop)
+
+
+def _shifted(idx: AxisIndex, by: int) -> AxisIndex:
+    lin = _linear(idx)
+    assert lin is not None  # clips are built affine
+    return make_affine([(c, s) for s, c in lin.items() if s is not None], lin[None] + by)
+
+
+def _substituted(stmt: ll.LLStmt, env: dict[Symbol, AxisIndex]) -> ll.LLStmt:
+    """The statements of an innermost loop's body (no loops, no local scopes) with `env`."""
+    match stmt:
+        case ll.Seq(a, b):
+            return ll.Seq(_substituted(a, env), _substituted(b, env))
+        case ll.Set(tn, idcs, sc, debug):
+            return ll.Set(tn, tuple(subst_index(env, i) for i in idcs), nests.subst(sc, env), debug)
+        case ll.SetLocal(sid, sc):
+            return ll.SetLocal(sid, nests.subst(sc, env))
     return stmt
 
 
@@ -359,6 +477,8 @@ def _clipped(loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbol, tuple[int, 
     clips = _zero_term_clips(loop, zeros, outer, inner)
     if clips is None:
         clips = _unseen_cell_clips(loop, zeros, outer, inner, after)
+    if clips is None:
+        clips = _masked_cell_clips(loop, zeros, outer, inner)
     if clips is None or len(clips) != 1:
         return None
     (at_start, clip), = clips
@@ -377,8 +497,9 @@ def _zero_term_clips(loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbol, tup
     clips: set[tuple[bool, ll.LoopClip]] = set()
     for s in ll.iter_stmts(loop.body):
         match s:
-            case ll.Set():
-                term = _term_clip(s, loop, zeros, outer, inner)
+            case ll.Set() | ll.SetLocal():
+                term = (_term_clip(s, loop, zeros, outer, inner) if isinstance(s, ll.Set)
+                        else _local_term_clip(s, loop, zeros, outer, inner))
                 if term is None:
                     return None
                 clips.add(term)
@@ -424,6 +545,26 @@ def _unseen_cell_clips(loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbol, t
     return clips if all(written_first[tn] and _written_first(tn, after) for tn in scratch) else None
 
 
+def _masked_cell_clips(loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]],
+                       inner: dict[Symbol, tuple[int, int]]) -> set[tuple[bool, ll.LoopClip]] | None:
+    """The clips of `loop` whose body only writes cells of nodes every read of which a `where`
+    ignores (`_Analysis.masked`): its other iterations write cells nobody uses."""
+    clips: set[tuple[bool, ll.LoopClip]] = set()
+    for s in ll.iter_stmts(loop.body):
+        match s:
+            case ll.Set(tn=tn, idcs=idcs):
+                kept = [clip for (kp, qp), c in zeros.masked(tn).items()
+                        if (clip := _diagonal_clip(idcs[kp], idcs[qp], c, loop.index, outer, inner))]
+                if not kept:
+                    return None
+                clips.add(kept[0])
+            case ll.ForLoop() | ll.Seq() | ll.Comment() | ll.Noop():
+                pass
+            case _:
+                return None
+    return clips or None
+
+
 def _term_clip(st: ll.Set, loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]],
                inner: dict[Symbol, tuple[int, int]]) -> tuple[bool, ll.LoopClip] | None:
     """The clip keeping the iterations of `loop` where the product `st` accumulates can be
@@ -447,6 +588,37 @@ def _term_clip(st: ll.Set, loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbo
             clip = _diagonal_clip(f.idcs[kp], f.idcs[qp], c, loop.index, outer, inner)
             if clip is not None:
                 return clip
+    for f in factors:  # a factor computed in place: `where(key < query + c, x, 0)`, ...
+        clip = _value_clip(zeros.value(f, st), loop, outer, inner)
+        if clip is not None:
+            return clip
+    return None
+
+
+def _local_term_clip(st: ll.SetLocal, loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]],
+                     inner: dict[Symbol, tuple[int, int]]) -> tuple[bool, ll.LoopClip] | None:
+    """The clip keeping the iterations of `loop` where the term a local scope's sum `v := v + t`
+    or `v := v - t` adds can be non-zero. The sum starts at 0 (`LocalScope`), so it is never
+    -0 and adding or subtracting a zero leaves it as it is."""
+    match st.value:
+        case ll.Binop(ops.Binop.ADD | ops.Binop.SUB, ll.GetLocal(sid), term) if sid == st.id:
+            pass
+        case ll.Binop(ops.Binop.ADD, term, ll.GetLocal(sid)) if sid == st.id:
+            pass
+        case _:
+            return None
+    if any(isinstance(x, ll.GetLocal) and x.id == st.id for x in ll.iter_scalars(term)):
+        return None
+    return _value_clip(zeros.value(term, None), loop, outer, inner)
+
+
+def _value_clip(facts: Zeros, loop: ll.ForLoop, outer: dict[Symbol, tuple[int, int]],
+                inner: dict[Symbol, tuple[int, int]]) -> tuple[bool, ll.LoopClip] | None:
+    """A clip of `loop` from where a value is zero (`_Analysis.value`, by loop symbols)."""
+    for (key, query), c in (facts or {}).items():
+        clip = _diagonal_clip(Iterator(key), Iterator(query), c, loop.index, outer, inner)
+        if clip is not None:
+            return clip
     return None
 
 

@@ -85,7 +85,8 @@ def _fuse_onto(out: list[ll.LLStmt], fused: list[int], b: ll.ForLoop) -> bool:
 
 def _marked(loop: ll.ForLoop) -> bool:
     """Loops fusion leaves alone: unrolled, threaded, ordered, untraced, and clipped ones (a
-    clip's bound names outer indices, which fusing would have to rename and re-prove)."""
+    clip's bound names outer indices, which fusing would have to rename and re-prove). A nest
+    may hold clipped loops: fused, their bounds are renamed with the rest of its body."""
     return (loop.unroll or loop.parallel or loop.keep_order or not loop.trace_it
             or loop.start is not None or loop.stop is not None)
 
@@ -96,7 +97,7 @@ def _plain(loop: ll.ForLoop) -> bool:
         match x:
             case ll.StagedCompilation() | ll.SetFromVec():
                 return False
-            case ll.ForLoop() if _marked(x) and not _partial_sum_loop(x):
+            case ll.ForLoop() if _marked(dataclasses.replace(x, start=None, stop=None)) and not _partial_sum_loop(x):
                 return False
             case ll.Set(tn) if tn.is_local() and tn.label and tn.label[0] == "pack":
                 return False
@@ -228,8 +229,9 @@ def _rename(stmt: ll.LLStmt, env: dict[Symbol, AxisIndex]) -> ll.LLStmt:
     match stmt:
         case ll.Seq(first, second):
             return ll.Seq(_rename(first, env), _rename(second, env))
-        case ll.ForLoop(body=body):
-            return dataclasses.replace(stmt, body=_rename(body, env))
+        case ll.ForLoop(body=body, start=start, stop=stop):
+            start, stop = (c and ll.LoopClip(subst_index(env, c.bound), c.scale) for c in (start, stop))
+            return dataclasses.replace(stmt, body=_rename(body, env), start=start, stop=stop)
         case ll.Set(tn, ix, llsc, debug):
             return ll.Set(tn, idcs(ix), scalar(llsc), debug)
         case ll.SetLocal(sid, value):
