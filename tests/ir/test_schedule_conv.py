@@ -283,3 +283,28 @@ def test_a_long_kernel_gradient_sum_is_split_into_chunks_that_threads_share(kind
     exact = schedule_llc(code, OFF, blocking)
     assert "sum split" not in ll.to_doc(exact) and "channel-blocked" in ll.to_doc(exact)
     np.testing.assert_array_equal(_run_both(code, exact, tns, out)[2], want)
+
+
+def test_an_nhwc_kernel_gradient_is_channel_blocked_only_when_its_sum_is_split(monkeypatch):
+    """`dw[u, v, c, o] += img[n, y+u, x+v, c] * g[n, y, x, o]`: the 16 output channels are the
+    unit-stride axis, which `schedule`'s contraction blocks along, until the sum is long enough
+    to split (threshold lowered here: 8 images of 3x3 outputs); split, the chunks go on threads."""
+    from einjit.ir.sched import schedule_conv
+
+    img, g, dw = Tnode("img", (B, H, H, CI)), Tnode("g", (B, OH, OH, CO)), Tnode("dw", (K, K, CI, CO))
+    n, o, c, y, x, u, v = _syms()
+    read = (Iterator(n), Affine(((1, y), (1, u))), Affine(((1, x), (1, v))), Iterator(c))
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(img, read), ll.Get(g, it(n, y, x, o)), ll.Get(dw, it(u, v, c, o)))
+    code = ll.seq(ll.ZeroOut(dw), _nest([(n, B), (y, OH), (x, OH), (u, K), (v, K), (c, CI), (o, CO)],
+                                        ll.Set(dw, it(u, v, c, o), fma)))
+    assert "channel-blocked" not in ll.to_doc(schedule_llc(code, ON, ANY_SIZE))
+    monkeypatch.setattr(schedule_conv, "SPLIT_MIN_TERMS", B * OH * OH)
+    sched = schedule_llc(code, ON, ANY_SIZE)
+    assert "channel-blocked" in ll.to_doc(sched) and "sum split into" in ll.to_doc(sched)
+    assert "channel-blocked" not in ll.to_doc(schedule_llc(code, OFF, ANY_SIZE))
+    ins, want, got = _run_both(code, sched, (img, g), dw)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(run_c(sched, ins, dw), got)
+    patches = _patches(ins[img].transpose(0, 3, 1, 2).astype(np.float64))
+    ref = np.einsum("ncyxuv,nyxo->uvco", patches, ins[g].astype(np.float64))
+    np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-5)

@@ -21,7 +21,10 @@ they happen once per whole sum. Every cell of a plain-iterator lhs still sums it
 original order (bit-identical). An affine lhs (the input gradient's scatter `oh+kh`) is summed
 by several loops at once, and blocking reorders those terms: it is done only under
 `VirtualizeSettings.reassociate`.
-A plain contraction that `schedule`'s own blocking declines is blocked the same way.
+A plain contraction that `schedule`'s own blocking declines is blocked the same way. Where the
+lhs's unit-stride axis is a candidate (NHWC, `w[kh, kw, ci, co]`), `schedule`'s contraction
+blocks along it instead, unless the sum is split (below): the convnet's NHWC kernel gradient,
+threaded over its 3 kernel rows, kept a core idle a third of its time.
 
 **Split sums.** A kernel gradient sums tens of thousands of terms into each of a few hundred
 cells: the convnet's first has 72 cells (3 row blocks of 8 channels), 43,264 terms each, so
@@ -144,8 +147,10 @@ def channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSet
 
     plain = [idx.symbol for idx in st.idcs if isinstance(idx, Iterator)]
     candidates = [s for s in plain if (s in sx) != (s in sy) and width(s)]
-    if not candidates or not scatter and nests.unit_stride_axis_symbol(st.tn, st.idcs) in candidates:
-        return None  # `schedule`'s contraction blocks along the unit-stride axis itself
+    chunks = 1 if scatter else _chunks(st, summed, extent, settings)
+    if (not candidates or not scatter and nests.unit_stride_axis_symbol(st.tn, st.idcs) in candidates
+            and (chunks == 1 or not has_affine(st))):
+        return None  # `schedule`'s contraction blocks along the unit-stride axis itself, unless it is split
     j = max(candidates, key=lambda s: (width(s), extent[s]))
     nb = width(j)
     a_op, b_op, b_first = (y, x, True) if j in sx else (x, y, False)
@@ -161,7 +166,6 @@ def channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSet
     mb = _divisor_up_to(extent[i], mb_max)
     # a bf16 row operand (the weights of a mixed-precision step) is widened once (`bf16_widen`)
     wide = bf16_widen.copies(a_op, math.prod(extent.values()), st.tn.prec.computed_in)
-    chunks = _chunks(st, summed, extent, settings) if not scatter else 1
     nest = _blocked_nest(loops, st, (bf16_widen.reading(a_op, wide), b_op, b_first), (i, mb), (j, nb), summed,
                          blocking.machine.vector_bytes, chunks)
     return ll.seq(*bf16_widen.fills(wide), nest)
