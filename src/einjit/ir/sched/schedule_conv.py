@@ -164,11 +164,27 @@ def channel_blocked(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSet
     mb_max = cost_model.rows_that_fit(nb, st.tn.prec.computed_in.itemsize, blocking.mb_max, blocking.machine)
     i = max(rows, key=lambda s: (_divisor_up_to(extent[s], mb_max), s in plain, extent[s]))
     mb = _divisor_up_to(extent[i], mb_max)
+    across = _second_row_axis([s for s in rows if s != i], extent, mb, nb, st.tn.prec.computed_in.itemsize, blocking)
     # a bf16 row operand (the weights of a mixed-precision step) is widened once (`bf16_widen`)
     wide = bf16_widen.copies(a_op, math.prod(extent.values()), st.tn.prec.computed_in)
     nest = _blocked_nest(loops, st, (bf16_widen.reading(a_op, wide), b_op, b_first), (i, mb), (j, nb), summed,
-                         blocking.machine.vector_bytes, chunks)
+                         blocking.machine.vector_bytes, chunks, across)
     return ll.seq(*bf16_widen.fills(wide), nest)
+
+
+def _second_row_axis(rows: list[Symbol], extent: dict[Symbol, int], mb: int, nb: int, itemsize: int,
+                     blocking: sched.Blocking) -> tuple[Symbol, int] | None:
+    """A second lhs axis the block's rows span, whole, where `mb` rows of vectors are fewer than
+    the FMAs in flight that keep the pipeline busy (`fma_latency * fma_per_cycle`): a kernel
+    gradient's rows are its 3 kernel rows, 3 accumulators of 8 channels, one FMA chain each;
+    its 3 kernel columns too make 9."""
+    machine = blocking.machine
+    vectors = math.ceil(nb / cost_model.lanes(machine, itemsize))
+    if mb * vectors >= machine.fma_latency * machine.fma_per_cycle:
+        return None
+    fitting = [s for s in rows if mb * extent[s] <= 2 * blocking.mb_max
+               and cost_model.fits(mb * extent[s], nb, itemsize, machine)]
+    return max(((s, extent[s]) for s in fitting), key=lambda se: se[1], default=None)
 
 
 def _chunks(st: ll.Set, summed: list[Symbol], extent: dict[Symbol, int], settings: VirtualizeSettings) -> int:
@@ -181,10 +197,11 @@ def _chunks(st: ll.Set, summed: list[Symbol], extent: dict[Symbol, int], setting
 
 def _blocked_nest(loops: list[ll.ForLoop], st: ll.Set, operands: tuple[ll.LLScalar, ll.LLScalar, bool],
                   row_axis: tuple[Symbol, int], col_axis: tuple[Symbol, int], summed: list[Symbol],
-                  vector_bytes: int, chunks: int = 1) -> ll.LLStmt:
+                  vector_bytes: int, chunks: int = 1, across: tuple[Symbol, int] | None = None) -> ll.LLStmt:
     """for panel loops: for j0: pack B's panel; for other lhs loops: for i0: acc := c; sum; c := acc.
     Split into `chunks` (> 1): for chunk: (the same over the chunk's terms, acc := 0,
-    part[chunk] := acc); then c += part[0] + part[1] + ..."""
+    part[chunk] := acc); then c += part[0] + part[1] + ... `across`: a second row axis, whole
+    in each block (its rows are `mb` blocks of its extent)."""
     a_op, b_op, b_first = operands
     (i, mb), (j, nb) = row_axis, col_axis
     extent = {lp.index: lp.to_ + 1 for lp in loops}
@@ -195,24 +212,28 @@ def _blocked_nest(loops: list[ll.ForLoop], st: ll.Set, operands: tuple[ll.LLScal
     in_chunk: dict[Symbol, AxisIndex] = {first: make_affine(((extent[first], chunk), (1, first)))} if chunks > 1 else {}
     pack = nests.scheduler_local("pack", tuple(extent[k] for k in summed) + (nb,), prec)
     j0, i0, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("ir"), get_symbol("jr")
-    rb = nests.register_block(mb, nb, prec, vector_bytes, b)
+    i2, m2 = across or (None, 1)
+    a2 = get_symbol("ic")
+    rb = nests.register_block(mb * m2, nb, prec, vector_bytes, b)
     packed = {k: get_symbol(k.name) for k in summed}
     col = make_affine(((nb, j0), (1, b)))
     row = make_affine(((mb, i0), (1, a))) if mb > 1 else Iterator(i0)
+    rows: dict[Symbol, AxisIndex] = {i: row} if i2 is None else {i: row, i2: Iterator(a2)}
     b_env: dict[Symbol, AxisIndex] = {j: col, **{k: Iterator(kp) for k, kp in packed.items()}}
     if chunks > 1:
         b_env[first] = make_affine(((extent[first], chunk), (1, packed[first])))
     fill = nests.nest([*((kp, extent[k]) for k, kp in packed.items()), (b, nb)],
                        ll.Set(pack, tuple(Iterator(kp) for kp in packed.values()) + (Iterator(b),),
                               nests.subst(b_op, b_env), "pack a panel of the vector-axis operand"))
-    cell = rb.cell(tuple(subst_index({i: row, j: col}, idx) for idx in st.idcs))
-    block = rb.at(Iterator(a) if mb > 1 else FixedIdx(0))
+    cell = rb.cell(tuple(subst_index({**rows, j: col}, idx) for idx in st.idcs))
+    block_row = make_affine(((m2, a), (1, a2))) if mb > 1 else Iterator(a2)
+    block = rb.at(block_row if i2 is not None else Iterator(a) if mb > 1 else FixedIdx(0))
     p_read = rb.by_column(ll.Get(pack, tuple(Iterator(k) for k in summed) + (Iterator(b),)))
-    a_read = nests.subst(a_op, {i: row, **in_chunk})
+    a_read = nests.subst(a_op, {**rows, **in_chunk})
     args = (p_read, a_read) if b_first else (a_read, p_read)
     update = ll.Set(rb.node, block, ll.Ternop(ops.Ternop.FMA, args[0], args[1], ll.Get(rb.node, block)), st.debug)
-    ab = [(a, mb), *rb.loops()] if mb > 1 else rb.loops()
-    unrolled = frozenset({a}) | rb.unrolled
+    ab = [*([(a, mb)] if mb > 1 else []), *([(a2, m2)] if i2 is not None else []), *rb.loops()]
+    unrolled = frozenset({a, a2}) | rb.unrolled
     part = Tnode("part", (chunks, *st.tn.dims), prec, memory_mode=LOCAL,
                  provenance=provenance.ROUTINE_LOCAL) if chunks > 1 else None
     start: ll.LLScalar = ll.Get(st.tn, cell) if part is None else ll.Constant(0.0)
@@ -222,12 +243,13 @@ def _blocked_nest(loops: list[ll.ForLoop], st: ll.Set, operands: tuple[ll.LLScal
         nests.nest([*((k, extent[k]) for k in summed), *ab], update, unrolled),
         nests.nest(ab, ll.Set(out_node, out_cell, ll.Get(rb.node, block)), unrolled))
     sb = nests.symbols(b_op)
-    outer = [lp.index for lp in loops if lp.index in lhs and lp.index not in (i, j)]
+    outer = [lp.index for lp in loops if lp.index in lhs and lp.index not in (i, i2, j)]
     panel_loops = [(s, extent[s]) for s in outer if s in sb]
     other_loops = [(s, extent[s]) for s in outer if s not in sb]
     inner = nests.nest(other_loops, ll.ForLoop(i0, 0, extent[i] // mb - 1, kernel))
     kind = "convolution" if has_affine(st) else "contraction"
-    comment = ll.Comment(f"channel-blocked {mb}x{nb} {kind} into {st.tn.name}")
+    spans = f" ({mb}x{m2} rows)" if i2 is not None else ""
+    comment = ll.Comment(f"channel-blocked {mb * m2}x{nb}{spans} {kind} into {st.tn.name}")
     blocked = nests.nest([*panel_loops, (j0, extent[j] // nb)], ll.seq(comment, fill, inner))
     if part is None:
         return blocked
