@@ -14,11 +14,12 @@ import pytest
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Affine, Iterator, get_symbol
+from einjit.ir.sched import cost_model
 from einjit.ir.sched.interchange import interchange_loops
 from einjit.ir.sched.machine import MACHINES
 from einjit.ir.sched.schedule import Blocking, schedule_llc
 from einjit.ir.tnode import Tnode
-from test_schedule import GOLDEN, OFF, ON, _normalized_c, inputs_for, it, local_nodes, run_c
+from test_schedule import GOLDEN, OFF, ON, _normalized_c, inputs_for, it, local_nodes, run_c, run_in_c
 
 B, CI, CO, H, K = 8, 2, 16, 5, 3
 OH = H - K + 1
@@ -107,14 +108,18 @@ def _run_both(code, sched, tns, out):
 @pytest.mark.parametrize("which", ["forward", "kernel_grad"])
 def test_plain_lhs_nests_are_channel_blocked_bit_identically(which, kind):
     """On AVX2 a 16-channel block takes at most 6 rows: 2 vectors each, plus the panel row and
-    a broadcast, in 16 registers."""
+    a broadcast, in 16 registers. The kernel gradient's rows, its 3 kernel rows, are too few
+    FMA chains: the block spans its 3 kernel columns too on AVX-512 (9 rows of one vector),
+    its 2 input channels on AVX2 (6 rows of two)."""
     code, tns, out = BUILDERS[which]()
     blocking = dataclasses.replace(ANY_SIZE, machine=MACHINES[kind])
     sched = schedule_llc(code, OFF, blocking)
     assert "channel-blocked" in ll.to_doc(sched) and local_nodes(sched) == {"pack", "acc"}
     assert "channel-blocked" in ll.to_doc(schedule_llc(code, ON, blocking))
     mb, nb = map(int, re.search(r"channel-blocked (\d+)x(\d+)", ll.to_doc(sched)).groups())
-    assert nb == 16 and mb <= (8 if kind == "avx512" else 6)
+    assert nb == 16 and cost_model.fits(mb, nb, 4, MACHINES[kind])
+    if which == "kernel_grad":
+        assert f"(3x{3 if kind == 'avx512' else 2} rows)" in ll.to_doc(sched)
     ins, want, got = _run_both(code, sched, tns, out)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(run_c(sched, ins, out), want)
@@ -246,3 +251,65 @@ def test_a_dense_layer_is_blocked_along_its_outputs_or_else_the_batch_bit_identi
     np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[logits], want)
     np.testing.assert_array_equal(run_c(sched, ins, logits), want)
     np.testing.assert_allclose(want, ins[x].astype(np.float64) @ ins[w].T.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+
+@pytest.mark.parametrize("kind", ["avx512", "avx2"])
+def test_a_long_kernel_gradient_sum_is_split_into_chunks_that_threads_share(kind, monkeypatch):
+    """The batch is cut into `SPLIT_CHUNKS` chunks, each summed into its own partial sums and
+    added in chunk order: within float tolerance of the unsplit sum (the terms' order changes),
+    and gcc at 1 and at 2 threads gives the interpreter's bits (the chunk count does not depend
+    on the threads). Without reassociation the sum stays whole and bit-identical. (The
+    threshold is lowered so that the interpreter runs a small nest: 8 images of 3x3 outputs.)"""
+    from einjit.backends import parallel_loops
+    from einjit.backends.c_syntax import C_SYNTAX
+    from einjit.backends.cc import toolchain as cc
+    from einjit.ir.sched import schedule_conv
+
+    code, tns, out = kernel_grad()
+    blocking = dataclasses.replace(ANY_SIZE, machine=MACHINES[kind])
+    assert "sum split" not in ll.to_doc(schedule_llc(code, ON, blocking))  # 72 terms per cell
+    monkeypatch.setattr(schedule_conv, "SPLIT_MIN_TERMS", B * OH * OH)
+    sched = schedule_llc(code, ON, blocking)
+    doc = ll.to_doc(sched)
+    assert f"sum split into {schedule_conv.SPLIT_CHUNKS} chunks" in doc and "channel-blocked" in doc
+    parts = [tn for tn in ll.nodes_of(sched) if tn.label[0] == "part"]
+    assert len(parts) == 1 and parts[0].dims == (schedule_conv.SPLIT_CHUNKS, CO, CI, K, K)
+    threaded = parallel_loops.thread_nests(sched, 2, min_work=1)
+    assert any(isinstance(s, ll.ForLoop) and s.parallel and s.index.name == "kc" for s in ll.flatten(threaded))
+    ins, want, got = _run_both(code, sched, tns, out)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(want, reference("kernel_grad", [ins[t] for t in tns]), rtol=1e-5, atol=1e-5)
+    for threads in (1, 2):
+        opts = cc.CcOptions(threads=threads, syntax=dataclasses.replace(C_SYNTAX, thread_min_work=1))
+        source = cc.compile_proc(sched, name=f"split{threads}", options=opts).source
+        assert ("#pragma omp for" in source) == (threads == 2)
+        np.testing.assert_array_equal(run_in_c(sched, ins, options=opts).array(out), got, err_msg=f"{threads} threads")
+    exact = schedule_llc(code, OFF, blocking)
+    assert "sum split" not in ll.to_doc(exact) and "channel-blocked" in ll.to_doc(exact)
+    np.testing.assert_array_equal(_run_both(code, exact, tns, out)[2], want)
+
+
+def test_an_nhwc_kernel_gradient_is_channel_blocked_only_when_its_sum_is_split(monkeypatch):
+    """`dw[u, v, c, o] += img[n, y+u, x+v, c] * g[n, y, x, o]`: the 16 output channels are the
+    unit-stride axis, which `schedule`'s contraction blocks along, until the sum is long enough
+    to split (threshold lowered here: 8 images of 3x3 outputs); split, the chunks go on threads."""
+    from einjit.ir.sched import schedule_conv
+
+    img, g, dw = Tnode("img", (B, H, H, CI)), Tnode("g", (B, OH, OH, CO)), Tnode("dw", (K, K, CI, CO))
+    n, o, c, y, x, u, v = _syms()
+    read = (Iterator(n), Affine(((1, y), (1, u))), Affine(((1, x), (1, v))), Iterator(c))
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(img, read), ll.Get(g, it(n, y, x, o)), ll.Get(dw, it(u, v, c, o)))
+    code = ll.seq(ll.ZeroOut(dw), _nest([(n, B), (y, OH), (x, OH), (u, K), (v, K), (c, CI), (o, CO)],
+                                        ll.Set(dw, it(u, v, c, o), fma)))
+    assert "channel-blocked" not in ll.to_doc(schedule_llc(code, ON, ANY_SIZE))
+    monkeypatch.setattr(schedule_conv, "SPLIT_MIN_TERMS", B * OH * OH)
+    sched = schedule_llc(code, ON, ANY_SIZE)
+    assert "channel-blocked" in ll.to_doc(sched) and "sum split into" in ll.to_doc(sched)
+    assert "channel-blocked" not in ll.to_doc(schedule_llc(code, OFF, ANY_SIZE))
+    ins, want, got = _run_both(code, sched, (img, g), dw)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(run_c(sched, ins, dw), got)
+    patches = _patches(ins[img].transpose(0, 3, 1, 2).astype(np.float64))
+    ref = np.einsum("ncyxuv,nyxo->uvco", patches, ins[g].astype(np.float64))
+    np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-5)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 import einjit as ej
 from einjit import fit, nn, train
@@ -17,7 +18,6 @@ from einjit.ir import optimize
 from einjit.ir.optimize import VirtualizeSettings
 from einjit.nn.attention import MultiHeadAttention
 from test_attention import np_mha
-from test_conv_scheduled import _reference
 
 FOR = "#pragma omp for schedule(dynamic"
 
@@ -34,26 +34,17 @@ def _grads_at(threads, code, params, name, tmp_path, monkeypatch):
     return {p.label_str: p.grad.numpy().copy() for p in params}, (tmp_path / f"{name}{threads}.c").read_text()
 
 
-def test_conv_layers_and_their_gradients_on_threads(tmp_path, monkeypatch):
+def test_conv_layers_and_their_gradients_on_threads(two_conv_model, tmp_path, monkeypatch):
     # one nest per node, so that each of them shows its threaded loop (fused, the pointwise
     # nests share their batch loop with their neighbours)
     monkeypatch.setattr(optimize, "virtualize_settings", VirtualizeSettings(fuse=False))
-    n, h = 8, 18
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((n, 1, h, h)).astype(np.float32)
-    r = rng.standard_normal((n, 16, (h - 2) // 2 - 2, (h - 2) // 2 - 2)).astype(np.float32)
-    model = nn.Sequential(nn.Conv2d(1, 8, 3, label="conv1"), nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, label="conv2"))
-    out = model(ej.ndarray(x, batch_axes=1, label="x"))
-    loss = ej.sum(out * ej.ndarray(r, batch_axes=1, label="r"), label="loss")
-    train.init_params(loss, seed=1)
-    code = train.grad_update(loss)
-    params = model.params()
+    net = two_conv_model(8, 18)
+    code = train.grad_update(net.loss)
+    params = net.model.params()
     serial, _ = _grads_at(1, code, params, "conv_threads", tmp_path, monkeypatch)
     threaded, source = _grads_at(2, code, params, "conv_threads", tmp_path, monkeypatch)
     assert source.count("#pragma omp parallel") >= 1 and source.count(FOR) >= 6
-    by_label = {p.label_str: p for p in params}
-    vals = [by_label[k].value.numpy().astype(np.float64) for k in ("conv1.w", "conv1.b", "conv2.w", "conv2.b")]
-    _, want = _reference(x.astype(np.float64), *vals, r.astype(np.float64))
+    _, want = net.reference()
     for label, g in want.items():
         np.testing.assert_array_equal(threaded[label], serial[label], err_msg=label)
         np.testing.assert_allclose(threaded[label], g, rtol=1e-4, atol=1e-5 * np.abs(g).max(), err_msg=label)
@@ -102,11 +93,9 @@ def _backend(threads: int):
     return CcBackend(_options(threads))
 
 
-def test_convnet_step_gradients_are_the_same_bits_at_2_threads(tmp_path, monkeypatch):
-    """The benchmark's convnet at batch 32 with the default thread threshold: the
-    convolutions' batch-block loops move outermost, the weight gradients' kernel offsets
-    collapse, and the scratch planner's compiler barriers sit inside the parallel regions."""
-    n = 32
+def _convnet(n: int):
+    """The benchmark's convnet (`benchmarks/bench_convnet.py`) on `n` images: its loss, its
+    parameters, the images and the one-hot labels."""
     rng = np.random.default_rng(5)
     xv = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
     yv = np.eye(10, dtype=np.float32)[rng.integers(0, 10, n)]
@@ -116,21 +105,65 @@ def test_convnet_step_gradients_are_the_same_bits_at_2_threads(tmp_path, monkeyp
     x = ej.ndarray(xv, batch_axes=1, label="x")
     loss = nn.cross_entropy(model(x), ej.ndarray(yv, batch_axes=1, label="y"))
     train.init_params(loss, seed=2)
-    code, params = train.grad_update(loss), model.params()
+    return loss, model.params(), xv, yv
+
+
+def _convnet_grads(loss, params, name, tmp_path, monkeypatch):
+    """The gradients and the C source of the step compiled at 1 and at 2 threads (the default
+    thread threshold)."""
+    code = train.grad_update(loss)
     grads, sources = {}, {}
     monkeypatch.setenv("EINJIT_DUMP_DIR", str(tmp_path))
     for threads in (1, 2):
-        routine = train.to_routine(code, name=f"convnet_threads{threads}", options=cc.CcOptions(threads=threads))
+        routine = train.to_routine(code, name=f"{name}{threads}", options=cc.CcOptions(threads=threads))
         routine()
         grads[threads] = {p.label_str: p.grad.numpy().copy() for p in params}
-        sources[threads] = (tmp_path / f"convnet_threads{threads}.c").read_text()
-    assert "collapse(3)" in sources[2] and "#pragma omp barrier" in sources[2]
+        sources[threads] = (tmp_path / f"{name}{threads}.c").read_text()
+    return grads, sources
+
+
+def test_convnet_step_gradients_are_the_same_bits_at_2_threads(tmp_path, monkeypatch):
+    """The benchmark's convnet at batch 32 with the default thread threshold: the
+    convolutions' batch-block loops move outermost, the first kernel gradient's batch chunks
+    go on threads, and the scratch planner's compiler barriers sit inside the parallel regions."""
+    loss, params, _, _ = _convnet(32)
+    grads, sources = _convnet_grads(loss, params, "convnet_threads", tmp_path, monkeypatch)
+    assert "sum split into 4 chunks" in sources[2] and "#pragma omp barrier" in sources[2]
     for label, g in grads[1].items():
         np.testing.assert_array_equal(grads[2][label], g, err_msg=label)
     # the fc bias gradient is the mean over the batch of softmax(logits) - y
     fc_b = next(p for p in params if p.label_str.endswith("fc.b"))
     assert np.all(np.isfinite(grads[2][fc_b.label_str]))
     np.testing.assert_allclose(grads[2][fc_b.label_str].sum(), 0.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("machine", ["avx2", "avx512"])
+def test_convnet_step_gradients_match_pytorch_at_1_and_2_threads(machine, tmp_path, monkeypatch):
+    """The same step scheduled for AVX2 and for AVX-512 (`EINJIT_MACHINE`), at 1 and 2 threads:
+    the same bits at both thread counts, and PyTorch's float64 gradients within float32
+    tolerance (the kernel gradients' sums run in batch chunks: `ir/sched/schedule_conv.py`)."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("EINJIT_MACHINE", machine)
+    loss, params, xv, yv = _convnet(32)
+    by_label = {p.label_str: p for p in params}
+    values = {label: torch.from_numpy(p.value.numpy().astype(np.float64)) for label, p in by_label.items()}
+    grads, sources = _convnet_grads(loss, params, f"convnet_torch_{machine}", tmp_path, monkeypatch)
+    # c1's kernel gradient sums 32 * 26 * 26 terms per cell, c2's 32 * 11 * 11 (too few to split)
+    assert sources[2].count("sum split into 4 chunks") == 1
+    ref = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                              torch.nn.Conv2d(8, 16, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                              torch.nn.Flatten(), torch.nn.Linear(400, 10)).double()
+    named = {"c1.w": ref[0].weight, "c1.b": ref[0].bias, "c2.w": ref[3].weight, "c2.b": ref[3].bias,
+             "fc.w": ref[7].weight, "fc.b": ref[7].bias}
+    with torch.no_grad():
+        for label, tp in named.items():
+            tp.copy_(values[label].reshape(tp.shape))
+    logits = ref(torch.from_numpy(xv.astype(np.float64)))
+    torch.nn.functional.cross_entropy(logits, torch.from_numpy(yv.argmax(1))).backward()
+    for label, tp in named.items():
+        want = tp.grad.numpy().reshape(grads[1][label].shape)
+        np.testing.assert_array_equal(grads[2][label], grads[1][label], err_msg=label)
+        np.testing.assert_allclose(grads[2][label], want, rtol=1e-4, atol=1e-5 * np.abs(want).max(), err_msg=label)
 
 
 def test_gpt_step_gradients_are_the_same_bits_at_2_threads(tmp_path, monkeypatch):
