@@ -299,3 +299,21 @@ def test_convolution_widens_its_bf16_weights_once(machine):
     np.testing.assert_array_equal(interpret.run(sched, {tn: a.copy() for tn, a in ins.items()})[out], want)
     ctx = run_once(sched, ins, name="bf16_conv", context=CcBackend().init("bf16_conv"))
     np.testing.assert_array_equal(ctx.array(out), want)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["a@b", "a@b.T"])
+def test_pair_panels_copy_bf16_cells_without_a_round_trip(transposed):
+    """Packing bf16 cells into a bf16 pair panel copies them: no widening and rounding back
+    (which cost two conversions per cell and set a signalling NaN's quiet bit). In C and in
+    the interpreter alike, every pattern, NaNs with any payload included, is copied as is."""
+    source = _scheduled_source(16, 8, 32, transposed)
+    assert "einjit_bf16_store(einjit_bf16_load(" not in source
+    assert re.search(r"pack\[[^]]*\] = b\[[^]]*\];", source)
+    a, b = Tnode("a", (8, 16), ops.bf16), Tnode("b", (8, 16), ops.bf16)
+    i, j = get_symbol("i"), get_symbol("j")
+    code = ll.ForLoop(i, 0, 7, ll.ForLoop(j, 0, 15, ll.Set(b, it(i, j), ll.Get(a, it(i, j)))))
+    cells = np.arange(0, 2**16, 2**16 // 128, dtype=np.uint32).astype(np.uint16).reshape(8, 16)
+    cells[0, :4] = [0x7F81, 0xFF81, 0x7FC1, 0x7F80]  # signalling and quiet NaNs, infinity
+    np.testing.assert_array_equal(interpret.run(code, {a: cells.copy()})[b], cells)
+    ctx = run_once(code, {a: cells}, name="bf16_copy", context=CcBackend().init("bf16_copy"))
+    np.testing.assert_array_equal(ctx.array(b), cells)
