@@ -114,3 +114,45 @@ def test_copies_read_otherwise_or_often_are_kept():
         code, w, wb, a, c = _program(2, 16, 48, reads_after=widen_repeatedly)
         sched, folded = _folded(code, "avx2")
         assert (folded is sched) == (repeats + 1 > bf16_fold.MAX_READS_PER_ELEMENT)
+
+
+def _two_products(rewrite_between):
+    """`c1 = x @ b1; c2 = x @ b2` with bf16 `x`, the row operand of both (widened into a float
+    copy for each); with `rewrite_between`, `x` is written between the two."""
+    x = Tnode("x", (16, 8), ops.bf16)
+    bs = [Tnode(f"b{n}", (8, 64), ops.bf16) for n in (1, 2)]
+    cs = [Tnode(f"c{n}", (16, 64), ops.single) for n in (1, 2)]
+    stmts: list[ll.LLStmt] = []
+    for b, c in zip(bs, cs, strict=True):
+        i, j, k = get_symbol("i"), get_symbol("j"), get_symbol("k")
+        fma = ll.Ternop(ops.Ternop.FMA, ll.Get(x, it(i, k)), ll.Get(b, it(k, j)), ll.Get(c, it(i, j)))
+        product = ll.ForLoop(i, 0, 15, ll.ForLoop(j, 0, 63, ll.ForLoop(k, 0, 7, ll.Set(c, it(i, j), fma))))
+        stmts += [ll.ZeroOut(c), product]
+        if rewrite_between and c is cs[0]:
+            i, k = get_symbol("i"), get_symbol("k")
+            stmts.append(ll.ForLoop(i, 0, 15, ll.ForLoop(k, 0, 7, ll.Set(
+                x, it(i, k), ll.Binop(ops.Binop.MUL, ll.Get(x, it(i, k)), ll.Constant(3.0))))))
+    return ll.seq(*stmts), x, bs, cs
+
+
+@pytest.mark.parametrize("machine", ["avx2", "avx512"])
+@pytest.mark.parametrize("rewrite_between", [False, True], ids=["shared", "rewritten"])
+def test_a_node_read_by_several_contractions_is_widened_once(machine, rewrite_between):
+    """`bf16_widen.share_fills`: the second product reads the first one's float copy of `x`,
+    unless `x` changed in between; bit-identical in the interpreter and in C."""
+    code, x, bs, cs = _two_products(rewrite_between)
+    sched = schedule_llc(code, ON, Blocking(machine=MACHINES[machine], min_work=1, min_unroll_work=1, min_nb=4))
+    staged = bf16_fold.bf16_stage(sched)
+
+    def wides(llc):
+        return [tn for tn in ll.nodes_of(llc) if tn.label == ["wide"]]
+
+    assert len(wides(sched)) == 2 and len(wides(staged)) == (2 if rewrite_between else 1)
+    ins = {x: bf16.as_cells(RNG.standard_normal(x.dims), ops.bf16),
+           **{b: bf16.as_cells(RNG.standard_normal(b.dims), ops.bf16) for b in bs}}
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})
+    got = interpret.run(staged, {tn: v.copy() for tn, v in ins.items()})
+    ctx = run_once(staged, ins, name=f"bf16_share_{machine}", context=CcBackend().init("bf16_share"))
+    for c in cs:
+        np.testing.assert_array_equal(got[c], want[c])
+        np.testing.assert_array_equal(ctx.array(c), want[c])

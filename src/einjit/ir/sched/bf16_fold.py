@@ -26,10 +26,10 @@ from collections.abc import Iterator
 
 from einjit.ir import low_level as ll
 from einjit.ir import ops, provenance
-from einjit.ir.indexing import Iterator as It
+from einjit.ir.sched import bf16_widen
 from einjit.ir.tnode import VIRTUAL, Tnode
 
-__all__ = ["MAX_READS_PER_ELEMENT", "fold_rounded_copies"]
+__all__ = ["MAX_READS_PER_ELEMENT", "bf16_stage", "fold_rounded_copies"]
 
 MAX_READS_PER_ELEMENT = 3
 """Reads per element of a bf16 copy above which storing it once is cheaper than rounding at
@@ -39,14 +39,8 @@ every read (4 bytes read per element instead of 2, against the copy's 4 read and
 def _rounding(stmt: ll.LLStmt) -> tuple[Tnode, Tnode] | None:
     """`(copy, source)` when `stmt` is a nest rounding all of a float node into a local bf16
     node of its dims, cell by cell in the same layout."""
-    loops = []
-    while isinstance(stmt, ll.ForLoop) and stmt.start is None and stmt.stop is None and stmt.from_ == 0:
-        loops.append((stmt.index, stmt.to_ + 1))
-        stmt = stmt.body
-    match stmt:
-        case ll.Set(x, idcs, ll.Get(y, src)) if (
-                x.prec is ops.bf16 and y.prec is ops.single and x.is_local() and x.dims == y.dims
-                and idcs == src and idcs == tuple(It(s) for s, _ in loops) and tuple(n for _, n in loops) == x.dims):
+    match bf16_widen.identity_copy(stmt):
+        case (x, y) if x.prec is ops.bf16 and y.prec is ops.single and x.is_local():
             return x, y
     return None
 
@@ -92,6 +86,12 @@ def _folded(stmt: ll.LLStmt, sources: dict[Tnode, Tnode], inlined: dict[Tnode, T
             rounded = ll.LocalScope(sid, ll.SetLocal(sid, ll.Get(sources[x], src)), src)
             return ll.Set(tn, idcs, rounded, debug)
     return stmt
+
+
+def bf16_stage(code: ll.LLStmt) -> ll.LLStmt:
+    """The optimizer's `bf16` stage, after scheduling: each bf16 node widened once for all
+    its contractions (`bf16_widen.share_fills`), then the weight copies folded."""
+    return fold_rounded_copies(bf16_widen.share_fills(code))
 
 
 def fold_rounded_copies(code: ll.LLStmt) -> ll.LLStmt:
