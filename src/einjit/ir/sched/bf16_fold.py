@@ -1,5 +1,6 @@
-"""Rounded copies folded into their readers: a routine-local bf16 copy of a float node that
-is only ever copied again (packed into a kernel's panel, widened into a float copy) is not
+"""Rounded copies folded into their readers: a bf16 copy of a float node that no other
+routine reads (routine-local, or a mixed-precision step's parameter copy) and that is only
+ever copied again (packed into a kernel's panel, widened into a float copy) is not
 stored.
 
 A mixed-precision step rounds each float32 parameter into a bf16 copy at its start, a pass
@@ -40,9 +41,15 @@ def _rounding(stmt: ll.LLStmt) -> tuple[Tnode, Tnode] | None:
     """`(copy, source)` when `stmt` is a nest rounding all of a float node into a local bf16
     node of its dims, cell by cell in the same layout."""
     match bf16_widen.identity_copy(stmt):
-        case (x, y) if x.prec is ops.bf16 and y.prec is ops.single and x.is_local():
+        case (x, y) if x.prec is ops.bf16 and y.prec is ops.single and _private(x):
             return x, y
     return None
+
+
+def _private(tn: Tnode) -> bool:
+    """Whether no other routine reads `tn`: a local node, or a mixed-precision step's copy
+    of a parameter (`training/mixed_precision.py` makes one per step)."""
+    return tn.is_local() or tn.provenance == provenance.MIXED_PRECISION_COPY
 
 
 def _written(stmt: ll.LLStmt) -> Iterator[Tnode]:
