@@ -38,7 +38,7 @@ every read (4 bytes read per element instead of 2, against the copy's 4 read and
 
 
 def _rounding(stmt: ll.LLStmt) -> tuple[Tnode, Tnode] | None:
-    """`(copy, source)` when `stmt` is a nest rounding all of a float node into a local bf16
+    """`(copy, source)` when `stmt` is a nest rounding all of a float node into a private bf16
     node of its dims, cell by cell in the same layout."""
     match bf16_widen.identity_copy(stmt):
         case (x, y) if x.prec is ops.bf16 and y.prec is ops.single and _private(x):
