@@ -8,7 +8,9 @@ without it, the fp32 fallback (bf16 widened once, while packing and into a float
 the row operand; float FMAs). `bf16_path()` says which, and every row's name carries it, so a
 fallback figure is never read as the fast path.
 
-    python benchmarks/bench_bf16.py [--quick]
+    python benchmarks/bench_bf16.py [--quick] [--steps]
+
+`--steps` runs only the training-step rows (at the thread count `EINJIT_NUM_THREADS` sets).
 """
 
 from __future__ import annotations
@@ -145,10 +147,11 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from run import best_times, row
 
-    quick = "--quick" in sys.argv
+    quick, steps_only = "--quick" in sys.argv, "--steps" in sys.argv
     print(f"bf16 path: {bf16_path()}")
     t = time.perf_counter()
-    for r in matmul_rows([256] if quick else [256, 512, 1024], row, best_times, 1) + step_rows(row, best_times):
+    matmuls = [] if steps_only else matmul_rows([256] if quick else [256, 512, 1024], row, best_times, 1)
+    for r in matmuls + step_rows(row, best_times):
         peers = ", ".join(f"{k[3:]} {r[k]:.2f}x" for k in r if k.startswith("vs_") and r[k] is not None)
         print(f"{r['workload']:<70} {r['einjit_s'] * 1e3:9.3f} ms  {peers}")
     print(f"({time.perf_counter() - t:.0f} s)")

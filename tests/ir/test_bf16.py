@@ -30,7 +30,7 @@ from einjit.ir.optimize import VirtualizeSettings
 from einjit.ir.sched import nests
 from einjit.ir.sched.machine import MACHINES
 from einjit.ir.sched.schedule import Blocking, schedule_llc
-from einjit.ir.tnode import Tnode
+from einjit.ir.tnode import Tnode, hosted
 
 RNG = np.random.default_rng(21)
 ON = VirtualizeSettings()
@@ -299,3 +299,82 @@ def test_convolution_widens_its_bf16_weights_once(machine):
     np.testing.assert_array_equal(interpret.run(sched, {tn: a.copy() for tn, a in ins.items()})[out], want)
     ctx = run_once(sched, ins, name="bf16_conv", context=CcBackend().init("bf16_conv"))
     np.testing.assert_array_equal(ctx.array(out), want)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["a@b", "a@b.T"])
+def test_pair_panels_copy_bf16_cells_without_a_round_trip(transposed):
+    """Packing bf16 cells into a bf16 pair panel copies them: no widening and rounding back
+    (which cost two conversions per cell and set a signalling NaN's quiet bit). In C and in
+    the interpreter alike, every pattern, NaNs with any payload included, is copied as is."""
+    source = _scheduled_source(16, 8, 32, transposed)
+    assert "einjit_bf16_store(einjit_bf16_load(" not in source
+    assert re.search(r"pack\[[^]]*\] = b\[[^]]*\];", source)
+    a, b = Tnode("a", (8, 16), ops.bf16), Tnode("b", (8, 16), ops.bf16)
+    i, j = get_symbol("i"), get_symbol("j")
+    code = ll.ForLoop(i, 0, 7, ll.ForLoop(j, 0, 15, ll.Set(b, it(i, j), ll.Get(a, it(i, j)))))
+    cells = np.arange(0, 2**16, 2**16 // 128, dtype=np.uint32).astype(np.uint16).reshape(8, 16)
+    cells[0, :4] = [0x7F81, 0xFF81, 0x7FC1, 0x7F80]  # signalling and quiet NaNs, infinity
+    np.testing.assert_array_equal(interpret.run(code, {a: cells.copy()})[b], cells)
+    ctx = run_once(code, {a: cells}, name="bf16_copy", context=CcBackend().init("bf16_copy"))
+    np.testing.assert_array_equal(ctx.array(b), cells)
+
+
+def _nearest_even_reference(u: np.ndarray) -> np.ndarray:
+    """bf16 patterns of float32 patterns `u`, by comparing distances to the two neighbouring
+    bf16 numbers in float64 (not by the carry trick the implementations use): the nearer one,
+    the even one on a tie, infinity past the largest bf16 number's half ulp; NaNs quiet."""
+    mag = u & np.uint32(0x7FFFFFFF)
+    lo = mag & np.uint32(0xFFFF0000)
+    hi = lo + np.uint32(0x10000)
+    def as_f64(p):
+        with np.errstate(invalid="ignore"):  # NaN patterns: their result is chosen below
+            return np.where(p == 0x7F800000, 2.0**128, p.view(np.float32).astype(np.float64))
+
+    v, below, above = as_f64(mag), as_f64(lo), as_f64(hi)
+    up = (above - v < v - below) | ((above - v == v - below) & ((lo >> 16) & 1 == 1))
+    bits = np.where(up, hi, lo) >> 16
+    bits = np.where(mag > 0x7F800000, (mag >> 16) | 0x40, np.where(mag == 0x7F800000, 0x7F80, bits))
+    return (bits | ((u >> 16) & 0x8000)).astype(np.uint16)
+
+
+def _conversion_samples() -> np.ndarray:
+    """Every bf16 pattern followed by 16 low halves: zero (exact), 1 (just above), 0x7FFF and
+    0x8001 (either side of a tie), 0x8000 (the tie), 0xFFFF, and random ones: all signs,
+    zeros, subnormals, normals, the largest floats, infinities and NaNs."""
+    lows = np.concatenate([[0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF], RNG.integers(0, 2**16, 10)]).astype(np.uint32)
+    return ((np.arange(2**16, dtype=np.uint32)[:, None] << 16) | lows[None, :]).reshape(-1)
+
+
+@pytest.mark.parametrize("machine", ["avx2", "avx512"])
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_c_conversions_exhaustively(monkeypatch, machine, threads):
+    """The C helpers (`einjit_bf16_load`, `_store`, in optimized, vectorized nests) against an
+    independent NumPy reference and `bf16.to_bits`: widening all 2^16 patterns exactly,
+    rounding 2^20 float32 patterns (`_conversion_samples`); the interpreter on a slice."""
+    monkeypatch.setenv("EINJIT_MACHINE", machine)
+    monkeypatch.setenv("EINJIT_NUM_THREADS", threads)
+    from einjit.ir.optimize import optimize_proc
+
+    u = _conversion_samples()
+    n = u.size
+    f, h = Tnode("f", (n,), ops.single), Tnode("h", (n,), ops.bf16)
+    cells, wide = Tnode("cells", (2**16,), ops.bf16), Tnode("wide", (2**16,), ops.single)
+    i, j = get_symbol("i"), get_symbol("j")
+    code = ll.seq(ll.ForLoop(i, 0, n - 1, ll.Set(h, it(i), ll.Get(f, it(i)))),
+                  ll.ForLoop(j, 0, 2**16 - 1, ll.Set(wide, it(j), ll.Get(cells, it(j)))))
+    for tn in (f, h, cells, wide):
+        tn.update_memory_mode(hosted(), 0)
+    patterns = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
+    ins = {f: u.view(np.float32), cells: patterns}
+    ctx = run_once(optimize_proc(code, name="bf16_conv").llc, ins, name="bf16_conv",
+                   context=CcBackend().init("bf16_conv"))
+    want = _nearest_even_reference(u)
+    np.testing.assert_array_equal(bf16.to_bits(u.view(np.float32)), want)
+    np.testing.assert_array_equal(ctx.array(h), want)
+    np.testing.assert_array_equal(ctx.array(wide).view(np.uint32), patterns.astype(np.uint32) << 16)
+    part = slice(0x7F7F * 16, 0x7F82 * 16)  # the largest floats, infinity, NaNs
+    few = {f: u[part].view(np.float32)}
+    hp = Tnode("hp", (few[f].size,), ops.bf16)
+    fp = Tnode("fp", (few[f].size,), ops.single)
+    small = ll.ForLoop(i, 0, few[f].size - 1, ll.Set(hp, it(i), ll.Get(fp, it(i))))
+    np.testing.assert_array_equal(interpret.run(small, {fp: few[f]})[hp], want[part])

@@ -9,6 +9,8 @@ interpreter computes from the same optimized code, bit for bit."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -168,6 +170,33 @@ def test_compiled_step_matches_the_interpreter_bit_for_bit():
             if tn in want and not tn.is_virtual():
                 np.testing.assert_array_equal(ctx.array(tn), want[tn], err_msg=tn.debug_name())
     assert not np.array_equal(want[model.params()[0].value_tn], hosted[model.params()[0].value_tn])
+
+
+def test_weight_copies_folded_into_the_packs_change_no_bit(monkeypatch, tmp_path):
+    """`ir/sched/bf16_fold.py` drops the rounding passes of the weights that the step only
+    packs (here fc1.w, fc2.w: on AVX2, no bf16 dot product) and the packs round the weights:
+    three steps end with the same parameters, bit for bit, as with the copies stored."""
+    from einjit.ir import optimize
+    from einjit.ir.sched import bf16_fold
+
+    monkeypatch.setenv("EINJIT_MACHINE", "avx2")
+    folded: list[int] = []
+
+    def fold(code):
+        out = bf16_fold.fold_rounded_copies(code)
+        folded.append(len(list(ll.flatten(code))) - len(list(ll.flatten(out))))
+        return out
+
+    results = []
+    for stages in ([dataclasses.replace(st, run=lambda run, code: fold(code)) if st.name == "bf16" else st
+                    for st in optimize.STAGES], [st for st in optimize.STAGES if st.name != "bf16"]):
+        monkeypatch.setattr(optimize, "STAGES", tuple(stages))
+        monkeypatch.setenv("EINJIT_CACHE_DIR", str(tmp_path / str(len(results))))
+        _, _, model, _ = _train(lambda: _mlp(64, (96, 64, 64, 10)), 3, "bf16", lambda ps: nn.SGD(ps, 0.1))
+        results.append([p.numpy() for p in model.params()])
+    assert folded and max(folded) >= 2
+    for with_fold, without in zip(*results, strict=True):
+        np.testing.assert_array_equal(with_fold, without)
 
 
 def test_unknown_mode_is_refused():

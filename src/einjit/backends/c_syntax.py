@@ -708,6 +708,9 @@ class _Writer:
                     def render_set(pre, ind, tn=tn, idcs=idcs, llsc=llsc, debug=debug):
                         lhs = self.cell(tn, idcs, "write")
                         note = " " + _comment(debug) if debug else ""
+                        if tn.prec is ops.bf16 and isinstance(llsc, ll.Get) and llsc.tn.prec is ops.bf16:
+                            # a bf16 pair panel packs bf16 cells: copied, not widened and rounded back
+                            return f"{lhs} = {self.cell(llsc.tn, llsc.idcs, 'read')};{note}"
                         return f"{lhs} = {self.stored(self.scalar(llsc, tn.prec, pre, ind), tn.prec)};{note}"
                     self.with_scalar(indent, render_set, tn.prec.is_float and hoisting(llsc))
                 case ll.SetLocal(sid, value):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from einjit.ir import assignments as asg
-from einjit.ir import ops
+from einjit.ir import bf16, ops
 from einjit.ir.indexing import FixedIdx, Iterator, Symbol
 from einjit.tensor.tensor import Tensor
 
@@ -125,7 +125,7 @@ def _scalar(t: Tensor) -> float | None:
         return None
     arr = t.value_tn.array
     if arr is not None:
-        return float(np.asarray(arr).reshape(-1)[0])
+        return float(np.asarray(bf16.as_values(arr, t.value_tn.prec)).reshape(-1)[0])
     match t.own_forward:
         case asg.Fetch(_, asg.FetchConstant() as fill):
             return float(fill.number())

@@ -31,6 +31,7 @@ from einjit.export import onnx_fused
 from einjit.export.c_library import identifier, resolve_step
 from einjit.export.errors import ExportError
 from einjit.ir import assignments as asg
+from einjit.ir import bf16
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, Projections
 from einjit.tensor.tensor import Tensor
 
@@ -332,7 +333,7 @@ def _leaf_values(t: Tensor) -> np.ndarray:
     """A leaf's values: its host array, or the constant its code fills it with (numbers)."""
     arr = t.value_tn.array
     if arr is not None:
-        return np.asarray(arr, np.float32).reshape(t.dims)
+        return np.asarray(bf16.as_values(arr, t.value_tn.prec), np.float32).reshape(t.dims)
     match t.own_forward:
         case asg.Fetch(_, asg.FetchConstant() as fill):
             return np.full(t.dims, fill.number(), np.float32)

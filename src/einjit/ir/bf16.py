@@ -16,7 +16,7 @@ import numpy as np
 
 from einjit.ir import ops
 
-__all__ = ["as_cells", "cell_from_bits", "cell_to_bits", "from_bits", "round_to_bf16", "to_bits"]
+__all__ = ["as_cells", "as_values", "cell_from_bits", "cell_to_bits", "from_bits", "round_to_bf16", "to_bits"]
 
 
 def to_bits(values: object) -> np.ndarray:
@@ -61,3 +61,10 @@ def as_cells(values: object, prec: ops.Prec) -> np.ndarray:
     if prec is ops.bf16:
         return to_bits(values)
     return np.ascontiguousarray(values, dtype=prec.dtype)
+
+
+def as_values(cells: np.ndarray, prec: ops.Prec) -> np.ndarray:
+    """The values an array of `prec` holds, for the host to read: float32 copies for bf16
+    (whose cells are bit patterns, garbage as numbers), `cells` itself otherwise. Every path
+    that hands a node's cells to a user (a step's outputs, printing, export) goes through it."""
+    return from_bits(cells) if prec is ops.bf16 else cells

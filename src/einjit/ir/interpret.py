@@ -81,6 +81,10 @@ class _Machine:
                         self.env[index] = v
                         self.exec(body)
                     self.env.pop(index, None)
+                case ll.Set(tn, idcs, ll.Get(src, at), _) if tn.prec is ops.bf16 and src.prec is ops.bf16:
+                    # a bf16 cell copied into a bf16 cell is copied as it is (`c_syntax`: no round trip)
+                    arr, cells = self.array(tn), self.array(src)
+                    arr[self.position(tn, arr, idcs)] = cells[self.position(src, cells, at)]
                 case ll.Set(tn, idcs, llsc, _):
                     arr = self.array(tn)
                     arr[self.position(tn, arr, idcs)] = _stored(self.eval(llsc, tn.prec), tn.prec)

@@ -48,6 +48,7 @@ from einjit.ir.passes.virtualize import (
     inline_computation,
     virtual_llc,
 )
+from einjit.ir.sched.bf16_fold import bf16_stage
 from einjit.ir.sched.causal import clip_causal_loops
 from einjit.ir.sched.extrema import split_extrema
 from einjit.ir.sched.fusion import fuse_loops
@@ -117,6 +118,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("cleanup", _cleanup, lambda s: True),
     Stage("simplify", lambda run, code: simplify_llc(code), lambda s: s.simplify),
     Stage("schedule", lambda run, code: schedule_llc(code, run.settings), lambda s: s.schedule, portable=False),
+    Stage("bf16", lambda run, code: bf16_stage(code), lambda s: s.schedule, portable=False),
     Stage("extrema", lambda run, code: split_extrema(code, run.settings), lambda s: s.schedule, portable=False),
     Stage("interchange", lambda run, code: interchange_loops(code), lambda s: s.interchange, portable=False),
     Stage("causal", lambda run, code: clip_causal_loops(code, local_storage=run.settings.local_storage),

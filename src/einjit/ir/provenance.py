@@ -32,6 +32,7 @@ STATE = 81
 SCHEDULED_LOCAL = 90
 ROUTINE_LOCAL = 91
 REGISTER_BLOCK = 92
+MIXED_PRECISION_COPY = 93
 
 NON_VIRTUAL_REASONS: dict[int, str] = {
     4: "its computation accesses it with inconsistent index patterns",
@@ -80,6 +81,8 @@ PROVENANCES: dict[int, str] = {
                     "vector (the C backend declares it as an array of vectors)",
     ROUTINE_LOCAL: "local: one routine writes it before reading it and no other routine compiled so far uses it, so "
                    "its values live only during a call (VirtualizeSettings.local_storage)",
+    MIXED_PRECISION_COPY: "materialized: the bf16 copy of a parameter that a mixed-precision step rounds at its "
+                          "start and only that step reads (ir/sched/bf16_fold.py may fold it into its readers)",
 }
 """Every provenance code: the one table error messages and the optimizer's log read."""
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from einjit.ir import bf16
+from einjit.ir.tnode import Tnode
 from einjit.tensor.tensor import Tensor
 
 
@@ -16,9 +18,10 @@ def _kinds(t: Tensor) -> list[str]:
     return ["batch"] * nb + ["output"] * no + ["input"] * ni
 
 
-def _array_text(arr: np.ndarray | None, kinds: list[str], what: str) -> str:
-    if arr is None:
+def _array_text(tn: Tnode | None, kinds: list[str], what: str) -> str:
+    if tn is None or tn.array is None:
         return f"  {what}: (not computed yet)\n"
+    arr = bf16.as_values(tn.array, tn.prec)
     if len(kinds) == arr.ndim:
         axes = ", ".join(f"{k} {d}" for k, d in zip(kinds, arr.shape, strict=True))
     else:
@@ -32,7 +35,7 @@ def render_tensor(t: Tensor) -> str:
     kind = "differentiable" if t.grad_tn is not None else "non-differentiable"
     head = f"Tensor {t.label_str} #{t.id} ({t.op_label}, {kind}) : {t.shape}\n"
     kinds = _kinds(t)
-    text = head + _array_text(t.value_tn.array, kinds, "value")
+    text = head + _array_text(t.value_tn, kinds, "value")
     if t.grad_tn is not None:
-        text += _array_text(t.grad_tn.array, kinds, "grad")
+        text += _array_text(t.grad_tn, kinds, "grad")
     return text

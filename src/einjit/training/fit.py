@@ -33,7 +33,7 @@ import numpy as np
 
 from einjit.backends.interface import context_lock
 from einjit.ir import assignments as asg
-from einjit.ir import ops
+from einjit.ir import bf16, ops
 from einjit.ir.tnode import Tnode
 from einjit.tensor.inputs import input as new_input
 from einjit.tensor.notation import Code, as_asgns
@@ -89,11 +89,13 @@ class Step:
         self._hosts = tuple(t.value_tn.host_array() for t in self.inputs)
         self._push = tuple(_transfer(routine, t.value_tn, "from_host") for t in self.inputs)
         self._squeezed = tuple(_squeezed(h.shape) for h in self._hosts)
+        self._bf16 = tuple(t.value_tn.prec is ops.bf16 for t in self.inputs)
         self._fast_dtypes: tuple[set[np.dtype], ...] = tuple(set() for _ in self.inputs)
 
     def _fits(self, k: int, arr: object) -> bool:
         """Whether `arr` can be copied straight into input `k`: an array of its dims (up to
-        axes of size 1) whose dtype `set_values` accepts (remembered once checked)."""
+        axes of size 1) whose dtype `set_values` accepts (remembered once checked). A bf16
+        input's cells are uint16 bit patterns: what it accepts is what float32 does."""
         if type(arr) is not np.ndarray:
             return False
         host = self._hosts[k]
@@ -101,7 +103,7 @@ class Step:
             return False
         if arr.dtype in self._fast_dtypes[k]:
             return True
-        if arr.dtype.kind in "biuf" and np.can_cast(arr.dtype, host.dtype, casting="same_kind"):
+        if arr.dtype.kind in "biuf" and np.can_cast(arr.dtype, self.inputs[k].dtype, casting="same_kind"):
             self._fast_dtypes[k].add(arr.dtype)
             return True
         return False
@@ -115,7 +117,11 @@ class Step:
         for k, arr in enumerate(arrays):
             if self._fits(k, arr):
                 host = self._hosts[k]
-                np.copyto(host, arr if arr.shape == host.shape else arr.reshape(host.shape), casting="same_kind")
+                values = arr if arr.shape == host.shape else arr.reshape(host.shape)
+                if self._bf16[k]:
+                    host[...] = bf16.to_bits(values)
+                else:
+                    np.copyto(host, values, casting="same_kind")
                 self._push[k]()
             else:
                 self.inputs[k].set_values(arr)
@@ -138,6 +144,7 @@ class TrainStep(Step):
         super().__init__(routine, inputs, name)
         self.loss = loss
         self._loss_cell = loss.value_tn.host_array().reshape(-1)
+        self._loss_prec = loss.value_tn.prec
         self._pull = _transfer(routine, loss.value_tn, "to_host")
         self.before_run = tuple(before_run)
 
@@ -149,12 +156,13 @@ class TrainStep(Step):
 
     def loss_value(self) -> float:
         self._pull()
-        return float(self._loss_cell[0])
+        return float(bf16.as_values(self._loss_cell[:1], self._loss_prec)[0])
 
 
 class ForwardStep(Step):
     """`step(*batch)` runs the forward pass and returns copies of the outputs (one array for
-    one output, else a tuple)."""
+    one output, else a tuple): their values, so a bf16 output is read as float32, as
+    `Tensor.numpy()` reads it (its cells are bit patterns)."""
 
     def __init__(self, routine: Callable[[], None], inputs: Sequence[Tensor], name: str,
                  outputs: Sequence[Tensor]):
@@ -162,6 +170,7 @@ class ForwardStep(Step):
         self.outputs = tuple(outputs)
         self._pulls = tuple(_transfer(routine, t.value_tn, "to_host") for t in self.outputs)
         self._out_hosts = tuple(t.value_tn.host_array() for t in self.outputs)
+        self._out_bf16 = tuple(t.value_tn.prec is ops.bf16 for t in self.outputs)
 
     def __call__(self, *arrays: np.ndarray):
         """Write, run and copy the outputs as one turn of the context's lock (`context_lock`):
@@ -170,7 +179,8 @@ class ForwardStep(Step):
             super().__call__(*arrays)
             for pull in self._pulls:
                 pull()
-            outs = tuple(host.copy() for host in self._out_hosts)
+            outs = tuple(bf16.from_bits(host) if wide else host.copy()
+                         for host, wide in zip(self._out_hosts, self._out_bf16, strict=True))
         return outs[0] if len(outs) == 1 else outs
 
 
@@ -262,8 +272,11 @@ class _Gather:
         self.weights = self._writer(len(step.inputs) - 1, None) if loader.weights else None
 
     def _writer(self, k: int, a: np.ndarray | None) -> Callable[[np.ndarray], None]:
-        """Writes input `k` from the batch's rows of `a` (from the weights when `a` is None)."""
+        """Writes input `k` from the batch's rows of `a` (from the weights when `a` is None);
+        a bf16 input through `set_values`, which rounds the values into bit patterns."""
         t, host, push = self.step.inputs[k], self.step._hosts[k], self.step._push[k]
+        if self.step._bf16[k]:
+            return t.set_values if a is None else lambda rows: t.set_values(a.take(rows, axis=0))
         if a is None:
             if host.size != self.size:
                 return lambda w: t.set_values(w)
@@ -309,11 +322,10 @@ def fit(step: TrainStep, loader: data.Loader, *, epochs: int, start_epoch: int =
     for epoch in range(start_epoch, start_epoch + epochs):
         bar = _progress_bar(len(loader), progress, f"epoch {epoch + 1}")
         start, total, count = time.perf_counter(), 0.0, 0
-        gather, pull, cell = _Gather(step, loader), step._pull, step._loss_cell
+        gather = _Gather(step, loader)
         for rows, real in loader.index_batches(epoch):
             gather(rows, real)
-            pull()
-            total += float(cell[0])
+            total += step.loss_value()
             count += 1
             if bar is not None:
                 bar.update(1)

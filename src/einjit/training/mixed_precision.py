@@ -5,7 +5,11 @@ gradients and the optimizer's state stay float32, and updates compute in float32
 
 What becomes bf16, and why:
 - every float32 parameter gets a bf16 copy, rounded once per step before the forward pass
-  and kept in memory (not inlined into its readers, which would round it at every read);
+  and kept in memory (not inlined into its readers, which would round it at every read of
+  a contraction's kernel; where its readers only pack or widen it, they round the parameter
+  themselves instead, `ir/sched/bf16_fold.py`). Kept in the context rather than local to the
+  routine: gcc 12 did not vectorize a pointwise nest reading a bias copy from a local
+  (stack) array, and the MLP's bias-and-ReLU nests ran 40x slower;
   the forward and backprop code read the copy instead of the parameter (`_with_reads`), so a
   layer's contraction multiplies bf16 by bf16 into float32 accumulators (`vdpbf16ps` on CPUs
   with AVX512_BF16, `ir/sched/bf16_pairs.py`);
@@ -34,7 +38,8 @@ import dataclasses
 
 from einjit.ir import assignments as asg
 from einjit.ir import ops
-from einjit.ir.tnode import Tnode
+from einjit.ir.provenance import MIXED_PRECISION_COPY
+from einjit.ir.tnode import MATERIALIZED, Tnode
 from einjit.tensor.operation import copy_value
 from einjit.tensor.tensor import Tensor, TensorError, consume_forward_code
 
@@ -59,7 +64,9 @@ def parameter_copies(loss: Tensor, code: asg.Asgns) -> asg.Asgns:
     copies: dict[int, Tensor] = {}
     for p in loss.params():
         if p.value_tn.prec is ops.single:
-            copies[p.value_tn.id] = copy_value(p, label=[*p.path, "bf16"], prec=ops.bf16).materialize()
+            copy = copy_value(p, label=[*p.path, "bf16"], prec=ops.bf16)
+            copy.value_tn.update_memory_mode(MATERIALIZED, MIXED_PRECISION_COPY)
+            copies[p.value_tn.id] = copy
     if not copies:
         return code
     rounding = asg.sequence(*[consume_forward_code(c) for c in copies.values()])

@@ -40,6 +40,7 @@ import numpy as np
 from einjit import backends
 from einjit.backends.interface import BackendUsageError, Compiled, load_inputs
 from einjit.ir import assignments as asg
+from einjit.ir import bf16
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.naming import stable_names
 from einjit.ir.tnode import Tnode
@@ -272,11 +273,12 @@ class CommDataParallel:
 
     def loss(self) -> float:
         """The union batch's loss of the last step."""
-        return float(self.array(self.code.loss.value_tn).reshape(-1)[0])
+        loss = self.code.loss.value_tn
+        return float(bf16.as_values(self.array(loss).reshape(-1)[:1], loss.prec)[0])
 
     def param_values(self) -> list[np.ndarray]:
         """Copies of this rank's parameters."""
-        return [self.array(p.value_tn).copy() for p in self.code.params]
+        return [np.array(bf16.as_values(self.array(p.value_tn), p.value_tn.prec)) for p in self.code.params]
 
     def sync(self) -> None:
         """Copy this rank's parameters to the host arrays (call it on one rank per process)."""

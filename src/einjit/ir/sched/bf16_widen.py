@@ -17,13 +17,15 @@ A node that the contraction reads too little of to repay a pass over all of it (
 
 from __future__ import annotations
 
+import dataclasses
+
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import Iterator, get_symbol
 from einjit.ir.sched import nests
 from einjit.ir.tnode import Tnode
 
-__all__ = ["MIN_REUSE", "copies", "fills", "reading"]
+__all__ = ["MIN_REUSE", "copies", "fills", "identity_copy", "reading", "share_fills"]
 
 MIN_REUSE = 4
 """Multiply-adds per element of a bf16 node below which it is not copied."""
@@ -55,3 +57,73 @@ def fills(wide: dict[Tnode, Tnode]) -> list[ll.LLStmt]:
         at = tuple(Iterator(s) for s, _ in loops)
         out.append(nests.nest(loops, ll.Set(copy, at, ll.Get(tn, at), f"widen {tn.name} to float once")))
     return out
+
+
+def share_fills(code: ll.LLStmt) -> ll.LLStmt:
+    """`code` widening each bf16 node once for all the contractions that read it, not once
+    per contraction: a later fill of the same node, with the node not written since the first
+    fill, is dropped and its copy's readers read the first copy. (The q, k and v projections
+    of a transformer block each widened the LayerNorm's output, 3 x 6 bytes per element, in
+    nests of their own that loop fusion does not merge with the producer.)"""
+    stmts = list(ll.flatten(code))
+    first: dict[Tnode, tuple[int, Tnode]] = {}
+    renamed: dict[Tnode, Tnode] = {}
+    dropped = set()
+    writes = [{s.tn for s in ll.iter_stmts(st) if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut))}
+              for st in stmts]
+    for p, st in enumerate(stmts):
+        fill = identity_copy(st)
+        if fill is None or fill[0].prec is ops.bf16 or fill[1].prec is not ops.bf16:
+            for tn in writes[p]:
+                first.pop(tn, None)
+            continue
+        copy, src = fill
+        if sum(copy in w for w in writes) != 1:
+            continue
+        if src in first and sum(first[src][1] in w for w in writes) == 1:
+            renamed[copy] = first[src][1]
+            dropped.add(p)
+        else:
+            first[src] = (p, copy)
+    if not renamed:
+        return code
+    return ll.seq(*[_renaming(s, renamed) for p, s in enumerate(stmts) if p not in dropped])
+
+
+def identity_copy(stmt: ll.LLStmt) -> tuple[Tnode, Tnode] | None:
+    """`(copy, source)` when `stmt` is a nest copying all of a node into a node of its dims,
+    cell by cell in the same layout (a rounding or widening pass)."""
+    loops = []
+    while isinstance(stmt, ll.ForLoop) and stmt.start is None and stmt.stop is None and stmt.from_ == 0:
+        loops.append((stmt.index, stmt.to_ + 1))
+        stmt = stmt.body
+    match stmt:
+        case ll.Set(x, idcs, ll.Get(y, src)) if (
+                x.dims == y.dims and idcs == src and idcs == tuple(Iterator(s) for s, _ in loops)
+                and tuple(n for _, n in loops) == x.dims):
+            return x, y
+    return None
+
+
+def _renaming(stmt: ll.LLStmt, nodes: dict[Tnode, Tnode]) -> ll.LLStmt:
+    """`stmt` reading `nodes[t]` wherever it read a node `t` of `nodes`."""
+    def sc(x: ll.LLScalar) -> ll.LLScalar:
+        match x:
+            case ll.Get(tn, idcs) if tn in nodes:
+                return ll.Get(nodes[tn], idcs)
+            case ll.LocalScope(sid, body, orig):
+                return ll.LocalScope(sid, _renaming(body, nodes), orig)
+        return ll.map_operands(x, sc)
+
+    match stmt:
+        case ll.Seq(a, b):
+            return ll.Seq(_renaming(a, nodes), _renaming(b, nodes))
+        case ll.ForLoop(body=body):
+            return dataclasses.replace(stmt, body=_renaming(body, nodes))
+        case ll.Set(llsc=value):
+            return dataclasses.replace(stmt, llsc=sc(value))
+        case ll.SetLocal(value=value):
+            return dataclasses.replace(stmt, value=sc(value))
+        case ll.SetFromVec(arg=value):
+            return dataclasses.replace(stmt, arg=sc(value))
+    return stmt
