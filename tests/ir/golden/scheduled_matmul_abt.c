@@ -14,7 +14,7 @@ void scheduled(const float *restrict a, float *restrict c, const float *restrict
       for (int ir5 = 0; ir5 < 8; ++ir5) {
         #pragma GCC unroll 2
         for (int jv6 = 0; jv6 < 2; ++jv6) {
-          acc[ir5 * 2 + jv6] = einjit_load_f32x16(&c[(8*ib4 + ir5) * 64 + (32*jp1 + 16*jv6)]);
+          acc[ir5 * 2 + jv6] = einjit_splat_f32x16(0.0f);
         }
       }
       for (int k3 = 0; k3 < 32; ++k3) {

@@ -13,7 +13,7 @@ void scheduled(const float *restrict a, float *restrict c, const float *restrict
   for (int ir3 = 0; ir3 < 7; ++ir3) {
     #pragma GCC unroll 2
     for (int jv4 = 0; jv4 < 2; ++jv4) {
-      acc[ir3 * 2 + jv4] = einjit_load_f32x16(&c[ir3 * 45 + (16*jv4)]);
+      acc[ir3 * 2 + jv4] = einjit_splat_f32x16(0.0f);
     }
   }
   for (int k2 = 0; k2 < 9; ++k2) {
@@ -37,7 +37,7 @@ void scheduled(const float *restrict a, float *restrict c, const float *restrict
   for (int ir3 = 0; ir3 < 4; ++ir3) {
     #pragma GCC unroll 2
     for (int jv4 = 0; jv4 < 2; ++jv4) {
-      acc[ir3 * 2 + jv4] = einjit_load_f32x16(&c[(ir3 + 7) * 45 + (16*jv4)]);
+      acc[ir3 * 2 + jv4] = einjit_splat_f32x16(0.0f);
     }
   }
   for (int k2 = 0; k2 < 9; ++k2) {
@@ -69,21 +69,9 @@ void scheduled(const float *restrict a, float *restrict c, const float *restrict
   }
   #pragma GCC unroll 7
   for (int ir3 = 0; ir3 < 7; ++ir3) {
-    for (int jr1 = 0; jr1 < 13; ++jr1) {
-      edge[ir3 * 32 + jr1] = c[ir3 * 45 + (jr1 + 32)];
-    }
-  }
-  #pragma GCC unroll 7
-  for (int ir3 = 0; ir3 < 7; ++ir3) {
-    for (int jr1 = 13; jr1 < 32; ++jr1) {
-      edge[ir3 * 32 + jr1] = 0.0f;
-    }
-  }
-  #pragma GCC unroll 7
-  for (int ir3 = 0; ir3 < 7; ++ir3) {
     #pragma GCC unroll 2
     for (int jv4 = 0; jv4 < 2; ++jv4) {
-      acc[ir3 * 2 + jv4] = einjit_load_f32x16(&edge[ir3 * 32 + (16*jv4)]);
+      acc[ir3 * 2 + jv4] = einjit_splat_f32x16(0.0f);
     }
   }
   for (int k2 = 0; k2 < 9; ++k2) {
@@ -111,21 +99,9 @@ void scheduled(const float *restrict a, float *restrict c, const float *restrict
   /* the last 4 of 11 rows */
   #pragma GCC unroll 4
   for (int ir3 = 0; ir3 < 4; ++ir3) {
-    for (int jr1 = 0; jr1 < 13; ++jr1) {
-      edge[ir3 * 32 + jr1] = c[(ir3 + 7) * 45 + (jr1 + 32)];
-    }
-  }
-  #pragma GCC unroll 4
-  for (int ir3 = 0; ir3 < 4; ++ir3) {
-    for (int jr1 = 13; jr1 < 32; ++jr1) {
-      edge[ir3 * 32 + jr1] = 0.0f;
-    }
-  }
-  #pragma GCC unroll 4
-  for (int ir3 = 0; ir3 < 4; ++ir3) {
     #pragma GCC unroll 2
     for (int jv4 = 0; jv4 < 2; ++jv4) {
-      acc[ir3 * 2 + jv4] = einjit_load_f32x16(&edge[ir3 * 32 + (16*jv4)]);
+      acc[ir3 * 2 + jv4] = einjit_splat_f32x16(0.0f);
     }
   }
   for (int k2 = 0; k2 < 9; ++k2) {

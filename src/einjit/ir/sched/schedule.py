@@ -100,7 +100,7 @@ from einjit.ir.indexing import (
     subst_index,
 )
 from einjit.ir.passes.tracing import VirtualizeSettings
-from einjit.ir.sched import bf16_pairs, bf16_widen, cost_model, nests, schedule_batched, schedule_conv
+from einjit.ir.sched import bf16_pairs, bf16_widen, cost_model, first_writes, nests, schedule_batched, schedule_conv
 from einjit.ir.sched.interchange import best_order, perfect_nest, reorderable, rewrap, unit_stride_symbol
 from einjit.ir.sched.machine import host_machine
 from einjit.ir.tnode import Tnode
@@ -163,7 +163,9 @@ def schedule_llc(stmt: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocki
     chooser = tile_for or _default_chooser()
     if blocking is None:
         blocking = Blocking(machine=host_machine())
-    return ll.seq(*(_schedule_stmt(s, settings, blocking, chooser) for s in ll.flatten(stmt)))
+    items = list(ll.flatten(stmt))
+    return ll.seq(*(_schedule_stmt(s, settings, blocking, chooser, zeroed)
+                    for s, zeroed in zip(items, first_writes.zeroed_before(items), strict=True)))
 
 
 def _default_chooser() -> TileChooser:
@@ -177,7 +179,7 @@ def _default_chooser() -> TileChooser:
 
 
 def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocking,
-                   tile_for: TileChooser) -> ll.LLStmt:
+                   tile_for: TileChooser, zeroed: frozenset[Tnode] = frozenset()) -> ll.LLStmt:
     if not isinstance(s, ll.ForLoop):
         return s
     loops, body = perfect_nest(s)
@@ -188,7 +190,7 @@ def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blockin
         st = inner[0]
         work = math.prod(lp.to_ + 1 for lp in loops)
         if work >= blocking.min_work:
-            new = _rewritten(loops, st, settings, blocking, tile_for)
+            new = _rewritten(loops, st, settings, blocking, tile_for, st.tn in zeroed)
         elif work >= blocking.min_split_work and loops[-1].to_ + 1 >= blocking.lanes:
             new = _split_reduction(loops, st, settings, blocking)
         else:
@@ -199,7 +201,7 @@ def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blockin
 
 
 def _rewritten(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSettings, blocking: Blocking,
-               tile_for: TileChooser) -> ll.LLStmt | None:
+               tile_for: TileChooser, zeroed: bool = False) -> ll.LLStmt | None:
     """The first rewrite that applies. A convolution (an affine index anywhere) is blocked along
     its channels first; a plain contraction along its unit-stride axis, with tails, and along
     a channel or batch axis only when that fails (measured equal on the convnet's 10-class
@@ -208,7 +210,7 @@ def _rewritten(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSettings
         return schedule_conv.channel_blocked(loops, st, settings, blocking)
 
     def plain() -> ll.LLStmt | None:
-        return _contraction(loops, st, blocking, tile_for)
+        return _contraction(loops, st, blocking, tile_for, zeroed)
 
     first, second = (conv, plain) if schedule_conv.has_affine(st) else (plain, conv)
     return (first() or second() or _split_reduction(loops, st, settings, blocking)
@@ -310,14 +312,14 @@ def choose_tile(shape: cost_model.Shape, blocking: Blocking) -> cost_model.Tile 
 
 
 def _contraction(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking,
-                 tile_for: TileChooser) -> ll.LLStmt | None:
+                 tile_for: TileChooser, zeroed: bool = False) -> ll.LLStmt | None:
     c = _recognize(loops, st, blocking)
     if c is None:
         return None
     tile = tile_for(c.shape(), blocking)
     if tile is None:
         return None
-    return _blocked(c, tile, blocking)
+    return _blocked(c, tile, blocking, zeroed)
 
 
 def _span(step: int, block: Symbol | None, inner: Symbol, offset: int = 0) -> AxisIndex:
@@ -361,6 +363,7 @@ class _Layout:
     by_panels: bool
     kl: Symbol | None
     apack: Tnode | None
+    zero_start: bool = False
 
     @property
     def k1(self) -> Symbol:
@@ -419,10 +422,13 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
                    get_symbol("kl") if pairs else None, apack)
 
 
-def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> ll.LLStmt:
+def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking, zeroed: bool = False) -> ll.LLStmt:
     """The contraction as column panels × row blocks × k chunks, with narrower tail blocks
-    where `tile` does not divide an extent (see the module docstring)."""
+    where `tile` does not divide an extent (see the module docstring). `zeroed`: the target
+    holds zeros when the nest starts, so a single chunk starts its blocks at zero
+    (`first_writes.zero_start`)."""
     lay = _layout(c, tile, blocking)
+    lay = dataclasses.replace(lay, zero_start=first_writes.zero_start(zeroed, lay.n_chunks, lay.tail_chunk))
     wide = {} if lay.kl is not None else \
         bf16_widen.copies(c.a_op, math.prod(c.extent.values()), c.st.tn.prec.computed_in)
     if wide:
@@ -546,6 +552,8 @@ def _kernel(lay: _Layout, row: AxisIndex, row_block: AxisIndex, height: int, col
                 nests.nest(columns, ll.Set(rb.node, block, ll.Get(lay.edge, rb.cell(edge))), unrolled)]
         store = [nests.nest(columns, ll.Set(lay.edge, rb.cell(edge), ll.Get(rb.node, block)), unrolled),
                  nests.nest([*rows, (b, width)], ll.Set(st.tn, cell, ll.Get(lay.edge, edge)), unrolled)]
+    if lay.zero_start:
+        load = [nests.nest(columns, ll.Set(rb.node, block, ll.Constant(0.0)), unrolled)]
     return ll.seq(*load, nests.nest([*lay.k_loops(depth), *columns], update, unrolled), *store)
 
 
