@@ -15,6 +15,8 @@ from einjit.ir import low_level as ll
 from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
 from einjit.ir.optimize import STAGES, VirtualizeSettings, optimize_proc
 from einjit.ir.sched.first_writes import first_writes
+from einjit.ir.sched.machine import MACHINES
+from einjit.ir.sched.schedule import Blocking, schedule_llc
 from einjit.ir.tnode import Tnode
 from test_schedule import inputs_for, it, run_in_c
 
@@ -159,3 +161,25 @@ def test_a_chunked_weight_gradient_keeps_its_fill_and_loads():
     code, x, dy, w = weight_grad(18, 64, 96, 72)
     opt = optimize_proc(code, name="wgrad", settings=VirtualizeSettings(reassociate=False)).llc
     assert "-step k chunks" in ll.to_doc(opt) and _zeroed(opt) == {"w"}
+
+
+@pytest.mark.parametrize("machine", ["avx2", "avx512"])
+@pytest.mark.parametrize("batched", [False, True], ids=["rows", "batch"])
+def test_a_threaded_contraction_into_a_fresh_node_is_bit_identical(machine, batched):
+    """The scheduler's blocks on threads (`parallel_min_work=1`: the batch loop, or the row
+    blocks of each panel), started at zero; the fill dropped; gcc at one and two threads gives
+    the interpreter's values on the unscheduled code."""
+    bb, tt, kk, jj = (3, 13, 20, 37) if batched else (1, 29, 20, 37)
+    x, w, y = Tnode("x", (bb, tt, kk)), Tnode("w", (jj, kk)), Tnode("y", (bb, tt, jj))
+    b, t, j, k = (get_symbol(s) for s in "btjk")
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(x, it(b, t, k)), ll.Get(w, it(j, k)), ll.Get(y, it(b, t, j)))
+    code = ll.seq(ll.ZeroOut(y), _nest([(b, bb), (t, tt), (j, jj), (k, kk)], ll.Set(y, it(b, t, j), fma, "y =+ x * w")))
+    blocking = Blocking(min_work=1, parallel_min_work=1, machine=MACHINES[machine])
+    sched = first_writes(schedule_llc(code, VirtualizeSettings(reassociate=False), blocking))
+    assert _zeroed(sched) == set() and any(isinstance(s, ll.ForLoop) and s.parallel for s in ll.iter_stmts(sched))
+    ins = _with_nan_outputs(inputs_for(x, w, seed=bb + tt), (y,))
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[y]
+    np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[y], want)
+    for threads in (1, 2):
+        got = run_in_c(sched, ins, name="threaded_dx", options=cc.CcOptions(threads=threads)).array(y)
+        np.testing.assert_array_equal(got, want)
