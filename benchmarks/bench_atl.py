@@ -10,9 +10,9 @@ NumPy's and the ATL function's samples interleaved in one process (a busy moment
 shared machine slows both alike); ratios are ATL time over NumPy time (lower is better).
 Without Halide installed its column is a note. A large matmul gets Halide's register-blocked contraction
 schedule ("contraction" in the schedule column), other programs an autoscheduler.
-The einjit column is the same ATL program through
-``einjit.atl.to_assignments``: einjit's assignments, optimizer and C backend (gcc), with its time, its ratio to NumPy and its compile time; it is skipped with a
-note if that backend cannot be imported.
+The einjit column is the same ATL program through ``einjit.atl.to_assignments``: einjit's
+assignments, optimizer and C backend (gcc), with its time, its ratio to NumPy and its compile
+time; it is skipped with a note if that backend cannot be imported.
 """
 
 from __future__ import annotations

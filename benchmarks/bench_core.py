@@ -15,6 +15,11 @@ of NumPy's speed.
 The chain is also compared with NumPy writing into a preallocated buffer (`out=`), which
 removes NumPy's temporaries but not its one pass over memory per operation.
 
+`bench_bias_backward` is the GPT step's `+.grad, mlp.fc.b.grad` nest at its shape (16 x 64 rows of
+512): a gradient `g =+ dy * n` into a zeroed node, the bias gradient summed over the rows, and
+the product's gradient `gx =+ g`, fused into one nest; timed with the zero fills kept and after
+the "first_writes" stage (`sched/first_writes.py`) turns the covering updates into stores.
+
 `bench_call_overhead` times an empty routine: the bare ctypes call against the seed's
 `Routine` (issue 10 moved every call onto it). Recorded on the 2-core development machine
 (shared, noisy), best of 5 x 200k calls, alternating old and new runs: the old `cc.link`
@@ -57,6 +62,8 @@ from einjit.ir import low_level as ll  # noqa: E402
 from einjit.ir import ops  # noqa: E402
 from einjit.ir.indexing import IntRef, Iterator, get_static_symbol, get_symbol  # noqa: E402
 from einjit.ir.passes.tracing import VirtualizeSettings  # noqa: E402
+from einjit.ir.sched.first_writes import first_writes  # noqa: E402
+from einjit.ir.sched.fusion import fuse_loops  # noqa: E402
 from einjit.ir.sched.interchange import interchange_loops  # noqa: E402
 from einjit.ir.sched.schedule import schedule_llc  # noqa: E402
 from einjit.ir.tnode import Tnode, hosted  # noqa: E402
@@ -173,6 +180,50 @@ def bench_matmul(n: int, rng: np.random.Generator) -> None:
     print("   ".join(cells))
 
 
+def bias_backward(rows: tuple[int, int], d: int) -> tuple[ll.LLStmt, list[Tnode], list[Tnode]]:
+    """`g =+ dy * n`, `db =+ g` (summed over the rows) and `gx =+ g`, each into a zeroed node,
+    as backprop lowers a dense layer's bias and product through `+`."""
+    dy, n, g, gx = (Tnode(x, (*rows, d), memory_mode=hosted()) for x in ("dy", "n", "g", "gx"))
+    db = Tnode("db", (d,), memory_mode=hosted())
+    b, t, j = (get_symbol() for _ in range(3))
+    at = (Iterator(b), Iterator(t), Iterator(j))
+
+    def nest(st: ll.LLStmt) -> ll.LLStmt:
+        return ll.ForLoop(b, 0, rows[0] - 1, ll.ForLoop(t, 0, rows[1] - 1, ll.ForLoop(j, 0, d - 1, st)))
+
+    add = ops.Binop.ADD
+    code = ll.seq(
+        ll.ZeroOut(db), ll.ZeroOut(gx), ll.ZeroOut(g),
+        nest(ll.Set(g, at, ll.Ternop(ops.Ternop.FMA, ll.Get(dy, at), ll.Get(n, at), ll.Get(g, at)), "g =+ dy * n")),
+        nest(ll.Set(db, (Iterator(j),), ll.Binop(add, ll.Get(db, (Iterator(j),)), ll.Get(g, at)), "db =+ g")),
+        nest(ll.Set(gx, at, ll.Binop(add, ll.Get(gx, at), ll.Get(g, at)), "gx =+ g")))
+    return code, [dy, n], [g, gx, db]
+
+
+def bench_bias_backward(rng: np.random.Generator, rows: tuple[int, int] = (16, 64), d: int = 512) -> None:
+    code, (dy, n), outs = bias_backward(rows, d)
+    x_dy, x_n = (rng.standard_normal((*rows, d), dtype=np.float32) for _ in range(2))
+    dy.host_array()[...], n.host_array()[...] = x_dy, x_n
+    for t in outs:
+        t.host_array()
+
+    def ref() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        g = x_dy * x_n
+        return g, g.copy(), g.sum(axis=(0, 1))
+
+    want = ref()
+    cells = [f"bias backward {rows[0]}x{rows[1]}x{d}"]
+    t_np = best_time(ref)
+    for label, stages in (("fills kept", fuse_loops), ("first writes", lambda c: fuse_loops(first_writes(c)))):
+        routine = link(stages(code), "bias_backward")
+        routine()
+        for t, w in zip(outs, want, strict=True):
+            np.testing.assert_allclose(t.host_array(), w, rtol=1e-4, atol=1e-3)
+        t_c = best_time(routine)
+        cells.append(f"{label} {t_c * 1e3:6.3f} ms ({t_np / t_c:5.2f}x)")
+    print(f"{cells[0]:28s} numpy {t_np * 1e3:6.3f} ms   " + "   ".join(cells[1:]))
+
+
 def bench_call_overhead() -> None:
     """Calling an empty routine: the bare ctypes call of the C function against the seed's
     `Routine` called (schedule + run + await) and scheduled explicitly (`schedule()()`)."""
@@ -206,6 +257,7 @@ def main() -> None:
         bench_chain(ARGS.elements, with_exp, rng)
     for n in ARGS.sizes:
         bench_matmul(n, rng)
+    bench_bias_backward(rng)
     bench_call_overhead()
     bench_moons(ARGS.moons_epochs)
     sys.stdout.flush()

@@ -88,18 +88,11 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
   /* zero gradients */
   memset(b1_grad, 0, sizeof(float) * 16);
   memset(w1_grad, 0, sizeof(float) * 32);
-  memset(grad, 0, sizeof(float) * 160);
-  memset(grad_2, 0, sizeof(float) * 160);
   memset(h1_grad, 0, sizeof(float) * 160);
   memset(b2_grad, 0, sizeof(float) * 16);
   memset(w2_grad, 0, sizeof(float) * 256);
-  memset(grad_3, 0, sizeof(float) * 160);
-  memset(grad_4, 0, sizeof(float) * 160);
   memset(b3_grad, 0, sizeof(float) * 1);
   memset(w3_grad, 0, sizeof(float) * 16);
-  memset(grad_5, 0, sizeof(float) * 10);
-  memset(mlp_grad, 0, sizeof(float) * 10);
-  memset(scalar_loss_grad, 0, sizeof(float) * 1);
   /* backprop scalar_loss */
   for (int i26 = 0; i26 < 1; ++i26) {
     scalar_loss_grad[i26] = 1.0f; /* scalar_loss_grad := 1.0 */
@@ -109,15 +102,14 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
       const float t11_ = moons_classes[batch0 * 10 + i30];
       const float t12_ = margin_loss[i30];
       const float t13_ = scalar_loss_grad[0];
-      const float t14_ = mlp_grad[i30];
-      mlp_grad[i30] = fmaf(t11_, (-(t12_ > 0 ? (t13_ / 10.0f) : 0)), t14_); /* mlp_grad =+ moons_class * grad_6 */
+      mlp_grad[i30] = (t11_ * (-(t12_ > 0 ? (t13_ / 10.0f) : 0))); /* mlp_grad =: moons_class * grad_6 */
     }
   }
   for (int i31 = 0; i31 < 10; ++i31) {
     b3_grad[0] = (b3_grad[0] + mlp_grad[i31]); /* b3_grad =+ mlp_grad */
   }
   for (int i32 = 0; i32 < 10; ++i32) {
-    grad_5[i32] = (grad_5[i32] + mlp_grad[i32]); /* grad_5 =+ mlp_grad */
+    grad_5[i32] = mlp_grad[i32]; /* grad_5 =: mlp_grad */
   }
   for (int i33 = 0; i33 < 10; ++i33) {
     for (int i34 = 0; i34 < 16; ++i34) {
@@ -125,18 +117,17 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
     }
     for (int i38 = 0; i38 < 16; ++i38) {
       {
-        const float t15_ = grad_4[i33 * 16 + i38];
-        const float t16_ = h2[i33 * 16 + i38];
-        const float t17_ = w3[i38];
-        const float t18_ = grad_5[i33];
-        grad_4[i33 * 16 + i38] = (t15_ + (t16_ > 0 ? fmaf(t17_, t18_, 0.0f) : 0)); /* grad_4 =+ h2 -?/ h2_grad */
+        const float t14_ = h2[i33 * 16 + i38];
+        const float t15_ = w3[i38];
+        const float t16_ = grad_5[i33];
+        grad_4[i33 * 16 + i38] = (t14_ > 0 ? fmaf(t15_, t16_, 0.0f) : 0); /* grad_4 =: h2 -?/ h2_grad */
       }
     }
     for (int i40 = 0; i40 < 16; ++i40) {
       b2_grad[i40] = (b2_grad[i40] + grad_4[i33 * 16 + i40]); /* b2_grad =+ grad_4 */
     }
     for (int i42 = 0; i42 < 16; ++i42) {
-      grad_3[i33 * 16 + i42] = (grad_3[i33 * 16 + i42] + grad_4[i33 * 16 + i42]); /* grad_3 =+ grad_4 */
+      grad_3[i33 * 16 + i42] = grad_4[i33 * 16 + i42]; /* grad_3 =: grad_4 */
     }
     for (int i44 = 0; i44 < 16; ++i44) {
       for (int i45 = 0; i45 < 16; ++i45) {
@@ -148,17 +139,16 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
     }
     for (int i50 = 0; i50 < 16; ++i50) {
       {
-        const float t19_ = grad_2[i33 * 16 + i50];
-        const float t20_ = h1[i33 * 16 + i50];
-        const float t21_ = h1_grad[i33 * 16 + i50];
-        grad_2[i33 * 16 + i50] = (t19_ + (t20_ > 0 ? t21_ : 0)); /* grad_2 =+ h1 -?/ h1_grad */
+        const float t17_ = h1[i33 * 16 + i50];
+        const float t18_ = h1_grad[i33 * 16 + i50];
+        grad_2[i33 * 16 + i50] = (t17_ > 0 ? t18_ : 0); /* grad_2 =: h1 -?/ h1_grad */
       }
     }
     for (int i52 = 0; i52 < 16; ++i52) {
       b1_grad[i52] = (b1_grad[i52] + grad_2[i33 * 16 + i52]); /* b1_grad =+ grad_2 */
     }
     for (int i54 = 0; i54 < 16; ++i54) {
-      grad[i33 * 16 + i54] = (grad[i33 * 16 + i54] + grad_2[i33 * 16 + i54]); /* grad =+ grad_2 */
+      grad[i33 * 16 + i54] = grad_2[i33 * 16 + i54]; /* grad =: grad_2 */
     }
     for (int i56 = 0; i56 < 16; ++i56) {
       for (int i57 = 0; i57 < 2; ++i57) {

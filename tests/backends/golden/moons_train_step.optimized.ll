@@ -34,43 +34,36 @@ scalar_loss[0] := ((v8 := 0;
 /* zero gradients */
 zero_out(b1_grad);
 zero_out(w1_grad);
-zero_out(grad);
-zero_out(grad_2);
 zero_out(h1_grad);
 zero_out(b2_grad);
 zero_out(w2_grad);
-zero_out(grad_3);
-zero_out(grad_4);
 zero_out(b3_grad);
 zero_out(w3_grad);
-zero_out(grad_5);
-zero_out(mlp_grad);
-zero_out(scalar_loss_grad);
 /* backprop scalar_loss */
 for i26 = 0 to 0 {
   scalar_loss_grad[i26] := 1.0;
 }
 for i30 = 0 to 9 {
-  mlp_grad[i30, 0] := fma(moons_classes[batch0, i30, 0], neg((margin_loss[i30, 0] -?/ (scalar_loss_grad[0] / 10.0))), mlp_grad[i30, 0]);
+  mlp_grad[i30, 0] := (moons_classes[batch0, i30, 0] * neg((margin_loss[i30, 0] -?/ (scalar_loss_grad[0] / 10.0))));
 }
 for i31 = 0 to 9 {
   b3_grad[0] := (b3_grad[0] + mlp_grad[i31, 0]);
 }
 for i32 = 0 to 9 {
-  grad_5[i32, 0] := (grad_5[i32, 0] + mlp_grad[i32, 0]);
+  grad_5[i32, 0] := mlp_grad[i32, 0];
 }
 for i33 = 0 to 9 {
   for i34 = 0 to 15 {
     w3_grad[0, i34] := fma(grad_5[i33, 0], h2[i33, i34], w3_grad[0, i34]);
   }
   for i38 = 0 to 15 {
-    grad_4[i33, i38] := (grad_4[i33, i38] + (h2[i33, i38] -?/ fma(w3[0, i38], grad_5[i33, 0], 0.0)));
+    grad_4[i33, i38] := (h2[i33, i38] -?/ fma(w3[0, i38], grad_5[i33, 0], 0.0));
   }
   for i40 = 0 to 15 {
     b2_grad[i40] := (b2_grad[i40] + grad_4[i33, i40]);
   }
   for i42 = 0 to 15 {
-    grad_3[i33, i42] := (grad_3[i33, i42] + grad_4[i33, i42]);
+    grad_3[i33, i42] := grad_4[i33, i42];
   }
   for i44 = 0 to 15 {
     for i45 = 0 to 15 {
@@ -81,13 +74,13 @@ for i33 = 0 to 9 {
     }
   }
   for i50 = 0 to 15 {
-    grad_2[i33, i50] := (grad_2[i33, i50] + (h1[i33, i50] -?/ h1_grad[i33, i50]));
+    grad_2[i33, i50] := (h1[i33, i50] -?/ h1_grad[i33, i50]);
   }
   for i52 = 0 to 15 {
     b1_grad[i52] := (b1_grad[i52] + grad_2[i33, i52]);
   }
   for i54 = 0 to 15 {
-    grad[i33, i54] := (grad[i33, i54] + grad_2[i33, i54]);
+    grad[i33, i54] := grad_2[i33, i54];
   }
   for i56 = 0 to 15 {
     for i57 = 0 to 1 {

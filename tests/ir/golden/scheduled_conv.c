@@ -17,7 +17,7 @@ void scheduled(const float *restrict img, const float *restrict w, float *restri
     for (int ir6 = 0; ir6 < 4; ++ir6) {
       #pragma GCC unroll 1
       for (int jv7 = 0; jv7 < 1; ++jv7) {
-        acc[ir6 + jv7] = einjit_load_f32x8(&out[ir6 * 64 + y0 * 8 + (8*jv7)]);
+        acc[ir6 + jv7] = einjit_splat_f32x8(0.0f);
       }
     }
     for (int c2 = 0; c2 < 2; ++c2) {

@@ -39,9 +39,6 @@ block, although it computes unused columns, is the fastest way to do the tail. A
 of `k` is shorter. Every output cell still sums its terms in the original order, so results are
 bit-identical to the unscheduled code.
 
-When the output holds nothing but a zero fill's zeros and one chunk writes all of it, the
-accumulators start at zero (`acc[a, b] := 0`) and the fill goes (`zero_fills`).
-
 When A steps along the summed loops by whole rows (a weight gradient `w.grad += xᵀ·dy`,
 summed over the batch × time rows of both operands), each step of a block would read its
 `MB` values from a new cache line, every row of A a power-of-two bytes from the next (a few
@@ -105,7 +102,7 @@ from einjit.ir.indexing import (
     subst_index,
 )
 from einjit.ir.passes.tracing import VirtualizeSettings
-from einjit.ir.sched import bf16_pairs, bf16_widen, cost_model, nests, schedule_batched, schedule_conv, zero_fills
+from einjit.ir.sched import bf16_pairs, bf16_widen, cost_model, first_writes, nests, schedule_batched, schedule_conv
 from einjit.ir.sched.interchange import best_order, perfect_nest, reorderable, rewrap, unit_stride_symbol
 from einjit.ir.sched.machine import host_machine
 from einjit.ir.tnode import Tnode
@@ -168,15 +165,9 @@ def schedule_llc(stmt: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocki
     chooser = tile_for or _default_chooser()
     if blocking is None:
         blocking = Blocking(machine=host_machine())
-    out: list[ll.LLStmt] = []
-    fills = zero_fills.PendingZeroFills()
-    for s in ll.flatten(stmt):
-        new, filled = _schedule_stmt(s, settings, blocking, chooser, fills.nodes)
-        if filled is not None:
-            out[fills.position(filled)] = ll.Noop()  # the contraction's accumulators start at zero
-        fills.passed(s, len(out))
-        out.append(new)
-    return ll.seq(*out)
+    items = list(ll.flatten(stmt))
+    return ll.seq(*(_schedule_stmt(s, settings, blocking, chooser, zeroed)
+                    for s, zeroed in zip(items, first_writes.zeroed_before(items), strict=True)))
 
 
 def _default_chooser() -> TileChooser:
@@ -189,51 +180,43 @@ def _default_chooser() -> TileChooser:
     return search.tile_for if search.enabled() else choose_tile
 
 
-def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocking, tile_for: TileChooser,
-                   zeroed: frozenset[Tnode]) -> tuple[ll.LLStmt, Tnode | None]:
-    """`s` rescheduled, and the node whose pending zero fill (one of `zeroed`) the new code
-    makes redundant, if any."""
+def _schedule_stmt(s: ll.LLStmt, settings: VirtualizeSettings, blocking: Blocking,
+                   tile_for: TileChooser, zeroed: frozenset[Tnode] = frozenset()) -> ll.LLStmt:
     if not isinstance(s, ll.ForLoop):
-        return s, None
+        return s
     loops, body = perfect_nest(s)
     inner = list(ll.flatten(body))
     if any(lp.keep_order for lp in loops):
-        return s, None
+        return s
     if len(inner) == 1 and isinstance(inner[0], ll.Set) and all(lp.from_ == 0 for lp in loops):
         st = inner[0]
         work = math.prod(lp.to_ + 1 for lp in loops)
-        new: ll.LLStmt | None
-        filled = False
         if work >= blocking.min_work:
-            new, filled = _rewritten(loops, st, settings, blocking, tile_for, st.tn in zeroed)
+            new = _rewritten(loops, st, settings, blocking, tile_for, st.tn in zeroed)
         elif work >= blocking.min_split_work and loops[-1].to_ + 1 >= blocking.lanes:
             new = _split_reduction(loops, st, settings, blocking)
         else:
             new = None
         if new is not None:
-            return new, st.tn if filled else None
-    return rewrap(loops, schedule_llc(body, settings, blocking, tile_for)), None
+            return new
+    return rewrap(loops, schedule_llc(body, settings, blocking, tile_for))
 
 
 def _rewritten(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSettings, blocking: Blocking,
-               tile_for: TileChooser, zeroed: bool) -> tuple[ll.LLStmt | None, bool]:
-    """The first rewrite that applies, and whether it starts from zero instead of reading the
-    output's fill (`zeroed`: the output holds nothing but a zero fill's zeros). A convolution
-    (an affine index anywhere) is blocked along its channels first; a plain contraction along
-    its unit-stride axis, with tails, and along a channel or batch axis only when that fails
-    (measured equal on the convnet's 10-class layer, and the plain blocking also serves the
-    awkward widths)."""
-    def conv() -> tuple[ll.LLStmt | None, bool]:
-        return schedule_conv.channel_blocked(loops, st, settings, blocking), False
+               tile_for: TileChooser, zeroed: bool = False) -> ll.LLStmt | None:
+    """The first rewrite that applies. A convolution (an affine index anywhere) is blocked along
+    its channels first; a plain contraction along its unit-stride axis, with tails, and along
+    a channel or batch axis only when that fails (measured equal on the convnet's 10-class
+    layer, and the plain blocking also serves the awkward widths)."""
+    def conv() -> ll.LLStmt | None:
+        return schedule_conv.channel_blocked(loops, st, settings, blocking)
 
-    def plain() -> tuple[ll.LLStmt | None, bool]:
+    def plain() -> ll.LLStmt | None:
         return _contraction(loops, st, blocking, tile_for, zeroed)
 
-    for attempt in (conv, plain) if schedule_conv.has_affine(st) else (plain, conv):
-        new, filled = attempt()
-        if new is not None:
-            return new, filled
-    return _split_reduction(loops, st, settings, blocking) or schedule_conv.window_reduction(loops, st), False
+    first, second = (conv, plain) if schedule_conv.has_affine(st) else (plain, conv)
+    return (first() or second() or _split_reduction(loops, st, settings, blocking)
+            or schedule_conv.window_reduction(loops, st))
 
 
 # ---------------------------------------------------------------- accumulations
@@ -333,26 +316,15 @@ def choose_tile(shape: cost_model.Shape, blocking: Blocking) -> cost_model.Tile 
     return cost_model.choose(shape, blocking.nb_choices, blocking.mb_max, blocking.machine)
 
 
-def _contraction(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking, tile_for: TileChooser,
-                 zeroed: bool) -> tuple[ll.LLStmt | None, bool]:
+def _contraction(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking,
+                 tile_for: TileChooser, zeroed: bool = False) -> ll.LLStmt | None:
     c = _recognize(loops, st, blocking)
     if c is None:
-        return None, False
+        return None
     tile = tile_for(c.shape(), blocking)
     if tile is None:
-        return None, False
-    fresh = zeroed and _starts_from_zero(c, tile)
-    return _blocked(c, tile, blocking, fresh), fresh
-
-
-def _starts_from_zero(c: _Contraction, tile: cost_model.Tile) -> bool:
-    """Whether the kernel may start its accumulators at zero in place of the output's zero
-    fill (`zero_fills`): every cell written, by one chunk of the summed loops (a later chunk
-    adds to what the first stored). Batched contractions, both operands varying along the
-    batch loops (attention's heads), keep their fill: the causal stage reads it to skip the
-    blocks above the diagonal, whose cells must stay zero."""
-    batched = any(c.extent[s] > 1 and s in nests.symbols(c.b_op) for s in c.outer)
-    return not batched and tile.kc >= c.extent[c.summed[0]] and zero_fills.covers(c.st, c.extent)
+        return None
+    return _blocked(c, tile, blocking, zeroed)
 
 
 def _span(step: int, block: Symbol | None, inner: Symbol, offset: int = 0) -> AxisIndex:
@@ -396,8 +368,7 @@ class _Layout:
     by_panels: bool
     kl: Symbol | None
     apack: Tnode | None
-    fresh: bool
-    """The accumulators start at zero instead of loading the output (`_starts_from_zero`)."""
+    zero_start: bool = False
 
     @property
     def k1(self) -> Symbol:
@@ -428,7 +399,7 @@ class _Layout:
         return {self.k1: k_at, **{k: Iterator(self.kp[k]) for k in self.rest}}
 
 
-def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking, fresh: bool) -> _Layout:
+def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layout:
     extent, prec = c.extent, c.st.tn.prec.computed_in
     mb, nb, kc = tile.mb, tile.nb, tile.kc
     pairs = bf16_pairs.applies(c.a_op, c.b_op, len(c.summed), kc, extent[c.summed[0]], blocking.machine)
@@ -453,14 +424,16 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking, fresh: b
              and all(extent[s] == 1 for s in c.outer) else None)
     return _Layout(c, mb, nb, kc, pack, block, edge, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, tail_rows,
                    n_chunks, tail_chunk, unrolled, batch, inner_threads, by_panels,
-                   get_symbol("kl") if pairs else None, apack, fresh)
+                   get_symbol("kl") if pairs else None, apack)
 
 
-def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking, fresh: bool = False) -> ll.LLStmt:
+def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking, zeroed: bool = False) -> ll.LLStmt:
     """The contraction as column panels × row blocks × k chunks, with narrower tail blocks
-    where `tile` does not divide an extent (see the module docstring); with `fresh`, its
-    accumulators start at zero."""
-    lay = _layout(c, tile, blocking, fresh)
+    where `tile` does not divide an extent (see the module docstring). `zeroed`: the target
+    holds zeros when the nest starts, so a single chunk starts its blocks at zero
+    (`first_writes.zero_start`)."""
+    lay = _layout(c, tile, blocking)
+    lay = dataclasses.replace(lay, zero_start=first_writes.zero_start(zeroed, lay.n_chunks, lay.tail_chunk))
     wide = {} if lay.kl is not None else \
         bf16_widen.copies(c.a_op, math.prod(c.extent.values()), c.st.tn.prec.computed_in)
     if wide:
@@ -473,7 +446,7 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking, fresh: 
         chunks.append(_chunk(lay, lay.k_at(None, lay.kc * lay.n_chunks), lay.tail_chunk))
     tiles = f"{lay.mb}x{lay.nb}" + (f", {lay.kc}-step k chunks" if lay.kc < c.extent[lay.k1] else "")
     kind = "register-blocked" if lay.unrolled else "blocked (rows not unrolled: a small nest)"
-    start = ", from zero" if fresh else ""
+    start = ", from zero" if lay.zero_start else ""
     body = ll.seq(ll.Comment(f"{kind} {tiles} contraction into {c.st.tn.name}{start}"), *chunks)
     return ll.seq(*bf16_widen.fills(wide),
                   schedule_batched.batch_inside_panels(lay.pack, [(s, c.extent[s]) for s in c.outer], body, lay.batch))
@@ -554,7 +527,7 @@ def _kernel(lay: _Layout, row: AxisIndex, row_block: AxisIndex, height: int, col
     padding columns hold zeros and are never stored), since gcc keeps only full-width
     blocks in registers. A block of vectors loads and stores a tail panel's columns through
     `edge`, zero-padded, a row at a time. A's values come from `apack` at `row_block` when
-    its rows are packed. A `fresh` block starts at zero instead of loading the output."""
+    its rows are packed. A `zero_start` block starts at zero instead of loading the output."""
     c, st, a, b, rb = lay.c, lay.c.st, lay.a, lay.b, lay.block
     unrolled = lay.unrolled | rb.unrolled if lay.unrolled else lay.unrolled
     r = Iterator(a) if height > 1 else FixedIdx(0)
@@ -585,7 +558,7 @@ def _kernel(lay: _Layout, row: AxisIndex, row_block: AxisIndex, height: int, col
                 nests.nest(columns, ll.Set(rb.node, block, ll.Get(lay.edge, rb.cell(edge))), unrolled)]
         store = [nests.nest(columns, ll.Set(lay.edge, rb.cell(edge), ll.Get(rb.node, block)), unrolled),
                  nests.nest([*rows, (b, width)], ll.Set(st.tn, cell, ll.Get(lay.edge, edge)), unrolled)]
-    if lay.fresh:
+    if lay.zero_start:
         load = [nests.nest(columns, ll.Set(rb.node, block, ll.Constant(0.0)), unrolled)]
     return ll.seq(*load, nests.nest([*lay.k_loops(depth), *columns], update, unrolled), *store)
 
