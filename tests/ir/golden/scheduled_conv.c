@@ -3,7 +3,7 @@ void scheduled(const float *restrict img, const float *restrict w, float *restri
   einjit_f32x8 acc[4] = {0};
   memset(out, 0, sizeof(float) * 256);
   for (int y0 = 0; y0 < 8; ++y0) {
-    /* register-blocked 4x8 contraction into out1 */
+    /* register-blocked 4x8 contraction into out1, from zero */
     for (int c2 = 0; c2 < 2; ++c2) {
       for (int u3 = 0; u3 < 3; ++u3) {
         for (int v4 = 0; v4 < 3; ++v4) {

@@ -1,6 +1,7 @@
 void scheduled(const float *restrict a, float *restrict c, const float *restrict b) {
   float pack[1024] = {0};
   einjit_f32x16 acc[16] = {0};
+  memset(c, 0, sizeof(float) * 4096);
   /* register-blocked 8x32 contraction into c0, from zero */
   for (int jp1 = 0; jp1 < 2; ++jp1) {
     for (int jr2 = 0; jr2 < 32; ++jr2) {

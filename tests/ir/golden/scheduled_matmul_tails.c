@@ -2,6 +2,7 @@ void scheduled(const float *restrict a, float *restrict c, const float *restrict
   float pack[288] = {0};
   einjit_f32x16 acc[14] = {0};
   float edge[224] = {0};
+  memset(c, 0, sizeof(float) * 495);
   /* register-blocked 7x32 contraction into c0, from zero */
   for (int jr1 = 0; jr1 < 32; ++jr1) {
     for (int k2 = 0; k2 < 9; ++k2) {
