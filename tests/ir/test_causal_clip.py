@@ -94,11 +94,10 @@ def _without_clips(stmt: ll.LLStmt) -> ll.LLStmt:
     return stmt
 
 
-def test_interpreter_runs_the_clipped_loops_as_the_full_ones():
-    """The optimized code with and without its clips, and the unoptimized code, under the
-    interpreter: the clipped program skips exactly the terms that are zero (a size the
-    interpreter runs quickly: the loops are clipped unblocked)."""
-    layer, loss = _layer_and_loss(causal=True, seed=3, shape=(1, 9, 8))
+def _interpreted(seed: int, shape: tuple[int, int, int]):
+    """A causal layer's unoptimized training code, and a function giving the parameters'
+    gradients a program computes from it under the interpreter."""
+    layer, loss = _layer_and_loss(causal=True, seed=seed, shape=shape)
     code = train.grad_update(loss)
     finish_inference()
     llc = asg.to_low_level(code)
@@ -108,6 +107,14 @@ def test_interpreter_runs_the_clipped_loops_as_the_full_ones():
         arrays = interpret.run(program, {tn: v.copy() for tn, v in params.items()})
         return {p.label_str: arrays[p.grad_tn] for p in layer.params()}
 
+    return llc, grads
+
+
+def test_interpreter_runs_the_clipped_loops_as_the_full_ones():
+    """The optimized code with and without its clips, and the unoptimized code, under the
+    interpreter: the clipped program skips exactly the terms that are zero (a size the
+    interpreter runs quickly: the loops are clipped unblocked)."""
+    llc, grads = _interpreted(seed=3, shape=(1, 9, 8))
     plain = grads(llc)
     opt = optimize_proc(llc, name="interpreted")
     assert any(isinstance(s, ll.ForLoop) and (s.start or s.stop) for s in ll.iter_stmts(opt.llc))
@@ -204,16 +211,7 @@ def test_clipped_softmax_keeps_infinities_and_nans(poison, tmp_path):
 def test_interpreter_runs_the_chunked_loops_as_the_full_ones():
     """The clipped chunk loops (T = 16: two chunks of 8) under the interpreter give the
     values of the unclipped optimized code."""
-    layer, loss = _layer_and_loss(causal=True, seed=4, shape=(1, 16, 8))
-    code = train.grad_update(loss)
-    finish_inference()
-    llc = asg.to_low_level(code)
-    params = {p.value_tn: p.value.numpy().astype(np.float32) for p in layer.params()}
-
-    def grads(program):
-        arrays = interpret.run(program, {tn: v.copy() for tn, v in params.items()})
-        return {p.label_str: arrays[p.grad_tn] for p in layer.params()}
-
+    llc, grads = _interpreted(seed=4, shape=(1, 16, 8))
     opt = optimize_proc(llc, name="interpreted_chunks")
     chunks = [s for s in ll.iter_stmts(opt.llc) if isinstance(s, ll.ForLoop) and s.stop and s.stop.scale == 8]
     assert len(chunks) >= 3
