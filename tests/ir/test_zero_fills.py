@@ -54,7 +54,7 @@ def check_exact(code, sched, ins, out, threads=1):
 
 @pytest.mark.parametrize("machine", ["avx2", "avx512"])
 @pytest.mark.parametrize("transposed", [False, True], ids=["a@b", "a@b.T"])
-@pytest.mark.parametrize("n,m,p", [(64, 128, 48), (13, 17, 31), (31, 11, 97), (7, 5, 63), (8, 16, 36)])
+@pytest.mark.parametrize("n,m,p", [(64, 16, 48), (13, 17, 31), (31, 11, 97), (7, 5, 63), (8, 16, 36)])
 def test_a_zero_filled_output_is_written_from_zero_without_its_fill(n, m, p, transposed, machine):
     """Full blocks, tail rows and padded tail panels (loaded and stored through `edge`) all
     start at zero; every cell of the NaN-filled output is written, bit-identically."""
