@@ -16,6 +16,7 @@ import dataclasses
 import operator
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any
 
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Symbol
@@ -60,18 +61,10 @@ def structure(stmt: ll.LLStmt, node_key: Callable[[Tnode], Hashable],
             return x
         if kind is Tnode:
             assert isinstance(x, Tnode)
-            k = nodes.get(x)
-            if k is None:
-                k = nodes[x] = len(nodes)
-                return ("node", k, node_key(x))
-            return ("node", k)
+            return _numbered(nodes, "node", x, node_key)
         if kind is Symbol:
             assert isinstance(x, Symbol)
-            k = symbols.get(x)
-            if k is None:
-                k = symbols[x] = len(symbols)
-                return ("symbol", k, symbol_key(x))
-            return ("symbol", k)
+            return _numbered(symbols, "symbol", x, symbol_key)
         if kind is tuple or kind is list:
             assert isinstance(x, (tuple, list))
             return (kind, *[walk(y) for y in x])
@@ -96,3 +89,13 @@ def structure(stmt: ll.LLStmt, node_key: Callable[[Tnode], Hashable],
 
     key = walk(stmt)
     return Structure(key, list(nodes), list(symbols), list(scopes))
+
+
+def _numbered(seen: dict, tag: str, x: Hashable, key: Callable[[Any], Hashable]) -> Hashable:
+    """`x` by its number in order of first appearance; its `key` (what it is) at that first
+    appearance only, so two structures match when they use alike things in the same pattern."""
+    k = seen.get(x)
+    if k is None:
+        k = seen[x] = len(seen)
+        return (tag, k, key(x))
+    return (tag, k)
