@@ -254,3 +254,18 @@ def test_device_to_device_between_devices_and_transfers_need_the_node(fake):
         backend.from_host(c0, v)
     with pytest.raises(NotHostedError, match=r"to_host of v#\d+ .*make it hosted"):
         backend.to_host(c0, v)
+
+
+def test_moons_trains_on_the_cuda_backend_as_on_the_c_backend(fake, monkeypatch):
+    """The demo's single-device step reads its loss from the host array, which on a device
+    exists only once the routine copied the loss back (the first real-GPU run failed there)."""
+    from einjit import backends
+    from einjit.demos.moons import run_moons
+
+    on_cpu = run_moons(epochs=2, batch_size=10, n_points=40, quiet=True)
+    monkeypatch.setitem(backends._made, "cuda", cuda.CudaBackend())
+    monkeypatch.setenv("EINJIT_BACKEND", "cuda")
+    on_fake = run_moons(epochs=2, batch_size=10, n_points=40, quiet=True)
+    assert fake.launches, "the training steps ran on the (fake) CUDA device"
+    np.testing.assert_allclose(on_fake.losses, on_cpu.losses, rtol=1e-4, atol=1e-6)
+    assert on_fake.accuracy == on_cpu.accuracy
