@@ -111,7 +111,7 @@ def test_static_values_out_of_range_fail_at_launch(backend, device):
     backend.from_host(ctx, acc)
     routine = backend.link(ctx, backend.compile((s,), code, shared=True, name="ranged"))
     routine.bindings[s].value = 4
-    with pytest.raises(IndexError, match=r"routine 'ranged': static symbol .* = 4 outside its range \[0, 4\)"):
+    with pytest.raises(IndexError, match=r"routine 'ranged': static symbol .* = 4 is outside its range \[0, 4\)"):
         routine()
     routine.bindings[s].value = 3
     routine()
