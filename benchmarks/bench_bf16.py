@@ -29,10 +29,13 @@ import numpy as np
 def bf16_path() -> str:
     """'vdpbf16ps' or 'fp32 fallback', with the reason."""
     from einjit.backends.cc.toolchain import CcOptions
+    from einjit.ir.sched.machine import host_machine
 
     with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
         flags = next((ln for ln in f if ln.startswith("flags")), "").split()
     cpu = "avx512_bf16" in flags
+    if cpu and not host_machine().bf16_dot:
+        return "fp32 panels: the CPU has AVX512_BF16, but its vdpbf16ps is slower than fp32 FMAs (AMX CPU)"
     cc = CcOptions()
     done = subprocess.run([cc.compiler, *[f for f in cc.flags if f.startswith("-march")], "-dM", "-E", "-"],
                           input="", capture_output=True, text=True)

@@ -117,6 +117,26 @@ def matmul_low_level() -> Program:
     return Program("matmul_low_level", code, {a: x, b: y}, (c,), {c: x @ y})
 
 
+def summed_outer_loops() -> Program:
+    """Parallel loops below summed ones: a weight gradient summed over the batch outermost,
+    `dw[i, j] += x[b, i] * g[b, j]`, and a product with its summed loop in the middle,
+    `c[i, j] += a[i, k] * w[k, j]` over `i, k, j`."""
+    nb, ni, nj = 9, 6, 11
+    x, g, dw = Tnode("x", (nb, ni)), Tnode("g", (nb, nj)), Tnode("dw", (ni, nj))
+    a, c = Tnode("a", (ni, nb)), Tnode("c", (ni, nj))
+    b, i, j = get_symbol(), get_symbol(), get_symbol()
+    grad = ll.Set(dw, it(i, j), B(ops.Binop.ADD, ll.Get(dw, it(i, j)), B(ops.Binop.MUL, ll.Get(x, it(b, i)),
+                                                                        ll.Get(g, it(b, j)))), "dw =+ x * g")
+    i2, k, j2 = get_symbol(), get_symbol(), get_symbol()
+    prod = ll.Set(c, it(i2, j2), B(ops.Binop.ADD, ll.Get(c, it(i2, j2)), B(ops.Binop.MUL, ll.Get(a, it(i2, k)),
+                                                                           ll.Get(g, it(k, j2)))), "c =+ a * g")
+    code = ll.seq(ll.ZeroOut(dw), ll.ForLoop(b, 0, nb - 1, ll.ForLoop(i, 0, ni - 1, ll.ForLoop(j, 0, nj - 1, grad))),
+                  ll.ZeroOut(c), ll.ForLoop(i2, 0, ni - 1, ll.ForLoop(k, 0, nb - 1, ll.ForLoop(j2, 0, nj - 1, prod))))
+    xv, gv, av = (_rng(seed).standard_normal(dims).astype(np.float32)
+                  for seed, dims in ((20, (nb, ni)), (21, (nb, nj)), (22, (ni, nb))))
+    return Program("summed_outer_loops", code, {x: xv, g: gv, a: av}, (dw, c), {dw: xv.T @ gv, c: av @ gv})
+
+
 def conv_strided_padded() -> Program:
     """out[i] = sum_k x[2i + k - 1] * w[k], reads outside x guarded as lowering does."""
     n_in, kw = 11, 3
@@ -277,8 +297,8 @@ def mlp_step() -> Program:
 
 
 LOW_LEVEL: dict[str, Callable[[], Program]] = {
-    f.__name__: f for f in (pointwise_chain, reduction_local_scope, matmul_low_level, conv_strided_padded,
-                            static_slice, uniform_hash, local_only_node)}
+    f.__name__: f for f in (pointwise_chain, reduction_local_scope, matmul_low_level, summed_outer_loops,
+                            conv_strided_padded, static_slice, uniform_hash, local_only_node)}
 ASSIGNMENTS: dict[str, Callable[[], Program]] = {
     f.__name__: f for f in (asg_matmul, asg_sum_reduction, asg_conv2d, asg_slice, asg_pointwise_broadcast,
                             mlp_step)}

@@ -254,3 +254,56 @@ def test_device_to_device_between_devices_and_transfers_need_the_node(fake):
         backend.from_host(c0, v)
     with pytest.raises(NotHostedError, match=r"to_host of v#\d+ .*make it hosted"):
         backend.to_host(c0, v)
+
+
+def test_moons_trains_on_the_cuda_backend_as_on_the_c_backend(fake, monkeypatch):
+    """The demo's single-device step reads its loss from the host array, which on a device
+    exists only once the routine copied the loss back (the first real-GPU run failed there)."""
+    from einjit import backends
+    from einjit.demos.moons import run_moons
+
+    on_cpu = run_moons(epochs=2, batch_size=10, n_points=40, quiet=True)
+    monkeypatch.setitem(backends._made, "cuda", cuda.CudaBackend())
+    monkeypatch.setenv("EINJIT_BACKEND", "cuda")
+    on_fake = run_moons(epochs=2, batch_size=10, n_points=40, quiet=True)
+    assert fake.launches, "the training steps ran on the (fake) CUDA device"
+    np.testing.assert_allclose(on_fake.losses, on_cpu.losses, rtol=1e-4, atol=1e-6)
+    assert on_fake.accuracy == on_cpu.accuracy
+
+
+def _momentum_losses(context, steps=3):
+    """Losses of `steps` SGD-with-momentum steps of a small MLP whose parameters are set from
+    a fixed generator; its momentum is hosted state that nothing wrote before the first step."""
+    import einjit as ej
+    from einjit import fit, nn, train
+
+    rng = np.random.default_rng(3)
+    xs, ys = rng.standard_normal((8, 5)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32)
+    model = nn.Sequential(nn.Linear(5, 4, label="l1"), nn.ReLU(), nn.Linear(4, 3, label="l2"))
+    x, y = ej.input("x", batch_dims=[8], output_dims=[5]), ej.input("y", batch_dims=[8], prec="int32")
+    loss = nn.cross_entropy(model(x), y)
+    opt = nn.SGD(model.params(), 0.5, momentum=0.9)
+    train.init_params(loss)
+    for p in model.params():
+        p.value_tn.host_array()[...] = rng.standard_normal(p.value_tn.dims)
+    step = fit.train_step(loss, opt.update(), inputs=[x, y], name="momentum_step", context=context)
+    losses = []
+    for _ in range(steps):
+        step(xs, ys)
+        losses.append(step.loss_value())
+    return losses
+
+
+def test_hosted_momentum_starts_at_zero_in_contexts_with_their_own_arrays(fake):
+    """The momentum is hosted but has no host array before the first step: the C backend's
+    default context computes in a zeroed host array; a device context (and a C context with
+    its own arrays) starts it at zero too, instead of refusing to link (the first GPU run)."""
+    from einjit import backends
+
+    want = _momentum_losses(None)
+    assert want[2] < want[0]
+    np.testing.assert_allclose(_momentum_losses(backends.get("cc").init("own_arrays")), want, rtol=1e-6)
+    device_backend = cuda.CudaBackend()
+    on_device = _momentum_losses(device_backend.init(device_backend.get_device(0)))
+    assert fake.launches
+    np.testing.assert_allclose(on_device, want, rtol=1e-5)

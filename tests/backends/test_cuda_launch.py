@@ -107,14 +107,16 @@ def test_many_launches_capture_their_static_values(backend, device):
 def test_static_values_out_of_range_fail_at_launch(backend, device):
     code, acc, s = counter_program(static_range=4)
     ctx = backend.init(device)
+    acc.host_array()[...] = 0
     backend.from_host(ctx, acc)
     routine = backend.link(ctx, backend.compile((s,), code, shared=True, name="ranged"))
     routine.bindings[s].value = 4
-    with pytest.raises(IndexError, match=r"routine 'ranged': static symbol .* = 4 outside its range \[0, 4\)"):
+    with pytest.raises(IndexError, match=r"routine 'ranged': static symbol .* = 4 is outside its range \[0, 4\)"):
         routine()
     routine.bindings[s].value = 3
     routine()
     backend.await_(device)
+    np.testing.assert_array_equal(result(backend, ctx, acc), [1, 3, 3])
 
 
 def merge_program():

@@ -62,6 +62,22 @@ def test_matmul_shares_the_output_loops_and_keeps_the_reduction_in_a_thread():
     assert all(c is CudaMemClass.GLOBAL for c in plan.mem_classes.values())
 
 
+def test_parallel_loops_below_summed_ones_move_outermost():
+    """The weight gradient's batch loop and the product's `k` move inside the output loops: all
+    `6 * 11` cells on threads, not the whole gradient on one thread (an MLP step on the GPU
+    took seconds so); each cell still sums in the original order (`bp.ALL` runs it)."""
+    prog = bp.summed_outer_loops()
+    plan = plan_kernel("summed", prog.code)
+    _, grad, _, prod = ll.flatten(prog.code)
+    b, i, j = grad.index, grad.body.index, grad.body.body.index
+    i2, k, j2 = prod.index, prod.body.index, prod.body.body.index
+    assert chain_symbols(plan)[1::2] == [(i, j), (i2, j2)]
+    moved = [seg.stmt for seg in plan.segments if seg.is_work][1::2]
+    assert [s.body.body.index for s in moved] == [b, k] and plan.work_items == 6 * 11
+    mm = bp.matmul_low_level().code
+    assert plan_kernel("mm", mm).segments[1].stmt is list(ll.flatten(mm))[1], "a nest in order is kept as it is"
+
+
 def test_reductions_into_one_cell_run_on_one_thread():
     a, total = Tnode("a", (50,)), Tnode("total", (1,))
     i = get_symbol()

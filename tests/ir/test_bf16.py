@@ -10,10 +10,13 @@ adds one rounding, half a bf16 ulp: at most `2**-8` relative.
 
 This machine may lack AVX512_BF16: the `vdpbf16ps` path is checked by compiling the generated
 C for Sapphire Rapids to assembly, the fallback that the same source compiles to elsewhere by
-running it."""
+running it. Where gcc targets AVX512_BF16 the C runs `vdpbf16ps`, which sums each pair in its own
+order and rounding (`backends/bf16_dot.py`): its results are then held to the float32
+accumulation bound against float64, not compared bit for bit with the interpreter."""
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
@@ -23,6 +26,7 @@ import pytest
 
 from einjit.backends import c_syntax, c_vectors
 from einjit.backends.cc.backend import CcBackend, run_once
+from einjit.backends.cc.toolchain import CcOptions
 from einjit.ir import bf16, interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_symbol
@@ -38,6 +42,17 @@ ON = VirtualizeSettings()
 
 def it(*syms):
     return tuple(Iterator(s) for s in syms)
+
+
+@functools.cache
+def c_runs_vdpbf16ps() -> bool:
+    """Whether the C backend's code takes the `vdpbf16ps` branch of bf16-pair kernels here: its
+    `-march` flag (`native`) makes gcc target AVX512_BF16, as on a CPU that has it."""
+    cc = CcOptions()
+    march = [f for f in cc.flags if f.startswith("-march")]
+    done = subprocess.run([cc.compiler, *march, "-dM", "-E", "-"], input="", capture_output=True, text=True,
+                          check=True)
+    return "__AVX512BF16__" in done.stdout
 
 
 def test_rounding_to_nearest_even_by_hand():
@@ -126,7 +141,8 @@ def _local_precs(code):
 def test_float_result_of_bf16_operands(machine, n, m, p, transposed):
     """Accumulated in float32, in the original order of `k`: the blocked nest, with float
     accumulators and a float panel or (AVX512_BF16, even `k`) a pair panel, is bit-identical
-    to the plain nest, in the interpreter and in C (the fallback of the pair kernel here)."""
+    to the plain nest, in the interpreter and in C (the fallback of the pair kernel where gcc
+    does not target AVX512_BF16); `vdpbf16ps` is within the same bound of the exact sum."""
     code, a, b, c = matmul(n, m, p, transposed, ops.single)
     sched = schedule_llc(code, ON, Blocking(machine=MACHINES[machine], min_work=1, min_unroll_work=1))
     pairs = machine == "avx512_bf16" and m % 2 == 0
@@ -137,10 +153,13 @@ def test_float_result_of_bf16_operands(machine, n, m, p, transposed):
     ins = _operands(a, b)
     want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[c]
     np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[c], want)
-    ctx = run_once(sched, ins, name="bf16_mm", context=CcBackend().init("bf16_mm"))
-    np.testing.assert_array_equal(ctx.array(c), want)
     ref, magnitude = _reference(ins, a, b, transposed)
     assert np.all(np.abs(want - ref) <= m * 2.0**-24 * magnitude)
+    got = run_once(sched, ins, name="bf16_mm", context=CcBackend().init("bf16_mm")).array(c)
+    if pairs and c_runs_vdpbf16ps():
+        assert np.all(np.abs(got - ref) <= m * 2.0**-24 * magnitude)
+    else:
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("machine", ["avx2", "avx512_bf16"])
@@ -154,11 +173,14 @@ def test_bf16_result_accumulates_in_float_and_rounds_once(machine):
     assert _local_precs(sched)["acc"] is ops.single
     ins = _operands(a, b)
     got = interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[c]
-    ctx = run_once(sched, ins, name="bf16_out", context=CcBackend().init("bf16_out"))
-    np.testing.assert_array_equal(ctx.array(c), got)
+    in_c = run_once(sched, ins, name="bf16_out", context=CcBackend().init("bf16_out")).array(c)
     ref, magnitude = _reference(ins, a, b, False)
     err = np.abs(bf16.from_bits(got) - ref)
     assert np.all(err <= 2.0**-8 * np.abs(ref) + m * 2.0**-24 * magnitude)
+    if machine == "avx512_bf16" and c_runs_vdpbf16ps():
+        assert np.all(np.abs(bf16.from_bits(in_c) - ref) <= 2.0**-8 * np.abs(ref) + m * 2.0**-24 * magnitude)
+    else:
+        np.testing.assert_array_equal(in_c, got)
     stepwise = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[c]
     assert np.abs(bf16.from_bits(stepwise) - ref).mean() > 4 * err.mean()
 

@@ -14,10 +14,11 @@ holding `acc`'s vectors in `__m512` variables, one `vdpbf16ps` per row and vecto
 `k`, the pair of `A` broadcast to every lane (one 32-bit load where the pair is adjacent in
 memory); the caller renders the plain nest under `#else`, so the same source compiles
 for every CPU, and the choice is the compiler's (`-march=native` defines `__AVX512BF16__` on
-a CPU that has it). `vdpbf16ps` computes each pair's two products and their sum without
-intermediate rounding, flushes subnormal inputs and outputs to zero and rounds once per pair
-(to nearest even): results differ from the plain nest (one rounding per product) by a few
-float ulps per pair, far below bf16's own resolution.
+a CPU that has it). `vdpbf16ps` adds a pair's two (exact) products one at a time, the second
+member's first, each addition rounded to nearest even, and flushes subnormal inputs and
+outputs to zero (Intel's pseudo-code; bit for bit what a Sapphire Rapids core gave): results
+differ from the plain nest, which adds the first member's product first, by a few float ulps
+where the order matters, far below bf16's own resolution.
 """
 
 from __future__ import annotations

@@ -436,14 +436,15 @@ def default_context(backend: Any) -> Any:
 def load_inputs(context: Any, inputs: frozenset[Tnode]) -> None:
     """Give the context the inputs it lacks: hosted ones with host values (parameters) are
     copied from the host (a context sharing the host arrays holds them already); state that
-    is not hosted and was never computed (optimizer momentum) starts at zero, the seed's
-    initial value of device arrays."""
+    was never given values, on the host or by a routine (optimizer momentum, hosted or not),
+    starts at zero, the seed's initial value of device arrays and what a context sharing the
+    host arrays reads from the zeroed host array it allocates."""
     for tn in sorted(inputs, key=lambda tn: tn.id):
         if context.holds(tn):
             continue
         if tn.is_hosted() and tn.array is not None:
             context.from_host(tn)
-        elif not tn.is_hosted():
+        else:
             config.debug(1, f"{tn.debug_name()}: state read before written, starts at zero in {context.label!r}")
             context.backend.allocate_zeroed(context, tn)
 

@@ -150,8 +150,9 @@ def _trainer(loss: ej.Tensor, sgd: train.Asgns, refs: dict[StaticSymbol, IntRef]
 
         return parallel_step, finish
     routine = train.to_routine([train.grad_update(loss), sgd], bindings=refs, name="moons_train_step")
-    assert loss.value_tn.array is not None  # the loss is hosted: linking allocated its host array
-    loss_cell = loss.value_tn.array.reshape(-1)
+    # The loss is hosted: on the C backend the routine computes in its host array, on a device
+    # calling the routine copies it back into the same array, which exists before the first copy.
+    loss_cell = loss.value_tn.host_array().reshape(-1)
 
     def single_step() -> float:
         routine()

@@ -7,10 +7,13 @@ node the body writes — each such node is sliced by the loop's index, at the sa
 every read and write — are *parallel*: they are collapsed into one index space that the
 grid's threads cover with a grid-stride loop, one iteration per thread at a time. The first
 loop that is not parallel (a reduction: its iterations accumulate into the same cells) and
-everything inside it run sequentially within the thread, so reductions never race. A segment
-without a parallel loop runs on thread 0. Between two segments where the later one touches
-what the earlier wrote (or writes what it read), all threads of the grid synchronize
-(`cooperative_groups::this_grid().sync()`, so such kernels are launched cooperatively).
+everything inside it run sequentially within the thread, so reductions never race. Parallel
+loops of a perfect nest below summed ones first move outermost (`_parallel_outermost`): a
+weight gradient `dw[i, j] += x[b, i] * g[b, j]` summed over the batch `b` outermost would
+otherwise run on one thread. A segment without a parallel loop runs on thread 0. Between
+two segments where the later one touches what the earlier wrote (or writes what it read),
+all threads of the grid synchronize (`cooperative_groups::this_grid().sync()`, so such
+kernels are launched cooperatively).
 
 Memory classes (`CudaMemClass`). A `Local` node used by only one segment, small enough, and
 written before it is read in each parallel iteration becomes a per-thread local array
@@ -20,11 +23,12 @@ nodes that live across segments — is `GLOBAL`: a kernel parameter pointing to 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from einjit.backends.parallel_loops import accesses, opaque, parallel_chain
+from einjit.backends.parallel_loops import accesses, is_parallel, opaque, parallel_chain
 from einjit.backends.params import CudaMemClass
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Iterator, get_symbol
@@ -91,6 +95,33 @@ def _expand_zero_out(stmt: ll.LLStmt) -> ll.LLStmt:
     return body
 
 
+def _parallel_outermost(stmt: ll.LLStmt, private: set[Tnode]) -> ll.LLStmt:
+    """`stmt` with the parallel loops of its perfect nest (the loops down to the first whose
+    body is not one loop) moved outermost, in their order, the summed ones inside them in
+    theirs. A parallel loop's iterations touch disjoint cells whatever the values of the loops
+    around it, so they are independent there too, and each cell's updates keep their order:
+    results are bit-identical. Nests with bounds that depend on outer indices stay as they are."""
+    chain: list[ll.ForLoop] = []
+    cur = stmt
+    while isinstance(cur, ll.ForLoop):
+        chain.append(cur)
+        inner = list(ll.flatten(cur.body))
+        if len(inner) != 1:
+            break
+        cur = inner[0]
+    if any(lp.start or lp.stop for lp in chain):
+        return stmt
+    parallel = [is_parallel(lp, private) for lp in chain]
+    if parallel == sorted(parallel, reverse=True):
+        return stmt
+    order = [lp for lp, p in zip(chain, parallel, strict=True) if p] + \
+        [lp for lp, p in zip(chain, parallel, strict=True) if not p]
+    body = chain[-1].body
+    for lp in reversed(order):
+        body = dataclasses.replace(lp, body=body)
+    return body
+
+
 def _private_nodes(stmts: Sequence[ll.LLStmt]) -> set[Tnode]:
     """`Local` nodes that one segment alone uses and that fit a thread's local memory.
     Routine-local nodes (`ir.local_storage`) stay global: a segment may read cells of them
@@ -118,6 +149,7 @@ def plan_kernel(name: str, llc: ll.LLStmt) -> KernelPlan:
     segment depends on an earlier one since the last barrier, and classify the nodes."""
     stmts = [_expand_zero_out(s) for s in ll.flatten(llc)]
     private = _private_nodes(stmts)
+    stmts = [_parallel_outermost(s, private) for s in stmts]
     segments: list[Segment] = []
     barriers: set[int] = set()
     reads: set[Tnode] = set()
