@@ -127,8 +127,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 GPT_ROWS = {
     "GPT step, 2 blocks (d=64)": dict(blocks=2, d=64, heads=4, seq=64, batch=4, vocab=256),
     "GPT step, 4 blocks (d=64)": dict(blocks=4, d=64, heads=4, seq=64, batch=4, vocab=256),
+    "GPT step, 4 blocks (d=64), AdamW": dict(blocks=4, d=64, heads=4, seq=64, batch=4, vocab=256, optimizer="adamw"),
 }
-"""GPT-like training steps built by hand (`gpt_step`) for the compile-time-per-depth rows."""
+"""GPT-like training steps built by hand (`gpt_step`) for the compile-time-per-depth rows; SGD
+unless `optimizer` says AdamW (whose update is built inside the timed region, as
+`bench_gpt.py`'s step rows time it)."""
 
 GPT2_ROWS = {
     "GPT-2 small shape, 2 blocks": dict(blocks=2),
@@ -210,18 +213,20 @@ def gpt_step(blocks: int, d: int, heads: int, seq: int, batch: int, vocab: int):
     return loss
 
 
-def gpt_compile(blocks: int, d: int, heads: int, seq: int, batch: int, vocab: int
+def gpt_compile(blocks: int, d: int, heads: int, seq: int, batch: int, vocab: int, optimizer: str = "sgd"
                 ) -> tuple[float, float, float, float]:
     """Wall seconds to build the GPT step's graph (with its parameters' initial values), wall
-    seconds to compile it (`to_routine`: einjit's passes, gcc, linking), and the Python and
-    gcc CPU seconds of the compile."""
-    from einjit import train
+    seconds to compile it (`to_routine`: einjit's passes, gcc, linking; with AdamW, building
+    its update too), and the Python and gcc CPU seconds of the compile."""
+    from einjit import nn, train
 
     t0 = time.perf_counter()
     loss = gpt_step(blocks, d, heads, seq, batch, vocab)
-    code = [train.grad_update(loss), train.sgd_update(loss, 0.01)]
+    code = [train.grad_update(loss)] + ([train.sgd_update(loss, 0.01)] if optimizer == "sgd" else [])
     t1, c1 = time.perf_counter(), os.times()
-    train.to_routine(code, name=f"gpt{blocks}")
+    if optimizer == "adamw":
+        code.append(nn.AdamW(loss.params(), 1e-3).update())
+    train.to_routine(code, name=f"gpt{blocks}" + ("" if optimizer == "sgd" else optimizer))
     t2, c2 = time.perf_counter(), os.times()
     return t1 - t0, t2 - t1, c2.user + c2.system - c1.user - c1.system, \
         c2.children_user + c2.children_system - c1.children_user - c1.children_system
