@@ -127,7 +127,10 @@ at a load of 10-13 on the 2 cores, so +-25%; the generated C byte-identical on t
   are computed once per update, not once per parameter: 33 -> 15 assignments per parameter
   (2,246 -> 1,038 for bench_gpt's 68 parameters), bit-identical parameters, `pow` called 5
   times per step instead of 29. bench_gpt's 4-block step: building the update 1.3-1.5 ->
-  0.8-1.0 s, compiling it 5.7 -> 4.7-4.8 s einjit CPU; gcc unchanged (4.7-5.2 s).
+  0.8-1.0 s, compiling it 5.7 -> 4.7-4.8 s einjit CPU; gcc unchanged (4.7-5.2 s). This
+  script's AdamW row (4 blocks d=64, the update built in the timed region): einjit 4.5-4.8 ->
+  3.2-3.5 s, gcc 3.3-4.1 s both; its warm row 1.0 -> 0.6-0.8 s is the update's graph, built
+  again in the new process before the program cache answers.
 """
 
 from __future__ import annotations
