@@ -125,7 +125,7 @@ at a load of 10-13 on the 2 cores, so +-25%; the generated C byte-identical on t
 - 12 blocks GPT-2 shape: einjit 8.6 -> 6.8 s, gcc 5.3 s both, warm 0.31-0.32 s both;
 - AdamW: the scalars of the update (betas, 1 - beta, bias corrections, eps, weight decay)
   are computed once per update, not once per parameter: 33 -> 15 assignments per parameter
-  (2,246 -> 1,038 for bench_gpt's 68 parameters), bit-identical parameters, `pow` called 5
+  (2,246 -> 1,044 for bench_gpt's 68 parameters), bit-identical parameters, `pow` called 5
   times per step instead of 29. bench_gpt's 4-block step: building the update 1.3-1.5 ->
   0.8-1.0 s, compiling it 5.7 -> 4.7-4.8 s einjit CPU; gcc unchanged (4.7-5.2 s). This
   script's AdamW row (4 blocks d=64, the update built in the timed region): einjit 4.5-4.8 ->
