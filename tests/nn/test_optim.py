@@ -10,7 +10,10 @@ import pytest
 
 import einjit as ej
 from einjit import train
+from einjit.ir import ops
 from einjit.nn import optim, schedules
+from einjit.tensor.notation import cd
+from einjit.tensor.state import state
 
 X = np.array([[0.5, -1.0, 2.0], [1.5, 0.3, -0.7]])
 Y = np.array([1.0, -2.0])
@@ -97,3 +100,68 @@ def test_schedules():
 def test_optimizer_without_parameters_is_an_error():
     with pytest.raises(ej.TensorError, match="no parameters"):
         optim.SGD([], 0.1)
+
+
+XS = np.random.default_rng(1).normal(size=(5, 3)).astype(np.float32)
+YS = np.random.default_rng(2).normal(size=(5,)).astype(np.float32)
+W1 = np.random.default_rng(3).normal(size=(4, 3)).astype(np.float32)
+W2 = np.random.default_rng(4).normal(size=(4,)).astype(np.float32)
+
+
+def _mlp(tag: str):
+    """A float32 two-layer net (a matrix and a vector parameter) and its squared-error loss."""
+    w1, w2 = ej.param(f"w1{tag}", values=W1), ej.param(f"w2{tag}", values=W2)
+    x, y = ej.ndarray(XS, batch_axes=1), ej.ndarray(YS[:, None], batch_axes=1)
+    h = ej.tanh(ej.einsum("b|->i; o,i => b|->o", x, w1))
+    pred = ej.einsum("b|->o; o => b|->0", h, w2)
+    loss = ej.sum((pred - y) * (pred - y))
+    train.init_params(loss)
+    return loss, (w1, w2)
+
+
+def _per_parameter_adamw(p, lr: float, step, b1=0.9, b2=0.999, eps=1e-8, wd=0.01):
+    """AdamW as `train.adam_one` wrote it before the scalars were shared (`train.adam_scalars`):
+    every parameter's update computed its own `1 - b1`, `1 - b1 ** step`, ... (33 assignments)."""
+    text = ('"adam_m" =: b1 * adam_m + (1 - b1) * p.grad; "adam_v" =: b2 * adam_v + (1 - b2) * (p.grad * p.grad); '
+            '"m_hat" =: adam_m / (1 - b1 ** step); "v_hat" =: adam_v / (1 - b2 ** step); '
+            'p =- lr * (m_hat / (sqrt(v_hat) + eps) + wd * p) ~logic:"."')
+    return cd(text, p=p, lr=lr, b1=b1, b2=b2, eps=eps, wd=wd, step=step).asgns
+
+
+def test_adamw_shared_scalars_are_bit_identical_to_per_parameter_scalars():
+    """Sharing the update's scalars over the parameters changes no bit of the parameters after
+    several steps (float32, a matrix and a vector parameter)."""
+    loss, shared_params = _mlp("s")
+    opt = optim.AdamW(loss, 0.05, weight_decay=0.01)
+    shared = train.to_routine([train.grad_update(loss), opt.update()], name="adamw_shared")
+    loss_ref, ref_params = _mlp("r")
+    count = state(["adamw_ref", "step"], 0.0, prec=ops.double)
+    ref_update = [cd("n =+ 1", n=count.value).asgns, *[_per_parameter_adamw(p, 0.05, count) for p in ref_params]]
+    ref = train.to_routine([train.grad_update(loss_ref), *ref_update], name="adamw_per_parameter")
+    for _ in range(6):
+        opt.step()
+        shared()
+        ref()
+    for got, want in zip(shared_params, ref_params, strict=True):
+        assert np.array_equal(got.value.numpy(), want.value.numpy())
+    assert not np.array_equal(shared_params[0].value.numpy(), W1)
+
+
+def test_adamw_matches_torch_over_several_steps():
+    """`nn.AdamW` (shared scalars, float32) against `torch.optim.AdamW` on the same net, six steps."""
+    torch = pytest.importorskip("torch")
+    loss, params = _mlp("t")
+    opt = optim.AdamW(loss, 0.05, weight_decay=0.1)
+    step = train.to_routine([train.grad_update(loss), opt.update()], name="adamw_torch")
+    tw1, tw2 = (torch.tensor(w, requires_grad=True) for w in (W1, W2))
+    topt = torch.optim.AdamW([tw1, tw2], 0.05, weight_decay=0.1)
+    for _ in range(6):
+        opt.step()
+        step()
+        topt.zero_grad()
+        pred = torch.tanh(torch.from_numpy(XS) @ tw1.T) @ tw2
+        ((pred - torch.from_numpy(YS)) ** 2).sum().backward()
+        topt.step()
+    for got, want in zip(params, (tw1, tw2), strict=True):
+        np.testing.assert_allclose(got.value.numpy(), want.detach().numpy(), rtol=2e-5, atol=2e-6)
+    assert not np.allclose(params[0].value.numpy(), W1, atol=0.1)

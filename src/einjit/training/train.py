@@ -94,32 +94,59 @@ def sgd_update(loss_or_params: "Tensor | Iterable[Tensor]", learning_rate: Tenso
                                   nesterov=nesterov).asgns for p in _params_of(loss_or_params)])
 
 
+def adam_scalars(step: Tensor, *, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+                 weight_decay: float = 0.0) -> Code:
+    """The scalars of Adam's update that do not depend on the parameter, declared once for an
+    update of many parameters (`adam_one`'s `scalars`): the betas and `1 - beta`, the bias
+    corrections `1 - beta ** step`, eps and the weight decay. Each parameter's update took
+    eighteen scalar assignments of its own for them, more than half of AdamW's graph (33 of
+    its assignments per parameter; 15 with these shared). Each is computed as the parameter's
+    own copy was, in the same precision, so the update's values do not change."""
+    text = ['"adam_b1" =: b1', '"adam_b2" =: b2', '"adam_c1" =: 1 - b1', '"adam_c2" =: 1 - b2',
+            '"adam_bc1" =: 1 - b1 ** step', '"adam_bc2" =: 1 - b2 ** step', '"adam_eps" =: eps',
+            '"adam_wd" =: wd']
+    return cd(f'~~("adam scalars"; {"; ".join(text)})', b1=beta1, b2=beta2, eps=eps, wd=weight_decay, step=step)
+
+
 def adam_one(p: Tensor, learning_rate: Tensor | float, *, step: Tensor, beta1: float = 0.9, beta2: float = 0.999,
-             eps: float = 1e-8, weight_decay: float = 0.0, decoupled: bool = True) -> Code:
+             eps: float = 1e-8, weight_decay: float = 0.0, decoupled: bool = True,
+             scalars: Code | None = None) -> Code:
     """One parameter's Adam step in `%cd`. Weight decay is decoupled (`p -= lr * wd * p`, AdamW)
-    or, with `decoupled=False`, added to the gradient as L2 (PyTorch's Adam)."""
+    or, with `decoupled=False`, added to the gradient as L2 (PyTorch's Adam). `scalars`: the
+    `adam_scalars` of the same settings, shared by the parameters of one update (without, the
+    code computes its own first)."""
     coupled = not decoupled and weight_decay != 0.0
     grad = "adam_g" if coupled else "p.grad"
     text = ['"adam_g" =: p.grad + wd * p'] if coupled else []
-    text += [f'"adam_m" =: b1 * adam_m + (1 - b1) * {grad}',
-             f'"adam_v" =: b2 * adam_v + (1 - b2) * ({grad} * {grad})',
-             '"m_hat" =: adam_m / (1 - b1 ** step)',
-             '"v_hat" =: adam_v / (1 - b2 ** step)',
+    text += [f'"adam_m" =: b1 * adam_m + c1 * {grad}',
+             f'"adam_v" =: b2 * adam_v + c2 * ({grad} * {grad})',
+             '"m_hat" =: adam_m / bc1',
+             '"v_hat" =: adam_v / bc2',
              'p =- lr * (m_hat / (sqrt(v_hat) + eps)) ~logic:"."' if coupled
              else 'p =- lr * (m_hat / (sqrt(v_hat) + eps) + wd * p) ~logic:"."']
-    body = "; ".join(text)
-    return cd(f'~~("adam {p.label_str}"; {body})', p=p, lr=learning_rate, b1=beta1, b2=beta2, eps=eps,
-              wd=weight_decay, step=step)
+    own = scalars is None
+    if scalars is None:
+        scalars = adam_scalars(step, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+    shared = {k: scalars[f"adam_{k}"] for k in ("b1", "b2", "c1", "c2", "bc1", "bc2", "eps", "wd")}
+    code = cd(f'~~("adam {p.label_str}"; {"; ".join(text)})', p=p, lr=learning_rate, **shared)
+    # labelled after the parameter, as when the first tensor named was the gradient, not a scalar
+    # (the operands keep their order: the simplifier fuses the second product into an FMA)
+    for name, after in (("adam_m", ()), ("adam_v", ()), ("m_hat", ("adam_m",)), ("v_hat", ("adam_v",))):
+        code[name].relabel([name, *after, *p.label], code[name].scope)
+    return Code(asg.sequence(scalars.asgns, code.asgns), code.decls) if own else code
 
 
 def adam_update(loss_or_params: "Tensor | Iterable[Tensor]", learning_rate: Tensor | float, *, step: Tensor,
                 beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
                 decoupled: bool = True) -> Asgns:
     """Adam over all parameters under a loss (or the given parameters); `step` counts from 1.
-    Weight decay as in `adam_one`."""
-    return asg.sequence(*[adam_one(p, learning_rate, step=step, beta1=beta1, beta2=beta2, eps=eps,
-                                   weight_decay=weight_decay, decoupled=decoupled).asgns
-                          for p in _params_of(loss_or_params)])
+    Weight decay as in `adam_one`; the scalars every parameter's update uses are computed
+    once (`adam_scalars`)."""
+    scalars = adam_scalars(step, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+    return asg.sequence(scalars.asgns, *[adam_one(p, learning_rate, step=step, beta1=beta1, beta2=beta2, eps=eps,
+                                                  weight_decay=weight_decay, decoupled=decoupled,
+                                                  scalars=scalars).asgns
+                                         for p in _params_of(loss_or_params)])
 
 
 def init_params(t: "Tensor | Iterable[Tensor]", *, seed: int = 0) -> None:

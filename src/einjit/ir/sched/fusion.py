@@ -31,6 +31,10 @@ backward row in `benchmarks/bench_pointwise.py` ran 1.2x faster.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import TypeVar
 
 from einjit.ir import low_level as ll
 from einjit.ir import provenance
@@ -48,8 +52,48 @@ A GPT block's LayerNorm backward with its residual gradients is a chain of nine 
 the last of them (the residual gradient's copy) ran as one more pass over the activations."""
 
 
+_S = TypeVar("_S")
+_R = TypeVar("_R")
+
+_known: ContextVar[dict[tuple[str, int], tuple[object, object]] | None] = ContextVar("einjit_fusion_facts",
+                                                                                   default=None)
+"""Facts about the statements of the running `fuse_loops` (`_remembered`), by function and
+statement identity; each entry holds its statement, so that no id is reused while it lives."""
+
+
+def _remembered(f: Callable[[_S], _R]) -> Callable[[_S], _R]:
+    """`f` answered once per statement during a `fuse_loops`. Each fusion checks the nest fused
+    so far again, and a fused nest's body is the old bodies under a few new `Seq`s: with the
+    facts composed from the parts' (a sequence's accesses are its halves'), a check costs the
+    new nodes, not a walk of the whole group (the stage took a fifth of the 4-block GPT step's
+    compile). Statements are immutable, so a fact stays right while its statement lives."""
+
+    @functools.wraps(f)
+    def answer(stmt: _S) -> _R:
+        known = _known.get()
+        if known is None:
+            return f(stmt)
+        key = (f.__name__, id(stmt))
+        hit = known.get(key)
+        if hit is None:
+            hit = known[key] = (stmt, f(stmt))
+        return hit[1]  # type: ignore[return-value]  # stored by this function for this statement
+
+    return answer
+
+
 def fuse_loops(stmt: ll.LLStmt) -> ll.LLStmt:
     """`stmt` with every legal pair of consecutive nests fused, repeatedly (see the module)."""
+    if _known.get() is not None:
+        return _fused(stmt)
+    token = _known.set({})
+    try:
+        return _fused(stmt)
+    finally:
+        _known.reset(token)
+
+
+def _fused(stmt: ll.LLStmt) -> ll.LLStmt:
     out: list[ll.LLStmt] = []
     fused: list[int] = []
     for s in ll.flatten(stmt):
@@ -93,14 +137,21 @@ def _marked(loop: ll.ForLoop) -> bool:
 
 def _plain(loop: ll.ForLoop) -> bool:
     """No packed panel (a scheduled contraction), staged code or whole-vector write inside."""
-    for x in _statements(loop.body):
-        match x:
-            case ll.StagedCompilation() | ll.SetFromVec():
-                return False
-            case ll.ForLoop() if _marked(dataclasses.replace(x, start=None, stop=None)) and not _partial_sum_loop(x):
-                return False
-            case ll.Set(tn) if tn.is_local() and tn.label and tn.label[0] == "pack":
-                return False
+    return _plain_code(loop.body)
+
+
+@_remembered
+def _plain_code(stmt: ll.LLStmt) -> bool:
+    match stmt:
+        case ll.Seq(first, second):
+            return _plain_code(first) and _plain_code(second)
+        case ll.StagedCompilation() | ll.SetFromVec():
+            return False
+        case ll.ForLoop(body=body):
+            marked = stmt.unroll or stmt.parallel or stmt.keep_order or not stmt.trace_it
+            return (not marked or _partial_sum_loop(stmt)) and _plain_code(body)
+        case ll.Set(tn) if tn.is_local() and tn.label and tn.label[0] == "pack":
+            return False
     return True
 
 
@@ -114,19 +165,7 @@ def _partial_sum_loop(loop: ll.ForLoop) -> bool:
     return any(tn.is_local() and tn.label[:1] == ["lanes"] for tn, _, _ in _accesses(loop))
 
 
-def _statements(stmt: ll.LLStmt) -> list[ll.LLStmt]:
-    """The statements of `stmt`, loop bodies included, local scopes' not (a fusion check needs
-    the loops and the writes; its reads come from `_accesses`)."""
-    out: list[ll.LLStmt] = []
-    stack = [stmt]
-    while stack:
-        for x in ll.flatten(stack.pop()):
-            out.append(x)
-            if isinstance(x, ll.ForLoop):
-                stack.append(x.body)
-    return out
-
-
+@_remembered
 def _lane_loop(loop: ll.ForLoop) -> bool:
     """Whether `loop` runs over the lanes of a register block's vectors: the C backend renders
     such a loop as one vector statement, which a second statement in its body would undo."""
@@ -140,7 +179,15 @@ def _innermost(loop: ll.ForLoop) -> bool:
     0))`, then `where(m, exp, 0)`) let it compute the `exp` on every lane, the masked -1e30
     scores included, and then select: libmvec took its slow path for the underflowing lanes and
     the softmax pass ran 4x slower. The rows an outer fusion keeps in L1 are what fusion is for."""
-    return not any(isinstance(x, ll.ForLoop) for x in _statements(loop.body))
+    return not _has_loop(loop.body)
+
+
+@_remembered
+def _has_loop(stmt: ll.LLStmt) -> bool:
+    match stmt:
+        case ll.Seq(first, second):
+            return _has_loop(first) or _has_loop(second)
+    return isinstance(stmt, ll.ForLoop)
 
 
 def _fuse(a: ll.ForLoop, b: ll.ForLoop) -> ll.ForLoop | None:
@@ -151,7 +198,7 @@ def _fuse(a: ll.ForLoop, b: ll.ForLoop) -> ll.ForLoop | None:
     if not _sliced(acc_a, acc_b, a.index, b.index):
         return None
     renamed = _rename(b.body, {b.index: Iterator(a.index)})
-    return dataclasses.replace(a, body=fuse_loops(ll.seq(a.body, renamed)))
+    return dataclasses.replace(a, body=_fused(ll.seq(a.body, renamed)))
 
 
 def _sliced(acc_a: list[_Access], acc_b: list[_Access], sa: Symbol, sb: Symbol) -> bool:
@@ -178,33 +225,35 @@ def _slice_axis(idcs: tuple[AxisIndex, ...] | None, s: Symbol) -> int | None:
     return found[0]
 
 
+@_remembered
 def _accesses(stmt: ll.LLStmt) -> list[_Access]:
-    """Every array access of `stmt`, local scopes included."""
+    """Every array access of `stmt`, local scopes included, in no particular order (callers ask
+    which nodes, axes and writes occur)."""
+    match stmt:
+        case ll.Seq(first, second):
+            return _accesses(first) + _accesses(second)
+        case ll.ForLoop(body=body):
+            return _accesses(body)
+        case ll.Set(tn, idcs, sc):
+            return [(tn, idcs, True), *_reads(sc)]
+        case ll.SetFromVec(tn, arg=sc):
+            return [(tn, None, True), *_reads(sc)]
+        case ll.SetLocal(value=sc):
+            return _reads(sc)
+        case ll.ZeroOut(tn):
+            return [(tn, None, True)]
+    return []
+
+
+def _reads(sc: ll.LLScalar) -> list[_Access]:
+    """The reads of an expression, and the accesses of the local scopes in it."""
     out: list[_Access] = []
-    scalars: list[ll.LLScalar] = []
-    stmts = _statements(stmt)
-    while stmts:
-        for x in stmts:
-            match x:
-                case ll.Set(tn, idcs, sc):
-                    out.append((tn, idcs, True))
-                    scalars.append(sc)
-                case ll.SetFromVec(tn, idcs, arg=sc):
-                    out.append((tn, None, True))
-                    scalars.append(sc)
-                case ll.SetLocal(value=sc):
-                    scalars.append(sc)
-                case ll.ZeroOut(tn):
-                    out.append((tn, None, True))
-        stmts = []
-        for sc in scalars:
-            for y in ll.iter_scalars(sc):
-                match y:
-                    case ll.Get(tn, idcs) | ll.GetMergeBuffer(tn, idcs):
-                        out.append((tn, idcs, False))
-                    case ll.LocalScope(body=body):
-                        stmts.extend(_statements(body))
-        scalars = []
+    for y in ll.iter_scalars(sc):
+        match y:
+            case ll.Get(tn, idcs) | ll.GetMergeBuffer(tn, idcs):
+                out.append((tn, idcs, False))
+            case ll.LocalScope(body=body):
+                out.extend(_accesses(body))
     return out
 
 

@@ -20,8 +20,14 @@ from einjit.ir.tnode import Tnode
 
 
 def interchange_loops(stmt: ll.LLStmt) -> ll.LLStmt:
-    """Every eligible perfect nest of `stmt` with its best unit-stride loop innermost."""
-    return ll.seq(*(_interchange_stmt(s) for s in ll.flatten(stmt)))
+    """Every eligible perfect nest of `stmt` with its best unit-stride loop innermost. Code
+    with no loop to reorder is returned as it is (most nests of a training step are already in
+    order, and rebuilding each of their loops cost most of the stage's time)."""
+    parts = list(ll.flatten(stmt))
+    new = [_interchange_stmt(s) for s in parts]
+    if all(a is b for a, b in zip(parts, new, strict=True)):
+        return stmt
+    return ll.seq(*new)
 
 
 def _interchange_stmt(s: ll.LLStmt) -> ll.LLStmt:
@@ -32,10 +38,10 @@ def _interchange_stmt(s: ll.LLStmt) -> ll.LLStmt:
     if any(lp.keep_order for lp in loops):
         return s
     if len(loops) > 1 and len(inner) == 1 and isinstance(inner[0], ll.Set) and reorderable(inner[0]):
-        loops = best_order(loops, inner[0])
-    else:
-        body = interchange_loops(body)
-    return rewrap(loops, body)
+        order = best_order(loops, inner[0])
+        return s if order is loops else rewrap(order, body)
+    new_body = interchange_loops(body)
+    return s if new_body is body else rewrap(loops, new_body)
 
 
 def perfect_nest(loop: ll.ForLoop) -> tuple[list[ll.ForLoop], ll.LLStmt]:
