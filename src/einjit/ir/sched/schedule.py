@@ -46,7 +46,9 @@ L1 sets), and read all of A again for every panel: those nests ran at 55-60% of 
 where `x @ w` of the same size ran at 80-90%. Then A is packed too, once per k chunk, before
 the panels (`apack[i0, k.., a] := A(MB*i0 + a, k..)`, when there are two panels or more), and
 the chunk is sized so that the panel stays in L1 and the packed rows in L2
-(`cost_model.k_chunk`). The kernel then streams `MB` adjacent values per step.
+(`cost_model.k_chunk`). The kernel then streams `MB` adjacent values per step. With no more
+rows than columns the row blocks go outside the panels instead (`_rows_outer_chunk`): B's
+chunk is packed whole in one pass along its rows, and each row block packs its own rows.
 
 bf16 contractions accumulate in float32: the accumulator block and the panel are float
 (`Prec.computed_in`), bf16 operands widened while packing, and the bf16 nodes the row operand
