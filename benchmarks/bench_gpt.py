@@ -13,7 +13,8 @@
 - `shapes`: the step's dense contractions one at a time, each as lowering writes it (a zero fill
   and the multiply-add nest) through the optimizer: `x @ wᵀ` forward (qkv/out K=N=128, MLP fc
   K=128 N=512, proj K=512 N=128, LM head N=96) and the input gradients `dy @ w`, over the
-  B*T=1024 rows; peers NumPy and PyTorch on the same (1024, K) operand.
+  B*T=1024 rows; peers NumPy and PyTorch on the same (1024, K) operand. Then the weight
+  gradients `w.grad += dyᵀ·x` (summed over those 1024 rows of both operands) of the same layers.
 - `val`: `demo gpt`'s default run trained by einjit and by PyTorch from the same initial weights
   on the same batches; the final validation losses and their relative difference.
 Every row states its figures; nothing here is asserted.
@@ -269,6 +270,57 @@ def shape_rows(threads: int | None = None) -> list[dict]:
     return rows
 
 
+WGRAD_SHAPES = (("w.grad qkv/out", D, D), ("w.grad MLP fc", 4 * D, D), ("w.grad MLP proj", D, 4 * D),
+                ("w.grad LM head", V, D))
+"""(name, N, K) of the step's weight gradients: `w.grad[n, k] += sum_b,t dy[b, t, n] * x[b, t, k]`,
+summed over the B*T rows of both operands."""
+
+
+def wgrad_rows(threads: int | None = None) -> list[dict]:
+    """Each of `WGRAD_SHAPES` compiled alone as lowering writes it (a zero fill, then the nest
+    over b, t, n, k), against NumPy's and PyTorch's `dyᵀ @ x` on the operands flattened to (B*T, .)."""
+    from einjit.backends.cc import toolchain as cc
+    from einjit.backends.cc.backend import CcBackend
+    from einjit.ir import low_level as ll
+    from einjit.ir import ops
+    from einjit.ir.indexing import Iterator, get_symbol
+    from einjit.ir.optimize import optimize_proc
+    from einjit.ir.tnode import Tnode, hosted
+
+    torch = _torch(threads)
+    rng = np.random.default_rng(0)
+    rows = []
+    for name, n_, k_ in WGRAD_SHAPES:
+        dy, x, g = Tnode("dy", (B, T, n_)), Tnode("x", (B, T, k_)), Tnode("g", (n_, k_))
+        for tn in (dy, x, g):
+            tn.update_memory_mode(hosted(), 0)
+        b, t, n, k = (Iterator(get_symbol(s)) for s in "btnk")
+        body: ll.LLStmt = ll.Set(g, (n, k), ll.Ternop(ops.Ternop.FMA, ll.Get(dy, (b, t, n)), ll.Get(x, (b, t, k)),
+                                                      ll.Get(g, (n, k))))
+        for idx, extent in reversed([(b, B), (t, T), (n, n_), (k, k_)]):
+            body = ll.ForLoop(idx.symbol, 0, extent - 1, body)
+        label = f"gpt_wgrad_{n_}_{k_}"
+        backend = CcBackend(cc.CcOptions(threads=_threads(threads)))
+        ctx = backend.init(label)
+        dys = rng.standard_normal(dy.dims).astype(np.float32)
+        xs = rng.standard_normal(x.dims).astype(np.float32)
+        ctx.array(dy)[...], ctx.array(x)[...] = dys, xs
+        code = optimize_proc(ll.seq(ll.ZeroOut(g), body), name=label)
+        routine = backend.link(ctx, backend.compile((), code, shared=True, name=label))
+        dy2, x2 = dys.reshape(B * T, n_), xs.reshape(B * T, k_)
+        routine()
+        np.testing.assert_allclose(ctx.array(g), dy2.T @ x2, rtol=1e-4, atol=1e-3)
+        fns = [routine, lambda dy2=dy2, x2=x2: dy2.T @ x2]
+        if torch is not None:
+            tdy, tx = torch.from_numpy(dy2), torch.from_numpy(x2)
+            fns.append(lambda tdy=tdy, tx=tx: tdy.T @ tx)
+        times = best_time(fns, min_time=0.3)
+        peers = {"numpy": times[1], "torch": times[2] if torch is not None else None}
+        rows.append(row(f"GPT {name}: N={n_} K={k_} over M={B * T} rows, {_threads(threads)} thread(s)", times[0],
+                        peers) | {"gflops": 2.0 * B * T * k_ * n_ / times[0] / 1e9})
+    return rows
+
+
 def decode_rows(n_tokens: int = 48, threads: int | None = None) -> list[dict]:
     """Greedy decoding; einjit's routines use the default backend (`EINJIT_NUM_THREADS`)."""
     from einjit import train
@@ -382,7 +434,8 @@ def val_rows() -> list[dict]:
 
 
 def main() -> None:
-    groups = {"step": step_rows, "decode": decode_rows, "memory": memory_rows, "val": val_rows, "shapes": shape_rows}
+    groups = {"step": step_rows, "decode": decode_rows, "memory": memory_rows, "val": val_rows,
+              "shapes": lambda: shape_rows() + wgrad_rows()}
     only = [g for g in ARGS.only.split(",") if g]
     unknown = sorted(set(only) - set(groups))
     if unknown:

@@ -293,9 +293,10 @@ def gpt_rows() -> list[dict]:
     per-token KV-cache decoding, and the step's dense contractions one at a time
     (`bench_gpt.py`)."""
     from bench_attention import attention_rows
-    from bench_gpt import decode_rows, shape_rows, step_rows
+    from bench_gpt import decode_rows, shape_rows, step_rows, wgrad_rows
     threads = ARGS.threads if ARGS else 1
-    return step_rows(threads) + attention_rows(threads) + decode_rows(threads=threads) + shape_rows(threads)
+    return (step_rows(threads) + attention_rows(threads) + decode_rows(threads=threads) + shape_rows(threads)
+            + wgrad_rows(threads))
 
 
 def thread_rows() -> list[dict]:

@@ -120,3 +120,27 @@ def test_one_panel_reads_its_rows_once_and_packs_none():
     assert local_nodes(sched) == {"pack", "acc"}
     ins = inputs_for(x, dy)
     np.testing.assert_array_equal(run_in_c(sched, ins, name="wgrad").array(w), run_in_c(code, ins).array(w))
+
+
+@pytest.mark.parametrize("machine", ["avx2", "avx512"])
+@pytest.mark.parametrize("shape", [(4, 300, 37, 100), (2, 10, 13, 40)])
+def test_fewer_rows_than_columns_put_the_row_blocks_outside_the_panels(machine, shape):
+    """Rows no more than columns: B's chunk packed whole (`pack` holds every panel), then each
+    row block packs its own rows (`apack` holds one block) and runs against every panel —
+    the 4.4M-multiply-add nest with its row blocks on threads, each thread packing its own
+    block. Tail rows, a tail panel, chunks of the summed loop; bit for bit the unscheduled C
+    at 1 and 2 threads."""
+    code, x, dy, w = weight_grad(*shape)
+    blocking = Blocking(machine=MACHINES[machine], min_work=1)
+    sched = schedule_llc(code, OFF, blocking)
+    packs = {tn.label[0]: tn.dims for tn in ll.nodes_of(sched) if tn.is_local() and tn.label[0] in ("pack", "apack")}
+    rows, cols = shape[2:]
+    tile = next(iter(cost_model.candidates(Shape(rows, cols, shape[0] * shape[1], shape[0], 4, True),
+                                           blocking.nb_choices, blocking.mb_max, blocking.machine)))
+    assert packs["apack"][0] == 1 and packs["pack"][0] == -(-cols // tile.nb), packs
+    ins = inputs_for(x, dy, seed=shape[1])
+    want = run_in_c(code, ins, name="plain").array(w).copy()
+    for threads in (1, 2):
+        got = run_in_c(sched, ins, name="wgrad", options=cc.CcOptions(threads=threads)).array(w)
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(want, reference(ins, x, dy), rtol=1e-4, atol=1e-4)

@@ -46,7 +46,9 @@ L1 sets), and read all of A again for every panel: those nests ran at 55-60% of 
 where `x @ w` of the same size ran at 80-90%. Then A is packed too, once per k chunk, before
 the panels (`apack[i0, k.., a] := A(MB*i0 + a, k..)`, when there are two panels or more), and
 the chunk is sized so that the panel stays in L1 and the packed rows in L2
-(`cost_model.k_chunk`). The kernel then streams `MB` adjacent values per step.
+(`cost_model.k_chunk`). The kernel then streams `MB` adjacent values per step. With no more
+rows than columns the row blocks go outside the panels instead (`_rows_outer_chunk`): B's
+chunk is packed whole in one pass along its rows, and each row block packs its own rows.
 
 bf16 contractions accumulate in float32: the accumulator block and the panel are float
 (`Prec.computed_in`), bf16 operands widened while packing, and the bf16 nodes the row operand
@@ -369,6 +371,9 @@ class _Layout:
     kl: Symbol | None
     apack: Tnode | None
     zero_start: bool = False
+    rows_outer: bool = False
+    """Row blocks outside the panels (`_rows_outer_chunk`): `pack` holds every panel of the
+    chunk, `apack` one row block."""
 
     @property
     def k1(self) -> Symbol:
@@ -378,10 +383,12 @@ class _Layout:
     def rest(self) -> tuple[Symbol, ...]:
         return self.c.summed[1:]
 
-    def pack_at(self) -> tuple[AxisIndex, ...]:
+    def pack_at(self, panel: AxisIndex | None = None) -> tuple[AxisIndex, ...]:
+        """A panel's cell; `panel` picks the panel where `pack` holds them all (`rows_outer`)."""
         if self.kl is not None:
             return bf16_pairs.pack_at(self.kp[self.k1], self.b, self.kl)
-        return (Iterator(self.kp[self.k1]), *(Iterator(self.kp[k]) for k in self.rest), Iterator(self.b))
+        at = (Iterator(self.kp[self.k1]), *(Iterator(self.kp[k]) for k in self.rest), Iterator(self.b))
+        return (panel, *at) if panel is not None else at
 
     def k_loops(self, depth: int) -> list[tuple[Symbol, int]]:
         if self.kl is not None:
@@ -418,13 +425,20 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     inner_threads = batch is None and _threaded(c, blocking)
     by_panels = inner_threads and n_cols >= 2 * blocking.min_panels_per_thread
     # A is read once per panel: packing it pays with two panels or more
-    apack = (nests.scheduler_local("apack", (n_rows + (1 if tail_rows else 0), kc, *(extent[k] for k in c.summed[1:]),
-                                             mb), prec)
-             if c.a_strided and not pairs and n_cols + (1 if tail_cols else 0) >= 2
-             and all(extent[s] == 1 for s in c.outer) else None)
+    panels = n_cols + (1 if tail_cols else 0)
+    packs_rows = c.a_strided and not pairs and panels >= 2 and all(extent[s] == 1 for s in c.outer)
+    # no more rows than columns: the row blocks go outside the panels (`_rows_outer_chunk`), on
+    # threads where the nest is (512 x 128 ran 5% slower that way: 86 passes over B's chunk)
+    rows_outer = packs_rows and batch is None and extent[c.i] <= extent[c.j]
+    rest = tuple(extent[k] for k in c.summed[1:])
+    apack = (nests.scheduler_local("apack", (1 if rows_outer else n_rows + (1 if tail_rows else 0), kc, *rest, mb),
+                                   prec)
+             if packs_rows else None)
+    if rows_outer:
+        pack = nests.scheduler_local("pack", (panels, kc, *rest, nb), prec)
     return _Layout(c, mb, nb, kc, pack, block, edge, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, tail_rows,
                    n_chunks, tail_chunk, unrolled, batch, inner_threads, by_panels,
-                   get_symbol("kl") if pairs else None, apack)
+                   get_symbol("kl") if pairs else None, apack, rows_outer=rows_outer)
 
 
 def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking, zeroed: bool = False) -> ll.LLStmt:
@@ -454,6 +468,8 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking, zeroed:
 
 def _chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
     """One k chunk: every full column panel, then the tail panel."""
+    if lay.rows_outer:
+        return _rows_outer_chunk(lay, k_at, depth)
     b, nb = lay.b, lay.nb
     parts = _packed_rows(lay, k_at, depth)
     if lay.n_cols == 1:
@@ -466,6 +482,65 @@ def _chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
         start = nb * lay.n_cols
         parts.append(ll.Comment(f"the last {lay.tail_cols} of {lay.c.extent[lay.c.j]} columns, padded to {nb}"))
         parts.append(_panel(lay, _span(nb, None, b, start), lay.tail_cols, k_at, depth, lay.inner_threads))
+    return ll.seq(*parts)
+
+
+def _rows_outer_chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
+    """One k chunk of a weight gradient on one thread, row blocks outside the panels: B's
+    chunk packed whole, every panel in one pass along B's rows, then per row block its rows of
+    A packed once (a few KiB, in L1) and run against every panel. Packing one panel at a time
+    read a 64-byte piece of each of the chunk's rows of B, 2 KiB apart for a 512-wide operand
+    (a few L1 sets), for each panel: on znver3 the MLP proj's weight gradient (128 x 512 over
+    1024 rows) took 2.06-2.29 ms of CPU time that way, 1.75-1.85 ms this way (1.5 ms with
+    nothing packed), the 128 x 128 ones 0.47 ms before, 0.44 ms after."""
+    c, a, b, mb, nb = lay.c, lay.a, lay.b, lay.mb, lay.nb
+    k_loops, k_env = lay.k_loops(depth), lay.k_env(k_at)
+
+    def fill(panel: AxisIndex, col: AxisIndex) -> ll.Set:
+        return ll.Set(lay.pack, lay.pack_at(panel), nests.subst(c.b_op, {c.j: col, **k_env}),
+                      "pack the chunk's panels of the unit-stride operand")
+
+    def along_b(loops: list[tuple[Symbol, int]]) -> list[tuple[Symbol, int]]:
+        return [*loops, *k_loops] if c.b_along_k else [*k_loops, *loops]
+
+    parts: list[ll.LLStmt] = [ll.Comment(f"pack the chunk's {c.extent[c.j]} columns in panels of {nb}")]
+    if lay.n_cols:
+        parts.append(nests.nest(along_b([(lay.j0, lay.n_cols), (b, nb)]), fill(Iterator(lay.j0), _span(nb, lay.j0, b))))
+    if lay.tail_cols:
+        tail = FixedIdx(lay.n_cols)
+        parts.append(nests.nest(along_b([(b, lay.tail_cols)]), fill(tail, _span(nb, None, b, nb * lay.n_cols))))
+        parts.append(nests.nest(k_loops, ll.ForLoop(b, lay.tail_cols, nb - 1,
+                                                    ll.Set(lay.pack, lay.pack_at(tail), ll.Constant(0.0)))))
+
+    def block_rows(row: AxisIndex, height: int) -> ll.LLStmt:
+        assert lay.apack is not None
+        r = Iterator(a) if height > 1 else FixedIdx(0)
+        ks = [Iterator(lay.kp[k]) for k in c.summed]
+        pack_rows = ll.Set(lay.apack, (FixedIdx(0), *ks, r), nests.subst(c.a_op, {c.i: row, **k_env}),
+                           "pack a block of rows")
+        steps = [nests.nest([*k_loops, *([(a, height)] if height > 1 else [])], pack_rows)]
+        if lay.n_cols == 1:
+            steps.append(_kernel(lay, row, FixedIdx(0), height, Iterator(b), nb, k_at, depth, FixedIdx(0)))
+        elif lay.n_cols:
+            steps.append(ll.ForLoop(lay.j0, 0, lay.n_cols - 1, _kernel(lay, row, FixedIdx(0), height,
+                                                                        _span(nb, lay.j0, b), nb, k_at, depth,
+                                                                        Iterator(lay.j0))))
+        if lay.tail_cols:
+            steps.append(ll.Comment(f"the last {lay.tail_cols} of {c.extent[c.j]} columns, padded to {nb}"))
+            steps.append(_kernel(lay, row, FixedIdx(0), height, _span(nb, None, b, nb * lay.n_cols), lay.tail_cols,
+                                 k_at, depth, FixedIdx(lay.n_cols)))
+        return ll.seq(*steps)
+
+    if lay.n_rows == 1:
+        parts.append(block_rows(Iterator(a) if mb > 1 else FixedIdx(0), mb))
+    elif lay.n_rows:
+        parts.append(ll.ForLoop(lay.i0, 0, lay.n_rows - 1, block_rows(_span(mb, lay.i0, a) if mb > 1
+                                                                      else Iterator(lay.i0), mb),
+                                parallel=lay.inner_threads))
+    if lay.tail_rows:
+        parts.append(ll.Comment(f"the last {lay.tail_rows} of {c.extent[c.i]} rows"))
+        parts.append(block_rows(_span(mb, None, a, mb * lay.n_rows) if lay.tail_rows > 1
+                                else FixedIdx(mb * lay.n_rows), lay.tail_rows))
     return ll.seq(*parts)
 
 
@@ -522,12 +597,13 @@ def _panel(lay: _Layout, col: AxisIndex, width: int, k_at: AxisIndex, depth: int
 
 
 def _kernel(lay: _Layout, row: AxisIndex, row_block: AxisIndex, height: int, col: AxisIndex, width: int,
-            k_at: AxisIndex, depth: int) -> ll.LLStmt:
+            k_at: AxisIndex, depth: int, panel: AxisIndex | None = None) -> ll.LLStmt:
     """One block; in a tail panel (`width < nb`) it still updates all `nb` columns (the
     padding columns hold zeros and are never stored), since gcc keeps only full-width
     blocks in registers. A block of vectors loads and stores a tail panel's columns through
     `edge`, zero-padded, a row at a time. A's values come from `apack` at `row_block` when
-    its rows are packed. A `zero_start` block starts at zero instead of loading the output."""
+    its rows are packed, B's from `panel` where `pack` holds every panel (`rows_outer`). A
+    `zero_start` block starts at zero instead of loading the output."""
     c, st, a, b, rb = lay.c, lay.c.st, lay.a, lay.b, lay.block
     unrolled = lay.unrolled | rb.unrolled if lay.unrolled else lay.unrolled
     r = Iterator(a) if height > 1 else FixedIdx(0)
@@ -537,7 +613,7 @@ def _kernel(lay: _Layout, row: AxisIndex, row_block: AxisIndex, height: int, col
         a_read: ll.LLScalar = ll.Get(lay.apack, (row_block, *(Iterator(lay.kp[k]) for k in c.summed), r))
     else:
         a_read = nests.subst(c.a_op, {c.i: row, **lay.k_env(k_at)})
-    packed = rb.by_column(ll.Get(lay.pack, lay.pack_at()))
+    packed = rb.by_column(ll.Get(lay.pack, lay.pack_at(panel)))
     x, y = (packed, a_read) if c.b_first else (a_read, packed)
     update = ll.Set(rb.node, block, ll.Ternop(ops.Ternop.FMA, x, y, ll.Get(rb.node, block)), st.debug)
     rows = [(a, height)] if height > 1 else []
