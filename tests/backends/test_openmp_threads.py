@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from einjit.backends import parallel_loops
+from einjit.backends import parallel_loops, sum_fission
 from einjit.backends.c_syntax import C_SYNTAX
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.cc.backend import CcBackend, run_once
@@ -420,14 +420,51 @@ def test_column_loops_under_summed_rows_go_to_threads_in_vector_chunks():
     np.testing.assert_array_equal(want[outs[2]], ins[ins_nodes[2]] + h)
 
 
-def test_a_sum_over_the_columns_keeps_the_column_loops_serial():
-    """`s[b, t]` adds every column of a row: chunks of columns would write one cell from two
-    threads, so the nest stays serial."""
+def test_a_sum_over_the_columns_moves_the_column_sum_after_the_rows():
+    """`s[b, t]` adds every column of a row, so chunks of columns would write one cell from two
+    threads; instead `db += h` moves into a nest of its own after the rest
+    (`sum_fission.split`): the rest goes on threads over its rows, the sum over chunks of its
+    columns, each cell of `db` still added in the order of the rows (bit-identical)."""
     code, ins_nodes, outs = bias_backward(row_sum=True)
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024)))
+    rows, sums = top[2:]
+    assert rows.parallel and (rows.index.name, rows.to_) == ("b", 5)
+    (g, w, dx), (h, db, _, s) = ins_nodes, outs
+    assert set(ll.nodes_of(rows)) == {g, w, h, dx, s}
+    assert sums.parallel and set(ll.nodes_of(sums)) == {db, h}
+    [region] = parallel_loops.shared_regions(top)
+    assert [(u.role, u.nowait) for u in region.units] == [("for", False), ("for", True)]
+    source, want = check_threads(code, inputs_for(*ins_nodes), outs, "row_sum", min_work=1024)
+    assert source.count("#pragma omp for") == 2
+    np.testing.assert_allclose(want[s], want[h].astype(np.float64).sum(2), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(want[db], want[h].astype(np.float64).sum((0, 1)), rtol=1e-5, atol=1e-5)
+
+
+def _sum_then(after: str) -> ll.LLStmt:
+    """`db += h` over rows with a row sum beside it, then `after`: "write" changes `h` after the
+    sum has read it; "read" reads `db` in the nest."""
+    h, db, s, g = Tnode("h", (6, 10, 64)), Tnode("db", (64,)), Tnode("s", (6, 10)), Tnode("g", (6, 10, 64))
+    b, t = get_symbol("b"), get_symbol("t")
+    j1, j2, j3, j4 = (get_symbol("j") for _ in range(4))
+    stmts = [ll.ForLoop(j1, 0, 63, ll.Set(h, it(b, t, j1), ll.Binop(ops.Binop.MUL, ll.Get(g, it(b, t, j1)),
+                                                                      ll.Get(g, it(b, t, j1))))),
+             ll.ForLoop(j2, 0, 63, ll.Set(db, it(j2), ll.Binop(ops.Binop.ADD, ll.Get(db, it(j2)),
+                                                                ll.Get(h, it(b, t, j2))))),
+             ll.ForLoop(j3, 0, 63, ll.Set(s, it(b, t), ll.Binop(ops.Binop.ADD, ll.Get(s, it(b, t)),
+                                                                 ll.Get(h, it(b, t, j3)))))]
+    last = ll.Get(h, it(b, t, j4)) if after == "write" else ll.Get(db, it(j4))
+    stmts.append(ll.ForLoop(j4, 0, 63, ll.Set(h, it(b, t, j4), ll.Binop(ops.Binop.ADD, last, ll.Constant(1.0)))))
+    return ll.seq(ll.ZeroOut(db), ll.ZeroOut(s), ll.ForLoop(b, 0, 5, ll.ForLoop(t, 0, 9, ll.seq(*stmts))))
+
+
+@pytest.mark.parametrize("after", ["write", "read"])
+def test_a_column_sum_stays_where_the_nest_changes_what_it_reads_or_reads_its_target(after):
+    """Moved after the nest, the sum would read `h` after its last write, not before it
+    ("write"), or the nest would read `db` before the sum ("read"): it stays, the nest serial."""
+    code = _sum_then(after)
+    assert sum_fission.split(list(ll.flatten(code))[2]) is None
     threaded = parallel_loops.thread_nests(code, 2, 1024)
     assert not any(isinstance(s, ll.ForLoop) and s.parallel for s in ll.iter_stmts(threaded))
-    source, want = check_threads(code, inputs_for(*ins_nodes), outs, "row_sum", min_work=1024)
-    assert "omp" not in source
 
 
 def weight_gradient() -> tuple[ll.LLStmt, tuple[Tnode, ...], Tnode, Tnode]:

@@ -26,6 +26,7 @@ import math
 from collections.abc import Iterator as PyIterator
 from dataclasses import dataclass
 
+from einjit.backends import sum_fission
 from einjit.ir import low_level as ll
 from einjit.ir import provenance
 from einjit.ir.indexing import Affine, AxisIndex, Iterator, Symbol, gather_indices, get_symbol, make_affine, subst_index
@@ -308,6 +309,7 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK) 
                 threaded = known[2]
             elif not any(isinstance(x, ll.ForLoop) and x.parallel for x in ll.iter_stmts(s)):
                 threaded = _thread_nest(s, threads, min_work)
+                threaded = threaded if threaded.parallel else _fissioned(s, threads, min_work, threaded)
             elif s.parallel:
                 threaded = s
             else:
@@ -378,6 +380,21 @@ def _serial(stmt: ll.LLStmt) -> ll.LLStmt:
         case ll.Seq():
             return ll.seq(*(_serial(s) for s in ll.flatten(stmt)))
     return stmt
+
+
+def _fissioned(nest: ll.ForLoop, threads: int, min_work: int, otherwise: ll.LLStmt) -> ll.LLStmt:
+    """`nest` with its column sums moved after it (`sum_fission.split`) when that puts its
+    outermost loop on threads (the sums then go on threads over their columns, or stay on
+    one); `otherwise` when it does not. Only a nest big enough for threads is split."""
+    if work(nest) < min_work:
+        return otherwise
+    parts = sum_fission.split(nest)
+    if parts is None:
+        return otherwise
+    rest = _thread_nest(parts[0], threads, min_work)
+    if not rest.parallel:
+        return otherwise
+    return ll.seq(rest, *(_thread_nest(s, threads, min_work) for s in parts[1]))
 
 
 def _thread_nest(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:

@@ -1,0 +1,127 @@
+"""Column sums taken out of a row nest, so that the rows can go on threads.
+
+A LayerNorm's backward fused with its parameter gradients runs, per row `(b, t)`, row
+arithmetic (the row's own cells, row sums into `rsqrt.grad[b, t]`) and column sums over all
+rows (`beta.grad[j] += g[b, t, j]`, `gamma.grad[j] += x̂[b, t, j] * g[b, t, j]`). The column
+sums make every row loop summed, so no loop of the nest is parallel and the nest ran on one
+thread (a twentieth of the 2-block GPT step at 1 thread, its largest serial part at 2).
+
+`split` moves each such sum into a copy of its enclosing loops run after the rest of the
+nest: the rest is parallel over the rows, the sums over the columns
+(`parallel_loops._split_columns`). Each cell of a sum is still updated in the order of the
+rows, and reads the values the nest left in its operands, so results are bit-identical: a
+sum moves only where nothing else in the nest touches its target, and each node it reads is
+either not written in the nest or written only by loops beside it, before it, each writing
+exactly the cell the sum reads in this iteration of the enclosing loops (`g[b, t, j] := ...`
+for `... += g[b, t, j]`): no later statement or iteration changes what the sum read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from einjit.ir import low_level as ll
+from einjit.ir.indexing import AxisIndex, FixedIdx, Iterator, Symbol, gather_indices, subst_index
+from einjit.ir.tnode import Tnode
+
+__all__ = ["split"]
+
+
+def split(nest: ll.ForLoop) -> tuple[ll.ForLoop, list[ll.ForLoop]] | None:
+    """`nest` as the nest without its movable column sums, and the sums, each group of them
+    in a copy of the loops that enclosed it; None when no sum moves (or nothing is left)."""
+    if any(isinstance(s, (ll.StagedCompilation, ll.LocalScope)) for s in ll.deep_parts(nest)) \
+            or any(isinstance(s, (ll.Set, ll.SetFromVec)) and gather_indices(s.idcs) for s in ll.iter_stmts(nest)):
+        return None
+    uses = _uses(nest)
+    moved: dict[int, tuple[tuple[ll.ForLoop, ...], list[ll.ForLoop]]] = {}
+    rest = _without_sums(nest, (), uses, moved)
+    if not moved or not isinstance(rest, ll.ForLoop):
+        return None
+    return rest, [_rewrap(path, ll.seq(*sums)) for path, sums in moved.values()]
+
+
+def _uses(nest: ll.LLStmt) -> dict[Tnode, list[tuple[ll.LLStmt, bool]]]:
+    """Every statement touching each node, and whether it writes it."""
+    found: dict[Tnode, list[tuple[ll.LLStmt, bool]]] = {}
+    for s in ll.iter_stmts(nest):
+        match s:
+            case ll.Set(tn, _, sc, _) | ll.SetFromVec(tn, _, _, _, sc, _):
+                found.setdefault(tn, []).append((s, True))
+                for g in _gets(sc):
+                    found.setdefault(g.tn, []).append((s, False))
+            case ll.SetLocal(_, sc):
+                for g in _gets(sc):
+                    found.setdefault(g.tn, []).append((s, False))
+            case ll.ZeroOut(tn):
+                found.setdefault(tn, []).append((s, True))
+    return found
+
+
+def _gets(sc: ll.LLScalar) -> list[ll.Get]:
+    return [x for x in ll.iter_scalars(sc) if isinstance(x, ll.Get)]
+
+
+def _without_sums(loop: ll.ForLoop, path: tuple[ll.ForLoop, ...], uses: dict[Tnode, list[tuple[ll.LLStmt, bool]]],
+                  moved: dict[int, tuple[tuple[ll.ForLoop, ...], list[ll.ForLoop]]]) -> ll.LLStmt:
+    """`loop` with the sums of its body (and of loops inside) left out, recorded in `moved`."""
+    here = (*path, loop)
+    body = list(ll.flatten(loop.body))
+    kept: list[ll.LLStmt] = []
+    for k, s in enumerate(body):
+        if not isinstance(s, ll.ForLoop):
+            kept.append(s)
+        elif _movable(s, here, body[:k], uses):
+            moved.setdefault(id(loop), (here, []))[1].append(s)
+        else:
+            kept.append(_without_sums(s, here, uses, moved))
+    if not any(not isinstance(s, ll.Comment) for s in kept):
+        return ll.Noop()
+    return dataclasses.replace(loop, body=ll.seq(*kept))
+
+
+def _movable(s: ll.ForLoop, path: tuple[ll.ForLoop, ...], before: list[ll.LLStmt],
+             uses: dict[Tnode, list[tuple[ll.LLStmt, bool]]]) -> bool:
+    """`s` is `for j { x[j..] := f(x[j..], ...) }` summed over every loop of `path` (its target
+    indexed by `j` alone), the only statement of the nest touching `x`, and each node it reads
+    is either not written in the nest or written only by loops in `before` that write exactly
+    the cell `s` reads (`_writes_cell`)."""
+    inner = list(ll.flatten(s.body))
+    if (len(inner) != 1 or not isinstance(inner[0], ll.Set) or s.parallel or s.unroll or s.start or s.stop
+            or s.from_ != 0):
+        return False
+    st = inner[0]
+    if not all(isinstance(i, FixedIdx) or i == Iterator(s.index) for i in st.idcs) or Iterator(s.index) not in st.idcs:
+        return False
+    if any(u is not st for u, _ in uses.get(st.tn, [])):
+        return False
+    enclosing = {p.index for p in path}
+    for g in _gets(st.llsc):
+        if g.tn is st.tn:
+            continue
+        writers = [u for u, w in uses.get(g.tn, []) if w]
+        if not writers:
+            continue
+        read_at = [i.symbol for i in g.idcs if isinstance(i, Iterator)]
+        if len(read_at) != len(g.idcs) or set(read_at) != enclosing | {s.index}:
+            return False
+        if not all(any(_writes_cell(b, u, g, s) for b in before) for u in writers):
+            return False
+    return True
+
+
+def _writes_cell(loop: ll.LLStmt, writer: ll.LLStmt, read: ll.Get, s: ll.ForLoop) -> bool:
+    """`loop` is `for j' { writer }` over `s`'s range, and `writer` writes the cell `read`
+    reads with `j'` for `s`'s `j`."""
+    if (not isinstance(loop, ll.ForLoop) or loop.from_ != s.from_ or loop.to_ != s.to_ or loop.start or loop.stop
+            or list(ll.flatten(loop.body)) != [writer] or not isinstance(writer, ll.Set)):
+        return False
+    env: dict[Symbol, AxisIndex] = {loop.index: Iterator(s.index)}
+    return writer.tn is read.tn and tuple(subst_index(env, i) for i in writer.idcs) == read.idcs
+
+
+def _rewrap(loops: tuple[ll.ForLoop, ...], body: ll.LLStmt) -> ll.ForLoop:
+    for loop in reversed(loops):
+        body = dataclasses.replace(loop, body=body)
+    assert isinstance(body, ll.ForLoop)
+    return body
