@@ -467,6 +467,61 @@ def test_a_column_sum_stays_where_the_nest_changes_what_it_reads_or_reads_its_ta
     assert not any(isinstance(s, ll.ForLoop) and s.parallel for s in ll.iter_stmts(threaded))
 
 
+def _embedding_backward(ids_written: bool) -> tuple[ll.LLStmt, dict, tuple[Tnode, ...], Tnode]:
+    """Over rows (b, t): `h = g * g`, a row sum `s[b, t] += h`, the position embedding's
+    gradient `dp[t, j] += h` (summed over b only) and the token embedding's scatter
+    `dw[ids[b, t], j] += h`. With `ids_written`, the nest also writes the index array."""
+    g, h, s = Tnode("g", (6, 10, 64)), Tnode("h", (6, 10, 64)), Tnode("s", (6, 10))
+    dp, dw, ids = Tnode("dp", (10, 64)), Tnode("dw", (5, 64)), Tnode("ids", (6, 10), ops.int32)
+    b, t = get_symbol("b"), get_symbol("t")
+    j1, j2, j3, j4 = (get_symbol("j") for _ in range(4))
+
+    def add(tn, at, j):
+        return ll.Set(tn, at, ll.Binop(ops.Binop.ADD, ll.Get(tn, at), ll.Get(h, it(b, t, j))))
+
+    token = (GatherIdx(ids, it(b, t), 5), Iterator(j4))
+    stmts = [ll.ForLoop(j1, 0, 63, ll.Set(h, it(b, t, j1), ll.Binop(ops.Binop.MUL, ll.Get(g, it(b, t, j1)),
+                                                                      ll.Get(g, it(b, t, j1))))),
+             ll.ForLoop(j2, 0, 63, add(s, it(b, t), j2)),
+             ll.ForLoop(j3, 0, 63, add(dp, it(t, j3), j3)),
+             ll.ForLoop(j4, 0, 63, add(dw, token, j4))]
+    if ids_written:
+        stmts.append(ll.Set(ids, it(b, t), ll.Get(ids, it(b, t))))
+    nest = ll.ForLoop(b, 0, 5, ll.ForLoop(t, 0, 9, ll.seq(*stmts)))
+    rng = np.random.default_rng(3)
+    ins = {g: rng.standard_normal(g.dims).astype(np.float32), ids: rng.integers(0, 5, ids.dims).astype(np.int32)}
+    return ll.seq(ll.ZeroOut(s), ll.ZeroOut(dp), ll.ZeroOut(dw), nest), ins, (h, s, dp, dw), ids
+
+
+def test_a_scatter_and_a_sum_over_one_row_loop_move_after_the_rows():
+    """The last LayerNorm backward of a GPT step ends in the embeddings' gradients: `dp[t, j]`
+    (summed over b) and a scatter into `dw` through the token ids. Both move after the rest,
+    which goes on threads over b; they go on threads over chunks of their columns, every cell
+    updated in the order of the rows (bit-identical to the interpreter at 1 and 2 threads)."""
+    code, ins, outs, ids = _embedding_backward(ids_written=False)
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024)))
+    rows, sums = top[3:]
+    assert rows.parallel and rows.index.name == "b"
+    h, s, dp, dw = outs
+    assert set(ll.nodes_of(sums)) >= {dp, dw, h} and s not in ll.nodes_of(sums) and sums.parallel
+    source, want = check_threads(code, ins, outs, "embedding_backward", min_work=1024)
+    assert source.count("#pragma omp for") == 2
+    hv = want[h].astype(np.float64)
+    np.testing.assert_allclose(want[dp], hv.sum(0), rtol=1e-5, atol=1e-5)
+    expect = np.zeros((5, 64))
+    np.add.at(expect, ins[ids].reshape(-1), hv.reshape(-1, 64))
+    np.testing.assert_allclose(want[dw], expect, rtol=1e-5, atol=1e-5)
+
+
+def test_a_scatter_stays_where_the_nest_writes_its_index_array():
+    """`ids` changes in the nest: moved after it, the scatter would read the changed ids."""
+    code, _, (h, s, dp, dw), ids = _embedding_backward(ids_written=True)
+    parts = sum_fission.split(list(ll.flatten(code))[3])
+    assert parts is not None
+    rest, [sums] = parts
+    assert dw in ll.nodes_of(rest) and dw not in ll.nodes_of(sums) and dp in ll.nodes_of(sums)
+
+
 def weight_gradient() -> tuple[ll.LLStmt, tuple[Tnode, ...], Tnode, Tnode]:
     """`dw[j, c] = sum_r y[r, j] x[r, c]` as the scheduler leaves a weight gradient: chunks
     `kt` of the summed rows, each packing its rows of `x` into a scheduler local `p`, then the

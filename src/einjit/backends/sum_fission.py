@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import AxisIndex, FixedIdx, Iterator, Symbol, gather_indices, subst_index
+from einjit.ir.indexing import AxisIndex, Iterator, Symbol, gather_indices, subst_index
 from einjit.ir.tnode import Tnode
 
 __all__ = ["split"]
@@ -30,8 +30,7 @@ __all__ = ["split"]
 def split(nest: ll.ForLoop) -> tuple[ll.ForLoop, list[ll.ForLoop]] | None:
     """`nest` as the nest without its movable column sums, and the sums, each group of them
     in a copy of the loops that enclosed it; None when no sum moves (or nothing is left)."""
-    if any(isinstance(s, (ll.StagedCompilation, ll.LocalScope)) for s in ll.deep_parts(nest)) \
-            or any(isinstance(s, (ll.Set, ll.SetFromVec)) and gather_indices(s.idcs) for s in ll.iter_stmts(nest)):
+    if any(isinstance(s, (ll.StagedCompilation, ll.LocalScope)) for s in ll.deep_parts(nest)):
         return None
     uses = _uses(nest)
     moved: dict[int, tuple[tuple[ll.ForLoop, ...], list[ll.ForLoop]]] = {}
@@ -46,10 +45,10 @@ def _uses(nest: ll.LLStmt) -> dict[Tnode, list[tuple[ll.LLStmt, bool]]]:
     found: dict[Tnode, list[tuple[ll.LLStmt, bool]]] = {}
     for s in ll.iter_stmts(nest):
         match s:
-            case ll.Set(tn, _, sc, _) | ll.SetFromVec(tn, _, _, _, sc, _):
+            case ll.Set(tn, idcs, sc, _) | ll.SetFromVec(tn, idcs, _, _, sc, _):
                 found.setdefault(tn, []).append((s, True))
-                for g in _gets(sc):
-                    found.setdefault(g.tn, []).append((s, False))
+                for read in [*_gets(sc), *(ll.Get(g.ids, g.idcs) for g in gather_indices(idcs))]:
+                    found.setdefault(read.tn, []).append((s, False))
             case ll.SetLocal(_, sc):
                 for g in _gets(sc):
                     found.setdefault(g.tn, []).append((s, False))
@@ -59,7 +58,9 @@ def _uses(nest: ll.LLStmt) -> dict[Tnode, list[tuple[ll.LLStmt, bool]]]:
 
 
 def _gets(sc: ll.LLScalar) -> list[ll.Get]:
-    return [x for x in ll.iter_scalars(sc) if isinstance(x, ll.Get)]
+    """The reads of `sc`, the index arrays its run-time indices read included (as `Get`s)."""
+    gets = [x for x in ll.iter_scalars(sc) if isinstance(x, ll.Get)]
+    return gets + [ll.Get(g.ids, g.idcs) for x in gets for g in gather_indices(x.idcs)]
 
 
 def _without_sums(loop: ll.ForLoop, path: tuple[ll.ForLoop, ...], uses: dict[Tnode, list[tuple[ll.LLStmt, bool]]],
@@ -82,21 +83,23 @@ def _without_sums(loop: ll.ForLoop, path: tuple[ll.ForLoop, ...], uses: dict[Tno
 
 def _movable(s: ll.ForLoop, path: tuple[ll.ForLoop, ...], before: list[ll.LLStmt],
              uses: dict[Tnode, list[tuple[ll.LLStmt, bool]]]) -> bool:
-    """`s` is `for j { x[j..] := f(x[j..], ...) }` summed over every loop of `path` (its target
-    indexed by `j` alone), the only statement of the nest touching `x`, and each node it reads
-    is either not written in the nest or written only by loops in `before` that write exactly
-    the cell `s` reads (`_writes_cell`)."""
+    """`s` is `for j { x[..] := f(x[..], ...) }` summed over a loop of `path` (one that does not
+    index its target as itself: a bias gradient `db[j]`, a position embedding's `dp[t, j]`, a
+    scatter into `dw[ids[b, t], j]`), the only statement of the nest touching `x`, and each
+    node it reads (index arrays included) is either not written in the nest or written only
+    by loops in `before` that write exactly the cell `s` reads (`_writes_cell`)."""
     inner = list(ll.flatten(s.body))
     if (len(inner) != 1 or not isinstance(inner[0], ll.Set) or s.parallel or s.unroll or s.start or s.stop
             or s.from_ != 0):
         return False
     st = inner[0]
-    if not all(isinstance(i, FixedIdx) or i == Iterator(s.index) for i in st.idcs) or Iterator(s.index) not in st.idcs:
+    enclosing = {p.index for p in path}
+    if (Iterator(s.index) not in st.idcs or all(Iterator(sym) in st.idcs for sym in enclosing)
+            or ll.Get(st.tn, st.idcs) not in _gets(st.llsc)):
         return False
     if any(u is not st for u, _ in uses.get(st.tn, [])):
         return False
-    enclosing = {p.index for p in path}
-    for g in _gets(st.llsc):
+    for g in _gets(st.llsc) + [ll.Get(x.ids, x.idcs) for x in gather_indices(st.idcs)]:
         if g.tn is st.tn:
             continue
         writers = [u for u, w in uses.get(g.tn, []) if w]
