@@ -377,6 +377,26 @@ def test_a_large_zero_fill_in_a_region_is_shared_in_pieces():
     np.testing.assert_array_equal(want[z], np.full((130, 512), 1.5, np.float32))
 
 
+def test_a_large_zero_fill_before_the_first_threaded_nest_joins_its_region():
+    """The fill of an array the region's first nest adds into (a convolution's output) is the
+    region's first unit, shared in pieces, with a barrier before the nest; a small fill before
+    it stays outside (one thread's `memset`)."""
+    x, a, z, small = Tnode("x", (48, 40)), Tnode("a", (48, 40)), Tnode("big", (130, 512)), Tnode("small", (8,))
+    i, j = get_symbol("i"), get_symbol("j")
+    cell = it(i, j)
+    bump = ll.Set(z, cell, ll.Binop(ops.Binop.ADD, ll.Get(z, cell), ll.Constant(1.5)))
+    code = ll.seq(ll.ZeroOut(small), ll.ZeroOut(z), ll.ForLoop(i, 0, 129, ll.ForLoop(j, 0, 511, bump)),
+                  pointwise(x, a, 2.0))
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1)))
+    [region] = parallel_loops.shared_regions(top)
+    assert (region.start, region.stop) == (1, 4)
+    assert [(u.role, u.nowait) for u in region.units] == [("zero", False), ("for", True), ("for", True)]
+    source, want = check_threads(code, inputs_for(x), [a, z, small], "leading_zero_fill")
+    body = _functions(source, "leading_zero_fill")["leading_zero_fill"]
+    assert body.index("memset(small") < body.index(REGION) < body.index("memset(big + z * 16384")
+    np.testing.assert_array_equal(want[z], np.full((130, 512), 1.5, np.float32))
+
+
 def bias_backward(row_sum: bool) -> tuple[ll.LLStmt, tuple[Tnode, ...], tuple[Tnode, ...]]:
     """A linear layer's backward fused with its bias gradient, as the scheduler leaves it: over
     rows (b, t), `h = g * w`, `db += h`, `dx += h`, each an innermost loop over the 64 columns.
