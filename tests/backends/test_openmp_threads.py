@@ -487,6 +487,43 @@ def test_a_column_sum_stays_where_the_nest_changes_what_it_reads_or_reads_its_ta
     assert not any(isinstance(s, ll.ForLoop) and s.parallel for s in ll.iter_stmts(threaded))
 
 
+def _two_passes(row_indexed: bool) -> tuple[ll.LLStmt, dict, tuple[Tnode, ...]]:
+    """A LayerNorm backward's two passes over the rows of each `b`: the first computes
+    `h[b, t, j]` and a row sum `s[b, t]`, the second sums `h * s` into `db[j]`. Without
+    `row_indexed`, the first pass writes `h[0, t, j]` (every `b` the same cells)."""
+    g, h, s, db = Tnode("g", (6, 10, 64)), Tnode("h", (6, 10, 64)), Tnode("s", (6, 10)), Tnode("db", (64,))
+    b, t1, t2 = get_symbol("b"), get_symbol("t"), get_symbol("t")
+    j1, j2, j3 = (get_symbol("j") for _ in range(3))
+    at_h = it(b, t1, j1) if row_indexed else (FixedIdx(0), Iterator(t1), Iterator(j1))
+    first = ll.seq(ll.ForLoop(j1, 0, 63, ll.Set(h, at_h, ll.Binop(ops.Binop.MUL, ll.Get(g, it(b, t1, j1)),
+                                                                      ll.Get(g, it(b, t1, j1))))),
+                   ll.ForLoop(j2, 0, 63, ll.Set(s, it(b, t1), ll.Binop(ops.Binop.ADD, ll.Get(s, it(b, t1)),
+                                                                       ll.Get(g, it(b, t1, j2))))))
+    term = ll.Binop(ops.Binop.MUL, ll.Get(h, it(b, t2, j3)), ll.Get(s, it(b, t2)))
+    second = ll.ForLoop(j3, 0, 63, ll.Set(db, it(j3), ll.Binop(ops.Binop.ADD, ll.Get(db, it(j3)), term)))
+    nest = ll.ForLoop(b, 0, 5, ll.seq(ll.ForLoop(t1, 0, 9, first), ll.ForLoop(t2, 0, 9, second)))
+    return ll.seq(ll.ZeroOut(h), ll.ZeroOut(s), ll.ZeroOut(db), nest), inputs_for(g), (h, s, db)
+
+
+def test_a_sum_reading_an_earlier_pass_over_the_rows_moves_after_them():
+    """`db += h * s` reads what the first pass over the rows of the same `b` wrote, in cells
+    of that `b`: it moves, the passes go on threads over b, bit-identical at 1 and 2 threads."""
+    code, ins, outs = _two_passes(row_indexed=True)
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024)))
+    rows, sums = top[3:]
+    assert rows.parallel and sums.parallel and outs[2] not in ll.nodes_of(rows)
+    _, want = check_threads(code, ins, outs, "two_passes", min_work=1024)
+    h, s, db = (want[tn].astype(np.float64) for tn in outs)
+    np.testing.assert_allclose(want[outs[2]], (h * s[:, :, None]).sum((0, 1)), rtol=1e-4, atol=1e-4)
+
+
+def test_a_sum_stays_where_an_earlier_pass_writes_cells_of_every_row():
+    """`h[0, t, j]` is written again for every `b`: after the nest it holds the last b's
+    values, not those the sum read in each b."""
+    code, _, _ = _two_passes(row_indexed=False)
+    assert sum_fission.split(list(ll.flatten(code))[3]) is None
+
+
 def _embedding_backward(ids_written: bool) -> tuple[ll.LLStmt, dict, tuple[Tnode, ...], Tnode]:
     """Over rows (b, t): `h = g * g`, a row sum `s[b, t] += h`, the position embedding's
     gradient `dp[t, j] += h` (summed over b only) and the token embedding's scatter

@@ -11,9 +11,9 @@ nest: the rest is parallel over the rows, the sums over the columns
 (`parallel_loops._split_columns`). Each cell of a sum is still updated in the order of the
 rows, and reads the values the nest left in its operands, so results are bit-identical: a
 sum moves only where nothing else in the nest touches its target, and each node it reads is
-either not written in the nest or written only by loops beside it, before it, each writing
-exactly the cell the sum reads in this iteration of the enclosing loops (`g[b, t, j] := ...`
-for `... += g[b, t, j]`): no later statement or iteration changes what the sum read.
+either not written in the nest or written only before it in each iteration of the loops
+around both, in cells of that iteration (`g[b, t, j] := ...` for `... += g[b, t, j]`): no
+later statement or iteration changes what the sum read.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import AxisIndex, Iterator, Symbol, gather_indices, subst_index
+from einjit.ir.indexing import Iterator, gather_indices
 from einjit.ir.tnode import Tnode
 
 __all__ = ["split"]
@@ -32,12 +32,37 @@ def split(nest: ll.ForLoop) -> tuple[ll.ForLoop, list[ll.ForLoop]] | None:
     in a copy of the loops that enclosed it; None when no sum moves (or nothing is left)."""
     if any(isinstance(s, (ll.StagedCompilation, ll.LocalScope)) for s in ll.deep_parts(nest)):
         return None
+    places = _places(nest)
+    if places is None:
+        return None
     uses = _uses(nest)
     moved: dict[int, tuple[tuple[ll.ForLoop, ...], list[ll.ForLoop]]] = {}
-    rest = _without_sums(nest, (), uses, moved)
+    rest = _without_sums(nest, (), uses, places, moved)
     if not moved or not isinstance(rest, ll.ForLoop):
         return None
     return rest, [_rewrap(path, ll.seq(*sums)) for path, sums in moved.values()]
+
+
+Place = tuple[tuple[ll.ForLoop, ...], tuple[int, ...]]
+"""Where a statement is in a nest: the loops around it, outermost first, and its position in
+the body of each."""
+
+
+def _places(nest: ll.ForLoop) -> dict[int, Place] | None:
+    """The place of each assignment and loop of `nest` (by identity); None when one object
+    is in two places (immutable code may share a subtree), where identity does not tell them
+    apart."""
+    found: dict[int, Place] = {}
+    stack: list[tuple[ll.ForLoop, tuple[ll.ForLoop, ...], tuple[int, ...]]] = [(nest, (), ())]
+    while stack:
+        loop, path, at = stack.pop()
+        for k, st in enumerate(ll.flatten(loop.body)):
+            if id(st) in found:
+                return None
+            found[id(st)] = ((*path, loop), (*at, k))
+            if isinstance(st, ll.ForLoop):
+                stack.append((st, (*path, loop), (*at, k)))
+    return found
 
 
 def _uses(nest: ll.LLStmt) -> dict[Tnode, list[tuple[ll.LLStmt, bool]]]:
@@ -64,30 +89,30 @@ def _gets(sc: ll.LLScalar) -> list[ll.Get]:
 
 
 def _without_sums(loop: ll.ForLoop, path: tuple[ll.ForLoop, ...], uses: dict[Tnode, list[tuple[ll.LLStmt, bool]]],
-                  moved: dict[int, tuple[tuple[ll.ForLoop, ...], list[ll.ForLoop]]]) -> ll.LLStmt:
+                  places: dict[int, Place], moved: dict[int, tuple[tuple[ll.ForLoop, ...], list[ll.ForLoop]]]
+                  ) -> ll.LLStmt:
     """`loop` with the sums of its body (and of loops inside) left out, recorded in `moved`."""
     here = (*path, loop)
-    body = list(ll.flatten(loop.body))
     kept: list[ll.LLStmt] = []
-    for k, s in enumerate(body):
+    for s in ll.flatten(loop.body):
         if not isinstance(s, ll.ForLoop):
             kept.append(s)
-        elif _movable(s, here, body[:k], uses):
+        elif _movable(s, here, uses, places):
             moved.setdefault(id(loop), (here, []))[1].append(s)
         else:
-            kept.append(_without_sums(s, here, uses, moved))
+            kept.append(_without_sums(s, here, uses, places, moved))
     if not any(not isinstance(s, ll.Comment) for s in kept):
         return ll.Noop()
     return dataclasses.replace(loop, body=ll.seq(*kept))
 
 
-def _movable(s: ll.ForLoop, path: tuple[ll.ForLoop, ...], before: list[ll.LLStmt],
-             uses: dict[Tnode, list[tuple[ll.LLStmt, bool]]]) -> bool:
+def _movable(s: ll.ForLoop, path: tuple[ll.ForLoop, ...], uses: dict[Tnode, list[tuple[ll.LLStmt, bool]]],
+             places: dict[int, Place]) -> bool:
     """`s` is `for j { x[..] := f(x[..], ...) }` summed over a loop of `path` (one that does not
     index its target as itself: a bias gradient `db[j]`, a position embedding's `dp[t, j]`, a
     scatter into `dw[ids[b, t], j]`), the only statement of the nest touching `x`, and each
     node it reads (index arrays included) is either not written in the nest or written only
-    by loops in `before` that write exactly the cell `s` reads (`_writes_cell`)."""
+    before it, in the cells of the iteration it reads (`_done_before`)."""
     inner = list(ll.flatten(s.body))
     if (len(inner) != 1 or not isinstance(inner[0], ll.Set) or s.parallel or s.unroll or s.start or s.stop
             or s.from_ != 0):
@@ -100,27 +125,27 @@ def _movable(s: ll.ForLoop, path: tuple[ll.ForLoop, ...], before: list[ll.LLStmt
     if any(u is not st for u, _ in uses.get(st.tn, [])):
         return False
     for g in _gets(st.llsc) + [ll.Get(x.ids, x.idcs) for x in gather_indices(st.idcs)]:
-        if g.tn is st.tn:
-            continue
-        writers = [u for u, w in uses.get(g.tn, []) if w]
-        if not writers:
-            continue
-        read_at = [i.symbol for i in g.idcs if isinstance(i, Iterator)]
-        if len(read_at) != len(g.idcs) or set(read_at) != enclosing | {s.index}:
-            return False
-        if not all(any(_writes_cell(b, u, g, s) for b in before) for u in writers):
+        if g.tn is not st.tn and not all(_done_before(u, places, st, g) for u, w in uses.get(g.tn, []) if w):
             return False
     return True
 
 
-def _writes_cell(loop: ll.LLStmt, writer: ll.LLStmt, read: ll.Get, s: ll.ForLoop) -> bool:
-    """`loop` is `for j' { writer }` over `s`'s range, and `writer` writes the cell `read`
-    reads with `j'` for `s`'s `j`."""
-    if (not isinstance(loop, ll.ForLoop) or loop.from_ != s.from_ or loop.to_ != s.to_ or loop.start or loop.stop
-            or list(ll.flatten(loop.body)) != [writer] or not isinstance(writer, ll.Set)):
+def _done_before(writer: ll.LLStmt, places: dict[int, Place], st: ll.Set, read: ll.Get) -> bool:
+    """`writer` runs before `st` in each iteration of the loops around both (in a statement
+    before `st`'s in the innermost such loop's body), and writes only cells of that iteration
+    (each such loop indexes the written and the read cell at one axis as itself), so nothing
+    later changes the cell `st` reads: a row's values (`g[b, t, j]`, `mean[b, t]`), computed
+    in an earlier loop over the row's columns or an earlier pass over the rows of `b`."""
+    if not isinstance(writer, (ll.Set, ll.SetFromVec)):
         return False
-    env: dict[Symbol, AxisIndex] = {loop.index: Iterator(s.index)}
-    return writer.tn is read.tn and tuple(subst_index(env, i) for i in writer.idcs) == read.idcs
+    (w_loops, w_at), (s_loops, s_at) = places[id(writer)], places[id(st)]
+    n = 0
+    while n < min(len(w_loops), len(s_loops)) and w_loops[n] is s_loops[n]:
+        n += 1
+    if w_at[n - 1] >= s_at[n - 1]:
+        return False
+    return all(any(w == r == Iterator(loop.index) for w, r in zip(writer.idcs, read.idcs, strict=True))
+               for loop in s_loops[:n])
 
 
 def _rewrap(loops: tuple[ll.ForLoop, ...], body: ll.LLStmt) -> ll.ForLoop:
