@@ -98,7 +98,7 @@ def _library(threads: int) -> ctypes.CDLL:
     flags = ("-O2", "-march=native", "-fPIC", "-shared", "-ffp-contract=fast")
     options = cc.CcOptions(flags=flags, libs=(), vector_math=False, threads=threads)
     source = _SOURCE.replace("THREADS", f"num_threads({threads})")
-    lib = ctypes.CDLL(str(cc.compile_source(source, label="machine probes", options=options).path))
+    lib = cc.load_library(cc.compile_source(source, label="machine probes", options=options))
     lib.fma_probe.restype = ctypes.c_double
     lib.fma_probe.argtypes = [ctypes.c_long, ctypes.c_float, ctypes.c_float, ctypes.POINTER(ctypes.c_float)]
     lib.read_probe.restype = ctypes.c_double

@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from einjit.backends import parallel_loops
+from einjit.backends import parallel_loops, sum_fission
 from einjit.backends.c_syntax import C_SYNTAX
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.cc.backend import CcBackend, run_once
@@ -377,6 +377,26 @@ def test_a_large_zero_fill_in_a_region_is_shared_in_pieces():
     np.testing.assert_array_equal(want[z], np.full((130, 512), 1.5, np.float32))
 
 
+def test_a_large_zero_fill_before_the_first_threaded_nest_joins_its_region():
+    """The fill of an array the region's first nest adds into (a convolution's output) is the
+    region's first unit, shared in pieces, with a barrier before the nest; a small fill before
+    it stays outside (one thread's `memset`)."""
+    x, a, z, small = Tnode("x", (48, 40)), Tnode("a", (48, 40)), Tnode("big", (130, 512)), Tnode("small", (8,))
+    i, j = get_symbol("i"), get_symbol("j")
+    cell = it(i, j)
+    bump = ll.Set(z, cell, ll.Binop(ops.Binop.ADD, ll.Get(z, cell), ll.Constant(1.5)))
+    code = ll.seq(ll.ZeroOut(small), ll.ZeroOut(z), ll.ForLoop(i, 0, 129, ll.ForLoop(j, 0, 511, bump)),
+                  pointwise(x, a, 2.0))
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1)))
+    [region] = parallel_loops.shared_regions(top)
+    assert (region.start, region.stop) == (1, 4)
+    assert [(u.role, u.nowait) for u in region.units] == [("zero", False), ("for", True), ("for", True)]
+    source, want = check_threads(code, inputs_for(x), [a, z, small], "leading_zero_fill")
+    body = _functions(source, "leading_zero_fill")["leading_zero_fill"]
+    assert body.index("memset(small") < body.index(REGION) < body.index("memset(big + z * 16384")
+    np.testing.assert_array_equal(want[z], np.full((130, 512), 1.5, np.float32))
+
+
 def bias_backward(row_sum: bool) -> tuple[ll.LLStmt, tuple[Tnode, ...], tuple[Tnode, ...]]:
     """A linear layer's backward fused with its bias gradient, as the scheduler leaves it: over
     rows (b, t), `h = g * w`, `db += h`, `dx += h`, each an innermost loop over the 64 columns.
@@ -420,14 +440,143 @@ def test_column_loops_under_summed_rows_go_to_threads_in_vector_chunks():
     np.testing.assert_array_equal(want[outs[2]], ins[ins_nodes[2]] + h)
 
 
-def test_a_sum_over_the_columns_keeps_the_column_loops_serial():
-    """`s[b, t]` adds every column of a row: chunks of columns would write one cell from two
-    threads, so the nest stays serial."""
+def test_a_sum_over_the_columns_moves_the_column_sum_after_the_rows():
+    """`s[b, t]` adds every column of a row, so chunks of columns would write one cell from two
+    threads; instead `db += h` moves into a nest of its own after the rest
+    (`sum_fission.split`): the rest goes on threads over its rows, the sum over chunks of its
+    columns, each cell of `db` still added in the order of the rows (bit-identical)."""
     code, ins_nodes, outs = bias_backward(row_sum=True)
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024)))
+    rows, sums = top[2:]
+    assert rows.parallel and (rows.index.name, rows.to_) == ("b", 5)
+    (g, w, dx), (h, db, _, s) = ins_nodes, outs
+    assert set(ll.nodes_of(rows)) == {g, w, h, dx, s}
+    assert sums.parallel and set(ll.nodes_of(sums)) == {db, h}
+    [region] = parallel_loops.shared_regions(top)
+    assert [(u.role, u.nowait) for u in region.units] == [("for", False), ("for", True)]
+    source, want = check_threads(code, inputs_for(*ins_nodes), outs, "row_sum", min_work=1024)
+    assert source.count("#pragma omp for") == 2
+    np.testing.assert_allclose(want[s], want[h].astype(np.float64).sum(2), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(want[db], want[h].astype(np.float64).sum((0, 1)), rtol=1e-5, atol=1e-5)
+
+
+def _sum_then(after: str) -> ll.LLStmt:
+    """`db += h` over rows with a row sum beside it, then `after`: "write" changes `h` after the
+    sum has read it; "read" reads `db` in the nest."""
+    h, db, s, g = Tnode("h", (6, 10, 64)), Tnode("db", (64,)), Tnode("s", (6, 10)), Tnode("g", (6, 10, 64))
+    b, t = get_symbol("b"), get_symbol("t")
+    j1, j2, j3, j4 = (get_symbol("j") for _ in range(4))
+    stmts = [ll.ForLoop(j1, 0, 63, ll.Set(h, it(b, t, j1), ll.Binop(ops.Binop.MUL, ll.Get(g, it(b, t, j1)),
+                                                                      ll.Get(g, it(b, t, j1))))),
+             ll.ForLoop(j2, 0, 63, ll.Set(db, it(j2), ll.Binop(ops.Binop.ADD, ll.Get(db, it(j2)),
+                                                                ll.Get(h, it(b, t, j2))))),
+             ll.ForLoop(j3, 0, 63, ll.Set(s, it(b, t), ll.Binop(ops.Binop.ADD, ll.Get(s, it(b, t)),
+                                                                 ll.Get(h, it(b, t, j3)))))]
+    last = ll.Get(h, it(b, t, j4)) if after == "write" else ll.Get(db, it(j4))
+    stmts.append(ll.ForLoop(j4, 0, 63, ll.Set(h, it(b, t, j4), ll.Binop(ops.Binop.ADD, last, ll.Constant(1.0)))))
+    return ll.seq(ll.ZeroOut(db), ll.ZeroOut(s), ll.ForLoop(b, 0, 5, ll.ForLoop(t, 0, 9, ll.seq(*stmts))))
+
+
+@pytest.mark.parametrize("after", ["write", "read"])
+def test_a_column_sum_stays_where_the_nest_changes_what_it_reads_or_reads_its_target(after):
+    """Moved after the nest, the sum would read `h` after its last write, not before it
+    ("write"), or the nest would read `db` before the sum ("read"): it stays, the nest serial."""
+    code = _sum_then(after)
+    assert sum_fission.split(list(ll.flatten(code))[2]) is None
     threaded = parallel_loops.thread_nests(code, 2, 1024)
     assert not any(isinstance(s, ll.ForLoop) and s.parallel for s in ll.iter_stmts(threaded))
-    source, want = check_threads(code, inputs_for(*ins_nodes), outs, "row_sum", min_work=1024)
-    assert "omp" not in source
+
+
+def _two_passes(row_indexed: bool) -> tuple[ll.LLStmt, dict, tuple[Tnode, ...]]:
+    """A LayerNorm backward's two passes over the rows of each `b`: the first computes
+    `h[b, t, j]` and a row sum `s[b, t]`, the second sums `h * s` into `db[j]`. Without
+    `row_indexed`, the first pass writes `h[0, t, j]` (every `b` the same cells)."""
+    g, h, s, db = Tnode("g", (6, 10, 64)), Tnode("h", (6, 10, 64)), Tnode("s", (6, 10)), Tnode("db", (64,))
+    b, t1, t2 = get_symbol("b"), get_symbol("t"), get_symbol("t")
+    j1, j2, j3 = (get_symbol("j") for _ in range(3))
+    at_h = it(b, t1, j1) if row_indexed else (FixedIdx(0), Iterator(t1), Iterator(j1))
+    first = ll.seq(ll.ForLoop(j1, 0, 63, ll.Set(h, at_h, ll.Binop(ops.Binop.MUL, ll.Get(g, it(b, t1, j1)),
+                                                                      ll.Get(g, it(b, t1, j1))))),
+                   ll.ForLoop(j2, 0, 63, ll.Set(s, it(b, t1), ll.Binop(ops.Binop.ADD, ll.Get(s, it(b, t1)),
+                                                                       ll.Get(g, it(b, t1, j2))))))
+    term = ll.Binop(ops.Binop.MUL, ll.Get(h, it(b, t2, j3)), ll.Get(s, it(b, t2)))
+    second = ll.ForLoop(j3, 0, 63, ll.Set(db, it(j3), ll.Binop(ops.Binop.ADD, ll.Get(db, it(j3)), term)))
+    nest = ll.ForLoop(b, 0, 5, ll.seq(ll.ForLoop(t1, 0, 9, first), ll.ForLoop(t2, 0, 9, second)))
+    return ll.seq(ll.ZeroOut(h), ll.ZeroOut(s), ll.ZeroOut(db), nest), inputs_for(g), (h, s, db)
+
+
+def test_a_sum_reading_an_earlier_pass_over_the_rows_moves_after_them():
+    """`db += h * s` reads what the first pass over the rows of the same `b` wrote, in cells
+    of that `b`: it moves, the passes go on threads over b, bit-identical at 1 and 2 threads."""
+    code, ins, outs = _two_passes(row_indexed=True)
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024)))
+    rows, sums = top[3:]
+    assert rows.parallel and sums.parallel and outs[2] not in ll.nodes_of(rows)
+    _, want = check_threads(code, ins, outs, "two_passes", min_work=1024)
+    h, s, db = (want[tn].astype(np.float64) for tn in outs)
+    np.testing.assert_allclose(want[outs[2]], (h * s[:, :, None]).sum((0, 1)), rtol=1e-4, atol=1e-4)
+
+
+def test_a_sum_stays_where_an_earlier_pass_writes_cells_of_every_row():
+    """`h[0, t, j]` is written again for every `b`: after the nest it holds the last b's
+    values, not those the sum read in each b."""
+    code, _, _ = _two_passes(row_indexed=False)
+    assert sum_fission.split(list(ll.flatten(code))[3]) is None
+
+
+def _embedding_backward(ids_written: bool) -> tuple[ll.LLStmt, dict, tuple[Tnode, ...], Tnode]:
+    """Over rows (b, t): `h = g * g`, a row sum `s[b, t] += h`, the position embedding's
+    gradient `dp[t, j] += h` (summed over b only) and the token embedding's scatter
+    `dw[ids[b, t], j] += h`. With `ids_written`, the nest also writes the index array."""
+    g, h, s = Tnode("g", (6, 10, 64)), Tnode("h", (6, 10, 64)), Tnode("s", (6, 10))
+    dp, dw, ids = Tnode("dp", (10, 64)), Tnode("dw", (5, 64)), Tnode("ids", (6, 10), ops.int32)
+    b, t = get_symbol("b"), get_symbol("t")
+    j1, j2, j3, j4 = (get_symbol("j") for _ in range(4))
+
+    def add(tn, at, j):
+        return ll.Set(tn, at, ll.Binop(ops.Binop.ADD, ll.Get(tn, at), ll.Get(h, it(b, t, j))))
+
+    token = (GatherIdx(ids, it(b, t), 5), Iterator(j4))
+    stmts = [ll.ForLoop(j1, 0, 63, ll.Set(h, it(b, t, j1), ll.Binop(ops.Binop.MUL, ll.Get(g, it(b, t, j1)),
+                                                                      ll.Get(g, it(b, t, j1))))),
+             ll.ForLoop(j2, 0, 63, add(s, it(b, t), j2)),
+             ll.ForLoop(j3, 0, 63, add(dp, it(t, j3), j3)),
+             ll.ForLoop(j4, 0, 63, add(dw, token, j4))]
+    if ids_written:
+        stmts.append(ll.Set(ids, it(b, t), ll.Get(ids, it(b, t))))
+    nest = ll.ForLoop(b, 0, 5, ll.ForLoop(t, 0, 9, ll.seq(*stmts)))
+    rng = np.random.default_rng(3)
+    ins = {g: rng.standard_normal(g.dims).astype(np.float32), ids: rng.integers(0, 5, ids.dims).astype(np.int32)}
+    return ll.seq(ll.ZeroOut(s), ll.ZeroOut(dp), ll.ZeroOut(dw), nest), ins, (h, s, dp, dw), ids
+
+
+def test_a_scatter_and_a_sum_over_one_row_loop_move_after_the_rows():
+    """The last LayerNorm backward of a GPT step ends in the embeddings' gradients: `dp[t, j]`
+    (summed over b) and a scatter into `dw` through the token ids. Both move after the rest,
+    which goes on threads over b; they go on threads over chunks of their columns, every cell
+    updated in the order of the rows (bit-identical to the interpreter at 1 and 2 threads)."""
+    code, ins, outs, ids = _embedding_backward(ids_written=False)
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024)))
+    rows, sums = top[3:]
+    assert rows.parallel and rows.index.name == "b"
+    h, s, dp, dw = outs
+    assert set(ll.nodes_of(sums)) >= {dp, dw, h} and s not in ll.nodes_of(sums) and sums.parallel
+    source, want = check_threads(code, ins, outs, "embedding_backward", min_work=1024)
+    assert source.count("#pragma omp for") == 2
+    hv = want[h].astype(np.float64)
+    np.testing.assert_allclose(want[dp], hv.sum(0), rtol=1e-5, atol=1e-5)
+    expect = np.zeros((5, 64))
+    np.add.at(expect, ins[ids].reshape(-1), hv.reshape(-1, 64))
+    np.testing.assert_allclose(want[dw], expect, rtol=1e-5, atol=1e-5)
+
+
+def test_a_scatter_stays_where_the_nest_writes_its_index_array():
+    """`ids` changes in the nest: moved after it, the scatter would read the changed ids."""
+    code, _, (h, s, dp, dw), ids = _embedding_backward(ids_written=True)
+    parts = sum_fission.split(list(ll.flatten(code))[3])
+    assert parts is not None
+    rest, [sums] = parts
+    assert dw in ll.nodes_of(rest) and dw not in ll.nodes_of(sums) and dp in ll.nodes_of(sums)
 
 
 def weight_gradient() -> tuple[ll.LLStmt, tuple[Tnode, ...], Tnode, Tnode]:

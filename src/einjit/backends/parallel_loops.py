@@ -26,6 +26,7 @@ import math
 from collections.abc import Iterator as PyIterator
 from dataclasses import dataclass
 
+from einjit.backends import sum_fission
 from einjit.ir import low_level as ll
 from einjit.ir import provenance
 from einjit.ir.indexing import Affine, AxisIndex, Iterator, Symbol, gather_indices, get_symbol, make_affine, subst_index
@@ -46,7 +47,10 @@ BLOCKED_WORK_FACTOR = 16
 """A register-blocked contraction's assignments are lanes of vector multiply-adds, a small
 fraction of a pointwise assignment's time each: its nest goes on threads from 16 times the
 work (512K multiply-adds, about 10 µs). The scheduler threads contractions from a
-millisecond (`Blocking.parallel_min_work`); between the two, a convolution threads here."""
+millisecond (`Blocking.parallel_min_work`); between the two, a convolution threads here.
+A reduction's partial sums (a register block of one row: `lanes`) are not such a block: each
+of its lanes adds a value read once, streamed like a pointwise assignment's (a convolution's
+bias gradient reads 1.4 MB for 346K lanes of adds), so it goes on threads like one."""
 
 SHARED_RUN_BYTES = 1024
 """Below this many contiguous bytes written per iteration (`run_bytes`), a threaded loop's
@@ -308,6 +312,7 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK) 
                 threaded = known[2]
             elif not any(isinstance(x, ll.ForLoop) and x.parallel for x in ll.iter_stmts(s)):
                 threaded = _thread_nest(s, threads, min_work)
+                threaded = threaded if threaded.parallel else _fissioned(s, threads, min_work, threaded)
             elif s.parallel:
                 threaded = s
             else:
@@ -380,6 +385,21 @@ def _serial(stmt: ll.LLStmt) -> ll.LLStmt:
     return stmt
 
 
+def _fissioned(nest: ll.ForLoop, threads: int, min_work: int, otherwise: ll.LLStmt) -> ll.LLStmt:
+    """`nest` with its column sums moved after it (`sum_fission.split`) when that puts its
+    outermost loop on threads (the sums then go on threads over their columns, or stay on
+    one); `otherwise` when it does not. Only a nest big enough for threads is split."""
+    if work(nest) < min_work:
+        return otherwise
+    parts = sum_fission.split(nest)
+    if parts is None:
+        return otherwise
+    rest = _thread_nest(parts[0], threads, min_work)
+    if not rest.parallel:
+        return otherwise
+    return ll.seq(rest, *(_thread_nest(s, threads, min_work) for s in parts[1]))
+
+
 def _thread_nest(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
     """`nest` with a parallel loop of its perfect chain (the loops down to the first whose
     body is not one loop) on threads: the outermost with `2 * threads` iterations or more
@@ -392,7 +412,7 @@ def _thread_nest(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
     Without a parallel loop in the chain, the statements of the chain's last body are
     threaded one by one (`_thread_body`). A register-blocked contraction needs
     `BLOCKED_WORK_FACTOR` times the work."""
-    blocked = any(tn.provenance == provenance.REGISTER_BLOCK for tn in scheduler_locals(nest))
+    blocked = any(tn.provenance == provenance.REGISTER_BLOCK and tn.dims[0] > 1 for tn in scheduler_locals(nest))
     if work(nest) < min_work * (BLOCKED_WORK_FACTOR if blocked else 1):
         return nest
     chain: list[ll.ForLoop] = []
@@ -508,7 +528,9 @@ def shared_regions(top: list[ll.LLStmt]) -> list[Region]:
     A nest whose outermost loop is `parallel` becomes an orphaned `omp for` in a region, if
     its per-iteration scratch (`scheduler_locals`) is its own; statements between such nests
     run on one thread (one `omp single` for each run of them), so small serial nests or a
-    `memset` between two threaded nests cost a barrier, not a fork-join. A statement that
+    `memset` between two threaded nests cost a barrier, not a fork-join. Large zero fills
+    right before a region's first nest join it, shared in pieces (a convnet's first
+    convolution output, 1.4 MB, was one thread's `memset` before the region). A statement that
     threads an inner loop (its own region), or backend-staged code, ends a region. Regions of
     fewer than two threaded nests are left out: they would gain nothing. A compiler barrier
     of the scratch planner stays in the region, after a barrier of the threads, and so does a
@@ -533,7 +555,7 @@ def _shared_regions(top: list[ll.LLStmt]) -> list[Region]:
             touched[tn] = touched.get(tn, 0) + 1
     kinds = [_role(s, touched) for s in top]
     regions: list[Region] = []
-    k = 0
+    k = floor = 0
     while k < len(top):
         if kinds[k] != "for":
             k += 1
@@ -543,9 +565,14 @@ def _shared_regions(top: list[ll.LLStmt]) -> list[Region]:
             stop += 1
         while kinds[stop - 1] != "for":
             stop -= 1
+        start = k
+        while start > floor and kinds[start - 1] in ("zero", "plain"):
+            start -= 1
+        while kinds[start] == "plain":
+            start += 1
         if kinds[k:stop].count("for") >= 2:
-            regions.append(Region(k, stop, _units(top[k:stop], kinds[k:stop])))
-        k = stop
+            regions.append(Region(start, stop, _units(top[start:stop], kinds[start:stop])))
+        k = floor = stop
     return regions
 
 

@@ -39,6 +39,7 @@ from einjit.backends.c_syntax import (
     ParamKind,
     render_program,
 )
+from einjit.backends.cc import openmp_env
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import StaticSymbol
@@ -94,13 +95,10 @@ class CcOptions:
     large contractions, marked by the scheduler; the outermost loop over output cells of every
     other nest big enough to pay, marked when rendering: `parallel_loops.thread_nests`); 1
     compiles without `-fopenmp` and renders no pragma.
-    Default: `EINJIT_NUM_THREADS`, else the machine's core count. Idle threads spin for a
-    while before they sleep (libgomp's default), so the next parallel loop of a step starts
-    at once. On a machine oversubscribed by other processes the spinning takes cores the
-    working threads need (a 2-thread matmul then ran at half its 1-thread speed at a load of
-    6 on 2 cores); `OMP_WAIT_POLICY=passive` or a small `GOMP_SPINCOUNT` helps there, but
-    costs a wake-up per parallel loop (an MLP step with several ran 2× slower at a load of 3),
-    so einjit leaves libgomp's default.
+    Default: `EINJIT_NUM_THREADS`, else the machine's core count. Idle threads spin for
+    about 28 µs before they sleep (`openmp_env`: libgomp's default spins for milliseconds,
+    and on a machine other processes keep busy a 2-thread GPT step then ran 10x slower than
+    at 1 thread), unless the user sets `OMP_WAIT_POLICY` or `GOMP_SPINCOUNT`.
 
     `vector_math` lets gcc vectorize loops calling exp/log/sin/cos/pow/exp2/log2/tanh with
     glibc's libmvec (x86-64 glibc only; elsewhere it has no effect). Those vector variants
@@ -299,7 +297,8 @@ def load_library(built: cache.CompiledObject) -> ctypes.CDLL:
             private = Path(_private_dir().name) / built.path.name
             private.write_bytes(built.data)
             try:
-                lib = ctypes.CDLL(str(private))
+                with openmp_env.spin_policy():
+                    lib = ctypes.CDLL(str(private))
             finally:
                 private.unlink()
             _loaded[built.path] = lib

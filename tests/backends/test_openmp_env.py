@@ -1,0 +1,65 @@
+"""The spin count einjit's OpenMP threads wait with (`openmp_env`): libgomp, loaded with a
+program compiled for 2 threads, reads `SPIN_COUNT` unless the user set a wait policy, and the
+process's environment is as it was afterwards. Each case runs in a fresh process (libgomp
+reads its settings once per process), with `OMP_DISPLAY_ENV=verbose`: libgomp prints the
+settings it took when it loads."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from einjit.backends.cc import openmp_env
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+_PROGRAM = textwrap.dedent("""
+    import os
+    import numpy as np
+    from einjit.backends.cc import toolchain as cc
+    from einjit.backends.cc.backend import CcBackend
+    from einjit.ir import low_level as ll, tnode
+    from einjit.ir.indexing import Iterator, get_symbol
+    out = tnode.Tnode("out", (64, 1024), memory_mode=tnode.hosted())
+    i, j = get_symbol(), get_symbol()
+    body = ll.ForLoop(j, 0, 1023, ll.Set(out, (Iterator(i), Iterator(j)), ll.Constant(2.5)))
+    code = ll.ForLoop(i, 0, 63, body)
+    backend = CcBackend(cc.CcOptions(threads=2))
+    ctx = backend.init("spin")
+    backend.link(ctx, backend.compile((), code, shared=True, name="spin"))()
+    assert (ctx.array(out) == 2.5).all()
+    print("after:", os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"))
+""")
+
+
+def _run(tmp_path: Path, **user: str) -> tuple[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in openmp_env.USER_SETTINGS}
+    env.update(user, PYTHONPATH=str(SRC), EINJIT_CACHE_DIR=str(tmp_path / "cache"), OMP_DISPLAY_ENV="verbose")
+    done = subprocess.run([sys.executable, "-c", _PROGRAM], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout, done.stderr
+
+
+def test_programs_load_with_einjits_spin_count_and_leave_the_environment_as_it_was(tmp_path):
+    stdout, stderr = _run(tmp_path)
+    assert f"GOMP_SPINCOUNT = '{openmp_env.SPIN_COUNT}'" in stderr + stdout
+    assert "after: None None" in stdout
+
+
+@pytest.mark.parametrize("user", [{"GOMP_SPINCOUNT": "7"}, {"OMP_WAIT_POLICY": "passive"}])
+def test_a_wait_policy_the_user_set_is_kept(tmp_path, user):
+    stdout, stderr = _run(tmp_path, **user)
+    [(var, value)] = user.items()
+    assert f"after: {value if var == 'GOMP_SPINCOUNT' else None} {value if var == 'OMP_WAIT_POLICY' else None}" \
+        in stdout
+    printed = stderr + stdout
+    assert f"GOMP_SPINCOUNT = '{openmp_env.SPIN_COUNT}'" not in printed
+    if var == "GOMP_SPINCOUNT":
+        assert "GOMP_SPINCOUNT = '7'" in printed
+    else:
+        assert "OMP_WAIT_POLICY = 'PASSIVE'" in printed
