@@ -50,6 +50,13 @@ the chunk is sized so that the panel stays in L1 and the packed rows in L2
 rows than columns the row blocks go outside the panels instead (`_rows_outer_chunk`): B's
 chunk is packed whole in one pass along its rows, and each row block packs its own rows.
 
+With batch loops around the nest that B does not read (a dense layer over `batch, time`,
+whose weight is B), every panel of a chunk is packed first, into `pack[panel, k.., b]`, and
+the batch loops then go around all the panels' row blocks (`schedule_batched`): each batch
+cell's rows are read from memory once rather than once per panel. Only where a panel fits
+in half the L1 and all of them in half the L2 (`_packs_all_panels`): the GPT step's 128 x 128
+projections ran 10-15% faster, its 512-deep ones, whose panel fills the L1, slower.
+
 bf16 contractions accumulate in float32: the accumulator block and the panel are float
 (`Prec.computed_in`), bf16 operands widened while packing, and the bf16 nodes the row operand
 reads widened once into float copies before the nest (`bf16_widen`); on a machine with a bf16 dot
@@ -374,6 +381,10 @@ class _Layout:
     rows_outer: bool = False
     """Row blocks outside the panels (`_rows_outer_chunk`): `pack` holds every panel of the
     chunk, `apack` one row block."""
+    pack_all: bool = False
+    """Every column panel is packed before any row block runs (`pack[panel, k.., b]`), so the
+    batch loops go around all the panels (`schedule_batched`): each batch's rows are read from
+    memory once, not once per panel (`_packs_all_panels`)."""
 
     @property
     def k1(self) -> Symbol:
@@ -383,12 +394,13 @@ class _Layout:
     def rest(self) -> tuple[Symbol, ...]:
         return self.c.summed[1:]
 
-    def pack_at(self, panel: AxisIndex | None = None) -> tuple[AxisIndex, ...]:
-        """A panel's cell; `panel` picks the panel where `pack` holds them all (`rows_outer`)."""
+    def pack_at(self, panel: AxisIndex) -> tuple[AxisIndex, ...]:
+        """A cell of the packed panel; `panel` counts panels where `pack` holds them all (`pack_all`,
+        `rows_outer`)."""
         if self.kl is not None:
             return bf16_pairs.pack_at(self.kp[self.k1], self.b, self.kl)
         at = (Iterator(self.kp[self.k1]), *(Iterator(self.kp[k]) for k in self.rest), Iterator(self.b))
-        return (panel, *at) if panel is not None else at
+        return (panel, *at) if self.pack_all or self.rows_outer else at
 
     def k_loops(self, depth: int) -> list[tuple[Symbol, int]]:
         if self.kl is not None:
@@ -410,12 +422,15 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     extent, prec = c.extent, c.st.tn.prec.computed_in
     mb, nb, kc = tile.mb, tile.nb, tile.kc
     pairs = bf16_pairs.applies(c.a_op, c.b_op, len(c.summed), kc, extent[c.summed[0]], blocking.machine)
+    n_cols, tail_cols = divmod(extent[c.j], nb)
+    panels = n_cols + (1 if tail_cols else 0)
+    pack_all = not pairs and _packs_all_panels(c, kc, nb, nb * panels, blocking)
+    panel_dims = (kc, *(extent[k] for k in c.summed[1:]), nb)
     pack = (bf16_pairs.pack(kc, nb) if pairs
-            else nests.scheduler_local("pack", (kc, *(extent[k] for k in c.summed[1:]), nb), prec))
+            else nests.scheduler_local("pack", (panels, *panel_dims) if pack_all else panel_dims, prec))
     j0, i0, kt, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("kt"), get_symbol("ir"), get_symbol("jr")
     block = nests.register_block(mb, nb, prec, blocking.machine.vector_bytes, b)
     kp = {k: get_symbol(k.name) for k in c.summed}
-    n_cols, tail_cols = divmod(extent[c.j], nb)
     edge = nests.scheduler_local("edge", (mb, nb), prec) if tail_cols and block.lanes > 1 else None
     n_rows, tail_rows = divmod(extent[c.i], mb)
     n_chunks, tail_chunk = divmod(extent[c.summed[0]], kc)
@@ -425,7 +440,6 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     inner_threads = batch is None and _threaded(c, blocking)
     by_panels = inner_threads and n_cols >= 2 * blocking.min_panels_per_thread
     # A is read once per panel: packing it pays with two panels or more
-    panels = n_cols + (1 if tail_cols else 0)
     packs_rows = c.a_strided and not pairs and panels >= 2 and all(extent[s] == 1 for s in c.outer)
     # no more rows than columns: the row blocks go outside the panels (`_rows_outer_chunk`), on
     # threads where the nest is (512 x 128 ran 5% slower that way: 86 passes over B's chunk)
@@ -438,7 +452,24 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
         pack = nests.scheduler_local("pack", (panels, kc, *rest, nb), prec)
     return _Layout(c, mb, nb, kc, pack, block, edge, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, tail_rows,
                    n_chunks, tail_chunk, unrolled, batch, inner_threads, by_panels,
-                   get_symbol("kl") if pairs else None, apack, rows_outer=rows_outer)
+                   get_symbol("kl") if pairs else None, apack, rows_outer=rows_outer, pack_all=pack_all)
+
+
+def _packs_all_panels(c: _Contraction, kc: int, nb: int, width: int, blocking: Blocking) -> bool:
+    """Whether every panel of a k chunk is packed before the row blocks: when batch loops the
+    packed operand does not read come around the panels, one panel (`nb` columns) fits in half
+    the L1 and all of them (`width` columns, padded) in half the L2. The GPT step's attention
+    projections (1024 rows as 16 batches of 64, 128 x 128 weights packed) read their row
+    operand once per panel otherwise, 8 times from L3 (the nest before wrote it, the output
+    takes the other half of the L2), and ran 10-15% slower. A panel that fills the L1 (512
+    steps of 16 columns) would instead come from the L2 for every row block, as slow again,
+    and a weight gradient (`a_strided`, its rows packed too) keeps its order."""
+    if c.a_strided or not any(c.extent[s] > 1 for s in c.outer):
+        return False
+    if nests.symbols(c.b_op) & {s for s in c.outer if c.extent[s] > 1}:
+        return False
+    step = kc * math.prod(c.extent[k] for k in c.summed[1:]) * c.st.tn.prec.computed_in.itemsize
+    return step * nb <= blocking.machine.l1_bytes // 2 and step * width <= blocking.machine.l2_bytes // 2
 
 
 def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking, zeroed: bool = False) -> ll.LLStmt:
@@ -463,26 +494,39 @@ def _blocked(c: _Contraction, tile: cost_model.Tile, blocking: Blocking, zeroed:
     start = ", from zero" if lay.zero_start else ""
     body = ll.seq(ll.Comment(f"{kind} {tiles} contraction into {c.st.tn.name}{start}"), *chunks)
     return ll.seq(*bf16_widen.fills(wide),
-                  schedule_batched.batch_inside_panels(lay.pack, [(s, c.extent[s]) for s in c.outer], body, lay.batch))
+                  schedule_batched.batch_inside_panels(lay.pack, [(s, c.extent[s]) for s in c.outer], body, lay.batch,
+                                                       lay.j0))
 
 
 def _chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
-    """One k chunk: every full column panel, then the tail panel."""
+    """One k chunk: every full column panel, then the tail panel; with `pack_all`, every panel
+    packed first, then every panel's row blocks."""
     if lay.rows_outer:
         return _rows_outer_chunk(lay, k_at, depth)
-    b, nb = lay.b, lay.nb
     parts = _packed_rows(lay, k_at, depth)
+    for stage in (("pack",), ("rows",)) if lay.pack_all else (("pack", "rows"),):
+        parts.extend(_panels(lay, k_at, depth, frozenset(stage)))
+    return ll.seq(*parts)
+
+
+def _panels(lay: _Layout, k_at: AxisIndex, depth: int, stage: frozenset[str]) -> list[ll.LLStmt]:
+    """`stage` ("pack", "rows" or both) of every full column panel, then of the tail panel."""
+    b, nb = lay.b, lay.nb
+    parts: list[ll.LLStmt] = []
     if lay.n_cols == 1:
-        parts.append(_panel(lay, Iterator(b), nb, k_at, depth, lay.inner_threads))
+        parts.append(_panel(lay, Iterator(b), FixedIdx(0), nb, k_at, depth, lay.inner_threads, stage))
     elif lay.n_cols:
         by_rows = lay.inner_threads and not lay.by_panels
-        parts.append(ll.ForLoop(lay.j0, 0, lay.n_cols - 1, _panel(lay, _span(nb, lay.j0, b), nb, k_at, depth, by_rows),
+        parts.append(ll.ForLoop(lay.j0, 0, lay.n_cols - 1,
+                                _panel(lay, _span(nb, lay.j0, b), Iterator(lay.j0), nb, k_at, depth, by_rows, stage),
                                 parallel=lay.by_panels))
     if lay.tail_cols:
         start = nb * lay.n_cols
-        parts.append(ll.Comment(f"the last {lay.tail_cols} of {lay.c.extent[lay.c.j]} columns, padded to {nb}"))
-        parts.append(_panel(lay, _span(nb, None, b, start), lay.tail_cols, k_at, depth, lay.inner_threads))
-    return ll.seq(*parts)
+        if "rows" in stage:  # no comment between packings: the batch loops go after the last
+            parts.append(ll.Comment(f"the last {lay.tail_cols} of {lay.c.extent[lay.c.j]} columns, padded to {nb}"))
+        parts.append(_panel(lay, _span(nb, None, b, start), FixedIdx(lay.n_cols), lay.tail_cols, k_at, depth,
+                            lay.inner_threads, stage))
+    return parts
 
 
 def _rows_outer_chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
@@ -520,15 +564,15 @@ def _rows_outer_chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
                            "pack a block of rows")
         steps = [nests.nest([*k_loops, *([(a, height)] if height > 1 else [])], pack_rows)]
         if lay.n_cols == 1:
-            steps.append(_kernel(lay, row, FixedIdx(0), height, Iterator(b), nb, k_at, depth, FixedIdx(0)))
+            steps.append(_kernel(lay, row, FixedIdx(0), height, Iterator(b), FixedIdx(0), nb, k_at, depth))
         elif lay.n_cols:
             steps.append(ll.ForLoop(lay.j0, 0, lay.n_cols - 1, _kernel(lay, row, FixedIdx(0), height,
-                                                                        _span(nb, lay.j0, b), nb, k_at, depth,
-                                                                        Iterator(lay.j0))))
+                                                                        _span(nb, lay.j0, b), Iterator(lay.j0), nb,
+                                                                        k_at, depth)))
         if lay.tail_cols:
             steps.append(ll.Comment(f"the last {lay.tail_cols} of {c.extent[c.j]} columns, padded to {nb}"))
-            steps.append(_kernel(lay, row, FixedIdx(0), height, _span(nb, None, b, nb * lay.n_cols), lay.tail_cols,
-                                 k_at, depth, FixedIdx(lay.n_cols)))
+            steps.append(_kernel(lay, row, FixedIdx(0), height, _span(nb, None, b, nb * lay.n_cols),
+                                 FixedIdx(lay.n_cols), lay.tail_cols, k_at, depth))
         return ll.seq(*steps)
 
     if lay.n_rows == 1:
@@ -569,41 +613,47 @@ def _packed_rows(lay: _Layout, k_at: AxisIndex, depth: int) -> list[ll.LLStmt]:
     return parts
 
 
-def _panel(lay: _Layout, col: AxisIndex, width: int, k_at: AxisIndex, depth: int,
-           threaded_rows: bool) -> ll.LLStmt:
-    """One column panel: pack it (zero-padded to `nb` columns), then every row block."""
+def _panel(lay: _Layout, col: AxisIndex, panel: AxisIndex, width: int, k_at: AxisIndex, depth: int,
+           threaded_rows: bool, stage: frozenset[str]) -> ll.LLStmt:
+    """One column panel (`panel` counts them): pack it (zero-padded to `nb` columns), then
+    every row block; `stage` says which of the two ("pack", "rows")."""
     c, b, mb, nb, a = lay.c, lay.b, lay.mb, lay.nb, lay.a
     k_env: dict[Symbol, AxisIndex] = {c.j: col, **lay.k_env(k_at)}
     k_loops = lay.k_loops(depth)
     # read B along its own unit stride: rows of `w` in the dense layer's `w @ x`
     order = [(b, width), *k_loops] if c.b_along_k else [*k_loops, (b, width)]
-    fill = ll.Set(lay.pack, lay.pack_at(), nests.subst(c.b_op, k_env), "pack a panel of the unit-stride operand")
-    parts = [nests.nest(order, fill)]
-    if width < nb:
-        parts.append(nests.nest(k_loops, ll.ForLoop(b, width, nb - 1, ll.Set(lay.pack, lay.pack_at(),
-                                                                               ll.Constant(0.0)))))
+    fill = ll.Set(lay.pack, lay.pack_at(panel), nests.subst(c.b_op, k_env), "pack a panel of the unit-stride operand")
+    parts: list[ll.LLStmt] = []
+    if "pack" in stage:
+        parts.append(nests.nest(order, fill))
+        if width < nb:
+            parts.append(nests.nest(k_loops, ll.ForLoop(b, width, nb - 1, ll.Set(lay.pack, lay.pack_at(panel),
+                                                                                   ll.Constant(0.0)))))
+    if "rows" not in stage:
+        return ll.seq(*parts)
     if lay.n_rows == 1:
-        parts.append(_kernel(lay, Iterator(a) if mb > 1 else FixedIdx(0), FixedIdx(0), mb, col, width, k_at, depth))
+        parts.append(_kernel(lay, Iterator(a) if mb > 1 else FixedIdx(0), FixedIdx(0), mb, col, panel, width, k_at,
+                             depth))
     elif lay.n_rows:
         row = _span(mb, lay.i0, a) if mb > 1 else Iterator(lay.i0)
         parts.append(ll.ForLoop(lay.i0, 0, lay.n_rows - 1,
-                                _kernel(lay, row, Iterator(lay.i0), mb, col, width, k_at, depth),
+                                _kernel(lay, row, Iterator(lay.i0), mb, col, panel, width, k_at, depth),
                                 parallel=threaded_rows))
     if lay.tail_rows:
         row = _span(mb, None, a, mb * lay.n_rows) if lay.tail_rows > 1 else FixedIdx(mb * lay.n_rows)
         parts.append(ll.Comment(f"the last {lay.tail_rows} of {c.extent[c.i]} rows"))
-        parts.append(_kernel(lay, row, FixedIdx(lay.n_rows), lay.tail_rows, col, width, k_at, depth))
+        parts.append(_kernel(lay, row, FixedIdx(lay.n_rows), lay.tail_rows, col, panel, width, k_at, depth))
     return ll.seq(*parts)
 
 
-def _kernel(lay: _Layout, row: AxisIndex, row_block: AxisIndex, height: int, col: AxisIndex, width: int,
-            k_at: AxisIndex, depth: int, panel: AxisIndex | None = None) -> ll.LLStmt:
+def _kernel(lay: _Layout, row: AxisIndex, row_block: AxisIndex, height: int, col: AxisIndex, panel: AxisIndex,
+            width: int, k_at: AxisIndex, depth: int) -> ll.LLStmt:
     """One block; in a tail panel (`width < nb`) it still updates all `nb` columns (the
     padding columns hold zeros and are never stored), since gcc keeps only full-width
     blocks in registers. A block of vectors loads and stores a tail panel's columns through
     `edge`, zero-padded, a row at a time. A's values come from `apack` at `row_block` when
-    its rows are packed, B's from `panel` where `pack` holds every panel (`rows_outer`). A
-    `zero_start` block starts at zero instead of loading the output."""
+    its rows are packed, B's from `panel` where `pack` holds every panel (`pack_all`,
+    `rows_outer`). A `zero_start` block starts at zero instead of loading the output."""
     c, st, a, b, rb = lay.c, lay.c.st, lay.a, lay.b, lay.block
     unrolled = lay.unrolled | rb.unrolled if lay.unrolled else lay.unrolled
     r = Iterator(a) if height > 1 else FixedIdx(0)

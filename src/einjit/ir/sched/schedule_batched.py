@@ -21,7 +21,11 @@ panel loop does instead (each panel writes its own columns; each thread packs it
 panels: still one fork-join per nest), and a tail panel outside it runs its batch loop on
 threads, sharing its packed panel as the row blocks of an unbatched contraction do. A batch
 loop the packed operand depends on (the attention's `q kᵀ`, batched over sequences and heads
-on both sides) stays outside.
+on both sides) stays outside. When the scheduler packs every panel before any row block
+(`schedule._packs_all_panels`), the packing comes first and the batch loops go around all the
+panels' row blocks at once:
+
+    for j0:  pack[j0, k, c] := B(j0, k);  for b:  for j0:  for i0: kernel(b, i0, j0)
 """
 
 from __future__ import annotations
@@ -37,21 +41,23 @@ __all__ = ["batch_inside_panels"]
 
 
 def batch_inside_panels(pack: Tnode, batch: list[tuple[Symbol, int]], body: ll.LLStmt,
-                        parallel: Symbol | None) -> ll.LLStmt:
+                        parallel: Symbol | None, panel: Symbol) -> ll.LLStmt:
     """`body` (a blocked contraction) under its `batch` loops (`(symbol, extent)`, outermost
     first; `parallel` the one on threads): the loops the filling of `pack` does not read go
-    around each panel's row blocks instead of around the whole contraction."""
+    around each panel's row blocks instead of around the whole contraction. Only the loop over
+    `panel` may take the threads of the batch loop (not a k-chunk loop: its steps add into
+    the same cells one after the other)."""
     fills = _packs(body, pack)
     read = set().union(*(_symbols(st) for st in fills))
     inner = [(s, n) for s, n in batch if s not in read and n > 1]
-    moved = _sink(list(ll.flatten(body)), pack, inner, parallel) if fills and inner else None
+    moved = _sink(list(ll.flatten(body)), pack, inner, parallel, panel) if fills and inner else None
     if moved is None:
         return nests.nest(batch, body, parallel=parallel)
     return nests.nest([(s, n) for s, n in batch if (s, n) not in inner], ll.seq(*moved), parallel=parallel)
 
 
 def _sink(stmts: list[ll.LLStmt], pack: Tnode, inner: list[tuple[Symbol, int]],
-          parallel: Symbol | None) -> list[ll.LLStmt] | None:
+          parallel: Symbol | None, panel: Symbol) -> list[ll.LLStmt] | None:
     """`stmts` with `inner` wrapped around the statements after each panel's packing (up to the
     next packing); None when a statement outside every panel computes something."""
     out: list[ll.LLStmt] = []
@@ -74,8 +80,8 @@ def _sink(stmts: list[ll.LLStmt], pack: Tnode, inner: list[tuple[Symbol, int]],
         elif isinstance(s, ll.ForLoop) and _writes(s, pack):
             # the panel loop takes the threads of a batch loop it now holds: one fork-join
             # per nest, each thread packing its own panels
-            panels = parallel in dict(inner) and _fills(next(ll.flatten(s.body)), pack)
-            body = _sink(list(ll.flatten(s.body)), pack, inner, None if panels else parallel)
+            panels = parallel in dict(inner) and s.index == panel and _fills(next(ll.flatten(s.body)), pack)
+            body = _sink(list(ll.flatten(s.body)), pack, inner, None if panels else parallel, panel)
             if body is None:
                 return None
             out.append(dataclasses.replace(s, body=ll.seq(*body), parallel=s.parallel or panels))
