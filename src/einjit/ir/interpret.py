@@ -16,6 +16,7 @@ whole run, as in the generated C.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -257,7 +258,8 @@ class _Machine:
                 fa, unop = self.scalar(a, prec), op.numpy
                 return lambda: dt(unop(fa()))
             case ll.Binop(op, a, b):
-                fa, fb, binop = self.scalar(a, prec), self.scalar(b, prec), op.numpy
+                fa, fb = self.scalar(a, prec), self.scalar(b, prec)
+                binop = _FLOAT_OPERATORS.get(op, op.numpy) if prec.dtype.type in _FLOATS else op.numpy
                 return lambda: dt(binop(fa(), fb()))
             case ll.Ternop(ops.Ternop.WHERE, c, a, b):
                 fc, fa, fb = self.scalar(c, prec), self.scalar(a, prec), self.scalar(b, prec)
@@ -270,6 +272,17 @@ class _Machine:
                 fa, fb, fc, ternop = self.scalar(a, prec), self.scalar(b, prec), self.scalar(c, prec), op.numpy
                 return lambda: dt(ternop(fa(), fb(), fc()))
         raise TypeError(f"not a low-level scalar: {sc!r}")
+
+
+_FLOATS = (np.float32, np.float64)
+_FLOAT_OPERATORS: dict[ops.Binop, Callable[[Any, Any], Any]] = {
+    ops.Binop.ADD: operator.add, ops.Binop.SUB: operator.sub, ops.Binop.MUL: operator.mul,
+    ops.Binop.DIV: operator.truediv, ops.Binop.CMPLT: operator.lt, ops.Binop.CMPEQ: operator.eq,
+    ops.Binop.CMPNE: operator.ne, ops.Binop.AND: lambda a, b: (a != 0) & (b != 0),
+    ops.Binop.OR: lambda a, b: (a != 0) | (b != 0)}
+"""Python's operators on two NumPy float32 (float64) scalars give the bits of the operation's
+ufunc (IEEE arithmetic and comparisons, NaNs and infinities alike) without a ufunc call per
+cell, the interpreter's largest cost."""
 
 
 def _unbound(s: Symbol) -> InterpretError:
