@@ -13,10 +13,10 @@ weights, at the same thread count. The row states its figures; nothing here is a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
+from print_rows import print_rows
 from threads_env import set_threads, shared_cache
 
 
@@ -104,12 +104,7 @@ def attention_rows(threads: int | None = None) -> list[dict]:
 def main() -> None:
     assert ARGS is not None  # parsed when run as a script
     rows = attention_rows(ARGS.threads)
-    if ARGS.json:
-        print(json.dumps(rows, indent=1))
-        return
-    print(f"threads: {ARGS.threads}; ratio = peer time / einjit time, > 1: einjit faster")
-    for r in rows:
-        print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
+    print_rows(rows, ARGS.threads, ARGS.json)
 
 
 if __name__ == "__main__":

@@ -25,11 +25,11 @@ Every row states its figures; nothing here is asserted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
+from print_rows import print_rows
 from threads_env import set_threads, shared_cache
 
 
@@ -460,12 +460,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"bench_gpt.py: unknown group(s) {unknown}; choose from {sorted(groups)}")
     rows = [r for g in only for r in groups[g]()]
-    if ARGS.json:
-        print(json.dumps(rows, indent=1))
-        return
-    print(f"threads: {ARGS.threads}; ratio = peer time / einjit time, > 1: einjit faster")
-    for r in rows:
-        print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
+    print_rows(rows, ARGS.threads, ARGS.json)
 
 
 if __name__ == "__main__":

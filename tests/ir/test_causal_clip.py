@@ -55,25 +55,33 @@ def _run(loss, layer, name: str, settings: VirtualizeSettings, code=None, thread
     return out
 
 
+def _clipped_as_full(name: str, threads: int = 1, **layer_args) -> dict[str, np.ndarray]:
+    """A causal layer's training step compiled with its loops clipped (`{name}_clipped`) and
+    with the full loops (`{name}_full`): the loss and the gradients are the same bits; the
+    full loops' values."""
+    layer, loss = _layer_and_loss(causal=True, **layer_args)
+    code = train.grad_update(loss)
+    clipped = _run(loss, layer, f"{name}_clipped", VirtualizeSettings(), code, threads)
+    full = _run(loss, layer, f"{name}_full", VirtualizeSettings(causal=False), code, threads)
+    for label, want in full.items():
+        np.testing.assert_array_equal(clipped[label], want, err_msg=label)
+    return full
+
+
 @pytest.mark.parametrize("machine,threads", [("avx2", 1), ("avx512", 2)])
 def test_causal_training_step_is_bit_identical_to_the_full_loops(machine, threads, tmp_path, monkeypatch):
     monkeypatch.setenv("EINJIT_MACHINE", machine)
     monkeypatch.setenv("EINJIT_DUMP_DIR", str(tmp_path))
-    layer, loss = _layer_and_loss(causal=True)
-    code = train.grad_update(loss)
-    clipped = _run(loss, layer, f"clipped_{machine}", VirtualizeSettings(), code, threads)
-    full = _run(loss, layer, f"full_{machine}", VirtualizeSettings(causal=False), code, threads)
-    for label, want in full.items():
-        np.testing.assert_array_equal(clipped[label], want, err_msg=label)
-    code = (tmp_path / f"clipped_{machine}.causal.ll").read_text()
+    _clipped_as_full(f"step_{machine}", threads)
+    code = (tmp_path / f"step_{machine}_clipped.causal.ll").read_text()
     clips = CLIPPED.findall(code)
     # the six contractions: the reductions of P v, dS k (stops), Pᵀ dY, dSᵀ q (starts), and
     # the row blocks of q kᵀ and dY vᵀ (starts scaled by the block's rows)
     assert sum(kind == "stop" for kind, _ in clips) >= 2
     assert sum(kind == "start" and scale == "1" for kind, scale in clips) >= 2
     assert sum(kind == "start" and scale != "1" for kind, scale in clips) >= 2
-    assert not (tmp_path / f"full_{machine}.causal.ll").exists()
-    source = (tmp_path / f"clipped_{machine}.c").read_text()
+    assert not (tmp_path / f"step_{machine}_full.causal.ll").exists()
+    source = (tmp_path / f"step_{machine}_clipped.c").read_text()
     assert re.search(r"for \(int \w+ = 0; \w+ < \(6\*ib\d+ \+ 6\); ", source) or machine != "avx2"
 
 
@@ -181,13 +189,8 @@ def test_softmax_loops_are_clipped_by_whole_vectors(machine, threads, tmp_path, 
     that of the full loops."""
     monkeypatch.setenv("EINJIT_MACHINE", machine)
     monkeypatch.setenv("EINJIT_DUMP_DIR", str(tmp_path))
-    layer, loss = _layer_and_loss(causal=True, seed=7, shape=(B, 40, D))
-    code = train.grad_update(loss)
-    clipped = _run(loss, layer, f"chunked_{machine}", VirtualizeSettings(), code, threads)
-    full = _run(loss, layer, f"whole_{machine}", VirtualizeSettings(causal=False), code, threads)
-    for label, want in full.items():
-        np.testing.assert_array_equal(clipped[label], want, err_msg=label)
-    source = (tmp_path / f"chunked_{machine}.c").read_text()
+    _clipped_as_full(f"chunked_{machine}", threads, seed=7, shape=(B, 40, D))
+    source = (tmp_path / f"chunked_{machine}_clipped.c").read_text()
     chunked = [source[m.end():].split(";", 1)[0] for m in CHUNKED.finditer(source)]
     assert len(chunked) >= 3, chunked
     at = source.index("] = expf(")
@@ -195,16 +198,11 @@ def test_softmax_loops_are_clipped_by_whole_vectors(machine, threads, tmp_path, 
 
 
 @pytest.mark.parametrize("poison", [np.inf, np.nan])
-def test_clipped_softmax_keeps_infinities_and_nans(poison, tmp_path):
+def test_clipped_softmax_keeps_infinities_and_nans(poison):
     """An input row with an infinity or a NaN: scores of `±inf` and NaN reach the masked
     softmax, and the clipped step's loss and gradients have the NaNs and infinities of the
     full loops', the other values bit for bit."""
-    layer, loss = _layer_and_loss(causal=True, seed=11, shape=(1, 16, D), poison=poison)
-    code = train.grad_update(loss)
-    clipped = _run(loss, layer, "poisoned_clipped", VirtualizeSettings(), code)
-    full = _run(loss, layer, "poisoned_full", VirtualizeSettings(causal=False), code)
-    for label, want in full.items():
-        np.testing.assert_array_equal(clipped[label], want, err_msg=label)
+    full = _clipped_as_full("poisoned", seed=11, shape=(1, 16, D), poison=poison)
     assert not np.isfinite(full["mha.q.w"]).all()
 
 

@@ -79,6 +79,20 @@ def run_c(code, inputs, out):
     return run_in_c(code, inputs).array(out).copy()
 
 
+def check_exact(code, sched, ins, out, *, threads=1, name="exact"):
+    """The scheduled code's `out`, under the interpreter and gcc, is the unscheduled code's
+    (bit for bit: nothing is reassociated); that value."""
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[out]
+    np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[out], want)
+    got = run_in_c(sched, ins, name=name, options=cc.CcOptions(threads=threads)).array(out)
+    if out.prec is ops.double:
+        # the interpreter has no fused double multiply-add (it rounds twice); gcc's fma rounds once
+        np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-14)
+    else:
+        np.testing.assert_array_equal(got, want)
+    return want
+
+
 def local_nodes(code):
     return {tn.label[0] for tn in ll.nodes_of(code) if tn.is_local()}
 

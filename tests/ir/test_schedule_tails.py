@@ -13,27 +13,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from einjit.backends.cc import toolchain as cc
-from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
+from einjit.ir import ops
 from einjit.ir.sched import cost_model
 from einjit.ir.sched.cost_model import Machine, Shape, Tile
 from einjit.ir.sched.machine import MACHINES
 from einjit.ir.sched.schedule import Blocking, schedule_llc
-from test_schedule import OFF, contraction_nest, inputs_for, local_nodes, matmul, run_in_c
+from test_schedule import OFF, check_exact, contraction_nest, inputs_for, local_nodes, matmul
 
 ANY_SIZE = Blocking(min_work=1, min_unroll_work=1)
-
-
-def check_exact(code, ins, out, sched, threads=1):
-    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[out]
-    np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[out], want)
-    got = run_in_c(sched, ins, name="tails", options=cc.CcOptions(threads=threads)).array(out)
-    if out.prec is ops.double:
-        # the interpreter has no fused double multiply-add (it rounds twice); gcc's fma rounds once
-        np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-14)
-    else:
-        np.testing.assert_array_equal(got, want)
-    return want
 
 
 AWKWARD = [(2, 7, 40), (9, 1, 33), (13, 17, 31), (7, 5, 63), (17, 3, 65), (31, 11, 97), (33, 29, 10),
@@ -49,7 +37,7 @@ def test_awkward_extents_take_the_scheduled_path_exactly(n, m, p, transposed):
     # a padded tail panel's block of vectors is loaded and stored through an edge buffer
     assert local_nodes(sched) - {"edge"} == {"pack", "acc"}
     ins = inputs_for(a, b)
-    want = check_exact(code, ins, c, sched)
+    want = check_exact(code, sched, ins, c)
     ref = ins[a].astype(np.float64) @ (ins[b].T if transposed else ins[b]).astype(np.float64)
     np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-5)
 
@@ -70,7 +58,7 @@ def test_avx2_blocks_with_tails_are_exact(n, m, p, transposed, prec):
     vectors = -(-nb // (32 // prec.itemsize))
     assert mb * vectors + vectors + 1 <= 16
     ins = inputs_for(a, b, seed=7)
-    want = check_exact(code, ins, c, sched)
+    want = check_exact(code, sched, ins, c)
     ref = ins[a].astype(np.float64) @ (ins[b].T if transposed else ins[b]).astype(np.float64)
     np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-5)
 
@@ -99,7 +87,7 @@ def test_small_contractions_keep_their_blocks_without_unrolled_rows():
 
     assert loops(small) == loops(large)
     ins = inputs_for(a, b)
-    np.testing.assert_array_equal(check_exact(code, ins, c, small), check_exact(code, ins, c, large))
+    np.testing.assert_array_equal(check_exact(code, small, ins, c), check_exact(code, large, ins, c))
     assert "#pragma GCC unroll" not in cc.compile_proc(small, name="small").source
 
 
@@ -107,7 +95,7 @@ def test_small_contractions_without_tails_stay_unrolled():
     code, a, b, c = matmul(16, 17, 32, True)
     sched = schedule_llc(code, OFF, Blocking(min_work=1, min_unroll_work=1 << 30, tile=Tile(8, 32, 17)))
     assert _unrolled_loops(sched) > 0
-    check_exact(code, inputs_for(a, b), c, sched)
+    check_exact(code, sched, inputs_for(a, b), c)
 
 
 def test_a_single_row_is_not_packed():
@@ -115,7 +103,7 @@ def test_a_single_row_is_not_packed():
     code, a, b, c = matmul(1, 7, 40, True)
     sched = schedule_llc(code, OFF, ANY_SIZE)
     assert "pack" not in local_nodes(sched)
-    check_exact(code, inputs_for(a, b), c, sched)
+    check_exact(code, sched, inputs_for(a, b), c)
 
 
 @pytest.mark.parametrize("tile", [Tile(3, 8, 4), Tile(5, 16, 7), Tile(1, 4, 1), Tile(8, 32, 3)])
@@ -124,7 +112,7 @@ def test_k_chunks_with_a_tail_chunk_are_exact(tile):
     code, a, b, c = matmul(19, 23, 45, True)
     sched = schedule_llc(code, OFF, Blocking(min_work=1, tile=tile))
     ins = inputs_for(a, b, seed=1)
-    check_exact(code, ins, c, sched)
+    check_exact(code, sched, ins, c)
     assert f"{tile.mb}x{tile.nb}, {tile.kc}-step k chunks" in ll.to_doc(sched)
 
 
@@ -134,7 +122,7 @@ def test_k_chunks_come_from_the_l2_budget():
     code, a, b, c = matmul(16, 100, 64, False)
     sched = schedule_llc(code, OFF, Blocking(min_work=1, machine=machine))
     assert "8x32, 40-step k chunks" in ll.to_doc(sched)
-    check_exact(code, inputs_for(a, b, seed=2), c, sched)
+    check_exact(code, sched, inputs_for(a, b, seed=2), c)
 
 
 def test_column_tails_run_a_padded_full_width_panel():
@@ -144,7 +132,7 @@ def test_column_tails_run_a_padded_full_width_panel():
     sched = schedule_llc(code, OFF, Blocking(min_work=1, tile=Tile(4, 32, 9)))
     doc = ll.to_doc(sched)
     assert "the last 13 of 45 columns, padded to 32" in doc and "the last 3 of 11 rows" in doc
-    check_exact(code, inputs_for(a, b, seed=5), c, sched, threads=2)
+    check_exact(code, sched, inputs_for(a, b, seed=5), c, threads=2)
 
 
 @pytest.mark.parametrize("n,want", [(1024, Tile(8, 32, 1024)), (1000, Tile(8, 32, 1000)),
@@ -187,7 +175,7 @@ def test_threads_share_column_panels_with_private_heap_panels():
     serial = cc.compile_proc(sched, name="tails", options=cc.CcOptions(threads=1)).source
     assert "float *restrict pack)" in serial and "omp" not in serial
     ins = inputs_for(a, b, seed=3)
-    want = check_exact(code, ins, c, sched, threads=2)
+    want = check_exact(code, sched, ins, c, threads=2)
     np.testing.assert_allclose(want, ins[a] @ ins[b], rtol=1e-4, atol=1e-4)
 
 
@@ -204,7 +192,7 @@ def test_a_tail_panel_outside_the_threads_keeps_the_routines_panel():
             "    float *restrict pack = (float *)malloc(4400 * sizeof(float));\n    if (!pack) abort();\n"
             "    einjit_f32x4 acc[2];\n") in src
     ins = inputs_for(a, b, seed=5)
-    want = check_exact(code, ins, c, sched, threads=2)
+    want = check_exact(code, sched, ins, c, threads=2)
     np.testing.assert_allclose(want, ins[a] @ ins[b], rtol=1e-4, atol=1e-4)
 
 
@@ -231,7 +219,7 @@ def test_k_chunks_on_threads_run_in_one_region(machine):
                        "#pragma omp single"]
     ins = inputs_for(a, b, seed=7)
     for threads in (1, 2):
-        want = check_exact(code, ins, c, sched, threads=threads)
+        want = check_exact(code, sched, ins, c, threads=threads)
     np.testing.assert_allclose(want, ins[a] @ ins[b], rtol=1e-4, atol=1e-4)
 
 
@@ -239,7 +227,7 @@ def test_double_precision_tails_are_exact():
     code, a, b, c = matmul(11, 9, 21, True, prec=ops.double)
     sched = schedule_llc(code, OFF, ANY_SIZE)
     assert local_nodes(sched) == {"pack", "acc", "edge"}
-    check_exact(code, inputs_for(a, b, seed=4), c, sched)
+    check_exact(code, sched, inputs_for(a, b, seed=4), c)
 
 
 AWKWARD_SIZES = st.sampled_from([1, 2, 3, 5, 7, 8, 9, 13, 15, 16, 17, 31, 32, 33, 40])
@@ -264,4 +252,4 @@ def awkward_contractions(draw):
 def test_random_awkward_contractions_are_scheduled_exactly(case, threads):
     code, a, b, c, blocking = case
     sched = schedule_llc(code, OFF, blocking)
-    check_exact(code, inputs_for(a, b), c, sched, threads=threads)
+    check_exact(code, sched, inputs_for(a, b), c, threads=threads)

@@ -41,7 +41,9 @@ def test_remembered_nodes_answer_each_statement_with_its_own_nodes():
         for k in range(50):                         # statements made and dropped while remembering
             c, d = Tnode(f"c{k}", (4,)), Tnode(f"d{k}", (4,))
             assert ll.nodes_of(_copy_loop(c, d)) == [c, d]
-            gc.collect()
+            # the young generation, where this loop's garbage is (a full collection walks the
+            # whole test session's heap: 13 s in CI)
+            gc.collect(0)
         with ll.remembered_nodes():                 # nested: the same memo
             assert ll.nodes_of(ll.seq(first, _copy_loop(b, a))) == plain == [a, b]
         e = Tnode("e", (4,))

@@ -12,7 +12,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from einjit.backends.cc import toolchain as cc
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
@@ -22,7 +21,7 @@ from einjit.ir.sched.machine import MACHINES
 from einjit.ir.sched.schedule import Blocking
 from einjit.ir.sched.schedule import schedule_llc as _schedule_llc
 from einjit.ir.tnode import Tnode
-from test_schedule import OFF, contraction_nest, inputs_for, it, matmul, run_in_c
+from test_schedule import OFF, check_exact, contraction_nest, inputs_for, it, matmul
 
 
 def schedule_llc(code: ll.LLStmt, settings, blocking: Blocking) -> ll.LLStmt:
@@ -37,19 +36,6 @@ def fills(code: ll.LLStmt) -> list[Tnode]:
 def stale(c: Tnode, ins: dict, value: float = np.nan) -> dict:
     """`ins` with the output `c` holding `value` everywhere (what a fill would overwrite)."""
     return {**ins, c: np.full(c.dims, value, dtype=c.prec.dtype)}
-
-
-def check_exact(code, sched, ins, out, threads=1):
-    """The scheduled code's `out`, under the interpreter and gcc, is the unscheduled code's."""
-    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[out]
-    np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[out], want)
-    got = run_in_c(sched, ins, name="zero_fills", options=cc.CcOptions(threads=threads)).array(out)
-    if out.prec is ops.double:
-        # the interpreter has no fused double multiply-add (it rounds twice); gcc's fma rounds once
-        np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-14)
-    else:
-        np.testing.assert_array_equal(got, want)
-    return want
 
 
 @pytest.mark.parametrize("machine", ["avx2", "avx512"])
