@@ -62,15 +62,12 @@ for i33 = 0 to 9 {
   for i40 = 0 to 15 {
     b2_grad[i40] := (b2_grad[i40] + grad_4[i33, i40]);
   }
-  for i42 = 0 to 15 {
-    grad_3[i33, i42] := grad_4[i33, i42];
-  }
   for i44 = 0 to 15 {
     for i45 = 0 to 15 {
-      w2_grad[i44, i45] := fma(grad_3[i33, i44], h1[i33, i45], w2_grad[i44, i45]);
+      w2_grad[i44, i45] := fma(grad_4[i33, i44], h1[i33, i45], w2_grad[i44, i45]);
     }
     for i48 = 0 to 15 {
-      h1_grad[i33, i48] := fma(w2[i44, i48], grad_3[i33, i44], h1_grad[i33, i48]);
+      h1_grad[i33, i48] := fma(w2[i44, i48], grad_4[i33, i44], h1_grad[i33, i48]);
     }
   }
   for i50 = 0 to 15 {
@@ -79,12 +76,9 @@ for i33 = 0 to 9 {
   for i52 = 0 to 15 {
     b1_grad[i52] := (b1_grad[i52] + grad_2[i33, i52]);
   }
-  for i54 = 0 to 15 {
-    grad[i33, i54] := grad_2[i33, i54];
-  }
   for i56 = 0 to 15 {
     for i57 = 0 to 1 {
-      w1_grad[i56, i57] := fma(grad[i33, i56], moons_flat[batch0, i33, i57], w1_grad[i56, i57]);
+      w1_grad[i56, i57] := fma(grad_2[i33, i56], moons_flat[batch0, i33, i57], w1_grad[i56, i57]);
     }
   }
 }
