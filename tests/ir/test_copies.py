@@ -8,9 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from einjit.ir import interpret, ops
+from einjit.ir import interpret, ops, optimize
 from einjit.ir import low_level as ll
-from einjit.ir import optimize
 from einjit.ir.indexing import Iterator, get_symbol
 from einjit.ir.sched.copies import propagate_copies
 from einjit.ir.tnode import LOCAL, MATERIALIZED, Tnode
