@@ -19,7 +19,11 @@ node becomes a scheduler local holding one iteration's slice — array contracti
   disjoint cells;
 - in the innermost loop taken, the first statement touching the node writes its whole slice
   (a perfect nest of unclipped loops, one per remaining axis over all of it, around a store
-  that does not read the node), so every read in an iteration reads that iteration's values.
+  that does not read the node; or a loop over one remaining axis, slicing the node there,
+  whose body does so for the rest), so every read in an iteration reads that iteration's
+  values. LayerNorm's backward reads its input gradient in two passes over a block of rows
+  (the row sums, then the gradient): that node keeps the block's rows, 32 KiB instead of
+  512 KiB.
 
 The sliced axes are dropped from the node's indices; the local keeps the other axes. Values
 are unchanged, so results are bit-identical. At several threads the local is each thread's
@@ -92,9 +96,17 @@ def _sliced_axes(top: ll.ForLoop, tn: Tnode) -> tuple[int, ...]:
 
 
 def _writes_slice(stmt: ll.LLStmt, tn: Tnode, fixed: frozenset[int]) -> bool:
-    """Whether `stmt` is a perfect nest of unclipped loops storing into every cell of `tn`'s
-    slice (the axes not in `fixed`), one loop per axis over the whole of it, without reading
-    `tn`."""
+    """Whether `stmt` stores into every cell of `tn`'s slice (the axes not in `fixed`) before
+    it reads any: a perfect nest of unclipped loops, one per axis over the whole of it, around
+    a store that does not read `tn`; or an unclipped loop over the whole of one such axis,
+    slicing `tn` there, whose body's first statement touching `tn` does so for the rest."""
+    if isinstance(stmt, ll.ForLoop) and stmt.start is None and stmt.stop is None and stmt.from_ == 0:
+        found = {slice_axis(idcs, stmt.index) for t, idcs, _ in accesses(stmt) if t is tn}
+        axis = found.pop() if len(found) == 1 else None
+        inner = [x for x in ll.flatten(stmt.body) if any(t is tn for t, _, _ in accesses(x))]
+        if (axis is not None and axis not in fixed and stmt.to_ + 1 == tn.dims[axis] and inner
+                and _writes_slice(inner[0], tn, fixed | {axis})):
+            return True
     extent: dict[Symbol, int] = {}
     while isinstance(stmt, ll.ForLoop):
         if stmt.start is not None or stmt.stop is not None or stmt.from_ != 0:
