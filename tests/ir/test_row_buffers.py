@@ -174,3 +174,15 @@ def test_layer_norm_gradients_are_the_same_with_and_without_the_stage(threads, m
 def test_the_stage_follows_fusion():
     names = [s.name for s in optimize.STAGES]
     assert names[-2:] == ["fuse", "rows"]
+
+
+def test_a_result_only_one_nest_touches_stays():
+    """A row maximum written and never read again is the routine's result, not a temporary."""
+    n, h, m = 4, 3, 16
+    x, r = Tnode("x", (n, h, m), memory_mode=MATERIALIZED), Tnode("r", (n, h), memory_mode=LOCAL)
+    i, j, k = get_symbol("i"), get_symbol("j"), get_symbol("k")
+    fill = ll.ForLoop(j, 0, h - 1, ll.Set(r, it(i, j), ll.Constant(ops.Binop.MAX.neutral)))
+    step = ll.Binop(ops.Binop.MAX, ll.Get(r, it(i, j)), ll.Get(x, it(i, j, k)))
+    acc = ll.ForLoop(j, 0, h - 1, ll.ForLoop(k, 0, m - 1, ll.Set(r, it(i, j), step)))
+    code = ll.ForLoop(i, 0, n - 1, ll.seq(fill, acc))
+    assert row_buffers(code) == code

@@ -41,11 +41,17 @@ __all__ = ["propagate_copies"]
 def propagate_copies(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStmt:
     """`llc` without the copy nests that can go (see the module)."""
     items = list(ll.flatten(llc))
-    if not local_storage or any(isinstance(x, ll.StagedCompilation) for s in items for x in ll.iter_stmts(s)):
+    if not local_storage or not any(_copy(s) for s in items):
         return llc
-    merged = {x.tn for s in items for x in ll.deep_parts(s) if isinstance(x, ll.GetMergeBuffer)}
-    reads = [_nodes(s, writes=False) for s in items]
-    writes = [_nodes(s, writes=True) for s in items]
+    reads: list[set[Tnode]] = []
+    writes: list[set[Tnode]] = []
+    merged: set[Tnode] = set()
+    for s in items:
+        r, w = _accesses(s, merged)
+        if r is None:
+            return llc
+        reads.append(r)
+        writes.append(w)
     k = 0
     while k < len(items):
         copy = _copy(items[k])
@@ -98,15 +104,22 @@ def _whole(idcs: tuple[AxisIndex, ...], loops: list[ll.ForLoop], dims: tuple[int
             and all(extent.get(s) == d for s, d in zip(symbols, dims, strict=True)))
 
 
-def _nodes(stmt: ll.LLStmt, *, writes: bool) -> set[Tnode]:
-    out: set[Tnode] = set()
+def _accesses(stmt: ll.LLStmt, merged: set[Tnode]) -> tuple[set[Tnode] | None, set[Tnode]]:
+    """The nodes `stmt` reads and writes (None read: it holds staged code), adding those it
+    reads through a merge buffer to `merged`."""
+    reads: set[Tnode] = set()
+    writes: set[Tnode] = set()
     for x in ll.deep_parts(stmt):
         match x:
-            case ll.Set(tn=tn) | ll.SetFromVec(tn=tn) | ll.ZeroOut(tn) if writes:
-                out.add(tn)
-            case ll.Get(tn, _) if not writes:
-                out.add(tn)
-    return out
+            case ll.Get(tn, _):
+                reads.add(tn)
+            case ll.Set(tn=tn) | ll.SetFromVec(tn=tn) | ll.ZeroOut(tn):
+                writes.add(tn)
+            case ll.GetMergeBuffer(tn, _):
+                merged.add(tn)
+            case ll.StagedCompilation():
+                return None, writes
+    return reads, writes
 
 
 def _read_from(stmt: ll.LLStmt, dst: Tnode, src: Tnode) -> ll.LLStmt:

@@ -37,7 +37,7 @@ from einjit.ir import provenance
 from einjit.ir.indexing import AxisIndex, Iterator, Symbol, index_symbols, subst_index
 from einjit.ir.tnode import Tnode
 
-_Access = tuple[Tnode, tuple[AxisIndex, ...] | None, bool]
+Access = tuple[Tnode, tuple[AxisIndex, ...] | None, bool]
 """An array access: node, indices (None: the whole array), whether it writes."""
 
 
@@ -154,7 +154,7 @@ def _fuse(a: ll.ForLoop, b: ll.ForLoop) -> ll.ForLoop | None:
     return dataclasses.replace(a, body=fuse_loops(ll.seq(a.body, renamed)))
 
 
-def _sliced(acc_a: list[_Access], acc_b: list[_Access], sa: Symbol, sb: Symbol) -> bool:
+def _sliced(acc_a: list[Access], acc_b: list[Access], sa: Symbol, sb: Symbol) -> bool:
     """Whether every array written by one body and accessed by both is accessed, in both, only
     at the slice of the fused loop (see the module docstring)."""
     nodes_a = {tn for tn, _, _ in acc_a}
@@ -178,9 +178,9 @@ def slice_axis(idcs: tuple[AxisIndex, ...] | None, s: Symbol) -> int | None:
     return found[0]
 
 
-def accesses(stmt: ll.LLStmt) -> list[_Access]:
+def accesses(stmt: ll.LLStmt) -> list[Access]:
     """Every array access of `stmt`, local scopes included."""
-    out: list[_Access] = []
+    out: list[Access] = []
     scalars: list[ll.LLScalar] = []
     stmts = _statements(stmt)
     while stmts:

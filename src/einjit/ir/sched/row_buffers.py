@@ -21,9 +21,13 @@ node becomes a scheduler local holding one iteration's slice — array contracti
   (a perfect nest of unclipped loops, one per remaining axis over all of it, around a store
   that does not read the node; or a loop over one remaining axis, slicing the node there,
   whose body does so for the rest), so every read in an iteration reads that iteration's
-  values. LayerNorm's backward reads its input gradient in two passes over a block of rows
-  (the row sums, then the gradient): that node keeps the block's rows, 32 KiB instead of
-  512 KiB.
+  values;
+- the last statement touching the node there only reads it: the iteration consumes what it
+  wrote. A node whose last write nothing reads is a result (`local_storage`: kept in the
+  context for whoever reads it next), even if no other statement of this routine touches it.
+
+LayerNorm's backward reads its input gradient in two passes over a block of rows (the row
+sums, then the gradient): that node keeps the block's rows, 32 KiB instead of 512 KiB.
 
 The sliced axes are dropped from the node's indices; the local keeps the other axes. Values
 are unchanged, so results are bit-identical. At several threads the local is each thread's
@@ -38,7 +42,7 @@ from einjit.ir import low_level as ll
 from einjit.ir import provenance
 from einjit.ir.indexing import AxisIndex, Iterator, Symbol
 from einjit.ir.sched.causal import may_be_local
-from einjit.ir.sched.fusion import accesses, slice_axis
+from einjit.ir.sched.fusion import Access, accesses, slice_axis
 from einjit.ir.sched.nests import scheduler_local
 from einjit.ir.tnode import Tnode
 
@@ -48,16 +52,26 @@ __all__ = ["row_buffers"]
 def row_buffers(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStmt:
     """`llc` with the nodes that qualify (see the module) shrunk to one iteration's slice."""
     items = list(ll.flatten(llc))
-    if not local_storage or any(isinstance(x, ll.StagedCompilation) for s in items for x in ll.iter_stmts(s)):
+    if not local_storage:
         return llc
-    touched = [{tn for tn, _, _ in accesses(s)} for s in items]
+    touched: list[list[Access]] = []
     seen: dict[Tnode, int] = {}
-    for t in touched:
-        for tn in t:
+    excluded: set[Tnode] = set()
+    for s in items:
+        for x in ll.deep_parts(s):
+            match x:
+                case ll.StagedCompilation():
+                    return llc
+                case ll.GetMergeBuffer(tn, _):
+                    excluded.add(tn)
+        acc = accesses(s)
+        touched.append(acc)
+        for tn in {tn for tn, _, _ in acc}:
             seen[tn] = seen.get(tn, 0) + 1
     out: list[ll.LLStmt] = []
-    for s, nodes in zip(items, touched, strict=True):
-        for tn in sorted((tn for tn in nodes if seen[tn] == 1), key=lambda t: t.id):
+    for s, acc in zip(items, touched, strict=True):
+        written = {tn for tn, _, w in acc if w and seen[tn] == 1 and tn not in excluded}
+        for tn in sorted((tn for tn in written if _candidate(tn, acc)), key=lambda t: t.id):
             axes = _sliced_axes(s, tn) if isinstance(s, ll.ForLoop) else ()
             if axes:
                 s = _shrink(s, tn, axes)
@@ -65,7 +79,7 @@ def row_buffers(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStmt:
     return ll.seq(*out)
 
 
-def _candidate(tn: Tnode, acc: list[tuple[Tnode, tuple[AxisIndex, ...] | None, bool]]) -> bool:
+def _candidate(tn: Tnode, acc: list[Access]) -> bool:
     return (may_be_local(tn) and tn.provenance != provenance.REGISTER_BLOCK
             and not (tn.is_local() and tn.label[:1] in (["pack"], ["lanes"], ["acc"], ["edge"]))
             and all(idcs is not None for t, idcs, _ in acc if t is tn))
@@ -74,9 +88,6 @@ def _candidate(tn: Tnode, acc: list[tuple[Tnode, tuple[AxisIndex, ...] | None, b
 def _sliced_axes(top: ll.ForLoop, tn: Tnode) -> tuple[int, ...]:
     """The axes of `tn` sliced by the loops from `top` down to the deepest one whose body first
     writes the whole slice; () when there is none (see the module)."""
-    if not _candidate(tn, accesses(top)) or any(isinstance(x, ll.GetMergeBuffer) and x.tn is tn
-                                                for x in ll.deep_parts(top)):
-        return ()
     best: tuple[int, ...] = ()
     axes: list[int] = []
     loop: ll.LLStmt = top
@@ -87,7 +98,8 @@ def _sliced_axes(top: ll.ForLoop, tn: Tnode) -> tuple[int, ...]:
             break
         axes.append(axis)
         inner = [x for x in ll.flatten(loop.body) if any(t is tn for t, _, _ in accesses(x))]
-        if inner and len(axes) < len(tn.dims) and _writes_slice(inner[0], tn, frozenset(axes)):
+        if (inner and len(axes) < len(tn.dims) and _writes_slice(inner[0], tn, frozenset(axes))
+                and not any(w for t, _, w in accesses(inner[-1]) if t is tn)):
             best = tuple(axes)
         if len(inner) != 1:
             break
