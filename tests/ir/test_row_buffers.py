@@ -186,3 +186,31 @@ def test_a_result_only_one_nest_touches_stays():
     acc = ll.ForLoop(j, 0, h - 1, ll.ForLoop(k, 0, m - 1, ll.Set(r, it(i, j), step)))
     code = ll.ForLoop(i, 0, n - 1, ll.seq(fill, acc))
     assert row_buffers(code) == code
+
+
+@pytest.mark.parametrize("read_last", [True, False])
+def test_a_node_read_in_two_passes_over_a_block_keeps_the_block(read_last):
+    """LayerNorm backward's shape: `c` written over a block of rows, then each row updated and
+    read; shrunk to the block when the second pass reads it last, whole when it writes last."""
+    n, b, m = 3, 4, 16
+    x, y = Tnode("x", (n, b, m), memory_mode=MATERIALIZED), Tnode("y", (n, b, m), memory_mode=MATERIALIZED)
+    c = Tnode("c", (n, b, m), memory_mode=LOCAL)
+    i, j, k, j2, k2, k3 = (get_symbol(s) for s in ("i", "j", "k", "j", "k", "k"))
+    first = ll.ForLoop(j, 0, b - 1, ll.ForLoop(k, 0, m - 1, ll.Set(c, it(i, j, k), ll.Binop(
+        ops.Binop.MUL, ll.Get(x, it(i, j, k)), ll.Constant(2.0)))))
+    update = ll.ForLoop(k2, 0, m - 1, ll.Set(c, it(i, j2, k2), ll.Binop(
+        ops.Binop.ADD, ll.Get(c, it(i, j2, k2)), ll.Get(x, it(i, j2, k2)))))
+    use = ll.ForLoop(k3, 0, m - 1, ll.Set(y, it(i, j2, k3), ll.Binop(
+        ops.Binop.MUL, ll.Get(c, it(i, j2, k3)), ll.Get(c, it(i, j2, k3)))))
+    second = ll.ForLoop(j2, 0, b - 1, ll.seq(update, use) if read_last else ll.seq(use, update))
+    code = ll.ForLoop(i, 0, n - 1, ll.seq(first, second))
+    new = row_buffers(code)
+    if not read_last:
+        assert new == code
+        return
+    assert c not in ll.nodes_of(new) and [tn.dims for tn in rows_of(new)] == [(b, m)]
+    v = np.random.default_rng(5).standard_normal((n, b, m)).astype(np.float32)
+    want = interpret.run(code, {x: v.copy()})[y]
+    np.testing.assert_array_equal(interpret.run(new, {x: v.copy()})[y], want)
+    np.testing.assert_array_equal(run_in_c(new, {x: v}, name="row_block").array(y), want)
+    np.testing.assert_allclose(want, (3 * v) ** 2, rtol=1e-6)

@@ -22,8 +22,9 @@ node becomes a scheduler local holding one iteration's slice — array contracti
   that does not read the node; or a loop over one remaining axis, slicing the node there,
   whose body does so for the rest), so every read in an iteration reads that iteration's
   values;
-- the last statement touching the node there only reads it: the iteration consumes what it
-  wrote. A node whose last write nothing reads is a result (`local_storage`: kept in the
+- the last statement touching the node there reads it last (it only reads it, or it is a
+  loop slicing the node whose body's last statement touching it does): the iteration
+  consumes what it wrote. A node whose last write nothing reads is a result (`local_storage`: kept in the
   context for whoever reads it next), even if no other statement of this routine touches it.
 
 LayerNorm's backward reads its input gradient in two passes over a block of rows (the row
@@ -99,12 +100,24 @@ def _sliced_axes(top: ll.ForLoop, tn: Tnode) -> tuple[int, ...]:
         axes.append(axis)
         inner = [x for x in ll.flatten(loop.body) if any(t is tn for t, _, _ in accesses(x))]
         if (inner and len(axes) < len(tn.dims) and _writes_slice(inner[0], tn, frozenset(axes))
-                and not any(w for t, _, w in accesses(inner[-1]) if t is tn)):
+                and _read_last(inner[-1], tn)):
             best = tuple(axes)
         if len(inner) != 1:
             break
         loop = inner[0]
     return best
+
+
+def _read_last(stmt: ll.LLStmt, tn: Tnode) -> bool:
+    """Whether what `stmt` does last to `tn` is a read: it does not write `tn`, or it is a loop
+    slicing `tn` whose body's last statement touching `tn` reads last."""
+    if not any(w for t, _, w in accesses(stmt) if t is tn):
+        return True
+    if not isinstance(stmt, ll.ForLoop):
+        return False
+    found = {slice_axis(idcs, stmt.index) for t, idcs, _ in accesses(stmt) if t is tn}
+    inner = [x for x in ll.flatten(stmt.body) if any(t is tn for t, _, _ in accesses(x))]
+    return len(found) == 1 and None not in found and bool(inner) and _read_last(inner[-1], tn)
 
 
 def _writes_slice(stmt: ll.LLStmt, tn: Tnode, fixed: frozenset[int]) -> bool:
