@@ -7,6 +7,9 @@ against PyTorch eager at the step's sizes (16 x 64 rows, d=128, MLP width 512).
   gradient, LayerNorm's subtracted row sums, is computed): gradients of gamma, beta, scale.
 - GELU (tanh approximation, the GPT's) of `input * scale` over 1024 x 512 with the gradient of
   `scale`: one `exp` per element forward and one backward (glibc's libmvec in einjit's C).
+- The MLP's bias and GELU, `gelu(input * scale + bias)`, with the gradients of `scale` and
+  `bias`: the GPT step's `+, gelu` and `+.grad, mlp.fc.b.grad` nests (the bias gradient sums
+  the rows of the addition's gradient, which backprop hands on to `input * scale` unchanged).
 Every row states its figures; nothing here is asserted.
 """
 
@@ -43,7 +46,12 @@ def _einjit_step(kind: str, threads: int):
     rv = rng.standard_normal((ROWS, width)).astype(np.float32)
     scale = ej.param(f"bench_{kind}_scale", (rng.standard_normal(width) * 0.5 + 1).astype(np.float32))
     x = ej.ndarray(xv, batch_axes=1, label=f"bench_{kind}_x") * scale
-    y = x + nn.LayerNorm(width, label=f"bench_{kind}_ln")(x) if kind == "layernorm" else ej.gelu(x, "tanh")
+    if kind == "layernorm":
+        y = x + nn.LayerNorm(width, label=f"bench_{kind}_ln")(x)
+    elif kind == "bias_gelu":
+        y = ej.gelu(x + ej.param(f"bench_{kind}_bias", np.zeros(width, dtype=np.float32)), "tanh")
+    else:
+        y = ej.gelu(x, "tanh")
     loss = ej.sum(y * ej.ndarray(rv, batch_axes=1, label=f"bench_{kind}_r"), label=f"bench_{kind}_loss")
     train.init_params(loss, seed=0)
     routine = train.to_routine(train.grad_update(loss), name=f"bench_{kind}", options=cc.CcOptions(threads=threads))
@@ -62,12 +70,16 @@ def _torch_step(kind: str, data, threads: int):
     scale = sv.clone().requires_grad_(True)
     gamma = torch.ones(D, requires_grad=True)
     beta = torch.zeros(D, requires_grad=True)
+    bias = torch.zeros(WIDE, requires_grad=True)
 
     def step():
-        for p in (scale, gamma, beta):
+        for p in (scale, gamma, beta, bias):
             p.grad = None
         x = xv * scale
-        y = x + F.layer_norm(x, (D,), gamma, beta) if kind == "layernorm" else F.gelu(x, approximate="tanh")
+        if kind == "layernorm":
+            y = x + F.layer_norm(x, (D,), gamma, beta)
+        else:
+            y = F.gelu(x + bias if kind == "bias_gelu" else x, approximate="tanh")
         (y * rv).sum().backward()
 
     return step
@@ -78,7 +90,8 @@ def pointwise_rows(threads: int = 1) -> list[dict]:
 
     rows = []
     for kind, name in (("layernorm", f"LayerNorm + residual fwd+bwd, {ROWS}x{D}"),
-                       ("gelu", f"GELU (tanh) fwd+bwd, {ROWS}x{WIDE}")):
+                       ("gelu", f"GELU (tanh) fwd+bwd, {ROWS}x{WIDE}"),
+                       ("bias_gelu", f"bias + GELU (tanh) fwd+bwd, {ROWS}x{WIDE}")):
         routine, data = _einjit_step(kind, threads)
         fns = [routine]
         peer = _torch_step(kind, data, threads)

@@ -96,12 +96,13 @@ def test_kept_bytes_drop_by_exactly_the_local_bytes():
     # kept: both parameters with their gradients, and the loss with its gradient (hosted)
     kept = sum(2 * 8 * p.value_tn.size for p in params) + 2 * 8
     assert on.kept_bytes == kept
-    # 16 hidden units x 8 examples: the pre-activation, its gradient and h (h's gradient is
-    # inlined); 8 each: the output, its gradient, the error and the gradient of err*err
-    assert on.memory.local_bytes == 8 * (3 * 16 * 8 + 4 * 8)
+    # 16 hidden units x 8 examples: two of the pre-activation, its gradient and h (h's gradient
+    # is inlined) and one example's row of the third (the "rows" stage: only its own
+    # iteration reads it); 8 each: the output, its gradient, the error and the gradient of err*err
+    assert on.memory.local_bytes == 8 * (2 * 16 * 8 + 16 + 4 * 8)
     assert on.memory.scratch_bytes == 0
     assert off.local_bytes == 0
-    assert off.kept_bytes == on.kept_bytes + on.local_bytes
+    assert off.kept_bytes == on.kept_bytes + on.local_bytes + 8 * (16 * 8 - 16)
     assert on.memory.host_bytes == off.memory.host_bytes == X.nbytes + Y.nbytes   # read in place
     table = str(on.memory)
     assert "kb_on_h" in table and "Local_only" in table and "From_context" in table

@@ -17,7 +17,7 @@ from einjit.ir.optimize import STAGES, VirtualizeSettings, optimize_proc
 from einjit.ir.sched.first_writes import first_writes
 from einjit.ir.sched.machine import MACHINES
 from einjit.ir.sched.schedule import Blocking, schedule_llc
-from einjit.ir.tnode import Tnode
+from einjit.ir.tnode import MATERIALIZED, Tnode
 from test_schedule import inputs_for, it, run_in_c
 
 B, T, D = 3, 5, 16
@@ -34,7 +34,10 @@ def bias_backward(prec=ops.single):
     lowers it: `g =+ dy * f(n)` into a zeroed `g`, the bias gradient `db =+ g` summed over the
     rows, and `gx =+ g` (the product's gradient) into a zeroed `gx`."""
     dy, n = Tnode("dy", (B, T, D), prec), Tnode("n", (B, T, D), prec)
-    g, gx, db = Tnode("g", (B, T, D), prec), Tnode("gx", (B, T, D), prec), Tnode("db", (D,), prec)
+    # the outputs are materialized: the tests read all three, where a routine would consume
+    # `g` itself (the "copies" and "rows" stages would drop its array, as local storage does)
+    g, gx, db = (Tnode(name, dims, prec, memory_mode=MATERIALIZED)
+                 for name, dims in (("g", (B, T, D)), ("gx", (B, T, D)), ("db", (D,))))
     b, t, j = (get_symbol(s) for s in "btj")
     at = it(b, t, j)
     factor = ll.Binop(ops.Binop.MUL, ll.Get(n, at), ll.Get(n, at))

@@ -21,8 +21,12 @@
    whose products can be non-zero, where a factor is zero above a diagonal (causal attention);
 9. "first_writes" (`first_writes.first_writes`, CPU) drops a zero fill whose next nest adds
    one term into every cell, that nest storing its terms instead;
-10. "fuse" (`fusion.fuse_loops`, CPU) fuses the outer loops of consecutive nests over the same
-    ranges where every dependence between them stays inside one iteration.
+10. "copies" (`copies.propagate_copies`, CPU) drops nests that only copy one array into
+    another, the copy's readers reading the source;
+11. "fuse" (`fusion.fuse_loops`, CPU) fuses the outer loops of consecutive nests over the same
+    ranges where every dependence between them stays inside one iteration;
+12. "rows" (`row_buffers.row_buffers`, CPU) shrinks a node that one fused nest writes and
+    reads within each row's iteration to a local of one row.
 
 Stages 1-4 are portable: their result is `Optimized.portable_llc`, what GPU backends render.
 `EINJIT_DUMP_DIR=dir` writes each stage's result as
@@ -52,10 +56,12 @@ from einjit.ir.passes.virtualize import (
 )
 from einjit.ir.sched.bf16_fold import bf16_stage
 from einjit.ir.sched.causal import clip_causal_loops
+from einjit.ir.sched.copies import propagate_copies
 from einjit.ir.sched.extrema import split_extrema
 from einjit.ir.sched.first_writes import first_writes
 from einjit.ir.sched.fusion import fuse_loops
 from einjit.ir.sched.interchange import interchange_loops
+from einjit.ir.sched.row_buffers import row_buffers
 from einjit.ir.sched.schedule import schedule_llc
 from einjit.ir.tnode import Tnode
 
@@ -127,7 +133,11 @@ STAGES: tuple[Stage, ...] = (
     Stage("causal", lambda run, code: clip_causal_loops(code, local_storage=run.settings.local_storage),
           lambda s: s.schedule and s.causal, portable=False),
     Stage("first_writes", lambda run, code: first_writes(code), lambda s: s.schedule, portable=False),
+    Stage("copies", lambda run, code: propagate_copies(code, local_storage=run.settings.local_storage),
+          lambda s: s.schedule, portable=False),
     Stage("fuse", lambda run, code: fuse_loops(code), lambda s: s.fuse, portable=False),
+    Stage("rows", lambda run, code: row_buffers(code, local_storage=run.settings.local_storage),
+          lambda s: s.fuse, portable=False),
 )
 
 

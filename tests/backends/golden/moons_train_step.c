@@ -21,19 +21,17 @@ EINJIT_SIMD float tanhf(float); EINJIT_SIMD double tanh(double);
 
 void moons_train_step(const float *restrict moons_flat, const float *restrict moons_classes, float *restrict b1, float *restrict b1_grad, float *restrict w1, float *restrict w1_grad, float *restrict b2, float *restrict b2_grad, float *restrict w2, float *restrict w2_grad, float *restrict b3, float *restrict b3_grad, float *restrict w3, float *restrict w3_grad, float *restrict scalar_loss, float *restrict scalar_loss_grad, int batch0, int step0) {
   float n[160] = {0};
-  float grad[160] = {0};
-  float grad_2[160] = {0};
   float h1[160] = {0};
   float h1_grad[160] = {0};
   float n_3[160] = {0};
-  float grad_3[160] = {0};
-  float grad_4[160] = {0};
   float h2[160] = {0};
   float n_5[10] = {0};
   float grad_5[10] = {0};
   float mlp_grad[10] = {0};
   float margin_loss[10] = {0};
   float learning_rate[1] = {0};
+  float row_2[16] = {0};
+  float row[16] = {0};
   /* forward scalar_loss */
   memset(n, 0, sizeof(float) * 160);
   memset(n_3, 0, sizeof(float) * 160);
@@ -120,39 +118,33 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
         const float t14_ = h2[i33 * 16 + i38];
         const float t15_ = w3[i38];
         const float t16_ = grad_5[i33];
-        grad_4[i33 * 16 + i38] = (t14_ > 0 ? fmaf(t15_, t16_, 0.0f) : 0); /* grad_4 =: h2 -?/ h2_grad */
+        row[i38] = (t14_ > 0 ? fmaf(t15_, t16_, 0.0f) : 0); /* grad_4 =: h2 -?/ h2_grad */
       }
     }
     for (int i40 = 0; i40 < 16; ++i40) {
-      b2_grad[i40] = (b2_grad[i40] + grad_4[i33 * 16 + i40]); /* b2_grad =+ grad_4 */
-    }
-    for (int i42 = 0; i42 < 16; ++i42) {
-      grad_3[i33 * 16 + i42] = grad_4[i33 * 16 + i42]; /* grad_3 =: grad_4 */
+      b2_grad[i40] = (b2_grad[i40] + row[i40]); /* b2_grad =+ grad_4 */
     }
     for (int i44 = 0; i44 < 16; ++i44) {
       for (int i45 = 0; i45 < 16; ++i45) {
-        w2_grad[i44 * 16 + i45] = fmaf(grad_3[i33 * 16 + i44], h1[i33 * 16 + i45], w2_grad[i44 * 16 + i45]); /* w2_grad =+ grad_3 * h1 */
+        w2_grad[i44 * 16 + i45] = fmaf(row[i44], h1[i33 * 16 + i45], w2_grad[i44 * 16 + i45]); /* w2_grad =+ grad_3 * h1 */
       }
       for (int i48 = 0; i48 < 16; ++i48) {
-        h1_grad[i33 * 16 + i48] = fmaf(w2[i44 * 16 + i48], grad_3[i33 * 16 + i44], h1_grad[i33 * 16 + i48]); /* h1_grad =+ w2 * grad_3 */
+        h1_grad[i33 * 16 + i48] = fmaf(w2[i44 * 16 + i48], row[i44], h1_grad[i33 * 16 + i48]); /* h1_grad =+ w2 * grad_3 */
       }
     }
     for (int i50 = 0; i50 < 16; ++i50) {
       {
         const float t17_ = h1[i33 * 16 + i50];
         const float t18_ = h1_grad[i33 * 16 + i50];
-        grad_2[i33 * 16 + i50] = (t17_ > 0 ? t18_ : 0); /* grad_2 =: h1 -?/ h1_grad */
+        row_2[i50] = (t17_ > 0 ? t18_ : 0); /* grad_2 =: h1 -?/ h1_grad */
       }
     }
     for (int i52 = 0; i52 < 16; ++i52) {
-      b1_grad[i52] = (b1_grad[i52] + grad_2[i33 * 16 + i52]); /* b1_grad =+ grad_2 */
-    }
-    for (int i54 = 0; i54 < 16; ++i54) {
-      grad[i33 * 16 + i54] = grad_2[i33 * 16 + i54]; /* grad =: grad_2 */
+      b1_grad[i52] = (b1_grad[i52] + row_2[i52]); /* b1_grad =+ grad_2 */
     }
     for (int i56 = 0; i56 < 16; ++i56) {
       for (int i57 = 0; i57 < 2; ++i57) {
-        w1_grad[i56 * 2 + i57] = fmaf(grad[i33 * 16 + i56], moons_flat[batch0 * 20 + i33 * 2 + i57], w1_grad[i56 * 2 + i57]); /* w1_grad =+ grad * moons_input */
+        w1_grad[i56 * 2 + i57] = fmaf(row_2[i56], moons_flat[batch0 * 20 + i33 * 2 + i57], w1_grad[i56 * 2 + i57]); /* w1_grad =+ grad * moons_input */
       }
     }
   }

@@ -57,34 +57,28 @@ for i33 = 0 to 9 {
     w3_grad[0, i34] := fma(grad_5[i33, 0], h2[i33, i34], w3_grad[0, i34]);
   }
   for i38 = 0 to 15 {
-    grad_4[i33, i38] := (h2[i33, i38] -?/ fma(w3[0, i38], grad_5[i33, 0], 0.0));
+    row[i38] := (h2[i33, i38] -?/ fma(w3[0, i38], grad_5[i33, 0], 0.0));
   }
   for i40 = 0 to 15 {
-    b2_grad[i40] := (b2_grad[i40] + grad_4[i33, i40]);
-  }
-  for i42 = 0 to 15 {
-    grad_3[i33, i42] := grad_4[i33, i42];
+    b2_grad[i40] := (b2_grad[i40] + row[i40]);
   }
   for i44 = 0 to 15 {
     for i45 = 0 to 15 {
-      w2_grad[i44, i45] := fma(grad_3[i33, i44], h1[i33, i45], w2_grad[i44, i45]);
+      w2_grad[i44, i45] := fma(row[i44], h1[i33, i45], w2_grad[i44, i45]);
     }
     for i48 = 0 to 15 {
-      h1_grad[i33, i48] := fma(w2[i44, i48], grad_3[i33, i44], h1_grad[i33, i48]);
+      h1_grad[i33, i48] := fma(w2[i44, i48], row[i44], h1_grad[i33, i48]);
     }
   }
   for i50 = 0 to 15 {
-    grad_2[i33, i50] := (h1[i33, i50] -?/ h1_grad[i33, i50]);
+    row_2[i50] := (h1[i33, i50] -?/ h1_grad[i33, i50]);
   }
   for i52 = 0 to 15 {
-    b1_grad[i52] := (b1_grad[i52] + grad_2[i33, i52]);
-  }
-  for i54 = 0 to 15 {
-    grad[i33, i54] := grad_2[i33, i54];
+    b1_grad[i52] := (b1_grad[i52] + row_2[i52]);
   }
   for i56 = 0 to 15 {
     for i57 = 0 to 1 {
-      w1_grad[i56, i57] := fma(grad[i33, i56], moons_flat[batch0, i33, i57], w1_grad[i56, i57]);
+      w1_grad[i56, i57] := fma(row_2[i56], moons_flat[batch0, i33, i57], w1_grad[i56, i57]);
     }
   }
 }

@@ -200,7 +200,7 @@ class _Analysis:
         return self.unseen_memo[tn]
 
     def _node_unseen(self, tn: Tnode) -> dict[tuple[int, int], int]:
-        if not (self.local_storage and _may_be_local(tn)) or tn not in self.zeroed or tn in self.other:
+        if not (self.local_storage and may_be_local(tn)) or tn not in self.zeroed or tn in self.other:
             return {}
         found: dict[tuple[int, int], int] | None = None
         for top in self.touching.get(tn, []):
@@ -230,7 +230,7 @@ class _Analysis:
 
     def _node_masked(self, tn: Tnode) -> dict[tuple[int, int], int]:
         writes = self.sets.get(tn, [])
-        if (not (self.local_storage and _may_be_local(tn)) or tn in self.zeroed or tn in self.other
+        if (not (self.local_storage and may_be_local(tn)) or tn in self.zeroed or tn in self.other
                 or len(writes) != 1 or nests.reads(writes[0][0].llsc, tn)):
             return {}
         found: dict[tuple[int, int], int] | None = None
@@ -322,7 +322,7 @@ class _Analysis:
             for st, _ in writes)
 
 
-def _may_be_local(tn: Tnode) -> bool:
+def may_be_local(tn: Tnode) -> bool:
     """Whether `tn` is, or can become, storage of this routine alone (`local_storage`): no
     other routine and no host reads its cells, only the statements of this one."""
     if tn.is_local():

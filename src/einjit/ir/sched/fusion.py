@@ -41,7 +41,7 @@ from einjit.ir import provenance
 from einjit.ir.indexing import AxisIndex, Iterator, Symbol, index_symbols, subst_index
 from einjit.ir.tnode import Tnode
 
-_Access = tuple[Tnode, tuple[AxisIndex, ...] | None, bool]
+Access = tuple[Tnode, tuple[AxisIndex, ...] | None, bool]
 """An array access: node, indices (None: the whole array), whether it writes."""
 
 
@@ -117,7 +117,7 @@ def _fuse_onto(out: list[ll.LLStmt], fused: list[int], b: ll.ForLoop) -> bool:
     assert isinstance(a, ll.ForLoop)
     between = out[j + 1:]
     zeroed = {s.tn for s in between if isinstance(s, ll.ZeroOut)}
-    if zeroed & {tn for tn, _, _ in _accesses(a)}:
+    if zeroed & {tn for tn, _, _ in accesses(a)}:
         return False
     new = _fuse(a, b)
     if new is None:
@@ -162,7 +162,7 @@ def _partial_sum_loop(loop: ll.ForLoop) -> bool:
     LayerNorm's mean and variance then join the pass over their row."""
     if loop.parallel or loop.keep_order or not loop.trace_it or loop.start is not None or loop.stop is not None:
         return False
-    return any(tn.is_local() and tn.label[:1] == ["lanes"] for tn, _, _ in _accesses(loop))
+    return any(tn.is_local() and tn.label[:1] == ["lanes"] for tn, _, _ in accesses(loop))
 
 
 @_remembered
@@ -170,7 +170,7 @@ def _lane_loop(loop: ll.ForLoop) -> bool:
     """Whether `loop` runs over the lanes of a register block's vectors: the C backend renders
     such a loop as one vector statement, which a second statement in its body would undo."""
     return any(tn.provenance == provenance.REGISTER_BLOCK and idcs is not None
-               and any(loop.index in index_symbols(i) for i in idcs) for tn, idcs, _ in _accesses(loop.body))
+               and any(loop.index in index_symbols(i) for i in idcs) for tn, idcs, _ in accesses(loop.body))
 
 
 def _innermost(loop: ll.ForLoop) -> bool:
@@ -194,28 +194,28 @@ def _fuse(a: ll.ForLoop, b: ll.ForLoop) -> ll.ForLoop | None:
     if ((a.from_, a.to_) != (b.from_, b.to_) or _marked(a) or _marked(b) or not _plain(a) or not _plain(b)
             or _lane_loop(a) or _lane_loop(b) or _innermost(a) or _innermost(b)):
         return None
-    acc_a, acc_b = _accesses(a.body), _accesses(b.body)
+    acc_a, acc_b = accesses(a.body), accesses(b.body)
     if not _sliced(acc_a, acc_b, a.index, b.index):
         return None
     renamed = _rename(b.body, {b.index: Iterator(a.index)})
     return dataclasses.replace(a, body=_fused(ll.seq(a.body, renamed)))
 
 
-def _sliced(acc_a: list[_Access], acc_b: list[_Access], sa: Symbol, sb: Symbol) -> bool:
+def _sliced(acc_a: list[Access], acc_b: list[Access], sa: Symbol, sb: Symbol) -> bool:
     """Whether every array written by one body and accessed by both is accessed, in both, only
     at the slice of the fused loop (see the module docstring)."""
     nodes_a = {tn for tn, _, _ in acc_a}
     nodes_b = {tn for tn, _, _ in acc_b}
     written = {tn for tn, _, w in acc_a + acc_b if w}
     for tn in written & nodes_a & nodes_b:
-        axes = {_slice_axis(idcs, sa) for t, idcs, _ in acc_a if t is tn}
-        axes |= {_slice_axis(idcs, sb) for t, idcs, _ in acc_b if t is tn}
+        axes = {slice_axis(idcs, sa) for t, idcs, _ in acc_a if t is tn}
+        axes |= {slice_axis(idcs, sb) for t, idcs, _ in acc_b if t is tn}
         if len(axes) != 1 or None in axes:
             return False
     return True
 
 
-def _slice_axis(idcs: tuple[AxisIndex, ...] | None, s: Symbol) -> int | None:
+def slice_axis(idcs: tuple[AxisIndex, ...] | None, s: Symbol) -> int | None:
     """The one axis indexed by exactly `s`, when no other axis depends on `s`."""
     if idcs is None:
         return None
@@ -226,14 +226,14 @@ def _slice_axis(idcs: tuple[AxisIndex, ...] | None, s: Symbol) -> int | None:
 
 
 @_remembered
-def _accesses(stmt: ll.LLStmt) -> list[_Access]:
+def accesses(stmt: ll.LLStmt) -> list[Access]:
     """Every array access of `stmt`, local scopes included, in no particular order (callers ask
     which nodes, axes and writes occur)."""
     match stmt:
         case ll.Seq(first, second):
-            return _accesses(first) + _accesses(second)
+            return accesses(first) + accesses(second)
         case ll.ForLoop(body=body):
-            return _accesses(body)
+            return accesses(body)
         case ll.Set(tn, idcs, sc):
             return [(tn, idcs, True), *_reads(sc)]
         case ll.SetFromVec(tn, arg=sc):
@@ -245,15 +245,15 @@ def _accesses(stmt: ll.LLStmt) -> list[_Access]:
     return []
 
 
-def _reads(sc: ll.LLScalar) -> list[_Access]:
+def _reads(sc: ll.LLScalar) -> list[Access]:
     """The reads of an expression, and the accesses of the local scopes in it."""
-    out: list[_Access] = []
+    out: list[Access] = []
     for y in ll.iter_scalars(sc):
         match y:
             case ll.Get(tn, idcs) | ll.GetMergeBuffer(tn, idcs):
                 out.append((tn, idcs, False))
             case ll.LocalScope(body=body):
-                out.extend(_accesses(body))
+                out.extend(accesses(body))
     return out
 
 
