@@ -226,38 +226,52 @@ SHAPES = (("x @ wᵀ qkv/out", False, D, D), ("x @ wᵀ MLP fc", False, D, 4 * D
 w[n, k]` forward, `dx[b, t, n] = sum_k dy[b, t, k] * w[k, n]` for an input gradient."""
 
 
-def shape_rows(threads: int | None = None) -> list[dict]:
-    """Each of `SHAPES` compiled alone as lowering writes it (a zero fill, then the nest),
-    against NumPy and PyTorch on the same operands flattened to (B*T, K)."""
+def _btnk_routine(label: str, out, term, n_: int, k_: int, inputs: dict, threads: int | None):
+    """The nest `out[...] += term(b, t, n, k)` over b < B, t < T, n < n_, k < k_ after a zero
+    fill of `out`, as lowering writes a dense layer's contraction: `term` gives the FMA's
+    operands and `out`'s cell from the four loop indices. Optimized, compiled alone and linked
+    in a context holding `inputs` (node -> array) and `out`."""
     from einjit.backends.cc import toolchain as cc
     from einjit.backends.cc.backend import CcBackend
     from einjit.ir import low_level as ll
     from einjit.ir import ops
     from einjit.ir.indexing import Iterator, get_symbol
     from einjit.ir.optimize import optimize_proc
-    from einjit.ir.tnode import Tnode, hosted
+    from einjit.ir.tnode import hosted
+
+    for tn in (*inputs, out):
+        tn.update_memory_mode(hosted(), 0)
+    b, t, n, k = (Iterator(get_symbol(s)) for s in "btnk")
+    a_read, b_read, cell = term(b, t, n, k)
+    body: ll.LLStmt = ll.Set(out, cell, ll.Ternop(ops.Ternop.FMA, a_read, b_read, ll.Get(out, cell)))
+    for idx, extent in reversed([(b, B), (t, T), (n, n_), (k, k_)]):
+        body = ll.ForLoop(idx.symbol, 0, extent - 1, body)
+    backend = CcBackend(cc.CcOptions(threads=_threads(threads)))
+    ctx = backend.init(label)
+    for tn, value in inputs.items():
+        ctx.array(tn)[...] = value
+    code = optimize_proc(ll.seq(ll.ZeroOut(out), body), name=label)
+    return ctx, backend.link(ctx, backend.compile((), code, shared=True, name=label))
+
+
+def shape_rows(threads: int | None = None) -> list[dict]:
+    """Each of `SHAPES` compiled alone as lowering writes it (a zero fill, then the nest),
+    against NumPy and PyTorch on the same operands flattened to (B*T, K)."""
+    from einjit.ir import low_level as ll
+    from einjit.ir.tnode import Tnode
 
     torch = _torch(threads)
     rng = np.random.default_rng(0)
     rows = []
     for name, input_grad, k_, n_ in SHAPES:
         x, w, c = Tnode("x", (B, T, k_)), Tnode("w", (k_, n_) if input_grad else (n_, k_)), Tnode("c", (B, T, n_))
-        for tn in (x, w, c):
-            tn.update_memory_mode(hosted(), 0)
-        b, t, n, k = (Iterator(get_symbol(s)) for s in "btnk")
-        fma = ll.Ternop(ops.Ternop.FMA, ll.Get(x, (b, t, k)), ll.Get(w, (k, n) if input_grad else (n, k)),
-                        ll.Get(c, (b, t, n)))
-        body: ll.LLStmt = ll.Set(c, (b, t, n), fma)
-        for idx, extent in reversed([(b, B), (t, T), (n, n_), (k, k_)]):
-            body = ll.ForLoop(idx.symbol, 0, extent - 1, body)
-        label = f"gpt_{'dx' if input_grad else 'fwd'}_{k_}_{n_}"
-        backend = CcBackend(cc.CcOptions(threads=_threads(threads)))
-        ctx = backend.init(label)
         xs = rng.standard_normal(x.dims).astype(np.float32)
         ws = rng.standard_normal(w.dims).astype(np.float32)
-        ctx.array(x)[...], ctx.array(w)[...] = xs, ws
-        code = optimize_proc(ll.seq(ll.ZeroOut(c), body), name=label)
-        routine = backend.link(ctx, backend.compile((), code, shared=True, name=label))
+        ctx, routine = _btnk_routine(
+            f"gpt_{'dx' if input_grad else 'fwd'}_{k_}_{n_}", c,
+            lambda b, t, n, k, x=x, w=w, dx=input_grad: (ll.Get(x, (b, t, k)), ll.Get(w, (k, n) if dx else (n, k)),
+                                                         (b, t, n)),
+            n_, k_, {x: xs, w: ws}, threads)
         x2, wt = xs.reshape(B * T, k_), ws if input_grad else np.ascontiguousarray(ws.T)
         routine()
         np.testing.assert_allclose(ctx.array(c).reshape(B * T, n_), x2 @ wt, rtol=1e-4, atol=1e-3)
@@ -282,34 +296,20 @@ summed over the B*T rows of both operands."""
 def wgrad_rows(threads: int | None = None) -> list[dict]:
     """Each of `WGRAD_SHAPES` compiled alone as lowering writes it (a zero fill, then the nest
     over b, t, n, k), against NumPy's and PyTorch's `dyᵀ @ x` on the operands flattened to (B*T, .)."""
-    from einjit.backends.cc import toolchain as cc
-    from einjit.backends.cc.backend import CcBackend
     from einjit.ir import low_level as ll
-    from einjit.ir import ops
-    from einjit.ir.indexing import Iterator, get_symbol
-    from einjit.ir.optimize import optimize_proc
-    from einjit.ir.tnode import Tnode, hosted
+    from einjit.ir.tnode import Tnode
 
     torch = _torch(threads)
     rng = np.random.default_rng(0)
     rows = []
     for name, n_, k_ in WGRAD_SHAPES:
         dy, x, g = Tnode("dy", (B, T, n_)), Tnode("x", (B, T, k_)), Tnode("g", (n_, k_))
-        for tn in (dy, x, g):
-            tn.update_memory_mode(hosted(), 0)
-        b, t, n, k = (Iterator(get_symbol(s)) for s in "btnk")
-        body: ll.LLStmt = ll.Set(g, (n, k), ll.Ternop(ops.Ternop.FMA, ll.Get(dy, (b, t, n)), ll.Get(x, (b, t, k)),
-                                                      ll.Get(g, (n, k))))
-        for idx, extent in reversed([(b, B), (t, T), (n, n_), (k, k_)]):
-            body = ll.ForLoop(idx.symbol, 0, extent - 1, body)
-        label = f"gpt_wgrad_{n_}_{k_}"
-        backend = CcBackend(cc.CcOptions(threads=_threads(threads)))
-        ctx = backend.init(label)
         dys = rng.standard_normal(dy.dims).astype(np.float32)
         xs = rng.standard_normal(x.dims).astype(np.float32)
-        ctx.array(dy)[...], ctx.array(x)[...] = dys, xs
-        code = optimize_proc(ll.seq(ll.ZeroOut(g), body), name=label)
-        routine = backend.link(ctx, backend.compile((), code, shared=True, name=label))
+        ctx, routine = _btnk_routine(
+            f"gpt_wgrad_{n_}_{k_}", g,
+            lambda b, t, n, k, dy=dy, x=x: (ll.Get(dy, (b, t, n)), ll.Get(x, (b, t, k)), (n, k)),
+            n_, k_, {dy: dys, x: xs}, threads)
         dy2, x2 = dys.reshape(B * T, n_), xs.reshape(B * T, k_)
         routine()
         np.testing.assert_allclose(ctx.array(g), dy2.T @ x2, rtol=1e-4, atol=1e-3)

@@ -38,6 +38,17 @@ def reference(ins, x, dy):
     return xs.T @ dys
 
 
+def check_on_threads(code, sched, x, dy, w, seed):
+    """The scheduled nest at 1 and 2 threads gives the unscheduled C's bits, and those are
+    the float64 sums."""
+    ins = inputs_for(x, dy, seed=seed)
+    want = run_in_c(code, ins, name="plain").array(w).copy()
+    for threads in (1, 2):
+        got = run_in_c(sched, ins, name="wgrad", options=cc.CcOptions(threads=threads)).array(w)
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(want, reference(ins, x, dy), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("machine", ["avx2", "avx512"])
 @pytest.mark.parametrize("prec", [ops.single, ops.double], ids=["f32", "f64"])
 @pytest.mark.parametrize("shape,tile", [((2, 5, 13, 40), Tile(6, 16, 1)), ((3, 4, 7, 33), Tile(5, 8, 2)),
@@ -72,12 +83,7 @@ def test_long_reductions_chunk_and_match_the_unscheduled_c(machine, shape):
     sched = schedule_llc(code, OFF, blocking)
     doc = ll.to_doc(sched)
     assert "apack" in local_nodes(sched) and "-step k chunks" in doc, doc[:400]
-    ins = inputs_for(x, dy, seed=shape[0])
-    want = run_in_c(code, ins, name="plain").array(w).copy()
-    for threads in (1, 2):
-        got = run_in_c(sched, ins, name="wgrad", options=cc.CcOptions(threads=threads)).array(w)
-        np.testing.assert_array_equal(got, want)
-    np.testing.assert_allclose(want, reference(ins, x, dy), rtol=1e-4, atol=1e-4)
+    check_on_threads(code, sched, x, dy, w, seed=shape[0])
 
 
 @pytest.mark.parametrize("machine", ["avx2", "avx512"])
@@ -138,9 +144,4 @@ def test_fewer_rows_than_columns_put_the_row_blocks_outside_the_panels(machine, 
     tile = next(iter(cost_model.candidates(Shape(rows, cols, shape[0] * shape[1], shape[0], 4, True),
                                            blocking.nb_choices, blocking.mb_max, blocking.machine)))
     assert packs["apack"][0] == 1 and packs["pack"][0] == -(-cols // tile.nb), packs
-    ins = inputs_for(x, dy, seed=shape[1])
-    want = run_in_c(code, ins, name="plain").array(w).copy()
-    for threads in (1, 2):
-        got = run_in_c(sched, ins, name="wgrad", options=cc.CcOptions(threads=threads)).array(w)
-        np.testing.assert_array_equal(got, want)
-    np.testing.assert_allclose(want, reference(ins, x, dy), rtol=1e-4, atol=1e-4)
+    check_on_threads(code, sched, x, dy, w, seed=shape[1])
