@@ -185,3 +185,30 @@ def test_gpt_step_gradients_are_the_same_bits_at_2_threads(tmp_path, monkeypatch
     for label, g in serial.items():
         assert np.all(np.isfinite(g)), label
         np.testing.assert_array_equal(threaded[label], g, err_msg=label)
+
+
+def test_mlp_step_with_row_blocks_outside_the_panels_on_threads(tmp_path, monkeypatch):
+    """A weight gradient with fewer rows than columns (256 x 784) runs its row blocks on
+    threads, each packing its rows into its own copy of the row pack, while the tail rows
+    use the routine's pack on one thread. The step's nests are outlined functions that take
+    that pack as a pointer: each thread's copy is declared in the region (a `private(..)`
+    pointer was unset in every thread and the step crashed). Same bits as 1 thread, and
+    NumPy's gradients."""
+    rng = np.random.default_rng(8)
+    xv = rng.standard_normal((64, 784)).astype(np.float32)
+    x = ej.ndarray(xv, batch_axes=1, label="x")
+    h = ej.relu(ej.param("b0", output_dims=[256], init="zeros") + ej.param("w0", output_dims=[256]) @ x)
+    out = ej.param("w1", output_dims=[10]) @ h
+    loss = ej.sum(out * out, "...|... => 0")
+    train.init_params(loss, seed=9)
+    params = sorted(loss.params(), key=lambda p: p.label_str)
+    code = train.grad_update(loss)
+    one, _ = _grads_at(1, code, params, "mlp_rows_outer", tmp_path, monkeypatch)
+    two, source = _grads_at(2, code, params, "mlp_rows_outer", tmp_path, monkeypatch)
+    assert "omp" in source
+    for name, want in one.items():
+        np.testing.assert_array_equal(two[name], want, err_msg=name)
+    w0, w1 = (p.value.numpy().astype(np.float64) for p in params if p.label_str in ("w0", "w1"))
+    pre = xv @ w0.T
+    g_out = 2 * (np.maximum(pre, 0) @ w1.T)
+    np.testing.assert_allclose(one["w0"], ((g_out @ w1) * (pre > 0)).T @ xv, rtol=1e-3, atol=1e-2)

@@ -390,6 +390,10 @@ class _Writer:
         self.locals_in_scope: set[ll.ScopeId] = set()
         self.on_stack: set[Tnode] = set()
         self.region_only: set[Tnode] = set()
+        self.in_nest_function = False
+        """Rendering a nest that may become a function of its own, taking the routine's stack
+        arrays it shares with other nests as pointers: a thread's copy of one is then declared in
+        the region, since `private(..)` on a pointer parameter gives each thread an unset pointer."""
         self.nodes: dict[int, Tnode] = {}
         self.written: set[int] = set()
         self.merges: dict[int, Tnode] = {}
@@ -817,7 +821,7 @@ class _Writer:
         Routine-local nodes (`ir.local_storage`) are shared like context arrays, since each
         iteration writes its own cells of them and later code reads them all."""
         nodes = [tn for tn in private_nodes(loop) if tn not in self.region_declared]
-        declared = [tn for tn in nodes if tn in self.region_only or tn not in self.on_stack]
+        declared = [tn for tn in nodes if tn in self.region_only or tn not in self.on_stack or self.in_nest_function]
         stack = ", ".join(self.node_name(tn, written=True) for tn in nodes if tn not in declared)
         private = f" private({stack})" if stack else ""
         if self.orphan is not None:
@@ -1078,7 +1082,7 @@ def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequ
             rendered.append(s)
             continue
         nw = _Writer(w.syn, tuple(bindings), itype)
-        nw.on_stack, nw.region_only = w.on_stack, w.region_only
+        nw.on_stack, nw.region_only, nw.in_nest_function = w.on_stack, w.region_only, True
         if i in place and (unit := place[i][0].unit_of(place[i][1])).role == "for":
             nw.orphan = unit.nowait
         if not shapes.copy(s, nw):
@@ -1119,6 +1123,7 @@ def _render_outlined(w: _Writer, name: str, top: list[ll.LLStmt], bindings: Sequ
             # the first nest of this structure owns other locals: this one is rendered after all
             fresh = _Writer(w.syn, tuple(bindings), itype)
             fresh.on_stack, fresh.region_only, fresh.orphan = nw.on_stack, nw.region_only, nw.orphan
+            fresh.in_nest_function = True
             fresh.stmt(loop, "  ")
             nw = fresh
         merge_into(nw, owned)
