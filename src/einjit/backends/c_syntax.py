@@ -816,8 +816,10 @@ class _Writer:
         (`region_only_nodes`) is declared in the region alone: a stack array, or a heap copy
         each thread allocates. One also used outside keeps the routine's copy there and gets
         a thread's own inside: through `private(..)` on the stack, or, for a scratch array (a
-        private copy of its pointer would share the memory), a heap copy under the same name.
-        Either kind of copy in the region makes it a `parallel` region around an `omp for`.
+        private copy of its pointer would share the memory), a heap copy under the same name;
+        in a nest that may become a function of its own (`in_nest_function`), where the array
+        may be a pointer parameter, a copy declared in the region. Either kind of copy in the
+        region makes it a `parallel` region around an `omp for`.
         Routine-local nodes (`ir.local_storage`) are shared like context arrays, since each
         iteration writes its own cells of them and later code reads them all."""
         nodes = [tn for tn in private_nodes(loop) if tn not in self.region_declared]
