@@ -17,8 +17,6 @@ A node that the contraction reads too little of to repay a pass over all of it (
 
 from __future__ import annotations
 
-import dataclasses
-
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import Iterator, get_symbol
@@ -87,7 +85,7 @@ def share_fills(code: ll.LLStmt) -> ll.LLStmt:
             first[src] = (p, copy)
     if not renamed:
         return code
-    return ll.seq(*[_renaming(s, renamed) for p, s in enumerate(stmts) if p not in dropped])
+    return ll.seq(*[nests.read_from(s, renamed) for p, s in enumerate(stmts) if p not in dropped])
 
 
 def identity_copy(stmt: ll.LLStmt) -> tuple[Tnode, Tnode] | None:
@@ -103,27 +101,3 @@ def identity_copy(stmt: ll.LLStmt) -> tuple[Tnode, Tnode] | None:
                 and tuple(n for _, n in loops) == x.dims):
             return x, y
     return None
-
-
-def _renaming(stmt: ll.LLStmt, nodes: dict[Tnode, Tnode]) -> ll.LLStmt:
-    """`stmt` reading `nodes[t]` wherever it read a node `t` of `nodes`."""
-    def sc(x: ll.LLScalar) -> ll.LLScalar:
-        match x:
-            case ll.Get(tn, idcs) if tn in nodes:
-                return ll.Get(nodes[tn], idcs)
-            case ll.LocalScope(sid, body, orig):
-                return ll.LocalScope(sid, _renaming(body, nodes), orig)
-        return ll.map_operands(x, sc)
-
-    match stmt:
-        case ll.Seq(a, b):
-            return ll.Seq(_renaming(a, nodes), _renaming(b, nodes))
-        case ll.ForLoop(body=body):
-            return dataclasses.replace(stmt, body=_renaming(body, nodes))
-        case ll.Set(llsc=value):
-            return dataclasses.replace(stmt, llsc=sc(value))
-        case ll.SetLocal(value=value):
-            return dataclasses.replace(stmt, value=sc(value))
-        case ll.SetFromVec(arg=value):
-            return dataclasses.replace(stmt, arg=sc(value))
-    return stmt

@@ -28,10 +28,9 @@ into a node read through a merge buffer.
 
 from __future__ import annotations
 
-import dataclasses
-
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import AxisIndex, Iterator
+from einjit.ir.sched import nests
 from einjit.ir.sched.causal import may_be_local
 from einjit.ir.tnode import Tnode
 
@@ -61,7 +60,7 @@ def propagate_copies(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStmt
         dst, src = copy
         for j in range(k + 1, len(items)):
             if dst in reads[j]:
-                items[j] = _read_from(items[j], dst, src)
+                items[j] = nests.read_from(items[j], {dst: src})
                 reads[j] = (reads[j] - {dst}) | {src}
         del items[k], reads[k], writes[k]
     return ll.seq(*items)
@@ -120,30 +119,3 @@ def _accesses(stmt: ll.LLStmt, merged: set[Tnode]) -> tuple[set[Tnode] | None, s
             case ll.StagedCompilation():
                 return None, writes
     return reads, writes
-
-
-def _read_from(stmt: ll.LLStmt, dst: Tnode, src: Tnode) -> ll.LLStmt:
-    """`stmt` reading `src` wherever it read `dst`."""
-
-    def scalar(sc: ll.LLScalar) -> ll.LLScalar:
-        match sc:
-            case ll.Get(tn, idcs) if tn is dst:
-                return ll.Get(src, idcs)
-            case ll.LocalScope(sid, body, orig):
-                return ll.LocalScope(sid, _read_from(body, dst, src), orig)
-            case ll.Unop() | ll.Binop() | ll.Ternop():
-                return ll.map_operands(sc, scalar)
-        return sc
-
-    match stmt:
-        case ll.Seq(first, second):
-            return ll.Seq(_read_from(first, dst, src), _read_from(second, dst, src))
-        case ll.ForLoop(body=body):
-            return dataclasses.replace(stmt, body=_read_from(body, dst, src))
-        case ll.Set(tn, idcs, llsc, debug):
-            return ll.Set(tn, idcs, scalar(llsc), debug)
-        case ll.SetFromVec(tn, idcs, length, vec_unop, arg, debug):
-            return ll.SetFromVec(tn, idcs, length, vec_unop, scalar(arg), debug)
-        case ll.SetLocal(sid, value):
-            return ll.SetLocal(sid, scalar(value))
-    return stmt

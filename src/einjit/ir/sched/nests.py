@@ -3,6 +3,7 @@ rewrites (`schedule.py`, `schedule_conv.py`) share to take a nest apart and buil
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from einjit.ir import low_level as ll
@@ -44,6 +45,30 @@ def subst(sc: ll.LLScalar, env: dict[Symbol, AxisIndex]) -> ll.LLScalar:
         case ll.Unop() | ll.Binop() | ll.Ternop():
             return ll.map_operands(sc, lambda x: subst(x, env))
     return sc
+
+
+def read_from(stmt: ll.LLStmt, nodes: dict[Tnode, Tnode]) -> ll.LLStmt:
+    """`stmt` reading `nodes[t]` wherever it read a node `t` of `nodes` (its writes unchanged)."""
+    def sc(x: ll.LLScalar) -> ll.LLScalar:
+        match x:
+            case ll.Get(tn, idcs) if tn in nodes:
+                return ll.Get(nodes[tn], idcs)
+            case ll.LocalScope(sid, body, orig):
+                return ll.LocalScope(sid, read_from(body, nodes), orig)
+        return ll.map_operands(x, sc)
+
+    match stmt:
+        case ll.Seq(a, b):
+            return ll.Seq(read_from(a, nodes), read_from(b, nodes))
+        case ll.ForLoop(body=body):
+            return dataclasses.replace(stmt, body=read_from(body, nodes))
+        case ll.Set(llsc=value):
+            return dataclasses.replace(stmt, llsc=sc(value))
+        case ll.SetLocal(value=value):
+            return dataclasses.replace(stmt, value=sc(value))
+        case ll.SetFromVec(arg=value):
+            return dataclasses.replace(stmt, arg=sc(value))
+    return stmt
 
 
 def nest(loops: list[tuple[Symbol, int]], body: ll.LLStmt, unrolled: frozenset[Symbol] = frozenset(),
