@@ -17,6 +17,7 @@ from einjit import datasets, train
 from einjit.backends.cc.backend import CcBackend
 from einjit.backends.cc.multicore import MulticoreBackend
 from einjit.demos.moons import run_moons
+from einjit.ir import bf16, ops
 from einjit.ir.indexing import IntRef, StaticSymbol, get_static_symbol
 from einjit.training import parallel
 from einjit.training.comm import Communicator, InProcessGroup
@@ -35,12 +36,12 @@ class Setup:
     union_batches: int
 
 
-def build(replicas: int, batch: int, momentum: float) -> Setup:
+def build(replicas: int, batch: int, momentum: float, prec: str = "double") -> Setup:
     """A 2 → 8 → 8 → 1 hinge-loss MLP on moons points in batches of `batch`, the loss divided by
     the union batch `replicas * batch`; SGD with a step-dependent learning rate."""
     coords, labels = datasets.shuffled(*datasets.half_moons(N_POINTS // 2, seed=3), seed=3)
     n_batches = N_POINTS // batch
-    with ej.default_precision("double"):
+    with ej.default_precision(prec):
         batch_n, step_n = get_static_symbol(n_batches, "batch"), get_static_symbol(None, "step")
         x = ej.batch_slice(ej.ndarray(coords.reshape(n_batches, batch, 2), batch_axes=2), batch_n)
         y = ej.batch_slice(ej.ndarray(labels.reshape(n_batches, batch, 1), batch_axes=2), batch_n)
@@ -55,9 +56,10 @@ def build(replicas: int, batch: int, momentum: float) -> Setup:
     return Setup(loss, [w1, b1, w2, b2, w3, b3], update, batch_n, step_n, N_POINTS // (replicas * batch))
 
 
-def single_device(replicas: int, momentum: float, steps: int = STEPS) -> tuple[list[np.ndarray], float]:
+def single_device(replicas: int, momentum: float, steps: int = STEPS, prec: str = "double"
+                  ) -> tuple[list[np.ndarray], float]:
     """The reference: one fused routine on the union batches; final parameters and loss."""
-    s = build(1, replicas * SHARD, momentum)
+    s = build(1, replicas * SHARD, momentum, prec)
     refs = {s.batch: IntRef(0), s.step: IntRef(0)}
     routine = train.to_routine([train.grad_update(s.loss), s.update], bindings=refs, name="reference_step")
     for k in range(steps):
@@ -98,6 +100,21 @@ def test_devices_train_as_one_device_on_the_union_batch(devices, momentum):
     assert len(losses) == devices
     assert sum(losses) == pytest.approx(want_loss, rel=RTOL)
     assert_params_equal([p.value.numpy() for p in s.params], want, f"{devices} devices")
+
+
+def test_bf16_devices_report_losses_as_numbers():
+    """A bf16 loss's cell is a bit pattern; `losses()` reads it as the number it stands for."""
+    want, want_loss = single_device(2, 0.9, prec="bf16")
+    s = build(2, SHARD, 0.9, prec="bf16")
+    with parallel.parallel_update(s.loss, s.update, num_devices=2, bindings=[s.batch, s.step],
+                                  shard=s.batch) as dp:
+        for k in range(STEPS):
+            dp.bindings[s.batch].value, dp.bindings[s.step].value = k % s.union_batches, k
+            dp.step()
+        losses = dp.sync()
+    assert sum(losses) == pytest.approx(want_loss, rel=2e-2)
+    for p, w in zip(s.params, want, strict=True):
+        np.testing.assert_allclose(p.value.numpy(), w, atol=1e-2)
 
 
 def test_steps_are_scheduled_without_waiting_and_devices_stay_equal():
@@ -190,6 +207,36 @@ def test_in_process_ranks_train_as_one_device_on_the_union_batch():
         np.testing.assert_array_equal(a, b)
     replicas[0].sync()
     assert_params_equal([p.value.numpy() for p in s.params], want, "2 in-process ranks")
+
+
+def test_bf16_gradients_are_summed_as_numbers_and_rounded_once():
+    """bf16 cells are uint16 bit patterns: ranks all-reduce them widened to float32, so the sum is
+    the bf16 rounding of the float32 sum (adding the patterns as integers gave garbage)."""
+    want, want_loss = single_device(2, 0.9, prec="bf16")
+    s = build(2, SHARD, 0.9, prec="bf16")
+    assert all(p.value_tn.prec is ops.bf16 and p.grad_tn.prec is ops.bf16 for p in s.params)
+    backend = CcBackend()
+    code = parallel.compile_step(backend, s.loss, s.update, bindings=[s.batch, s.step], shard=s.batch)
+
+    def body(comm: Communicator):
+        replica = parallel.CommDataParallel(code, comm, backend=backend)
+        replica.broadcast_params()
+        replica.bindings[s.batch].value, replica.bindings[s.step].value = 0, 0
+        replica._grad()
+        grads = [np.array(bf16.as_values(replica.array(p.grad_tn), ops.bf16)) for p in s.params]
+        for pack in replica._packs:
+            pack.allreduce(comm)
+        summed = [np.array(bf16.as_values(replica.array(p.grad_tn), ops.bf16)) for p in s.params]
+        return grads, summed
+
+    (grads0, summed0), (grads1, summed1) = run_ranks(2, body)
+    for g0, g1, a, b in zip(grads0, grads1, summed0, summed1, strict=True):
+        assert np.abs(g0).max() > 0 or np.abs(g1).max() > 0
+        np.testing.assert_array_equal(a, bf16.round_to_bf16(g0 + g1))
+        np.testing.assert_array_equal(a, b)
+    losses = run_ranks(2, lambda comm: rank_training(parallel.CommDataParallel(code, comm, backend=backend), s))
+    assert losses[0] == losses[1]
+    assert losses[0][-1] == pytest.approx(want_loss, rel=2e-2)
 
 
 def test_in_process_collectives():

@@ -40,7 +40,7 @@ import numpy as np
 from einjit import backends
 from einjit.backends.interface import BackendUsageError, Compiled, load_inputs
 from einjit.ir import assignments as asg
-from einjit.ir import bf16
+from einjit.ir import bf16, ops
 from einjit.ir.indexing import IntRef, StaticSymbol
 from einjit.ir.naming import stable_names
 from einjit.ir.tnode import Tnode
@@ -182,7 +182,7 @@ class DataParallel:
         tn = self.code.loss.value_tn
         for ctx in self.contexts:
             self.backend.to_host(ctx, tn)
-            out.append(float(tn.host_array().reshape(-1)[0]))
+            out.append(float(bf16.as_values(tn.host_array().reshape(-1)[:1], tn.prec)[0]))
         return out
 
     def sync(self) -> list[float]:
@@ -263,12 +263,8 @@ class CommDataParallel:
         """Gradients on this rank's shard, all-reduced, then the update (collective)."""
         _shard_values(self.code, self.bindings, self._grad.bindings, self.comm.size, self.comm.rank)
         self._grad()
-        for buffer, parts in self._packs:
-            for flat, where in parts:
-                buffer[where] = flat
-            self.comm.allreduce(buffer)
-            for flat, where in parts:
-                flat[...] = buffer[where]
+        for pack in self._packs:
+            pack.allreduce(self.comm)
         self._update()
 
     def loss(self) -> float:
@@ -286,18 +282,37 @@ class CommDataParallel:
             self.backend.to_host(self.context, p.value_tn)
 
 
-def _packs(tns: Sequence[Tnode], array: Any) -> list[tuple[np.ndarray, list[tuple[np.ndarray, slice]]]]:
-    """One flat buffer per dtype, with each node's flat view and its slice of the buffer."""
-    by_dtype: dict[np.dtype, list[np.ndarray]] = {}
+@dataclass(frozen=True)
+class _Pack:
+    """Nodes of one precision, all-reduced as one flat buffer (one collective per precision, not
+    per node). bf16 cells are uint16 bit patterns, which no communicator can add: they travel
+    widened to float32 and are rounded back once, after the sum, so every rank rounds the same
+    float32 total."""
+
+    prec: ops.Prec
+    buffer: np.ndarray
+    parts: tuple[tuple[np.ndarray, slice], ...]
+
+    def allreduce(self, comm: Communicator) -> None:
+        for flat, where in self.parts:
+            self.buffer[where] = bf16.as_values(flat, self.prec)
+        comm.allreduce(self.buffer)
+        for flat, where in self.parts:
+            flat[...] = bf16.as_cells(self.buffer[where], self.prec)
+
+
+def _packs(tns: Sequence[Tnode], array: Any) -> list[_Pack]:
+    by_prec: dict[ops.Prec, list[np.ndarray]] = {}
     for tn in tns:
-        by_dtype.setdefault(np.dtype(tn.prec.dtype), []).append(array(tn).reshape(-1))
+        by_prec.setdefault(tn.prec, []).append(array(tn).reshape(-1))
     packs = []
-    for dtype, flats in by_dtype.items():
+    for prec, flats in by_prec.items():
         parts, offset = [], 0
         for flat in flats:
             parts.append((flat, slice(offset, offset + flat.size)))
             offset += flat.size
-        packs.append((np.zeros(offset, dtype=dtype), parts))
+        dtype = np.float32 if prec is ops.bf16 else prec.dtype
+        packs.append(_Pack(prec, np.zeros(offset, dtype=dtype), tuple(parts)))
     return packs
 
 
