@@ -25,6 +25,7 @@ from einjit import memory
 from einjit.errors import EinjitError
 from einjit.ir import bf16, ops
 from einjit.ir import low_level as ll
+from einjit.ir.fma import fma_rounded_once
 from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, GatherIdx, Iterator, SubAxis, Symbol
 from einjit.ir.precision import combine_prec
 from einjit.ir.tnode import Tnode
@@ -264,10 +265,10 @@ class _Machine:
             case ll.Ternop(ops.Ternop.WHERE, c, a, b):
                 fc, fa, fb = self.scalar(c, prec), self.scalar(a, prec), self.scalar(b, prec)
                 return lambda: fa() if fc() != 0 else fb()
-            case ll.Ternop(ops.Ternop.FMA, a, b, c) if prec.is_float and prec.itemsize < 8:
-                # computed in double and rounded once, as a fused multiply-add is
-                fa, fb, fc, f64 = self.scalar(a, prec), self.scalar(b, prec), self.scalar(c, prec), np.float64
-                return lambda: dt(f64(fa()) * f64(fb()) + f64(fc()))
+            case ll.Ternop(ops.Ternop.FMA, a, b, c) if prec.is_float:
+                fa, fb, fc = self.scalar(a, prec), self.scalar(b, prec), self.scalar(c, prec)
+                fused = fma_rounded_once(np.dtype(dt))
+                return lambda: fused(fa(), fb(), fc())
             case ll.Ternop(op, a, b, c):
                 fa, fb, fc, ternop = self.scalar(a, prec), self.scalar(b, prec), self.scalar(c, prec), op.numpy
                 return lambda: dt(ternop(fa(), fb(), fc()))

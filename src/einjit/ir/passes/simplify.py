@@ -37,6 +37,7 @@ import numpy as np
 
 from einjit.ir import low_level as ll
 from einjit.ir import ops
+from einjit.ir.fma import fma_rounded_once
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, SubAxis, Symbol
 from einjit.ir.tnode import Tnode
 
@@ -147,8 +148,8 @@ def _fold(compute, prec: ops.Prec, *args: float) -> ll.Constant | None:
 
 
 def _fma(prec: ops.Prec):
-    if prec.is_float and prec.itemsize < 8:
-        return lambda x, y, z: np.float64(x) * np.float64(y) + np.float64(z)
+    if prec.is_float:
+        return fma_rounded_once(prec.computed_in.dtype)
     return lambda x, y, z: ops.apply_ternop(ops.Ternop.FMA, x, y, z)
 
 
