@@ -86,9 +86,17 @@ class Names:
         if self.requests is not None:
             self.requests.append(("node", tn))
         key = ("node", tn.id)
-        if key in self._given:
-            return self._given[key]
+        name = self._given.get(key)
+        if name is not None:
+            return name
         base = node_base(tn.label)
+        if base not in self._suffixes and base not in self._used and not is_reserved(base):
+            # what `_take` gives for a base's first node, without its generator: keying a
+            # program names every node of the graph, most of them the first of their base
+            self._suffixes[base] = 2
+            self._used.add(base)
+            self._given[key] = base
+            return base
         return self._take(key, self._suffixed(base))
 
     def symbol(self, s: Any) -> str:
