@@ -90,13 +90,15 @@ class Names:
         if name is not None:
             return name
         base = node_base(tn.label)
-        if base not in self._suffixes and base not in self._used and not is_reserved(base):
-            # what `_take` gives for a base's first node, without its generator: keying a
-            # program names every node of the graph, most of them the first of their base
-            self._suffixes[base] = 2
-            self._used.add(base)
-            self._given[key] = base
-            return base
+        k = self._suffixes.get(base, 1)
+        name = base if k == 1 else f"{base}_{k}"
+        if name not in self._used and not is_reserved(name):
+            # `_take`'s answer when the base's next name is free, without its generator:
+            # keying a program names every node of the graph
+            self._suffixes[base] = k + 1
+            self._used.add(name)
+            self._given[key] = name
+            return name
         return self._take(key, self._suffixed(base))
 
     def symbol(self, s: Any) -> str:
