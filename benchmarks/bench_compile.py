@@ -134,11 +134,11 @@ at a load of 10-13 on the 2 cores, so +-25%; the generated C byte-identical on t
 Session 9 (issue 21 item 1; CPU seconds, main and this branch in one `--repeats 1` run each at a
 load of 7-12 on the 2 cores, so walls are 3-10x CPU; the generated C byte-identical on the
 4-block, AdamW and 12-block steps):
-- the warm 12-block compile's CPU went 0.39 -> 0.28 s here (0.29 -> 0.24 s best of three
-  alternating processes at load 7): the program key describes the assignment kinds of every
-  model field by field instead of asking each value's kind (the same text, tested), a node
-  base is remembered per label and a base's first node named without the candidate
-  generator, and `to_dims` reads each row once. What a hit still spends: the key 0.10-0.13 s
+- the warm 12-block compile's CPU went 0.39 -> 0.28 s here (`to_routine` alone, best of three
+  alternating processes at load 9-10: 0.24 -> 0.19 s): the program key describes the
+  assignment kinds of every model field by field instead of asking each value's kind (the
+  same text, tested), a node base is remembered per label and a base's next free name taken
+  without the candidate generator, and `to_dims` reads each row once. What a hit still spends: the key 0.10-0.13 s
   (projection keys 25%, their reprs 20%, naming 3,400 nodes, dims), decoding the record
   0.03 s, linking 0.05 s (400 arrays allocated, 1,400 pointers), the collection after the
   collector pause 0.02 s;
