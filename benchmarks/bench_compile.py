@@ -131,6 +131,25 @@ at a load of 10-13 on the 2 cores, so +-25%; the generated C byte-identical on t
   script's AdamW row (4 blocks d=64, the update built in the timed region): einjit 4.5-4.8 ->
   3.2-3.5 s, gcc 3.3-4.1 s both; its warm row 1.0 -> 0.6-0.8 s is the update's graph, built
   again in the new process before the program cache answers.
+Session 9 (issue 21 item 1; CPU seconds, main and this branch in one `--repeats 1` run each at a
+load of 7-12 on the 2 cores, so walls are 3-10x CPU; the generated C byte-identical on the
+4-block, AdamW and 12-block steps):
+- the warm 12-block compile's CPU went 0.39 -> 0.28 s here (`to_routine` alone, best of three
+  alternating processes at load 9-10: 0.24 -> 0.19 s): the program key describes the
+  assignment kinds of every model field by field instead of asking each value's kind (the
+  same text, tested), a node base is remembered per label and a base's next free name taken
+  without the candidate generator, and `to_dims` reads each row once. What a hit still spends: the key 0.10-0.13 s
+  (projection keys 25%, their reprs 20%, naming 3,400 nodes, dims), decoding the record
+  0.03 s, linking 0.05 s (400 arrays allocated, 1,400 pointers), the collection after the
+  collector pause 0.02 s;
+- the key now also covers what changed the passes' output without changing it: the machine
+  description the scheduler prices for (`EINJIT_MACHINE` on one host gave a false hit), the
+  optimizer's stages (one left out or replaced) and `EINJIT_SEARCH`;
+- cold compiles change only by the key (0.05-0.1 s), inside this load's noise: 4 blocks einjit
+  2.82 / 2.31 s (main / branch), gcc 2.75 / 2.92 s (units 0.30, 1.08, 1.22 s: balanced); 12
+  blocks einjit 7.42 / 6.28 s, gcc 5.62 / 4.94 s. Tracing replays 196k events for the
+  4-block step (54k recorded), its reads nearly all of distinct nodes between two writes, so
+  grouping them per node gained nothing (tried, not kept).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ compiler options, the routine's name and einjit's own source."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -14,9 +16,11 @@ from einjit import shape as sh
 from einjit.backends.cc import program_cache
 from einjit.backends.cc import toolchain as cc
 from einjit.ir import assignments as asg
-from einjit.ir import ops
+from einjit.ir import ops, optimize
+from einjit.ir.indexing import StaticSymbol, get_symbol
 from einjit.ir.naming import stable_names
 from einjit.ir.optimize import VirtualizeSettings
+from einjit.ir.tnode import Tnode
 from einjit.tensor.notation import as_asgns
 
 BASE = dict(d=4, act="relu", spec="b | -> i; i -> o => b | -> o", prec=None, lr=0.1)
@@ -110,3 +114,74 @@ def test_block_comments_and_their_extent_are_part_of_the_key():
             commented_key(lambda g, u: asg.sequence(g, u))]
     assert len(set(keys)) == 4
     assert commented_key(lambda g, u: asg.BlockComment("step", asg.sequence(g, u))) == keys[0]
+
+
+def test_the_machine_the_scheduler_prices_for_is_part_of_the_key(monkeypatch):
+    """`EINJIT_MACHINE` changes the register blocks, not the compiler's flags (`-march=native`
+    stays): a program scheduled for one description must not be replayed for another."""
+    keys = []
+    for machine in ("avx512", "avx2", "generic"):
+        monkeypatch.setenv("EINJIT_MACHINE", machine)
+        keys.append(key_of())
+    assert len(set(keys)) == 3
+
+
+def test_the_optimizer_stages_are_part_of_the_key(monkeypatch):
+    """A stage left out, or replaced by another function under its name, changes the C."""
+    base = key_of()
+    stages = optimize.STAGES
+    monkeypatch.setattr(optimize, "STAGES", tuple(s for s in stages if s.name != "fuse"))
+    without_fuse = key_of()
+    monkeypatch.setattr(optimize, "STAGES", tuple(dataclasses.replace(s, run=lambda run, code: code)
+                                                  if s.name == "fuse" else s for s in stages))
+    replaced = key_of()
+    assert len({base, without_fuse, replaced}) == 3
+    monkeypatch.setattr(optimize, "STAGES", stages)
+    assert key_of() == base
+
+
+def test_measured_tiles_are_part_of_the_key(monkeypatch):
+    base = key_of()
+    monkeypatch.setenv("EINJIT_SEARCH", "1")
+    searched = key_of()
+    monkeypatch.setenv("EINJIT_SEARCH_CANDIDATES", "2")
+    assert len({base, searched, key_of()}) == 3
+
+
+def varied_program() -> asg.Asgns:
+    """Every assignment kind: a small `models.GPT` step (gathers by id, ternary operations,
+    constant fetches), a batch slice, and hand-built ones: a sum reading a merge buffer, a
+    slice fetch."""
+    from einjit import nn
+    from einjit.models import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=2, d_model=8), label="tiny")
+    tokens = ej.input("tokens", batch_dims=[2, 4], prec="int32")
+    loss = nn.cross_entropy(model(tokens), ej.input("targets", batch_dims=[2, 4], prec="int32"))
+    train.init_params(loss, seed=0)
+    batch = StaticSymbol(get_symbol("b"))
+    data = ej.ndarray(np.arange(12, dtype=np.float32).reshape(3, 4), batch_axes=1, label="data")
+    sliced = ej.where(ej.batch_slice(data, batch) - 5.0, data, 1.0)
+    a, b, c, d = (Tnode([n], (3,)) for n in "abcd")
+    merged = asg.AccumBinop(True, ops.Binop.ADD, ops.Binop.MUL, c, asg.Node(a), asg.MergeBuffer(b),
+                            asg.Lazy(lambda: None, key=lambda: ("merged", 3)))  # type: ignore[arg-type, return-value]  # never forced
+    code = [train.grad_update(loss), train.sgd_update(loss, 0.1), sliced]
+    return asg.sequence(*[as_asgns(x) for x in code],
+                        asg.BlockComment("hand-built", asg.sequence(merged, asg.Fetch(d, asg.Slice(batch, a)))))
+
+
+def test_each_assignment_kinds_text_is_the_generic_text():
+    """The key's walk describes the common assignment kinds field by field (`_ASSIGNMENT_TEXTS`):
+    each text must be what the generic walk over the dataclass gives, and the nodes those
+    walks collect must be `asg.guessed_nodes` in its order."""
+    asgns = varied_program()
+    with stable_names():
+        sh.finish_inference()
+        walk, generic = program_cache._Walk(), program_cache._Walk()
+        texts = walk.program(asgns)
+        flat = asg.flatten_with_comments(asgns)
+        kinds = {type(a) for a in flat}
+        assert {asg.AccumBinop, asg.AccumUnop, asg.AccumTernop, asg.Fetch} <= kinds
+        assert any(isinstance(a, asg.Fetch) and isinstance(a.fetch_op, asg.Slice) for a in flat)
+        assert [t for t in texts if not t.startswith("#") and t != "]"] == [generic.text(a) for a in flat]
+        assert list(walk.nodes) == asg.guessed_nodes(asgns)

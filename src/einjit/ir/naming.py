@@ -14,6 +14,7 @@ Nodes, symbols and scope ids are duck-typed; the only einjit import is the reser
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,7 +50,14 @@ def _identifier(text: str) -> str:
 
 def node_base(label: list[str]) -> str:
     """The C identifier a node's label suggests (its first two label parts)."""
-    base = _identifier("_".join(label[:2]) if label else "n")
+    return _base("_".join(label[:2]) if label else "n")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _base(text: str) -> str:
+    """Remembered: a program names thousands of nodes from far fewer labels (a deep model's
+    blocks repeat theirs), and the program cache's key names every node of the graph."""
+    base = _identifier(text)
     return "n_" + base if is_reserved(base) or base.startswith(RESERVED_PREFIXES) else base
 
 
@@ -78,9 +86,19 @@ class Names:
         if self.requests is not None:
             self.requests.append(("node", tn))
         key = ("node", tn.id)
-        if key in self._given:
-            return self._given[key]
+        name = self._given.get(key)
+        if name is not None:
+            return name
         base = node_base(tn.label)
+        k = self._suffixes.get(base, 1)
+        name = base if k == 1 else f"{base}_{k}"
+        if name not in self._used and not is_reserved(name):
+            # `_take`'s answer when the base's next name is free, without its generator:
+            # keying a program names every node of the graph
+            self._suffixes[base] = k + 1
+            self._used.add(name)
+            self._given[key] = name
+            return name
         return self._take(key, self._suffixed(base))
 
     def symbol(self, s: Any) -> str:

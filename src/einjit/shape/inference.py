@@ -366,10 +366,11 @@ def to_dims(shape: Shape) -> tuple[int, ...]:
     """The dimensions in memory layout order (batch, output, input); the shape must be solved."""
     dims: list[int] = []
     for row in shape.rows():
-        if isinstance(row.bcast, RowVar) or not all(isinstance(d, Dim) for d in row.dims):
+        sizes = [d.d for d in row.dims if isinstance(d, Dim)]
+        if isinstance(row.bcast, RowVar) or len(sizes) != len(row.dims):
             name = f'"{shape.debug_name}" ' if shape.debug_name else ""
             raise ShapeError(f"shape {name}#{shape.id} is not fully inferred: {row.id.kind.value} row "
                              f"[{row!r}] (shape {shape}); what is still unknown is chosen when a routine "
                              "using it is compiled, or give its dimensions when creating it")
-        dims += [d.d for d in row.dims if isinstance(d, Dim)]  # all of them, checked above
+        dims += sizes
     return tuple(dims)

@@ -27,10 +27,11 @@ import dataclasses
 import functools
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -44,9 +45,10 @@ from einjit.backends.params import MemClass, Param, ParamKind
 from einjit.backends.scratch_plan import ScratchPlan
 from einjit.ir import assignments as asg
 from einjit.ir import low_level as ll
-from einjit.ir import ops
+from einjit.ir import ops, optimize
 from einjit.ir.indexing import Projections, StaticSymbol, Symbol
 from einjit.ir.passes import local_storage
+from einjit.ir.sched import machine, search
 from einjit.ir.tnode import MemoryMode, MemoryType, Mode, Tnode
 
 __all__ = ["Hit", "key", "load", "stats", "store"]
@@ -132,15 +134,7 @@ class _Walk:
         if kind is tuple or kind is list:
             return "(" + ", ".join([self.text(v) for v in x]) + ")"
         if kind is asg.Lazy:
-            described = x.key()
-            if described is not None:
-                # Keys hold numbers, strings and frozen dataclasses of those (symbols print by
-                # their stable names): their repr is canonical.
-                return f"derived from {described!r}"
-            value = x.force()
-            self._search(value)
-            # Projections hold symbols, dims and indices only: their repr is already canonical.
-            return repr(value) if isinstance(value, Projections) else self.text(value)
+            return self.lazy(x)
         if kind is np.ndarray:
             return f"array {x.dtype} {x.shape} {hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()}"
         fields = _FIELDS.get(kind)
@@ -187,15 +181,24 @@ class _Walk:
     def program(self, asgns: asg.Asgns) -> list[str]:
         """The text of every assignment in order, block comments as brackets around theirs
         (their messages become comments of the generated C); `nodes` collects every node an
-        assignment writes or reads, in order of first appearance (`asg.guessed_nodes`)."""
+        assignment writes or reads, in order of first appearance (`asg.guessed_nodes`).
+        The assignment kinds of every model are described by `_ASSIGNMENT_TEXTS`, each text
+        the same as `text` gives (tested): tens of thousands of fields are read without
+        asking each value's kind."""
         out: list[str] = []
         nodes = self.nodes
         stack: list[Any] = [asgns]
         while stack:
             a = stack.pop()
+            kind = type(a)
+            if kind is asg.Seq:
+                stack += [a.second, a.first]
+                continue
+            fast = _ASSIGNMENT_TEXTS.get(kind)
+            if fast is not None:
+                out.append(fast(self, a))
+                continue
             match a:
-                case asg.Seq(first, second):
-                    stack += [second, first]
                 case asg.Noop():
                     pass
                 case asg.BlockComment(message, body):
@@ -211,6 +214,68 @@ class _Walk:
                     for b in asg.rhs_buffers(a):
                         nodes.setdefault(b.tn, None)
         return out
+
+    def node(self, tn: Tnode) -> str:
+        """The node's name, the node recorded as one the program writes or reads."""
+        self.nodes.setdefault(tn, None)
+        name = self.names.get(tn)
+        if name is None:
+            name = self.names[tn] = tn.name
+        return name
+
+    def buffer(self, b: asg.Buffer) -> str:
+        if type(b) is asg.Node:
+            return f"Node({self.node(b.tn)})"
+        self.nodes.setdefault(b.tn, None)
+        return self.text(b)
+
+    def enum(self, e: Enum) -> str:
+        text = self.reprs.get(id(e))
+        if text is None:
+            text = self.reprs[id(e)] = repr(e)
+        return text
+
+    def lazy(self, x: asg.Lazy) -> str:
+        described = x.key()
+        if described is not None:
+            # Keys hold numbers, strings and frozen dataclasses of those (symbols print by
+            # their stable names): their repr is canonical.
+            return f"derived from {described!r}"
+        value = x.force()
+        self._search(value)
+        # Projections hold symbols, dims and indices only: their repr is already canonical.
+        return repr(value) if isinstance(value, Projections) else self.text(value)
+
+
+def _binop_text(w: _Walk, a: asg.AccumBinop) -> str:
+    lhs = w.node(a.lhs)
+    return (f"AccumBinop({a.initialize_neutral}, {w.enum(a.accum)}, {w.enum(a.op)}, {lhs}, {w.buffer(a.rhs1)}, "
+            f"{w.buffer(a.rhs2)}, {w.lazy(a.projections)})")
+
+
+def _unop_text(w: _Walk, a: asg.AccumUnop) -> str:
+    lhs = w.node(a.lhs)
+    return (f"AccumUnop({a.initialize_neutral}, {w.enum(a.accum)}, {w.enum(a.op)}, {lhs}, {w.buffer(a.rhs)}, "
+            f"{w.lazy(a.projections)})")
+
+
+def _ternop_text(w: _Walk, a: asg.AccumTernop) -> str:
+    lhs = w.node(a.lhs)
+    return (f"AccumTernop({a.initialize_neutral}, {w.enum(a.accum)}, {w.enum(a.op)}, {lhs}, {w.buffer(a.rhs1)}, "
+            f"{w.buffer(a.rhs2)}, {w.buffer(a.rhs3)}, {w.lazy(a.projections)})")
+
+
+def _fetch_text(w: _Walk, a: asg.Fetch) -> str:
+    array = w.node(a.array)
+    if type(a.fetch_op) is asg.Slice:
+        w.nodes.setdefault(a.fetch_op.sliced, None)
+    return f"Fetch({array}, {w.text(a.fetch_op)})"
+
+
+_ASSIGNMENT_TEXTS: dict[type, Callable[[_Walk, Any], str]] = {
+    asg.AccumBinop: _binop_text, asg.AccumUnop: _unop_text, asg.AccumTernop: _ternop_text, asg.Fetch: _fetch_text}
+"""`text` of the assignment kinds every model is made of, field by field in declaration order,
+recording their nodes in the order `asg.lhs_of` and `asg.rhs_buffers` give them."""
 
 
 def _describe(asgns: asg.Asgns) -> tuple[list[str], dict[Tnode, str]]:
@@ -235,13 +300,35 @@ def key(asgns: asg.Asgns, bindings: Sequence[StaticSymbol], name: str, settings:
     options = backend.simple.options  # type: ignore[attr-defined]  # CcBackend's simple backend is CcSimpleBackend
     if options.syntax is not C_SYNTAX:
         return None
+    settings = settings or optimize.virtualize_settings
     texts, names = _describe(asgns)
-    parts = [_VERSION, _einjit_fingerprint(), name, repr(settings), cc.target_identity(options),
+    parts = [_VERSION, _einjit_fingerprint(), name, repr(settings), _scheduler_identity(settings),
+             cc.target_identity(options),
              repr((options.vector_math, options.keep_source, options.outline_min_nests, options.jobs)),
              repr([(b, b.static_range) for b in bindings]), *texts]
     parts += [f"{names.get(tn) or tn.name} {tn.dims} {tn.prec.name} {tn.memory_mode} {tn.provenance} "
               f"{local_storage.kept_in_context(tn)} {local_storage.local_to(tn)}" for tn in _last_graph[1]]
     return cache.cache_key(*parts)
+
+
+def _scheduler_identity(settings: Any) -> str:
+    """What decides the passes' output besides the program, its settings and einjit's source:
+    the machine description the scheduler prices code for (`EINJIT_MACHINE`, else the kind of
+    the CPU at hand; the C compiler's `-march=native` does not tell "avx2" from "avx512" on
+    one host), the optimizer's stages in order with the ones `settings` runs (a caller may
+    leave one out or replace one), and whether tiles are measured (`EINJIT_SEARCH`)."""
+    stages = [(s.name, s.enabled(settings), s.portable, _code_identity(s.run)) for s in optimize.STAGES]
+    measured = search.enabled() and os.environ.get("EINJIT_SEARCH_CANDIDATES", "6").strip()
+    return repr((machine.host_machine(), stages, measured))
+
+
+def _code_identity(f: Any) -> str:
+    """A function by where it is defined (the same in every process and checkout): two lambdas
+    of one module differ by their lines."""
+    code = getattr(f, "__code__", None)
+    if code is None:
+        return f"{type(f).__module__}.{type(f).__qualname__}"
+    return f"{f.__module__}.{f.__qualname__}:{code.co_firstlineno}"
 
 
 def _path(program_key: str) -> Path:
