@@ -109,13 +109,15 @@ def test_a_weight_gradient_with_a_head_axis_is_chunked_and_exact(machine):
     np.testing.assert_allclose(want, ref, rtol=1e-4, atol=1e-4)
 
 
-def test_chunks_keep_the_panel_in_l1_and_the_packed_rows_in_l2():
+def test_chunks_keep_a_panel_in_l1_and_all_the_panels_in_l2():
     """The GPT benchmark's MLP weight gradients (16 x 64 rows summed) on AVX2 (32 KiB L1,
-    512 KiB L2): 512 packed rows take 128-step chunks, 128 rows 256-step ones (the 16-wide
-    panel's 16 KiB); without strided rows the panel alone decides (the whole loop)."""
+    512 KiB L2): 128 columns take 256-step chunks (a 16-wide panel's 16 KiB in half the L1),
+    512 columns 128-step ones (the chunk's panels' 256 KiB in half the L2), whatever the
+    rows; without strided rows the panel alone decides (the whole loop)."""
     avx2 = MACHINES["avx2"]
-    assert cost_model.k_chunk(Shape(512, 128, 1024, 16, 4, True), 16, avx2) == 2
-    assert cost_model.k_chunk(Shape(128, 512, 1024, 16, 4, True), 16, avx2) == 4
+    assert cost_model.k_chunk(Shape(512, 128, 1024, 16, 4, True), 16, avx2) == 4
+    assert cost_model.k_chunk(Shape(4096, 128, 1024, 16, 4, True), 16, avx2) == 4
+    assert cost_model.k_chunk(Shape(128, 512, 1024, 16, 4, True), 16, avx2) == 2
     assert cost_model.k_chunk(Shape(128, 512, 1024, 16, 4), 16, avx2) == 16
 
 
@@ -129,13 +131,13 @@ def test_one_panel_reads_its_rows_once_and_packs_none():
 
 
 @pytest.mark.parametrize("machine", ["avx2", "avx512"])
-@pytest.mark.parametrize("shape", [(4, 300, 37, 100), (2, 10, 13, 40)])
-def test_fewer_rows_than_columns_put_the_row_blocks_outside_the_panels(machine, shape):
-    """Rows no more than columns: B's chunk packed whole (`pack` holds every panel), then each
-    row block packs its own rows (`apack` holds one block) and runs against every panel —
-    the 4.4M-multiply-add nest with its row blocks on threads, each thread packing its own
-    block. Tail rows, a tail panel, chunks of the summed loop; bit for bit the unscheduled C
-    at 1 and 2 threads."""
+@pytest.mark.parametrize("shape", [(4, 300, 37, 100), (2, 10, 13, 40), (3, 40, 50, 20)])
+def test_row_blocks_go_outside_the_panels(machine, shape):
+    """B's chunk packed whole (`pack` holds every panel), then each row block packs its own
+    rows (`apack` holds one block) and runs against every panel, with more rows than columns
+    too — the 4.4M-multiply-add nest with its row blocks on threads, each thread packing its
+    own block. Tail rows, a tail panel, chunks of the summed loop; bit for bit the unscheduled
+    C at 1 and 2 threads."""
     code, x, dy, w = weight_grad(*shape)
     blocking = Blocking(machine=MACHINES[machine], min_work=1)
     sched = schedule_llc(code, OFF, blocking)

@@ -96,10 +96,10 @@ class CcContext(HostTransfers):
                     f".materialize() or .hosted() on the tensor before compiling the routine to keep them")
             if tn.is_hosted() and (self.share_host_arrays or tn.is_constant()):
                 arr = _checked(tn, tn.host_array())
-            elif tn.is_hosted():
-                arr = np.array(_checked(tn, tn.host_array()), order="C", copy=True)
             else:
-                arr = np.zeros(tn.dims, dtype=tn.prec.dtype)
+                arr = memory.aligned_zeros(tn.dims, tn.prec.dtype)
+                if tn.is_hosted():
+                    arr[...] = _checked(tn, tn.host_array())
             self.arrays[tn] = arr
         return arr
 
@@ -324,7 +324,7 @@ class CcSimpleBackend:
 
     def allocate_zeroed(self, context: CcContext, tn: Tnode) -> None:
         if not context.holds(tn):
-            context.arrays[tn] = np.zeros(tn.dims, dtype=tn.prec.dtype)
+            context.arrays[tn] = memory.aligned_zeros(tn.dims, tn.prec.dtype)
 
     def device_to_device(self, tn: Tnode, dst_context: CcContext, src_context: CcContext,
                          into_merge_buffer: bool = True) -> None:

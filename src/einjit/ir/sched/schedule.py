@@ -43,12 +43,12 @@ When A steps along the summed loops by whole rows (a weight gradient `w.grad += 
 summed over the batch × time rows of both operands), each step of a block would read its
 `MB` values from a new cache line, every row of A a power-of-two bytes from the next (a few
 L1 sets), and read all of A again for every panel: those nests ran at 55-60% of the FMA peak
-where `x @ w` of the same size ran at 80-90%. Then A is packed too, once per k chunk, before
-the panels (`apack[i0, k.., a] := A(MB*i0 + a, k..)`, when there are two panels or more), and
-the chunk is sized so that the panel stays in L1 and the packed rows in L2
-(`cost_model.k_chunk`). The kernel then streams `MB` adjacent values per step. With no more
-rows than columns the row blocks go outside the panels instead (`_rows_outer_chunk`): B's
-chunk is packed whole in one pass along its rows, and each row block packs its own rows.
+where `x @ w` of the same size ran at 80-90%. Then A is packed too (when there are two panels
+or more), and the row blocks go outside the panels (`_rows_outer_chunk`): B's k chunk is
+packed whole in one pass along its rows, every panel side by side, then each row block packs
+its own rows (`apack[0, k.., a] := A(MB*i0 + a, k..)`, a few KiB in L1) and runs against every
+panel. The chunk is sized so that the panels stay in half the L2 and one panel would fit in
+half the L1 (`cost_model.k_chunk`). The kernel then streams `MB` adjacent values per step.
 
 With batch loops around the nest that B does not read (a dense layer over `batch, time`,
 whose weight is B), every panel of a chunk is packed first, into `pack[panel, k.., b]`, and
@@ -350,7 +350,7 @@ class _Layout:
     inside a block, `kp` the summed loops), how many full blocks and how large the tails are
     along each axis, and which loops run on threads. With `kl`, the panel holds bf16 pairs
     (`bf16_pairs`): `kp` counts pairs of the summed loop and `kl` the one of a pair. With
-    `apack`, every row block of A is packed once per k chunk, before the panels (`_packed_rows`)."""
+    `apack`, one row block of A at a time is packed per k chunk (`rows_outer`)."""
 
     c: _Contraction
     mb: int
@@ -439,15 +439,14 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     batch = next((s for s in c.outer if extent[s] > 1), None) if _threaded(c, blocking) else None
     inner_threads = batch is None and _threaded(c, blocking)
     by_panels = inner_threads and n_cols >= 2 * blocking.min_panels_per_thread
-    # A is read once per panel: packing it pays with two panels or more
-    packs_rows = c.a_strided and not pairs and panels >= 2 and all(extent[s] == 1 for s in c.outer)
-    # no more rows than columns: the row blocks go outside the panels (`_rows_outer_chunk`), on
-    # threads where the nest is (512 x 128 ran 5% slower that way: 86 passes over B's chunk)
-    rows_outer = packs_rows and batch is None and extent[c.i] <= extent[c.j]
+    # A is read once per panel: packing it pays with two panels or more; its row blocks then go
+    # outside the panels (`_rows_outer_chunk`), on threads where the nest is. With every row of
+    # A's chunk packed first and the panels outside (the order before), the chunk had to keep
+    # all the packed rows in half the L2: the GPT MLP's 512 x 128 weight gradient (1024 rows
+    # summed) took 2-step chunks, reloading its output 8 times, and ran 3-10% slower (znver3)
+    rows_outer = c.a_strided and not pairs and panels >= 2 and all(extent[s] == 1 for s in c.outer)
     rest = tuple(extent[k] for k in c.summed[1:])
-    apack = (nests.scheduler_local("apack", (1 if rows_outer else n_rows + (1 if tail_rows else 0), kc, *rest, mb),
-                                   prec)
-             if packs_rows else None)
+    apack = nests.scheduler_local("apack", (1, kc, *rest, mb), prec) if rows_outer else None
     if rows_outer:
         pack = nests.scheduler_local("pack", (panels, kc, *rest, nb), prec)
     return _Layout(c, mb, nb, kc, pack, block, edge, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, tail_rows,
@@ -503,7 +502,7 @@ def _chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
     packed first, then every panel's row blocks."""
     if lay.rows_outer:
         return _rows_outer_chunk(lay, k_at, depth)
-    parts = _packed_rows(lay, k_at, depth)
+    parts: list[ll.LLStmt] = []
     for stage in (("pack",), ("rows",)) if lay.pack_all else (("pack", "rows"),):
         parts.extend(_panels(lay, k_at, depth, frozenset(stage)))
     return ll.seq(*parts)
@@ -588,31 +587,6 @@ def _rows_outer_chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
     return ll.seq(*parts)
 
 
-def _packed_rows(lay: _Layout, k_at: AxisIndex, depth: int) -> list[ll.LLStmt]:
-    """A's chunk as `apack[block, k.., a]`: a block's rows at one step side by side, its steps
-    one after the other, so the kernel streams it instead of reading a new cache line of A per
-    step (and, with A's rows a power-of-two bytes apart, through a few L1 sets). Filled along
-    A's own rows: the loop over a block's rows innermost."""
-    if lay.apack is None:
-        return []
-    c, a, mb, apack = lay.c, lay.a, lay.mb, lay.apack
-    k_loops = lay.k_loops(depth)
-    ks = [Iterator(lay.kp[k]) for k in c.summed]
-
-    def fill(row: AxisIndex, block: AxisIndex) -> ll.Set:
-        return ll.Set(apack, (block, *ks, Iterator(a)), nests.subst(c.a_op, {c.i: row, **lay.k_env(k_at)}),
-                      "pack a block of rows")
-
-    parts: list[ll.LLStmt] = [ll.Comment(f"pack the {c.extent[c.i]} rows of the chunk in blocks of {mb}")]
-    if lay.n_rows:
-        full = fill(_span(mb, lay.i0, a), Iterator(lay.i0))
-        parts.append(nests.nest([*k_loops, (lay.i0, lay.n_rows), (a, mb)], full))
-    if lay.tail_rows:
-        tail = fill(_span(mb, None, a, mb * lay.n_rows), FixedIdx(lay.n_rows))
-        parts.append(nests.nest([*k_loops, (a, lay.tail_rows)], tail))
-    return parts
-
-
 def _panel(lay: _Layout, col: AxisIndex, panel: AxisIndex, width: int, k_at: AxisIndex, depth: int,
            threaded_rows: bool, stage: frozenset[str]) -> ll.LLStmt:
     """One column panel (`panel` counts them): pack it (zero-padded to `nb` columns), then
@@ -652,8 +626,8 @@ def _kernel(lay: _Layout, row: AxisIndex, row_block: AxisIndex, height: int, col
     padding columns hold zeros and are never stored), since gcc keeps only full-width
     blocks in registers. A block of vectors loads and stores a tail panel's columns through
     `edge`, zero-padded, a row at a time. A's values come from `apack` at `row_block` when
-    its rows are packed, B's from `panel` where `pack` holds every panel (`pack_all`,
-    `rows_outer`). A `zero_start` block starts at zero instead of loading the output."""
+    its rows are packed (`rows_outer`), B's from `panel` where `pack` holds every panel
+    (`pack_all`, `rows_outer`). A `zero_start` block starts at zero instead of loading the output."""
     c, st, a, b, rb = lay.c, lay.c.st, lay.a, lay.b, lay.block
     unrolled = lay.unrolled | rb.unrolled if lay.unrolled else lay.unrolled
     r = Iterator(a) if height > 1 else FixedIdx(0)
