@@ -15,6 +15,7 @@ import contextlib
 import gc
 import math
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,8 +30,24 @@ class AllocationError(EinjitError, MemoryError):
     """A host array does not fit in the memory available."""
 
 
+_READ_AGAIN_AFTER = 0.05
+_last_read: tuple[float, int | None] = (-1.0, None)
+
+
 def available_bytes() -> int | None:
-    """Memory the process can still get (RAM available plus free swap), None if unknown."""
+    """Memory the process can still get (RAM available plus free swap), None if unknown.
+
+    Linking a deep model checks hundreds of arrays in a few milliseconds; a reading younger
+    than `_READ_AGAIN_AFTER` seconds is reused rather than read again for each."""
+    global _last_read
+    now = time.monotonic()
+    if now - _last_read[0] < _READ_AGAIN_AFTER:
+        return _last_read[1]
+    _last_read = (now, _read_available_bytes())
+    return _last_read[1]
+
+
+def _read_available_bytes() -> int | None:
     try:
         with open("/proc/meminfo") as f:  # only the two lines used: linking checks hundreds of arrays
             info = {k: int(v.split()[0]) * 1024 for k, v in (line.split(":", 1) for line in f

@@ -124,3 +124,18 @@ def test_a_local_array_larger_than_memory_is_refused_before_compiling(monkeypatc
     monkeypatch.setenv("EINJIT_SCRATCH_PLAN", "0")                      # one array each: named the same way
     with pytest.raises(memory.AllocationError, match=r"scratch array of scratch.*\(64, 128\) needs 32\.0 KiB"):
         backend.link(backend.init("limits"), postponed)
+
+
+def test_available_memory_is_read_once_for_many_arrays(monkeypatch):
+    """Linking checks every array; a reading is reused for `_READ_AGAIN_AFTER` seconds, then read again."""
+    reads = []
+    monkeypatch.setattr(memory, "_read_available_bytes", lambda: reads.append(1) or 1 << 30)
+    monkeypatch.setattr(memory, "_last_read", (-1.0, None))
+    clock = [100.0]
+    monkeypatch.setattr(memory.time, "monotonic", lambda: clock[0])
+    for _ in range(200):
+        memory.check_fits("w", (16, 16), np.float32)
+    assert len(reads) == 1 and memory.available_bytes() == 1 << 30
+    clock[0] += 2 * memory._READ_AGAIN_AFTER
+    memory.available_bytes()
+    assert len(reads) == 2
