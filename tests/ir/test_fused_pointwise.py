@@ -10,9 +10,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from einjit.backends.c_syntax import C_SYNTAX
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.cc.backend import run_once
-from einjit.backends.c_syntax import C_SYNTAX
 from einjit.ir import assignments as asg
 from einjit.ir import expr as ex
 from einjit.ir import interpret, ops

@@ -369,8 +369,7 @@ def to_doc(asgns: Asgns, indent: str = "") -> str:
                 lines.append(f"{indent}{_expr_doc(a)};\n")
                 continue
             case Fused(members):
-                body = "; ".join(_expr_doc(m) for m in members)
-                lines.append(f"{indent}~fused({body});\n")
+                lines.append(f"{indent}~fused({'; '.join(_expr_doc(m) for m in members)});\n")
                 continue
             case SetVecUnop(op, lhs, r, _):
                 lines.append(f"{indent}{lhs.name} := {op.symbol}({_buf(r)});\n")
@@ -630,6 +629,10 @@ def _ternop_rhs(op: ops.Ternop) -> Callable[[list[ll.LLScalar]], ll.LLScalar]:
     return lambda xs: ll.Ternop(op, xs[0], xs[1], xs[2])
 
 
+def _expr_rhs(tree: ex.Expr) -> Callable[[list[ll.LLScalar]], ll.LLScalar]:
+    return lambda xs: ex.to_scalar(tree, xs)
+
+
 def _lower_accum(init: bool, accum: ops.Binop, lhs: Tnode, proj: Projections, bufs: list[Buffer],
                  make_rhs: Callable[[list[ll.LLScalar]], ll.LLScalar], debug: str) -> ll.LLStmt:
     if lhs.dims != proj.lhs_dims:
@@ -763,9 +766,8 @@ def to_low_level(asgns: Asgns) -> ll.LLStmt:
             case AccumTernop(init, accum, op, lhs, r1, r2, r3, proj):
                 out.append(_lower_accum(init, accum, lhs, proj.force(), [r1, r2, r3],
                                         _ternop_rhs(op), _describe(a)))
-            case AccumExpr(init, accum, lhs, rhs, args, proj):
-                out.append(_lower_accum(init, accum, lhs, proj.force(), list(args),
-                                        lambda xs, rhs=rhs: ex.to_scalar(rhs, xs), _describe(a)))
+            case AccumExpr(init, accum, lhs, tree, args, proj):
+                out.append(_lower_accum(init, accum, lhs, proj.force(), list(args), _expr_rhs(tree), _describe(a)))
             case Fused(members):
                 out.append(_lower_fused(members))
             case SetVecUnop(op, lhs, r, proj):

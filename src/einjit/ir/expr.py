@@ -68,22 +68,6 @@ def to_scalar(e: Expr, args: list[ll.LLScalar]) -> ll.LLScalar:
     raise TypeError(f"not an expression: {e!r}")
 
 
-def arg_indices(e: Expr) -> set[int]:
-    """The buffer positions the expression reads."""
-    match e:
-        case Arg(k):
-            return {k}
-        case Const():
-            return set()
-        case Un(_, a):
-            return arg_indices(a)
-        case Bin(_, a, b):
-            return arg_indices(a) | arg_indices(b)
-        case Tern(_, a, b, c):
-            return arg_indices(a) | arg_indices(b) | arg_indices(c)
-    raise TypeError(f"not an expression: {e!r}")
-
-
 def to_doc(e: Expr, names: list[str]) -> str:
     """A `%cd`-like rendering, fully parenthesized: `(b1 * m) + (c1 * g)`."""
     match e:
