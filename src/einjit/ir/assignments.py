@@ -792,30 +792,36 @@ def _lower_set_vec(op: ops.VecUnop, lhs: Tnode, rhs: Buffer, proj: Projections, 
 
 
 def _lower_fused(members: tuple[AccumExpr, ...]) -> ll.LLStmt:
-    """One loop nest over the members' common iteration space (see `Fused`)."""
+    """One loop nest over the members' common iteration space (see `Fused`): the members'
+    projections must agree (the same space, the lhs indexed alike, iterators matched by
+    position) and write every cell of the lhs once."""
     if not members:
         return ll.Noop()
     projs = [m.projections.force() for m in members]
-    space = projs[0].product_space
+    first = projs[0]
+    fresh = [get_symbol(s.name) for s in first.product_iterators]
+    ranges = {s: (0, d - 1) for s, d in zip(fresh, first.product_space, strict=True)}
     written = {m.lhs.id for m in members}
-    fresh = [get_symbol(s.name) for s in projs[0].product_iterators]
-    ranges = {s: (0, d - 1) for s, d in zip(fresh, space, strict=True)}
-    cell = tuple(Iterator(s) for s in fresh)
+    cell: tuple[AxisIndex, ...] = ()
     sets: list[ll.LLStmt] = []
     for m, proj in zip(members, projs, strict=True):
         debug = _expr_doc(m)
-        own = tuple(Iterator(s) for s in proj.product_iterators)
-        if proj.product_space != space or proj.project_lhs != own or m.lhs.dims != space:
-            raise LoweringError(f"einjit: fused {debug}: the lhs {m.lhs.debug_name()} must cover the nest's "
-                                f"iteration space {space} cell by cell (its projections: {proj.product_space}, "
-                                f"lhs indexed {proj.project_lhs})")
-        env: dict[Symbol, AxisIndex] = dict(zip(proj.product_iterators, cell, strict=True))
+        env: dict[Symbol, AxisIndex] = {s: Iterator(f) for s, f in zip(proj.product_iterators, fresh, strict=True)}
+        idcs = tuple(subst_index(env, i) for i in proj.project_lhs)
+        cell = cell or idcs
+        if (proj.product_space != first.product_space or idcs != cell or m.lhs.dims != proj.lhs_dims
+                or not (proj.is_surjective() and proj.is_injective())):
+            raise LoweringError(f"einjit: fused {debug}: the lhs {m.lhs.debug_name()} {m.lhs.dims} must be written "
+                                f"once per cell of the nest's iteration space {first.product_space}, indexed as "
+                                f"the group's first lhs (its projections: space {proj.product_space}, lhs indexed "
+                                f"{proj.project_lhs})")
         reads = []
-        for b, idcs in zip(m.args, proj.project_rhs, strict=True):
-            if isinstance(b, Node) and b.tn.id in written and idcs != own:
+        for b, rhs_idcs in zip(m.args, proj.project_rhs, strict=True):
+            at = tuple(subst_index(env, i) for i in rhs_idcs)
+            if isinstance(b, Node) and b.tn.id in written and at != cell:
                 raise LoweringError(f"einjit: fused {debug}: {b.tn.debug_name()} is written in the same nest, so "
-                                    f"it can be read only at the cell being updated, not at {idcs}")
-            reads.append(_get(b, tuple(subst_index(env, i) for i in idcs), ranges))
+                                    f"it can be read only at the cell being updated, not at {rhs_idcs}")
+            reads.append(_get(b, at, ranges))
         value = _accumulate(m.initialize_neutral, m.accum, m.lhs, cell, ex.to_scalar(m.rhs, reads), debug)
         sets.append(ll.Set(m.lhs, cell, value, debug))
-    return _loops(fresh, space, ll.seq(*sets))
+    return _loops(fresh, first.product_space, ll.seq(*sets))
