@@ -356,10 +356,16 @@ class _Scope:
             raise self.error(st.col, "a ~fused assignment needs a tensor on its right-hand side")
         if isinstance(st.lhs, syn.Decl):
             self.label_from_rhs(self.decls[st.lhs.name], st.rhs)
+        # `lhs >= lhs` constrains nothing: the lhs read where it is written (an optimizer's
+        # moment or parameter, a quarter of the group's arguments) costs no shape inference
+        own = [o.shape is lhs.shape for o in operands]
+        shaped = [o.shape for o, mine in zip(operands, own, strict=True) if not mine] or [lhs.shape]
         try:
-            proj = infer_projections(lhs.shape, None, [o.shape for o in operands], where)
+            proj = infer_projections(lhs.shape, None, shaped, where)
         except sh.ShapeError as e:
             raise sh.ShapeError(f"{where}: {e}") from None
+        if len(shaped) < len(operands):
+            proj = _with_lhs_reads(proj, own)
         return asg.AccumExpr(st.initialize_neutral, st.accum, lhs.tn, rhs, tuple(o.buffer() for o in operands), proj)
 
     def projections_for(self, st: syn.Stmt, lhs: Operand, args: list[Operand], where: str) -> asg.Lazy:
@@ -500,6 +506,20 @@ def _with_numbers(proj: asg.Lazy, is_number: list[bool]) -> asg.Lazy:
                            p.project_lhs, tuple(i for _, i in picked), p.debug_info)
 
     return asg.Lazy(build, key=lambda: _all_known("with numbers", proj.key(), tuple(is_number)))
+
+
+def _with_lhs_reads(proj: asg.Lazy, is_lhs: list[bool]) -> asg.Lazy:
+    """Projections inferred from the arguments other than the lhs, with the lhs read where it
+    is written."""
+
+    def build() -> Projections:
+        p = proj.force()
+        others = iter(zip(p.rhs_dims, p.project_rhs, strict=True))
+        picked = [(p.lhs_dims, p.project_lhs) if mine else next(others) for mine in is_lhs]
+        return Projections(p.product_space, p.product_iterators, p.lhs_dims, tuple(d for d, _ in picked),
+                           p.project_lhs, tuple(i for _, i in picked), p.debug_info)
+
+    return asg.Lazy(build, key=lambda: _all_known("with lhs reads", proj.key(), tuple(is_lhs)))
 
 
 def pointwise_tensor(op, args: list[Operand], *, where: str) -> Tensor:

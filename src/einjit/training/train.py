@@ -84,8 +84,8 @@ def sgd_one(p: Tensor, learning_rate: Tensor | float, *, weight_decay: float = 0
         text.append(f'"sgd_momentum" =: mom * sgd_momentum + {delta}')
         delta = f"({delta} + mom * sgd_momentum)" if nesterov else "sgd_momentum"
     text.append(f"p =- lr * {delta}")
-    return cd(f'~~("sgd {p.label_str}"; ~fused({"; ".join(text)}))', p=p, lr=learning_rate, wd=weight_decay,
-              mom=momentum)
+    fused = cd(f'~fused({"; ".join(text)})', p=p, lr=learning_rate, wd=weight_decay, mom=momentum)
+    return Code(asg.BlockComment(f"sgd {p.label_str}", fused.asgns), fused.decls)
 
 
 def sgd_update(loss_or_params: "Tensor | Iterable[Tensor]", learning_rate: Tensor | float, *,
@@ -133,7 +133,9 @@ def adam_one(p: Tensor, learning_rate: Tensor | float, *, step: Tensor, beta1: f
     if scalars is None:
         scalars = adam_scalars(step, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
     shared = {k: scalars[f"adam_{k}"] for k in ("b1", "b2", "c1", "c2", "bc1", "bc2", "eps", "wd")}
-    code = cd(f'~~("adam {p.label_str}"; ~fused({"; ".join(text)}))', p=p, lr=learning_rate, **shared)
+    # the comment outside the text: one text for every parameter, parsed once
+    fused = cd(f'~fused({"; ".join(text)})', p=p, lr=learning_rate, **shared)
+    code = Code(asg.BlockComment(f"adam {p.label_str}", fused.asgns), fused.decls)
     # labelled after the parameter, as when the first tensor named was the gradient, not a scalar
     for name in ("adam_m", "adam_v"):
         code[name].relabel([name, *p.label], code[name].scope)
