@@ -137,6 +137,10 @@ def test_fused_group_syntax():
     assert isinstance(group, syn.FusedGroup)
     assert [type(s.lhs).__name__ for s in group.body] == ["Decl", "Ref"]
     assert group.body[1].accum is ops.Binop.SUB
+    with pytest.raises(syn.CdSyntaxError, match=r"column 14: expected '\)', found 'end of text'"):
+        syn.parse("~fused(p =: a")
+    with pytest.raises(syn.CdSyntaxError, match=r"column 8: an assignment starts with the assigned-to tensor"):
+        syn.parse('~fused(~~("c"; p =: a))')
 
 
 def test_fused_assignment_with_einsum_logic_is_an_error():
