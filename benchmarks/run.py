@@ -13,7 +13,8 @@ the GPT training step (2 and 4 blocks, d=128, T=64, B=16) and per-token KV-cache
 (peers PyTorch eager and `torch.compile`); the bf16 matmul (peers einjit's fp32, NumPy's fp32
 and PyTorch's bf16 matmul) and the MLP, convnet and GPT steps in bf16 mixed precision against
 fp32 (`bench_bf16.py`; each bf16 row names the kernel it ran: `vdpbf16ps` on a CPU with
-AVX512_BF16, else the fp32 fallback).
+AVX512_BF16, else the fp32 fallback); AdamW over the GPT step's parameter shapes against
+`torch.optim.AdamW` (`bench_optim.py`).
 Peers: NumPy always, PyTorch eager and tinygrad when installed. Every peer gets einjit's
 thread count (BLAS through its environment variables, set before NumPy is imported;
 `torch.set_num_threads`). A ratio is the peer's time over einjit's: above 1 means einjit is
@@ -49,7 +50,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="threads for einjit and every peer")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, no n=1024, no 12-block GPT compile")
     ap.add_argument("--only", default="", help="comma-separated row groups to run: matmul, mlp, convnet, atl, "
-                    "compile, memory, deploy, gpt, threads, bf16, pointwise (default: all)")
+                    "compile, memory, deploy, gpt, threads, bf16, pointwise, optim (default: all)")
     ap.add_argument("--sizes", default="", help="comma-separated matmul sizes (default: 256,512,1000,1024; "
                     "awkward sizes such as 1000,1023,784 take the remainder path)")
     return ap.parse_args()
@@ -362,7 +363,8 @@ def main() -> None:
               "memory": lambda: [memory_row(), gpt_memory_row()],
               "deploy": lambda: deploy_rows(ARGS.threads, ARGS.quick), "gpt": lambda: [*gpt_rows(), gpt_memory_row()],
               "threads": thread_rows, "bf16": lambda: bf16_rows([512] if ARGS.quick else [512, 1024]),
-              "pointwise": lambda: __import__("bench_pointwise").pointwise_rows(ARGS.threads)}
+              "pointwise": lambda: __import__("bench_pointwise").pointwise_rows(ARGS.threads),
+              "optim": lambda: __import__("bench_optim").optim_rows(ARGS.threads)}
     only = [g for g in ARGS.only.split(",") if g] or list(groups)
     unknown = sorted(set(only) - set(groups))
     if unknown:

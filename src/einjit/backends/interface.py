@@ -300,7 +300,7 @@ def lower_assignments(bindings: Sequence[StaticSymbol], asgns: asg.Asgns, name: 
 def default_name(code: Any) -> str:
     """A C identifier naming a routine after (up to two of) the nodes it assigns."""
     if isinstance(code, asg.Asgns):
-        written = [tn for a in asg.flatten_with_comments(code) if (tn := asg.lhs_of(a)) is not None]
+        written = [tn for a in asg.flatten_with_comments(code) for tn in asg.lhs_nodes(a)]
     else:
         written = [tn for s in ll.iter_stmts(low_level_of(code))
                    if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut)) for tn in [s.tn]]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Generic, TypeVar, cast
 
 from einjit.errors import EinjitError
+from einjit.ir import expr as ex
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import (
@@ -159,6 +160,32 @@ class AccumTernop:
 
 
 @dataclass(frozen=True, slots=True)
+class AccumExpr:
+    """`Accum_op` with a whole expression tree on the right (`expr.Expr`): `lhs (accum)= rhs`
+    where `rhs`'s k-th leaf reads `args[k]` at `projections.project_rhs[k]`. One assignment
+    for what one-operation assignments spell with an intermediate tensor per operation
+    (written `~fused(...)` in `%cd`)."""
+
+    initialize_neutral: bool
+    accum: ops.Binop
+    lhs: Tnode
+    rhs: ex.Expr
+    args: tuple["Buffer", ...]
+    projections: Lazy[Projections] = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Fused:
+    """`AccumExpr`s over one iteration space, lowered to one loop nest whose body does each
+    member's update of a cell in order: an optimizer's `m`, `v` and `p` of one element in one
+    pass, instead of a nest (and a pass over memory) per tensor. Each member's lhs is indexed
+    by the iterators themselves, and a node one member writes is read (by any member) only at
+    that cell, so the nest computes what the members in sequence would."""
+
+    members: tuple[AccumExpr, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class SetVecUnop:
     """`lhs[.., k : k+length] := op(rhs[..])`: the last lhs axis is filled by the vector op."""
 
@@ -228,7 +255,7 @@ class Fetch:
     fetch_op: FetchOp
 
 
-Asgns = Noop | Seq | BlockComment | AccumBinop | AccumUnop | AccumTernop | SetVecUnop | Fetch
+Asgns = Noop | Seq | BlockComment | AccumBinop | AccumUnop | AccumTernop | AccumExpr | Fused | SetVecUnop | Fetch
 
 
 def sequence(*items: Asgns) -> Asgns:
@@ -259,10 +286,20 @@ def flatten(asgns: Asgns) -> list[Asgns]:
 
 
 def lhs_of(a: Asgns) -> Tnode | None:
+    """The node an assignment writes; None for a `Fused` group (see `lhs_nodes`)."""
     match a:
-        case AccumBinop(lhs=tn) | AccumUnop(lhs=tn) | AccumTernop(lhs=tn) | SetVecUnop(lhs=tn) | Fetch(array=tn):
+        case (AccumBinop(lhs=tn) | AccumUnop(lhs=tn) | AccumTernop(lhs=tn) | AccumExpr(lhs=tn) | SetVecUnop(lhs=tn)
+              | Fetch(array=tn)):
             return tn
     return None
+
+
+def lhs_nodes(a: Asgns) -> list[Tnode]:
+    """Every node an assignment writes, in order."""
+    if isinstance(a, Fused):
+        return [m.lhs for m in a.members]
+    tn = lhs_of(a)
+    return [] if tn is None else [tn]
 
 
 def rhs_buffers(a: Asgns) -> list[Buffer]:
@@ -273,6 +310,10 @@ def rhs_buffers(a: Asgns) -> list[Buffer]:
             return [r]
         case AccumTernop(rhs1=r1, rhs2=r2, rhs3=r3):
             return [r1, r2, r3]
+        case AccumExpr(args=args):
+            return list(args)
+        case Fused(members):
+            return [b for m in members for b in m.args]
         case Fetch(fetch_op=Slice(sliced=tn)):
             return [Node(tn)]
     return []
@@ -282,9 +323,8 @@ def guessed_nodes(asgns: Asgns) -> list[Tnode]:
     """Every node written or read, in order of first appearance."""
     seen: dict[int, Tnode] = {}
     for a in flatten_with_comments(asgns):
-        for tn in [lhs_of(a)] + [b.tn for b in rhs_buffers(a)]:
-            if tn is not None:
-                seen.setdefault(tn.id, tn)
+        for tn in lhs_nodes(a) + [b.tn for b in rhs_buffers(a)]:
+            seen.setdefault(tn.id, tn)
     return list(seen.values())
 
 
@@ -325,6 +365,12 @@ def to_doc(asgns: Asgns, indent: str = "") -> str:
                 rhs = _buf(r) if op is ops.Unop.IDENTITY else f"{op.symbol}({_buf(r)})"
             case AccumTernop(init, accum, op, lhs, r1, r2, r3, _):
                 rhs = f"{op.symbol}({_buf(r1)}, {_buf(r2)}, {_buf(r3)})"
+            case AccumExpr():
+                lines.append(f"{indent}{_expr_doc(a)};\n")
+                continue
+            case Fused(members):
+                lines.append(f"{indent}~fused({'; '.join(_expr_doc(m) for m in members)});\n")
+                continue
             case SetVecUnop(op, lhs, r, _):
                 lines.append(f"{indent}{lhs.name} := {op.symbol}({_buf(r)});\n")
                 continue
@@ -333,10 +379,17 @@ def to_doc(asgns: Asgns, indent: str = "") -> str:
                 continue
             case _:
                 raise TypeError(f"not an assignment: {a!r}")
-        spelling = "" if accum is ops.Binop.ARG2 else _ACCUM_SPELLING.get(accum, accum.infix)
-        asgn = "=" + (":" if init else "") + spelling
-        lines.append(f"{indent}{lhs.name} {asgn} {rhs};\n")
+        lines.append(f"{indent}{lhs.name} {_asgn_doc(init, accum)} {rhs};\n")
     return "".join(lines)
+
+
+def _asgn_doc(init: bool, accum: ops.Binop) -> str:
+    spelling = "" if accum is ops.Binop.ARG2 else _ACCUM_SPELLING.get(accum, accum.infix)
+    return "=" + (":" if init else "") + spelling
+
+
+def _expr_doc(a: AccumExpr) -> str:
+    return f"{a.lhs.name} {_asgn_doc(a.initialize_neutral, a.accum)} {ex.to_doc(a.rhs, [_buf(b) for b in a.args])}"
 
 
 def _fetch_doc(fop: FetchOp) -> str:
@@ -576,6 +629,10 @@ def _ternop_rhs(op: ops.Ternop) -> Callable[[list[ll.LLScalar]], ll.LLScalar]:
     return lambda xs: ll.Ternop(op, xs[0], xs[1], xs[2])
 
 
+def _expr_rhs(tree: ex.Expr) -> Callable[[list[ll.LLScalar]], ll.LLScalar]:
+    return lambda xs: ex.to_scalar(tree, xs)
+
+
 def _lower_accum(init: bool, accum: ops.Binop, lhs: Tnode, proj: Projections, bufs: list[Buffer],
                  make_rhs: Callable[[list[ll.LLScalar]], ll.LLScalar], debug: str) -> ll.LLStmt:
     if lhs.dims != proj.lhs_dims:
@@ -709,6 +766,10 @@ def to_low_level(asgns: Asgns) -> ll.LLStmt:
             case AccumTernop(init, accum, op, lhs, r1, r2, r3, proj):
                 out.append(_lower_accum(init, accum, lhs, proj.force(), [r1, r2, r3],
                                         _ternop_rhs(op), _describe(a)))
+            case AccumExpr(init, accum, lhs, tree, args, proj):
+                out.append(_lower_accum(init, accum, lhs, proj.force(), list(args), _expr_rhs(tree), _describe(a)))
+            case Fused(members):
+                out.append(_lower_fused(members))
             case SetVecUnop(op, lhs, r, proj):
                 out.append(_lower_set_vec(op, lhs, r, proj.force(), _describe(a)))
             case Fetch(tn, fop):
@@ -728,3 +789,39 @@ def _lower_set_vec(op: ops.VecUnop, lhs: Tnode, rhs: Buffer, proj: Projections, 
     arg = _get(rhs, tuple(subst_index(env, i) for i in proj.project_rhs[0]), ranges)
     return _loops(fresh, proj.product_space, ll.SetFromVec(lhs, lhs_idcs, lhs.dims[-1], op, arg, debug))
 
+
+
+def _lower_fused(members: tuple[AccumExpr, ...]) -> ll.LLStmt:
+    """One loop nest over the members' common iteration space (see `Fused`): the members'
+    projections must agree (the same space, the lhs indexed alike, iterators matched by
+    position) and write every cell of the lhs once."""
+    if not members:
+        return ll.Noop()
+    projs = [m.projections.force() for m in members]
+    first = projs[0]
+    fresh = [get_symbol(s.name) for s in first.product_iterators]
+    ranges = {s: (0, d - 1) for s, d in zip(fresh, first.product_space, strict=True)}
+    written = {m.lhs.id for m in members}
+    cell: tuple[AxisIndex, ...] = ()
+    sets: list[ll.LLStmt] = []
+    for m, proj in zip(members, projs, strict=True):
+        debug = _expr_doc(m)
+        env: dict[Symbol, AxisIndex] = {s: Iterator(f) for s, f in zip(proj.product_iterators, fresh, strict=True)}
+        idcs = tuple(subst_index(env, i) for i in proj.project_lhs)
+        cell = cell or idcs
+        if (proj.product_space != first.product_space or idcs != cell or m.lhs.dims != proj.lhs_dims
+                or not (proj.is_surjective() and proj.is_injective())):
+            raise LoweringError(f"einjit: fused {debug}: the lhs {m.lhs.debug_name()} {m.lhs.dims} must be written "
+                                f"once per cell of the nest's iteration space {first.product_space}, indexed as "
+                                f"the group's first lhs (its projections: space {proj.product_space}, lhs indexed "
+                                f"{proj.project_lhs})")
+        reads = []
+        for b, rhs_idcs in zip(m.args, proj.project_rhs, strict=True):
+            at = tuple(subst_index(env, i) for i in rhs_idcs)
+            if isinstance(b, Node) and b.tn.id in written and at != cell:
+                raise LoweringError(f"einjit: fused {debug}: {b.tn.debug_name()} is written in the same nest, so "
+                                    f"it can be read only at the cell being updated, not at {rhs_idcs}")
+            reads.append(_get(b, at, ranges))
+        value = _accumulate(m.initialize_neutral, m.accum, m.lhs, cell, ex.to_scalar(m.rhs, reads), debug)
+        sets.append(ll.Set(m.lhs, cell, value, debug))
+    return _loops(fresh, first.product_space, ll.seq(*sets))

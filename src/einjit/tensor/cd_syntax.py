@@ -2,6 +2,7 @@
 
     code   := item (';' item)* ';'?
     item   := '~~' '(' STRING ';' code ')'                      block comment
+            | '~fused' '(' lhs ASGN expr option* (';' ...)* ')'   one loop nest, no intermediates
             | lhs ASGN expr option*                             one assignment
     lhs    := ref | STRING                                      a string declares a new tensor
     ASGN   := '=' [':'] [accum]     accum one of + - * / ** ?/ ^^ vv && ||   ('=:' alone assigns)
@@ -16,7 +17,10 @@
 
 `*.`, `/.`, `+.` and `-.` are the seed's non-operator binary form (`p =+ lr *. p.grad`): the
 product (sum, ...) becomes an intermediate tensor, and the assignment copies it (`Accum_unop`
-with `Identity`). N-d array literals share `%op`'s syntax: a list level is an output axis, a
+with `Identity`). Inside `~fused( ... )` nothing becomes an intermediate tensor except those
+non-operator forms: each assignment keeps its whole right-hand side as one expression, and the
+group's assignments update each cell in one loop nest (`assignments.Fused`; pointwise only).
+N-d array literals share `%op`'s syntax: a list level is an output axis, a
 tuple level an input axis, an array level (`[| |]`) a batch axis.
 
 The outermost operator of the right-hand side decides the assignment's kind (binary, unary,
@@ -138,14 +142,20 @@ class Block:
     body: tuple["Item", ...]
 
 
-Item = Stmt | Block
+@dataclass(frozen=True, slots=True)
+class FusedGroup:
+    body: tuple[Stmt, ...]
+    col: int
+
+
+Item = Stmt | Block | FusedGroup
 
 _TOKEN = re.compile(r"""
     (?P<ws>\s+)
   | (?P<string>"[^"]*"|'[^']*')
   | (?P<number>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?)
   | (?P<name>[A-Za-z_][A-Za-z_0-9]*)
-  | (?P<op>~~|~logic:|~projections:|!/|-\?/|-\?\^|\*\*|[-+*/]\.(?!\d)|\[\||\|\]|==|<>|&&|\|\||\?/|\^\^
+  | (?P<op>~~|~fused|~logic:|~projections:|!/|-\?/|-\?\^|\*\*|[-+*/]\.(?!\d)|\[\||\|\]|==|<>|&&|\|\||\?/|\^\^
           |[-+*/%<=:;(),.\[\]])
 """, re.VERBOSE | re.ASCII)
 
@@ -246,6 +256,16 @@ class _Parser:
                 body = self.code(")")
                 self.expect(")")
             return Block(comment, body)
+        if self.at("~fused"):
+            start = self.take()
+            self.expect("(")
+            stmts = [self.stmt()]
+            while self.at(";"):
+                self.take()
+                if not self.at(")"):
+                    stmts.append(self.stmt())
+            self.expect(")")
+            return FusedGroup(tuple(stmts), start.col)
         return self.stmt()
 
     def stmt(self) -> Stmt:

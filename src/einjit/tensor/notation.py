@@ -17,11 +17,12 @@ arguments broadcasts to the result's shape).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Union
+from typing import Callable, Mapping, Union, cast
 
 from einjit import shape as sh
 from einjit.errors import EinjitError
 from einjit.ir import assignments as asg
+from einjit.ir import expr as ex
 from einjit.ir import ops
 from einjit.ir.indexing import FixedIdx, Projections
 from einjit.ir.tnode import Tnode
@@ -116,18 +117,19 @@ def logic_of(kind: str | None, arity: int, shapes: list[sh.Shape], where: str) -
 def infer_projections(lhs: sh.Shape, kind: LogicSpec, shapes: list[sh.Shape], where: str) -> asg.Lazy:
     """Add the shape constraints of one operation and return its (lazy) projections.
 
-    Ternary operations are pointwise only: two binary steps share the lhs, and the third
-    argument's projection is re-expressed in the first step's iterators.
+    Operations of three or more arguments (ternary ones, fused expressions) are pointwise
+    only: one binary step per further argument, all sharing the lhs and the first argument,
+    and each further argument's projection re-expressed in the first step's iterators.
     """
-    if len(shapes) == 3:
+    if len(shapes) >= 3:
         if kind not in (None, "."):
-            raise CdError(f"{where}: a ternary operation supports only pointwise logic")
-        s1 = sh.UpdateStep(lhs, sh.Broadcast(sh.PointwiseBin(), shapes[0], shapes[1]))
-        s2 = sh.UpdateStep(lhs, sh.Broadcast(sh.PointwiseBin(), shapes[0], shapes[2]))
-        sh.propagate_shapes(s1)
-        sh.propagate_shapes(s2)
-        return asg.Lazy(lambda: merge_ternary(sh.derive_projections(s1), sh.derive_projections(s2)),
-                        key=lambda: _all_known("ternary", sh.projections_key(s1), sh.projections_key(s2)))
+            raise CdError(f"{where}: an operation of {len(shapes)} arguments supports only pointwise logic")
+        steps = [sh.UpdateStep(lhs, sh.Broadcast(sh.PointwiseBin(), shapes[0], s)) for s in shapes[1:]]
+        for step in steps:
+            sh.propagate_shapes(step)
+        label = "ternary" if len(shapes) == 3 else f"pointwise {len(shapes)}"
+        return asg.Lazy(lambda: merge_pointwise([sh.derive_projections(s) for s in steps]),
+                        key=lambda: _all_known(label, *[sh.projections_key(s) for s in steps]))
     logic = kind(shapes) if callable(kind) else logic_of(kind, len(shapes), shapes, where)
     step = sh.UpdateStep(lhs, logic)
     sh.propagate_shapes(step)
@@ -139,15 +141,18 @@ def _all_known(*parts: object) -> tuple | None:
     return None if any(p is None for p in parts) else parts
 
 
-def merge_ternary(p1: Projections, p2: Projections) -> Projections:
+def merge_pointwise(steps: list[Projections]) -> Projections:
+    """One projections for the arguments of several binary pointwise steps over the same lhs
+    and first argument: each step's second argument indexed by the first step's iterators."""
     from einjit.ir.indexing import Iterator, subst_index
-    env = {}
-    for a, b in zip(p2.project_lhs, p1.project_lhs, strict=True):
-        if isinstance(a, Iterator):
-            env[a.symbol] = b
-    third = tuple(subst_index(env, i) for i in p2.project_rhs[1])
-    return Projections(p1.product_space, p1.product_iterators, p1.lhs_dims, p1.rhs_dims + (p2.rhs_dims[1],),
-                       p1.project_lhs, p1.project_rhs + (third,), p1.debug_info)
+    first = steps[0]
+    dims, idcs = list(first.rhs_dims), list(first.project_rhs)
+    for p in steps[1:]:
+        env = {a.symbol: b for a, b in zip(p.project_lhs, first.project_lhs, strict=True) if isinstance(a, Iterator)}
+        dims.append(p.rhs_dims[1])
+        idcs.append(tuple(subst_index(env, i) for i in p.project_rhs[1]))
+    return Projections(first.product_space, first.product_iterators, first.lhs_dims, tuple(dims), first.project_lhs,
+                       tuple(idcs), first.debug_info)
 
 
 def retarget(proj: asg.Lazy, lhs_slot: str, rhs_slots: list[str], where: str) -> asg.Lazy:
@@ -301,6 +306,68 @@ class _Scope:
                 return asg.AccumTernop(st.initialize_neutral, st.accum, op, lhs.tn, bufs[0], bufs[1], bufs[2], proj)
         raise TypeError(op)
 
+    def fused_stmt(self, st: syn.Stmt) -> asg.AccumExpr | None:
+        """One assignment of a `~fused(...)` group: its right-hand side kept whole
+        (`expr.Expr`), each distinct tensor it names one argument; None (as `stmt`'s `Noop`)
+        when it uses a gradient that does not exist."""
+        where = f'cd "{self.text}": column {st.col}'
+        if st.projections is not None or st.logic not in (None, "."):
+            raise self.error(st.col, "a ~fused assignment is pointwise: it takes no ~logic or ~projections")
+        lhs = self.declare(st.lhs) if isinstance(st.lhs, syn.Decl) else self.resolve(st.lhs)
+        if lhs is None:
+            return None
+        if lhs.merge:
+            raise self.error(st.lhs.col, "cannot assign to a merge buffer")
+        args: dict[tuple[int, bool], int] = {}
+        operands: list[Operand] = []
+
+        def leaf(o: Operand) -> ex.Expr:
+            k = args.setdefault((o.tn.id, o.merge), len(operands))
+            if k == len(operands):
+                operands.append(o)
+            return ex.Arg(k)
+
+        def tree(e: syn.Expr) -> ex.Expr | None:
+            match e:
+                case syn.Num(value, _, _):
+                    return ex.Const(value)
+                case syn.Ref(name, None, _) if (name not in self.decls and name not in self.slots
+                                                 and isinstance(self.env.get(name), (int, float))):
+                    return ex.Const(float(cast(float, self.env[name])))
+                case syn.Apply(op, sub, _, False):
+                    parts = [tree(a) for a in sub]
+                    if any(p is None for p in parts):
+                        return None
+                    match op, parts:
+                        case ops.Unop(), [a]:
+                            return ex.Un(op, cast(ex.Expr, a))
+                        case ops.Binop(), [a, b]:
+                            return ex.Bin(op, cast(ex.Expr, a), cast(ex.Expr, b))
+                        case ops.Ternop(), [a, b, c]:
+                            return ex.Tern(op, cast(ex.Expr, a), cast(ex.Expr, b), cast(ex.Expr, c))
+                    raise TypeError(op)
+            o = self.operand(e)
+            return None if o is None else leaf(o)
+
+        rhs = tree(st.rhs)
+        if rhs is None:
+            return None
+        if not operands:
+            raise self.error(st.col, "a ~fused assignment needs a tensor on its right-hand side")
+        if isinstance(st.lhs, syn.Decl):
+            self.label_from_rhs(self.decls[st.lhs.name], st.rhs)
+        # `lhs >= lhs` constrains nothing: the lhs read where it is written (an optimizer's
+        # moment or parameter, a quarter of the group's arguments) costs no shape inference
+        own = [o.shape is lhs.shape for o in operands]
+        shaped = [o.shape for o, mine in zip(operands, own, strict=True) if not mine] or [lhs.shape]
+        try:
+            proj = infer_projections(lhs.shape, None, shaped, where)
+        except sh.ShapeError as e:
+            raise sh.ShapeError(f"{where}: {e}") from None
+        if len(shaped) < len(operands):
+            proj = _with_lhs_reads(proj, own)
+        return asg.AccumExpr(st.initialize_neutral, st.accum, lhs.tn, rhs, tuple(o.buffer() for o in operands), proj)
+
     def projections_for(self, st: syn.Stmt, lhs: Operand, args: list[Operand], where: str) -> asg.Lazy:
         if st.projections is not None:
             proj = self.env.get(st.projections)
@@ -359,6 +426,12 @@ class _Scope:
             match it:
                 case syn.Block(comment, body):
                     out.append(asg.BlockComment(comment, self.items(body)))
+                case syn.FusedGroup(body):
+                    members = [m for m in (self.fused_stmt(st) for st in body) if m is not None]
+                    out.extend(self.pre)
+                    self.pre = []
+                    if members:
+                        out.append(asg.Fused(tuple(members)))
                 case syn.Stmt():
                     a = self.stmt(it)
                     out.extend(self.pre)
@@ -433,6 +506,20 @@ def _with_numbers(proj: asg.Lazy, is_number: list[bool]) -> asg.Lazy:
                            p.project_lhs, tuple(i for _, i in picked), p.debug_info)
 
     return asg.Lazy(build, key=lambda: _all_known("with numbers", proj.key(), tuple(is_number)))
+
+
+def _with_lhs_reads(proj: asg.Lazy, is_lhs: list[bool]) -> asg.Lazy:
+    """Projections inferred from the arguments other than the lhs, with the lhs read where it
+    is written."""
+
+    def build() -> Projections:
+        p = proj.force()
+        others = iter(zip(p.rhs_dims, p.project_rhs, strict=True))
+        picked = [(p.lhs_dims, p.project_lhs) if mine else next(others) for mine in is_lhs]
+        return Projections(p.product_space, p.product_iterators, p.lhs_dims, tuple(d for d, _ in picked),
+                           p.project_lhs, tuple(i for _, i in picked), p.debug_info)
+
+    return asg.Lazy(build, key=lambda: _all_known("with lhs reads", proj.key(), tuple(is_lhs)))
 
 
 def pointwise_tensor(op, args: list[Operand], *, where: str) -> Tensor:

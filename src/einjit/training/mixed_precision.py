@@ -35,6 +35,7 @@ in float32 as before.
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
 
 from einjit.ir import assignments as asg
 from einjit.ir import ops
@@ -95,6 +96,10 @@ def _with_nodes(code: asg.Asgns, nodes: dict[int, Tnode], *, writes: bool) -> as
             return dataclasses.replace(code, lhs=lhs(out), rhs=buf(r))
         case asg.AccumTernop(lhs=out, rhs1=r1, rhs2=r2, rhs3=r3):
             return dataclasses.replace(code, lhs=lhs(out), rhs1=buf(r1), rhs2=buf(r2), rhs3=buf(r3))
+        case asg.AccumExpr(lhs=out, args=args):
+            return dataclasses.replace(code, lhs=lhs(out), args=tuple(buf(b) for b in args))
+        case asg.Fused(members):
+            return asg.Fused(tuple(cast(asg.AccumExpr, _with_nodes(m, nodes, writes=writes)) for m in members))
         case asg.Fetch(array=out):
             return dataclasses.replace(code, array=lhs(out))
     return code
@@ -109,8 +114,7 @@ def bf16_activations(loss: Tensor, code: asg.Asgns) -> asg.Asgns:
     writes: dict[int, list[asg.Asgns]] = {}
     operands: set[int] = set()
     for a in asg.flatten_with_comments(code):
-        lhs = asg.lhs_of(a)
-        if lhs is not None:
+        for lhs in asg.lhs_nodes(a):
             writes.setdefault(lhs.id, []).append(a)
         read = [b.tn.id for b in asg.rhs_buffers(a)]
         if not _plain(a) and any(k in params for k in read):
@@ -136,6 +140,9 @@ def _twin(tn: Tnode) -> Tnode:
 def _plain(a: asg.Asgns) -> bool:
     """An assignment `=:`: one value per cell, nothing accumulated."""
     match a:
-        case asg.AccumBinop(accum=acc) | asg.AccumUnop(accum=acc) | asg.AccumTernop(accum=acc):
+        case asg.AccumBinop(accum=acc) | asg.AccumUnop(accum=acc) | asg.AccumTernop(accum=acc) \
+                | asg.AccumExpr(accum=acc):
             return acc is ops.Binop.ARG2
+        case asg.Fused(members):
+            return all(m.accum is ops.Binop.ARG2 for m in members)
     return False

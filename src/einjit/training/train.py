@@ -75,14 +75,17 @@ def _params_of(x: "Tensor | Iterable[Tensor]") -> list[Tensor]:
 
 def sgd_one(p: Tensor, learning_rate: Tensor | float, *, weight_decay: float = 0.0, momentum: float = 0.0,
             nesterov: bool = False) -> Code:
-    """One parameter's SGD step in `%cd`: decoupled from the loss so it fuses into the step."""
-    text = ['"sgd_delta" =: p.grad + wd * p']
+    """One parameter's SGD step in `%cd`: decoupled from the loss so it fuses into the step.
+    One `~fused` group (one loop nest, no intermediate tensors): the momentum buffer, then
+    the parameter."""
+    delta = "(p.grad + wd * p)"
+    text = []
     if momentum > 0.0:
-        text.append('"sgd_momentum" =: mom * sgd_momentum + sgd_delta')
-        text.append("sgd_delta =+ mom * sgd_momentum" if nesterov else "sgd_delta =: sgd_momentum")
-    text.append('p =- lr * sgd_delta ~logic:"."')
-    body = "; ".join(text)
-    return cd(f'~~("sgd {p.label_str}"; {body})', p=p, lr=learning_rate, wd=weight_decay, mom=momentum)
+        text.append(f'"sgd_momentum" =: mom * sgd_momentum + {delta}')
+        delta = f"({delta} + mom * sgd_momentum)" if nesterov else "sgd_momentum"
+    text.append(f"p =- lr * {delta}")
+    fused = cd(f'~fused({"; ".join(text)})', p=p, lr=learning_rate, wd=weight_decay, mom=momentum)
+    return Code(asg.BlockComment(f"sgd {p.label_str}", fused.asgns), fused.decls)
 
 
 def sgd_update(loss_or_params: "Tensor | Iterable[Tensor]", learning_rate: Tensor | float, *,
@@ -114,25 +117,28 @@ def adam_one(p: Tensor, learning_rate: Tensor | float, *, step: Tensor, beta1: f
     """One parameter's Adam step in `%cd`. Weight decay is decoupled (`p -= lr * wd * p`, AdamW)
     or, with `decoupled=False`, added to the gradient as L2 (PyTorch's Adam). `scalars`: the
     `adam_scalars` of the same settings, shared by the parameters of one update (without, the
-    code computes its own first)."""
+    code computes its own first).
+
+    One `~fused` group: the moments and the parameter of a cell in one loop nest, each right-hand
+    side one expression (three assignments, where one operation per assignment took fifteen).
+    The expressions are those the one-operation form's intermediates spelled, in the same order
+    and precision, so the update's values do not change."""
     coupled = not decoupled and weight_decay != 0.0
-    grad = "adam_g" if coupled else "p.grad"
-    text = ['"adam_g" =: p.grad + wd * p'] if coupled else []
-    text += [f'"adam_m" =: b1 * adam_m + c1 * {grad}',
-             f'"adam_v" =: b2 * adam_v + c2 * ({grad} * {grad})',
-             '"m_hat" =: adam_m / bc1',
-             '"v_hat" =: adam_v / bc2',
-             'p =- lr * (m_hat / (sqrt(v_hat) + eps)) ~logic:"."' if coupled
-             else 'p =- lr * (m_hat / (sqrt(v_hat) + eps) + wd * p) ~logic:"."']
+    grad = "(p.grad + wd * p)" if coupled else "p.grad"
+    step_of = "adam_m / bc1 / (sqrt(adam_v / bc2) + eps)"
+    text = [f'"adam_m" =: b1 * adam_m + c1 * {grad}',
+            f'"adam_v" =: b2 * adam_v + c2 * ({grad} * {grad})',
+            f"p =- lr * ({step_of})" if coupled else f"p =- lr * ({step_of} + wd * p)"]
     own = scalars is None
     if scalars is None:
         scalars = adam_scalars(step, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
     shared = {k: scalars[f"adam_{k}"] for k in ("b1", "b2", "c1", "c2", "bc1", "bc2", "eps", "wd")}
-    code = cd(f'~~("adam {p.label_str}"; {"; ".join(text)})', p=p, lr=learning_rate, **shared)
+    # the comment outside the text: one text for every parameter, parsed once
+    fused = cd(f'~fused({"; ".join(text)})', p=p, lr=learning_rate, **shared)
+    code = Code(asg.BlockComment(f"adam {p.label_str}", fused.asgns), fused.decls)
     # labelled after the parameter, as when the first tensor named was the gradient, not a scalar
-    # (the operands keep their order: the simplifier fuses the second product into an FMA)
-    for name, after in (("adam_m", ()), ("adam_v", ()), ("m_hat", ("adam_m",)), ("v_hat", ("adam_v",))):
-        code[name].relabel([name, *after, *p.label], code[name].scope)
+    for name in ("adam_m", "adam_v"):
+        code[name].relabel([name, *p.label], code[name].scope)
     return Code(asg.sequence(scalars.asgns, code.asgns), code.decls) if own else code
 
 

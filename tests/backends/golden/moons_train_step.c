@@ -78,8 +78,8 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
   }
   {
     float v8_ = 0;
-    for (int i89 = 0; i89 < 10; ++i89) {
-      v8_ = (v8_ + margin_loss[i89]);
+    for (int i69 = 0; i69 < 10; ++i69) {
+      v8_ = (v8_ + margin_loss[i69]);
     }
     scalar_loss[0] = (v8_ / 10.0f); /* scalar_loss = sum / n10 */
   }
@@ -150,29 +150,29 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
   }
   /* sgd b1 */
   learning_rate[0] = (0.1f * ((80.0f - ((float)step0)) / 40.0f)); /* learning_rate = n0_1 * n_9 */
-  for (int i65 = 0; i65 < 16; ++i65) {
-    b1[i65] = (b1[i65] - (learning_rate[0] * fmaf(0.0001f, b1[i65], b1_grad[i65]))); /* b1 =- learning_rate * sgd_delta_b1 */
+  for (int i62 = 0; i62 < 16; ++i62) {
+    b1[i62] = (b1[i62] - (learning_rate[0] * fmaf(0.0001f, b1[i62], b1_grad[i62]))); /* b1 =- (learning_rate * (b1_grad + (0.0001 * b1))) */
   }
   /* sgd w1 */
-  for (int i71 = 0; i71 < 16; ++i71) {
-    for (int i72 = 0; i72 < 2; ++i72) {
-      w1[i71 * 2 + i72] = (w1[i71 * 2 + i72] - (learning_rate[0] * fmaf(0.0001f, w1[i71 * 2 + i72], w1_grad[i71 * 2 + i72]))); /* w1 =- learning_rate * sgd_delta_w1 */
+  for (int i63 = 0; i63 < 16; ++i63) {
+    for (int i64 = 0; i64 < 2; ++i64) {
+      w1[i63 * 2 + i64] = (w1[i63 * 2 + i64] - (learning_rate[0] * fmaf(0.0001f, w1[i63 * 2 + i64], w1_grad[i63 * 2 + i64]))); /* w1 =- (learning_rate * (w1_grad + (0.0001 * w1))) */
     }
   }
   /* sgd b2 */
-  for (int i76 = 0; i76 < 16; ++i76) {
-    b2[i76] = (b2[i76] - (learning_rate[0] * fmaf(0.0001f, b2[i76], b2_grad[i76]))); /* b2 =- learning_rate * sgd_delta_b2 */
+  for (int i65 = 0; i65 < 16; ++i65) {
+    b2[i65] = (b2[i65] - (learning_rate[0] * fmaf(0.0001f, b2[i65], b2_grad[i65]))); /* b2 =- (learning_rate * (b2_grad + (0.0001 * b2))) */
   }
   /* sgd w2 */
-  for (int i82 = 0; i82 < 16; ++i82) {
-    for (int i83 = 0; i83 < 16; ++i83) {
-      w2[i82 * 16 + i83] = (w2[i82 * 16 + i83] - (learning_rate[0] * fmaf(0.0001f, w2[i82 * 16 + i83], w2_grad[i82 * 16 + i83]))); /* w2 =- learning_rate * sgd_delta_w2 */
+  for (int i66 = 0; i66 < 16; ++i66) {
+    for (int i67 = 0; i67 < 16; ++i67) {
+      w2[i66 * 16 + i67] = (w2[i66 * 16 + i67] - (learning_rate[0] * fmaf(0.0001f, w2[i66 * 16 + i67], w2_grad[i66 * 16 + i67]))); /* w2 =- (learning_rate * (w2_grad + (0.0001 * w2))) */
     }
   }
   /* sgd b3 */
-  b3[0] = (b3[0] - (learning_rate[0] * fmaf(0.0001f, b3[0], b3_grad[0]))); /* b3 =- learning_rate * sgd_delta_b3 */
+  b3[0] = (b3[0] - (learning_rate[0] * fmaf(0.0001f, b3[0], b3_grad[0]))); /* b3 =- (learning_rate * (b3_grad + (0.0001 * b3))) */
   /* sgd w3 */
-  for (int i88 = 0; i88 < 16; ++i88) {
-    w3[i88] = (w3[i88] - (learning_rate[0] * fmaf(0.0001f, w3[i88], w3_grad[i88]))); /* w3 =- learning_rate * sgd_delta_w3 */
+  for (int i68 = 0; i68 < 16; ++i68) {
+    w3[i68] = (w3[i68] - (learning_rate[0] * fmaf(0.0001f, w3[i68], w3_grad[i68]))); /* w3 =- (learning_rate * (w3_grad + (0.0001 * w3))) */
   }
 }

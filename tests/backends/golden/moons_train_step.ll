@@ -178,100 +178,42 @@ for i55 = 0 to 9 {
 }
 /* sgd b1 */
 for i58 = 0 to 0 {
-  n0_0001[i58] := 0.0001;
+  embed_step[i58] := (step0);
 }
-for i59 = 0 to 15 {
-  mul[i59] := (n0_0001[0] * b1[i59]);
-}
-for i60 = 0 to 15 {
-  sgd_delta_b1[i60] := (b1_grad[i60] + mul[i60]);
-}
-for i61 = 0 to 0 {
-  embed_step[i61] := (step0);
-}
-for i62 = 0 to 0 {
-  n80[i62] := 80.0;
+for i59 = 0 to 0 {
+  n80[i59] := 80.0;
 }
 n_8[0] := (n80[0] - embed_step[0]);
-for i63 = 0 to 0 {
-  n40[i63] := 40.0;
+for i60 = 0 to 0 {
+  n40[i60] := 40.0;
 }
 n_9[0] := (n_8[0] / n40[0]);
-for i64 = 0 to 0 {
-  n0_1[i64] := 0.1;
+for i61 = 0 to 0 {
+  n0_1[i61] := 0.1;
 }
 learning_rate[0] := (n0_1[0] * n_9[0]);
-for i65 = 0 to 15 {
-  b1[i65] := (b1[i65] - (learning_rate[0] * sgd_delta_b1[i65]));
+for i62 = 0 to 15 {
+  b1[i62] := (b1[i62] - (learning_rate[0] * (b1_grad[i62] + (0.0001 * b1[i62]))));
 }
 /* sgd w1 */
-for i66 = 0 to 0 {
-  n0_0001_2[i66] := 0.0001;
-}
-for i67 = 0 to 15 {
-  for i68 = 0 to 1 {
-    mul_2[i67, i68] := (n0_0001_2[0] * w1[i67, i68]);
-  }
-}
-for i69 = 0 to 15 {
-  for i70 = 0 to 1 {
-    sgd_delta_w1[i69, i70] := (w1_grad[i69, i70] + mul_2[i69, i70]);
-  }
-}
-for i71 = 0 to 15 {
-  for i72 = 0 to 1 {
-    w1[i71, i72] := (w1[i71, i72] - (learning_rate[0] * sgd_delta_w1[i71, i72]));
+for i63 = 0 to 15 {
+  for i64 = 0 to 1 {
+    w1[i63, i64] := (w1[i63, i64] - (learning_rate[0] * (w1_grad[i63, i64] + (0.0001 * w1[i63, i64]))));
   }
 }
 /* sgd b2 */
-for i73 = 0 to 0 {
-  n0_0001_3[i73] := 0.0001;
-}
-for i74 = 0 to 15 {
-  mul_3[i74] := (n0_0001_3[0] * b2[i74]);
-}
-for i75 = 0 to 15 {
-  sgd_delta_b2[i75] := (b2_grad[i75] + mul_3[i75]);
-}
-for i76 = 0 to 15 {
-  b2[i76] := (b2[i76] - (learning_rate[0] * sgd_delta_b2[i76]));
+for i65 = 0 to 15 {
+  b2[i65] := (b2[i65] - (learning_rate[0] * (b2_grad[i65] + (0.0001 * b2[i65]))));
 }
 /* sgd w2 */
-for i77 = 0 to 0 {
-  n0_0001_4[i77] := 0.0001;
-}
-for i78 = 0 to 15 {
-  for i79 = 0 to 15 {
-    mul_4[i78, i79] := (n0_0001_4[0] * w2[i78, i79]);
-  }
-}
-for i80 = 0 to 15 {
-  for i81 = 0 to 15 {
-    sgd_delta_w2[i80, i81] := (w2_grad[i80, i81] + mul_4[i80, i81]);
-  }
-}
-for i82 = 0 to 15 {
-  for i83 = 0 to 15 {
-    w2[i82, i83] := (w2[i82, i83] - (learning_rate[0] * sgd_delta_w2[i82, i83]));
+for i66 = 0 to 15 {
+  for i67 = 0 to 15 {
+    w2[i66, i67] := (w2[i66, i67] - (learning_rate[0] * (w2_grad[i66, i67] + (0.0001 * w2[i66, i67]))));
   }
 }
 /* sgd b3 */
-for i84 = 0 to 0 {
-  n0_0001_5[i84] := 0.0001;
-}
-mul_5[0] := (n0_0001_5[0] * b3[0]);
-sgd_delta_b3[0] := (b3_grad[0] + mul_5[0]);
-b3[0] := (b3[0] - (learning_rate[0] * sgd_delta_b3[0]));
+b3[0] := (b3[0] - (learning_rate[0] * (b3_grad[0] + (0.0001 * b3[0]))));
 /* sgd w3 */
-for i85 = 0 to 0 {
-  n0_0001_6[i85] := 0.0001;
-}
-for i86 = 0 to 15 {
-  mul_6[0, i86] := (n0_0001_6[0] * w3[0, i86]);
-}
-for i87 = 0 to 15 {
-  sgd_delta_w3[0, i87] := (w3_grad[0, i87] + mul_6[0, i87]);
-}
-for i88 = 0 to 15 {
-  w3[0, i88] := (w3[0, i88] - (learning_rate[0] * sgd_delta_w3[0, i88]));
+for i68 = 0 to 15 {
+  w3[0, i68] := (w3[0, i68] - (learning_rate[0] * (w3_grad[0, i68] + (0.0001 * w3[0, i68]))));
 }

@@ -27,8 +27,8 @@ for i23 = 0 to 9 {
   margin_loss[i23, 0] := relu((1.0 - (moons_classes[batch0, i23, 0] * (b3[0] + n_5[i23, 0]))));
 }
 scalar_loss[0] := ((v8 := 0;
-  for i89 = 0 to 9 {
-    v8 := (v8 + margin_loss[i89, 0]);
+  for i69 = 0 to 9 {
+    v8 := (v8 + margin_loss[i69, 0]);
   }
   v8) / 10.0);
 /* zero gradients */
@@ -84,28 +84,28 @@ for i33 = 0 to 9 {
 }
 /* sgd b1 */
 learning_rate[0] := (0.1 * ((80.0 - (step0)) / 40.0));
-for i65 = 0 to 15 {
-  b1[i65] := (b1[i65] - (learning_rate[0] * fma(0.0001, b1[i65], b1_grad[i65])));
+for i62 = 0 to 15 {
+  b1[i62] := (b1[i62] - (learning_rate[0] * fma(0.0001, b1[i62], b1_grad[i62])));
 }
 /* sgd w1 */
-for i71 = 0 to 15 {
-  for i72 = 0 to 1 {
-    w1[i71, i72] := (w1[i71, i72] - (learning_rate[0] * fma(0.0001, w1[i71, i72], w1_grad[i71, i72])));
+for i63 = 0 to 15 {
+  for i64 = 0 to 1 {
+    w1[i63, i64] := (w1[i63, i64] - (learning_rate[0] * fma(0.0001, w1[i63, i64], w1_grad[i63, i64])));
   }
 }
 /* sgd b2 */
-for i76 = 0 to 15 {
-  b2[i76] := (b2[i76] - (learning_rate[0] * fma(0.0001, b2[i76], b2_grad[i76])));
+for i65 = 0 to 15 {
+  b2[i65] := (b2[i65] - (learning_rate[0] * fma(0.0001, b2[i65], b2_grad[i65])));
 }
 /* sgd w2 */
-for i82 = 0 to 15 {
-  for i83 = 0 to 15 {
-    w2[i82, i83] := (w2[i82, i83] - (learning_rate[0] * fma(0.0001, w2[i82, i83], w2_grad[i82, i83])));
+for i66 = 0 to 15 {
+  for i67 = 0 to 15 {
+    w2[i66, i67] := (w2[i66, i67] - (learning_rate[0] * fma(0.0001, w2[i66, i67], w2_grad[i66, i67])));
   }
 }
 /* sgd b3 */
 b3[0] := (b3[0] - (learning_rate[0] * fma(0.0001, b3[0], b3_grad[0])));
 /* sgd w3 */
-for i88 = 0 to 15 {
-  w3[0, i88] := (w3[0, i88] - (learning_rate[0] * fma(0.0001, w3[0, i88], w3_grad[0, i88])));
+for i68 = 0 to 15 {
+  w3[0, i68] := (w3[0, i68] - (learning_rate[0] * fma(0.0001, w3[0, i68], w3_grad[0, i68])));
 }

@@ -208,8 +208,7 @@ class _Walk:
                     out.append(a)
                 case _:
                     out.append(self.text(a))
-                    lhs = asg.lhs_of(a)
-                    if lhs is not None:
+                    for lhs in asg.lhs_nodes(a):
                         nodes.setdefault(lhs, None)
                     for b in asg.rhs_buffers(a):
                         nodes.setdefault(b.tn, None)
