@@ -28,9 +28,9 @@ def _expf() -> str:
         q = f"__builtin_fmaf({q}, r, {_hex(c)})"
     return f"""\
 /* Unop.EXP in single precision (ir/own_exp.py): the same float32 steps scalar and vectorized,
-   under one ulp, inf/NaN/overflow/subnormal results without branches. */
+   under one ulp (normal results), inf/NaN/overflow/subnormal results without branches. */
 {{q}} __attribute__((always_inline)) float einjit_expf(float x) {{{{
-  const float xc = x < {_hex(k.LOWER)} ? {_hex(k.LOWER)} : (x > {_hex(k.UPPER)} ? {_hex(k.UPPER)} : x);
+  const float xc = {_hex(k.LOWER)} > x ? {_hex(k.LOWER)} : x;
   const float t = __builtin_fmaf(xc, {_hex(k.LOG2E)}, {_hex(k.SHIFTER)});
   const float n = t - {_hex(k.SHIFTER)};
   const float r = __builtin_fmaf(n, {_hex(k.NEG_LN2_LO)}, __builtin_fmaf(n, {_hex(k.NEG_LN2_HI)}, xc));
@@ -43,7 +43,7 @@ def _expf() -> str:
   float s1, s2;
   __builtin_memcpy(&s1, &e1, 4);
   __builtin_memcpy(&s2, &e2, 4);
-  return (p * s1) * s2;
+  return x > {_hex(k.UPPER)} ? __builtin_inff() : (p * s1) * s2;
 }}}}
 """
 
