@@ -47,18 +47,18 @@ def _ulps(got: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def test_accuracy_over_the_float_range():
-    """Within one ulp wherever exp is finite, normal in float32, within 1.05 units of 2^-149
-    where it is subnormal (the float32 result rounds once more into their grid), and exact
-    where it is 0 or inf: a sample of all floats, and every float around the overflow
-    threshold, the smallest normal result and the underflow to zero."""
+    """Within 1.02 ulp wherever exp is finite, normal in float32 (1.014 over all floats), within
+    one unit of 2^-149 where it is subnormal (the float32 result rounds once more into their
+    grid), and exact where it is 0 or inf: a sample of all floats, and every float around the
+    overflow threshold, the smallest normal result and the underflow to zero."""
     x = np.concatenate([_sampled(), SPECIALS, _around(88.72283, -87.33655, -103.97208, 1e-38, -1e-38)])
     with np.errstate(all="ignore"):
         got = own_exp.expf(x)
         ref = np.exp(x.astype(np.float64)).astype(np.float32)
     finite = np.isfinite(ref) & (ref != 0)
     normal = finite & (ref >= np.finfo(np.float32).tiny)
-    assert _ulps(got[normal], x[normal]).max() < 1.0
-    assert _ulps(got[finite & ~normal], x[finite & ~normal]).max() < 1.05
+    assert _ulps(got[normal], x[normal]).max() < 1.02
+    assert _ulps(got[finite & ~normal], x[finite & ~normal]).max() < 1.0
     np.testing.assert_array_equal(got[~finite], ref[~finite])
     assert np.isnan(got[np.isnan(x)]).all()
     assert got[x == np.inf] == np.inf and got[x == -np.inf] == 0
@@ -95,7 +95,7 @@ def test_fma_emulation_rounds_once():
 @pytest.mark.skipif(shutil.which(cc.CcOptions().compiler) is None, reason="needs the C compiler")
 def test_vectorized_and_scalar_c_agree_with_numpy(tmp_path: Path):
     """`expf_check.c` runs the helper in a loop gcc vectorizes and in one it may not: no input
-    of the sample differs, none is over an ulp off, and NumPy gives the vectorized bits."""
+    of the sample differs, none is over 1.02 ulp off, and NumPy gives the vectorized bits."""
     header = tmp_path / "expf.h"
     header.write_text(c_math.HELPERS["expf"].format(q="static inline"))
     exe, out = tmp_path / "expf_check", tmp_path / "y.bin"
@@ -105,7 +105,7 @@ def test_vectorized_and_scalar_c_agree_with_numpy(tmp_path: Path):
     report = subprocess.run([str(exe), str(STRIDE), str(out)], check=True, capture_output=True, text=True).stdout
     fields = report.split()
     assert fields[:4] == ["vector_differs", "0", "special_wrong", "0"], report
-    assert float(fields[5]) < 1.0 and float(fields[7]) < 1.05, report
+    assert float(fields[5]) < 1.02 and float(fields[7]) < 1.0, report
     with np.errstate(all="ignore"):
         expected = own_exp.expf(_sampled())
     np.testing.assert_array_equal(np.fromfile(out, dtype=np.uint32), expected.view(np.uint32))

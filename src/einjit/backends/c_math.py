@@ -28,7 +28,7 @@ def _expf() -> str:
         q = f"__builtin_fmaf({q}, r, {_hex(c)})"
     return f"""\
 /* Unop.EXP in single precision (ir/own_exp.py): the same float32 steps scalar and vectorized,
-   under one ulp (normal results), inf/NaN/overflow/subnormal results without branches. */
+   within 1.02 ulp, inf/NaN/overflow/subnormal results without branches. */
 {{q}} __attribute__((always_inline)) float einjit_expf(float x) {{{{
   const float xc = {_hex(k.LOWER)} > x ? {_hex(k.LOWER)} : x;
   const float t = __builtin_fmaf(xc, {_hex(k.LOG2E)}, {_hex(k.SHIFTER)});
