@@ -6,10 +6,13 @@ against PyTorch eager at the step's sizes (16 x 64 rows, d=128, MLP width 512).
 - LayerNorm with its residual, `y = x + LN(x)` where `x = input * scale` (so that the input
   gradient, LayerNorm's subtracted row sums, is computed): gradients of gamma, beta, scale.
 - GELU (tanh approximation, the GPT's) of `input * scale` over 1024 x 512 with the gradient of
-  `scale`: one `exp` per element forward and one backward (glibc's libmvec in einjit's C).
+  `scale`: one `exp` per element forward and one backward (einjit's own inline `einjit_expf`,
+  `backends/c_math.py`).
 - The MLP's bias and GELU, `gelu(input * scale + bias)`, with the gradients of `scale` and
   `bias`: the GPT step's `+, gelu` and `+.grad, mlp.fc.b.grad` nests (the bias gradient sums
   the rows of the addition's gradient, which backprop hands on to `input * scale` unchanged).
+- Softmax over the attention scores' rows (16 x 4 heads x 64 queries, 64 keys), of
+  `input * scale`, with the gradient of `scale`: one `exp` per element.
 Every row states its figures; nothing here is asserted.
 """
 
@@ -23,6 +26,7 @@ import sys
 from threads_env import set_threads, shared_cache
 
 ROWS, D, WIDE = 16 * 64, 128, 512
+SCORE_ROWS, KEYS = 16 * 4 * 64, 64
 
 
 def _parse() -> argparse.Namespace:
@@ -40,22 +44,28 @@ def _einjit_step(kind: str, threads: int):
     from einjit import nn, train
     from einjit.backends.cc import toolchain as cc
 
-    width = D if kind == "layernorm" else WIDE
+    rows, width = _shape(kind)
     rng = np.random.default_rng(0)
-    xv = rng.standard_normal((ROWS, width)).astype(np.float32)
-    rv = rng.standard_normal((ROWS, width)).astype(np.float32)
+    xv = rng.standard_normal((rows, width)).astype(np.float32)
+    rv = rng.standard_normal((rows, width)).astype(np.float32)
     scale = ej.param(f"bench_{kind}_scale", (rng.standard_normal(width) * 0.5 + 1).astype(np.float32))
     x = ej.ndarray(xv, batch_axes=1, label=f"bench_{kind}_x") * scale
     if kind == "layernorm":
         y = x + nn.LayerNorm(width, label=f"bench_{kind}_ln")(x)
     elif kind == "bias_gelu":
         y = ej.gelu(x + ej.param(f"bench_{kind}_bias", np.zeros(width, dtype=np.float32)), "tanh")
+    elif kind == "softmax":
+        y = ej.softmax(x)
     else:
         y = ej.gelu(x, "tanh")
     loss = ej.sum(y * ej.ndarray(rv, batch_axes=1, label=f"bench_{kind}_r"), label=f"bench_{kind}_loss")
     train.init_params(loss, seed=0)
     routine = train.to_routine(train.grad_update(loss), name=f"bench_{kind}", options=cc.CcOptions(threads=threads))
     return routine, (xv, rv, scale.value.numpy().copy())
+
+
+def _shape(kind: str) -> tuple[int, int]:
+    return {"layernorm": (ROWS, D), "softmax": (SCORE_ROWS, KEYS)}.get(kind, (ROWS, WIDE))
 
 
 def _torch_step(kind: str, data, threads: int):
@@ -78,6 +88,8 @@ def _torch_step(kind: str, data, threads: int):
         x = xv * scale
         if kind == "layernorm":
             y = x + F.layer_norm(x, (D,), gamma, beta)
+        elif kind == "softmax":
+            y = F.softmax(x, dim=-1)
         else:
             y = F.gelu(x + bias if kind == "bias_gelu" else x, approximate="tanh")
         (y * rv).sum().backward()
@@ -91,7 +103,8 @@ def pointwise_rows(threads: int = 1) -> list[dict]:
     rows = []
     for kind, name in (("layernorm", f"LayerNorm + residual fwd+bwd, {ROWS}x{D}"),
                        ("gelu", f"GELU (tanh) fwd+bwd, {ROWS}x{WIDE}"),
-                       ("bias_gelu", f"bias + GELU (tanh) fwd+bwd, {ROWS}x{WIDE}")):
+                       ("bias_gelu", f"bias + GELU (tanh) fwd+bwd, {ROWS}x{WIDE}"),
+                       ("softmax", f"softmax fwd+bwd, {SCORE_ROWS}x{KEYS}")):
         routine, data = _einjit_step(kind, threads)
         fns = [routine]
         peer = _torch_step(kind, data, threads)

@@ -107,7 +107,7 @@ def test_split_reductions_keep_their_partial_sums_in_vectors(machine, prec, m):
 
 
 def test_a_reduction_step_the_vectors_cannot_compute_keeps_a_plain_array():
-    """A sum of `exp`s: gcc vectorizes the plain loop with libmvec; a vector block would be
+    """A sum of `exp`s: gcc vectorizes the plain loop (einjit's inline `einjit_expf`); a vector block would be
     addressed lane by lane."""
     a, s = Tnode("a", (3, 64)), Tnode("s", (3,))
     i, k = get_symbol("i"), get_symbol("k")

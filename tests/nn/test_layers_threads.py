@@ -167,7 +167,7 @@ def test_convnet_step_gradients_match_pytorch_at_1_and_2_threads(machine, tmp_pa
 
 
 def test_gpt_step_gradients_are_the_same_bits_at_2_threads(tmp_path, monkeypatch):
-    """A 2-block GPT's gradients at 1 and 2 threads: the heads loops of the projections
+    """A 2-block GPT's loss and gradients at 1 and 2 threads: the heads loops of the projections
     take the panel threads' place, and the step runs as one parallel region."""
     from einjit.models import GPT, GPTConfig
 
@@ -180,8 +180,10 @@ def test_gpt_step_gradients_are_the_same_bits_at_2_threads(tmp_path, monkeypatch
     train.init_params(loss, seed=7)
     code, params = train.grad_update(loss), model.params()
     serial, _ = _grads_at(1, code, params, "gpt_threads", tmp_path, monkeypatch)
+    serial_loss = loss.value.numpy().copy()
     threaded, source = _grads_at(2, code, params, "gpt_threads", tmp_path, monkeypatch)
     assert source.count(FOR) >= 20
+    np.testing.assert_array_equal(loss.value.numpy(), serial_loss)
     for label, g in serial.items():
         assert np.all(np.isfinite(g)), label
         np.testing.assert_array_equal(threaded[label], g, err_msg=label)

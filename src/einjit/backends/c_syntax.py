@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
-from einjit.backends import bf16_dot, c_outline, c_vectors, parallel_loops
+from einjit.backends import bf16_dot, c_math, c_outline, c_vectors, parallel_loops
 from einjit.backends.params import MemClass, Param, ParamKind, repeated_names
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
@@ -158,6 +158,10 @@ class CSyntax:
     units: int = 1
     """How many translation units the outlined nest functions are spread over, beside the
     routine's own (gcc compiles them in parallel); 1 keeps everything in one."""
+    own_math: bool = True
+    """Render einjit's own math functions where it has them (`c_math`: `exp` in single
+    precision), whose scalar and vectorized forms give the same bits; dialects with their own
+    math library (CUDA) leave it off."""
     bf16_dot: bool = True
     """Render bf16-pair kernel nests for AVX512_BF16 too, where the compiler targets it
     (`bf16_dot`); dialects without x86 intrinsics leave it off."""
@@ -229,6 +233,7 @@ HELPERS = {
 }}
 """,
     "bf16_dot": bf16_dot.HELPER,
+    **c_math.HELPERS,
 }
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -586,7 +591,11 @@ class _Writer:
                     self._check_symbol(s, "an embedded index")
                 return f"(({self.syn.type_name(prec)}){axis_index_text(idx)})"
             case ll.Unop(op, a):
-                return self.apply(op.c_template, op.c_template, prec, [self.scalar(a, prec, pre, indent)], pre, indent)
+                own = c_math.template(op, prec) if self.syn.own_math else None
+                if own:
+                    self.helpers.add(own[1])
+                template = own[0] if own else op.c_template
+                return self.apply(template, template, prec, [self.scalar(a, prec, pre, indent)], pre, indent)
             case ll.Binop(op, a, b):
                 args = [self.scalar(x, prec, pre, indent) for x in (a, b)]
                 return self.apply(op.c_template, op.c_int_template, prec, args, pre, indent)

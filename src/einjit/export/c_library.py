@@ -4,9 +4,10 @@ The routine is lowered, optimized and rendered exactly as the C backend does for
 step (`lower_assignments`, `localize`, `render_program`); only the syntax differs: the routine
 is `static` (the library's one global entry points are its documented API) and, unless
 `vector_math=True`, glibc's libmvec vector math is left out (libc and libm are then the only
-dependencies; loops calling exp, log, tanh... run scalar, with libm's correctly rounded
+dependencies; loops calling log, tanh, pow... run scalar, with libm's correctly rounded
 results rather than libmvec's few-ulp ones, so outputs of such models can differ from einjit's
-in the last bits). What einjit hands the routine as context arrays becomes, in the library:
+in the last bits; `exp` in single precision is einjit's own inline function either way, the
+same bits as einjit's). What einjit hands the routine as context arrays becomes, in the library:
 
 - inputs and outputs: the caller's pointers, arguments of `NAME_run`;
 - values the routine only reads (parameters, running statistics, constants): `static const`

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from einjit.errors import EinjitError
+from einjit.ir import own_exp
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +146,7 @@ class Unop(_OpFace, enum.Enum):
     IDENTITY = ("{0}", lambda x: x)
     RELU = ("({0} < 0 ? 0 : {0})", lambda x: np.maximum(x, 0).astype(np.asarray(x).dtype))
     SATUR01 = ("({0} < 0 ? 0 : ({0} > 1 ? 1 : {0}))", lambda x: np.clip(x, 0, 1))
-    EXP = ("exp{f}({0})", np.exp)
+    EXP = ("exp{f}({0})", own_exp.exp)
     LOG = ("log{f}({0})", np.log)
     EXP2 = ("exp2{f}({0})", np.exp2)
     LOG2 = ("log2{f}({0})", np.log2)

@@ -102,8 +102,10 @@ class CcOptions:
 
     `vector_math` lets gcc vectorize loops calling exp/log/sin/cos/pow/exp2/log2/tanh with
     glibc's libmvec (x86-64 glibc only; elsewhere it has no effect). Those vector variants
-    are accurate to a few ulps rather than glibc's scalar < 1 ulp; turn it off for results
-    that match the scalar math library exactly.
+    are accurate to a few ulps rather than glibc's scalar < 1 ulp, and a scalar call in a
+    loop gcc leaves unvectorized can differ from them in the last bit; turn it off for results
+    that match the scalar math library exactly. `exp` in single precision is not among them:
+    it is einjit's own inline function (`c_math`), the same bits vectorized or not.
 
     `-O2`, not `-O3`: gcc 12.2 at `-O3` miscompiles small vectorized reduction nests (a
     reduction into one cell after store motion, with if-converted conditionals: sums came out

@@ -49,6 +49,7 @@ CUDA_SYNTAX = CSyntax(
     local_scratch_decl=None,
     zero_out_memset=False,
     bf16_dot=False,
+    own_math=False,
 )
 
 _PRELUDE = """\
