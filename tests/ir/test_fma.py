@@ -14,7 +14,7 @@ import pytest
 from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
-from einjit.ir.fma import fma_rounded_once
+from einjit.ir.fma import fma_narrow, fma_rounded_once, fmaf_array
 from einjit.ir.indexing import Iterator, get_symbol
 from einjit.ir.passes import simplify
 from einjit.ir.tnode import Tnode
@@ -50,6 +50,8 @@ def test_single_rounds_once_where_double_arithmetic_rounds_twice(a, b, c, want):
     a, b, c = np.float32(a), np.float32(b), np.float32(c)
     assert np.float32(np.float64(a) * np.float64(b) + np.float64(c)) != np.float32(want)
     assert F32(a, b, c) == np.float32(want)
+    assert np.float32(fma_narrow(float(a), float(b), float(c))) == np.float32(want)
+    np.testing.assert_array_equal(fmaf_array([a, -a], [b, b], [c, -c]), np.float32([want, -want]))
 
 
 @pytest.mark.parametrize("a,b,c,want", DOUBLE_CASES)

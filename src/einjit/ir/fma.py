@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["fma_rounded_once"]
+__all__ = ["fma_narrow", "fma_rounded_once", "fmaf_array"]
 
 _Scalar = Callable[[object, object, object], object]
 
@@ -31,11 +31,26 @@ def fma_rounded_once(dtype: np.dtype) -> _Scalar:
     dt = dtype.type
     if dtype.itemsize >= 8:
         return lambda a, b, c: dt(_fma_double(float(a), float(b), float(c)))  # type: ignore[arg-type]
-    return lambda a, b, c: dt(_fma_narrow(float(a), float(b), float(c)))  # type: ignore[arg-type]
+    return lambda a, b, c: dt(fma_narrow(float(a), float(b), float(c)))  # type: ignore[arg-type]
 
 
-def _fma_narrow(a: float, b: float, c: float) -> float:
-    """The sum rounded to odd in float64: narrow products are exact in float64."""
+def fmaf_array(a: object, b: object, c: object) -> np.ndarray:
+    """C's `fmaf` on float32 arrays: `fma_narrow` cell by cell, in NumPy."""
+    a64, b64, c64 = (np.asarray(v, dtype=np.float64) for v in (a, b, c))
+    p = a64 * b64
+    s = p + c64
+    back = s - p
+    error = (p - (s - back)) + (c64 - back)
+    even = (s.view(np.uint64) & np.uint64(1)) == 0
+    s = np.where((error != 0) & np.isfinite(s) & even, np.nextafter(s, np.copysign(np.inf, error)), s)
+    return s.astype(np.float32)
+
+
+def fma_narrow(a: float, b: float, c: float) -> float:
+    """`a * b + c` for float32 (or narrower) values held in Python floats, rounded to odd in
+    float64: converting the result to the narrow format then rounds it once. Python floats,
+    not NumPy scalars: the interpreter calls it cell by cell, where a NumPy scalar operation
+    costs microseconds."""
     p = a * b
     s = p + c
     if not math.isfinite(s):

@@ -32,6 +32,8 @@ import struct
 
 import numpy as np
 
+from einjit.ir.fma import fma_narrow, fmaf_array
+
 _f32 = np.float32
 
 LOWER = _f32(-104.0)
@@ -56,36 +58,14 @@ _LOWER, _UPPER, _LOG2E, _SHIFTER, _NEG_LN2_HI, _NEG_LN2_LO = (
 _POLY = tuple(float(c) for c in POLY)
 
 
-def fma_array(a, b, c) -> np.ndarray:
-    """C's `fmaf` on float32 arrays: a*b + c rounded once. In double the product is exact and the
-    sum rounds to nearest; made round-to-odd (an inexact sum with an even last bit moves one
-    ulp towards the exact value, its error from TwoSum), rounding to float32 is then correct:
-    53 bits >= 2 * 24 + 2."""
-    a64, b64, c64 = (np.asarray(v, dtype=np.float64) for v in (a, b, c))
-    p = a64 * b64
-    s = p + c64
-    s_c = s - c64
-    err = (p - s_c) + (c64 - (s - s_c))
-    inexact = (err != 0) & np.isfinite(s) & ((s.view(np.uint64) & np.uint64(1)) == 0)
-    s = np.where(inexact, np.nextafter(s, np.copysign(np.inf, err)), s)
-    return s.astype(np.float32)
-
-
 def _round32(v: float) -> float:
     """A double rounded to the nearest float32 (subnormals included), as a double."""
     return _FLOAT32.unpack(_FLOAT32.pack(v))[0]
 
 
 def fma_scalar(a: float, b: float, c: float) -> float:
-    """`fma_array` on float32 values held in Python floats (the interpreter's cell by cell
-    path: NumPy scalar operations cost microseconds each)."""
-    p = a * b
-    s = p + c
-    s_c = s - c
-    err = (p - s_c) + (c - (s - s_c))
-    if err != 0 and math.isfinite(s) and not int(math.ldexp(math.frexp(s)[0], 53)) & 1:
-        s = math.nextafter(s, math.copysign(math.inf, err))
-    return _round32(s)
+    """C's `fmaf` on float32 values held in Python floats (the interpreter's cell by cell path)."""
+    return _round32(fma_narrow(a, b, c))
 
 
 def _expf_scalar(x: float) -> float:
@@ -129,7 +109,7 @@ def expf(x):
     if isinstance(x, np.float32):
         return x + _ONE if x != x else _f32(_expf_scalar(float(x)))
     x = np.asarray(x, dtype=np.float32)
-    return np.where(x > UPPER, np.float32(np.inf), _steps(np.where(LOWER > x, LOWER, x), fma_array))
+    return np.where(x > UPPER, np.float32(np.inf), _steps(np.where(LOWER > x, LOWER, x), fmaf_array))
 
 
 def exp(x):
