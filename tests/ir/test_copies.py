@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import Phase, find, given, settings
+from hypothesis import strategies as st
 
 from einjit.ir import interpret, ops, optimize
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Iterator, get_symbol
+from einjit.ir.sched import nests
 from einjit.ir.sched.copies import propagate_copies
 from einjit.ir.tnode import LOCAL, MATERIALIZED, Tnode
 from test_schedule import run_c
@@ -156,3 +159,135 @@ def test_residual_and_bias_gradients_are_the_same_with_and_without_the_stage(mon
     (y * torch.tensor(rv)).sum().backward()
     for got, t in zip(on, (ts, tw, tb), strict=True):
         np.testing.assert_allclose(got, t.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def add_into(out, src):
+    """`out[i, j] := out[i, j] + src[i, j]` (the block input's gradient adding LayerNorm's)."""
+    return nest(out, lambda i, j: ll.Binop(ops.Binop.ADD, get(out, i, j), get(src, i, j)))
+
+
+def test_a_copy_into_a_node_written_again_is_coalesced_into_the_source_writers():
+    """The residual stream's gradient: `a` is copied into `b`, which is added to later, so
+    `b`'s readers cannot read `a`; `a`'s writers write `b` instead and its readers read `b`,
+    under the interpreter and gcc."""
+    x, b, y = nodes("x", "b", "y")
+    (a,) = nodes("a", mode=LOCAL)
+    code = ll.seq(scaled(a, x, 2.0), add_into(a, x), copy(b, a), scaled(y, a, 3.0), add_into(b, y))
+    new = propagate_copies(code)
+    assert written(new) == {"b", "y"} and a not in ll.nodes_of(new)
+    assert len(list(ll.flatten(new))) == 4
+    v = np.random.default_rng(4).standard_normal((N, M)).astype(np.float32)
+    want = check_same(code, new, {x: v}, [b, y])
+    np.testing.assert_array_equal(want[b], (v * 2 + v) + (v * 2 + v) * 3)
+
+
+def test_coalesced_chains_end_in_the_last_copy():
+    """`a := 2x; b := a; b += x; c := b; c += x`, `a` and `b` local: all of it is `c`'s."""
+    x, c, y = nodes("x", "c", "y")
+    a, b = nodes("a", "b", mode=LOCAL)
+    code = ll.seq(scaled(a, x, 2.0), copy(b, a), scaled(y, a, 1.0), add_into(b, x), copy(c, b),
+                  add_into(y, b), add_into(c, x))
+    new = propagate_copies(code)
+    assert written(new) == {"c", "y"}
+    v = np.random.default_rng(5).standard_normal((N, M)).astype(np.float32)
+    check_same(code, new, {x: v}, [c, y])
+
+
+@pytest.mark.parametrize("case", ["read after the target's rewrite", "source written after", "target read between",
+                                  "source read first", "source materialized"])
+def test_copies_that_cannot_be_coalesced(case):
+    x, b, y = nodes("x", "b", "y")
+    (a,) = nodes("a", mode=MATERIALIZED if case == "source materialized" else LOCAL)
+    steps = [scaled(a, x, 2.0), copy(b, a), add_into(b, x)]
+    if case == "read after the target's rewrite":
+        steps.append(scaled(y, a, 3.0))
+    if case == "source written after":
+        steps.append(add_into(a, x))
+    if case == "target read between":
+        steps.insert(1, scaled(y, b, 1.0))
+    if case == "source read first":
+        steps[0] = add_into(a, x)
+    code = ll.seq(*steps)
+    assert propagate_copies(code) == code
+
+
+def test_comments_name_the_node_the_statement_now_reads():
+    """A dropped copy's readers read its source, and their comments say so (the generated C's
+    comments named a node that no longer exists)."""
+    x, a, y = nodes("x", "a", "y")
+    (b,) = nodes("b", mode=LOCAL)
+    i, j = get_symbol("i"), get_symbol("j")
+    at = (Iterator(i), Iterator(j))
+    use = ll.ForLoop(i, 0, N - 1, ll.ForLoop(j, 0, M - 1, ll.Set(
+        y, at, ll.Binop(ops.Binop.MUL, ll.Get(b, at), ll.Constant(3.0)), f"{y.name} := {b.name} * 3")))
+    new = propagate_copies(ll.seq(scaled(a, x, 2.0), copy(b, a), use))
+    assert [s.debug for s in ll.iter_stmts(new) if isinstance(s, ll.Set) and s.tn is y] == [f"{y.name} := {a.name} * 3"]
+
+
+@st.composite
+def programs(draw):
+    """Straight-line programs over two inputs (3, 4) and three nodes (0 and 1 local or not, 2
+    not): one or two copies `d := s`, `s` written first, with scalings, accumulations and
+    copies before (mostly of `s` and the third node `o`) and after (reading `d` or `s`) — copies
+    the stage drops, coalesces or keeps."""
+    local = [*draw(st.lists(st.booleans(), min_size=2, max_size=2)), False]
+    steps: list[tuple[str, int, int, float]] = []
+    scale = st.sampled_from([0.5, 2.0, -1.5])
+    kinds = st.sampled_from(["scale", "add", "copy"])
+    for _ in range(draw(st.integers(1, 2))):
+        s = draw(st.sampled_from([0, 1]))
+        d = draw(st.sampled_from([1 - s, 2]))
+        o = 3 - s - d
+        steps.append((draw(st.sampled_from(["scale", "scale", "add"])), s, draw(st.sampled_from([3, 4, d])),
+                      draw(scale)))
+        for _ in range(draw(st.integers(0, 2))):
+            steps.append((draw(kinds), draw(st.sampled_from([s, o, o, d])), draw(st.integers(0, 3)), draw(scale)))
+        steps.append(("copy", d, s, 1.0))
+        for _ in range(draw(st.integers(0, 3))):
+            steps.append((draw(kinds), draw(st.sampled_from([o, o, d, s])), draw(st.sampled_from([d, s, 3])),
+                          draw(scale)))
+    return local, steps
+
+
+def _build(local, steps):
+    x = nodes("x0", "x1")
+    ns = [Tnode(f"n{k}", (N, M), memory_mode=LOCAL if loc else MATERIALIZED) for k, loc in enumerate(local)]
+    operands = [*ns, *x]
+    code = []
+    for kind, out, src, c in steps:
+        dst, s = ns[out], operands[src]
+        if s is dst:
+            s = x[1]
+        code.append(scaled(dst, s, c) if kind == "scale" else add_into(dst, s) if kind == "add" else copy(dst, s))
+    return ll.seq(*code), x, ns
+
+
+@settings(max_examples=250, deadline=None)
+@given(program=programs())
+def test_random_programs_keep_every_value_that_outlives_the_routine(program):
+    """The stage on random programs: every input and non-local node ends bit-identical under
+    the interpreter (locals may go: nobody outside the routine looks at them)."""
+    code, x, ns = _build(*program)
+    rng = np.random.default_rng(6)
+    inputs = {tn: rng.standard_normal((N, M)).astype(np.float32) for tn in [*x, *ns] if not tn.is_local()}
+    want = interpret.run(code, {tn: v.copy() for tn, v in inputs.items()})
+    got = interpret.run(propagate_copies(code), {tn: v.copy() for tn, v in inputs.items()})
+    for tn in inputs:
+        np.testing.assert_array_equal(got[tn], want[tn], err_msg=tn.label[0])
+
+
+def test_random_programs_reach_both_rewrites():
+    """The generator makes programs where the stage drops a copy its readers read through, and
+    programs where it coalesces one into its source's writers (the property above covers both)."""
+    def fewer(program, gone):
+        code, _, _ = _build(*program)
+        new = propagate_copies(code)
+        return len(list(ll.flatten(new))) < len(list(ll.flatten(code))) and gone(code, new)
+
+    def coalesced(code, new):
+        return any(c is not None and c[1] not in ll.nodes_of(new) and c[0] in ll.nodes_of(new)
+                   for c in map(nests.identity_copy, ll.flatten(code)))
+
+    quick = settings(max_examples=400, database=None, phases=[Phase.generate])
+    find(programs(), lambda p: fewer(p, coalesced), settings=quick)
+    find(programs(), lambda p: fewer(p, lambda code, new: not coalesced(code, new)), settings=quick)
