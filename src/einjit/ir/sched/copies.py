@@ -33,7 +33,8 @@ copy is coalesced the other way — every statement that wrote or read `src` wri
 - `src` is written by no statement after the copy, and every later read of `src` comes before
   the first statement after the copy that writes `dst`: each finds what the copy left.
 
-No value changes; results are bit-identical. Chains (`a := b`, later `c := a`) collapse, since
+Readers are pointed at sources first, then copies coalesced, until neither drops a copy. No
+value changes; results are bit-identical. Chains (`a := b`, later `c := a`) collapse, since
 the nests are taken in program order on the code already rewritten; the comments of the
 statements rewritten name the node they now read. Code with staged (backend-rendered)
 statements is left as it is (their text may name `dst`), and so is a copy of or into a node
@@ -64,6 +65,18 @@ def propagate_copies(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStmt
             return llc
         reads.append(r)
         writes.append(w)
+    while _drop(items, reads, writes, merged, coalesce=False) | _drop(items, reads, writes, merged, coalesce=True):
+        pass
+    return ll.seq(*items)
+
+
+def _drop(items: list[ll.LLStmt], reads: list[set[Tnode]], writes: list[set[Tnode]], merged: set[Tnode], *,
+          coalesce: bool) -> bool:
+    """Drops, in program order, the copies whose readers can read the source, or (`coalesce`)
+    whose source's writers can write the copy; whether any went. Readers go first: coalescing
+    `grad_52 := grad_65` (the residual's branch) would write `grad_65`'s cells again after the
+    MLP branch's copy `grad_64 := grad_65`, whose readers could otherwise read `grad_65`."""
+    dropped = False
     k = 0
     while k < len(items):
         copy = _copy(items[k])
@@ -71,12 +84,12 @@ def propagate_copies(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStmt
             k += 1
             continue
         dst, src = copy
-        if _removable(dst, src, k, reads, writes):
+        if not coalesce and _removable(dst, src, k, reads, writes):
             for j in range(k + 1, len(items)):
                 if dst in reads[j]:
                     items[j] = nests.read_from(items[j], {dst: src}, notes=True)
                     reads[j] = (reads[j] - {dst}) | {src}
-        elif src not in merged and _coalescible(dst, src, k, reads, writes):
+        elif coalesce and src not in merged and _coalescible(dst, src, k, reads, writes):
             for j in range(len(items)):
                 if src in reads[j] or src in writes[j]:
                     items[j] = nests.retarget(items[j], {src: dst}, writes=True, notes=True)
@@ -85,7 +98,8 @@ def propagate_copies(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStmt
             k += 1
             continue
         del items[k], reads[k], writes[k]
-    return ll.seq(*items)
+        dropped = True
+    return dropped
 
 
 def _removable(dst: Tnode, src: Tnode, k: int, reads: list[set[Tnode]], writes: list[set[Tnode]]) -> bool:
