@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from einjit.ir import interpret, ops, provenance
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_symbol, make_affine
@@ -41,3 +43,42 @@ def test_nest_builds_loops_from_zero_with_their_marks_and_a_scheduler_local_is_l
     inner = outer.body
     assert isinstance(inner, ll.ForLoop) and (inner.to_, inner.unroll, inner.parallel) == (2, False, True)
     assert interpret.run(code, {})[acc].tolist() == [[1.5] * 3] * 2
+
+
+def test_identity_copy_takes_whole_cell_by_cell_copies_in_any_loop_order():
+    a, b, w = Tnode("a", (3, 4)), Tnode("b", (3, 4)), Tnode("w", (3, 4), ops.bf16)
+    i, j = get_symbol("i"), get_symbol("j")
+    at = (Iterator(i), Iterator(j))
+
+    def loops(body, outer=(i, 3), inner=(j, 4), **clip):
+        return ll.ForLoop(outer[0], 0, outer[1] - 1, ll.ForLoop(inner[0], 0, inner[1] - 1, body, **clip))
+
+    assert nests.identity_copy(loops(ll.Set(a, at, ll.Get(b, at)))) == (a, b)
+    assert nests.identity_copy(loops(ll.Set(a, at, ll.Get(b, at)), outer=(j, 4), inner=(i, 3))) == (a, b)
+    assert nests.identity_copy(loops(ll.Set(w, at, ll.Get(a, at)))) == (w, a)
+    assert nests.identity_copy(loops(ll.Set(a, at, ll.Get(b, at)), inner=(j, 3))) is None
+    assert nests.identity_copy(loops(ll.Set(a, at, ll.Get(b, (Iterator(j), Iterator(i)))))) is None
+    assert nests.identity_copy(loops(ll.Set(a, at, ll.Get(a, at)))) is None
+    assert nests.identity_copy(loops(ll.Set(a, at, ll.Get(b, at)), start=ll.LoopClip(Iterator(i)))) is None
+
+
+def test_retarget_moves_reads_writes_and_comments_to_another_node():
+    """Reads only (`read_from`), or writes too with an index map (a row buffer's), and the
+    comments naming the node moved with `notes`; values under the interpreter follow."""
+    a, b, c = Tnode("a", (3, 4)), Tnode("b", (3, 4)), Tnode("c", (4,))
+    i, j = get_symbol("i"), get_symbol("j")
+    at = (Iterator(i), Iterator(j))
+    double = ll.Binop(ops.Binop.MUL, ll.Get(b, at), ll.Constant(2.0))
+    code = ll.ForLoop(i, 0, 2, ll.seq(ll.ForLoop(j, 0, 3, ll.Set(a, at, double, f"{a.name} := 2 * {b.name}")),
+                                      ll.ForLoop(j, 0, 3, ll.Set(b, at, ll.Get(a, at), f"{b.name} := {a.name}"))))
+
+    def sets(code: ll.LLStmt) -> list[ll.Set]:
+        return [s for s in ll.iter_stmts(code) if isinstance(s, ll.Set)]
+
+    read = nests.read_from(code, {a: c}, notes=True)
+    assert [s.tn for s in sets(read)] == [a, b] and sets(read)[1].debug == f"{b.name} := {c.name}"
+    row = nests.retarget(code, {a: c}, writes=True, at=lambda ix: ix[1:])
+    assert [(s.tn, s.idcs) for s in sets(row)] == [(c, (Iterator(j),)), (b, at)]
+    assert sets(row)[1].llsc == ll.Get(c, (Iterator(j),)) and sets(row)[1].debug == f"{b.name} := {a.name}"
+    bv = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(interpret.run(row, {b: bv.copy()})[b], bv * 2)

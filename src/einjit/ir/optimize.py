@@ -22,7 +22,7 @@
 9. "first_writes" (`first_writes.first_writes`, CPU) drops a zero fill whose next nest adds
    one term into every cell, that nest storing its terms instead;
 10. "copies" (`copies.propagate_copies`, CPU) drops nests that only copy one array into
-    another, the copy's readers reading the source;
+    another, the copy's readers reading the source, or the source's writers writing the copy;
 11. "fuse" (`fusion.fuse_loops`, CPU) fuses the outer loops of consecutive nests over the same
     ranges where every dependence between them stays inside one iteration;
 12. "rows" (`row_buffers.row_buffers`, CPU) shrinks a node that one fused nest writes and

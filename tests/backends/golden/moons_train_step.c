@@ -126,10 +126,10 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
     }
     for (int i44 = 0; i44 < 16; ++i44) {
       for (int i45 = 0; i45 < 16; ++i45) {
-        w2_grad[i44 * 16 + i45] = fmaf(row[i44], h1[i33 * 16 + i45], w2_grad[i44 * 16 + i45]); /* w2_grad =+ grad_3 * h1 */
+        w2_grad[i44 * 16 + i45] = fmaf(row[i44], h1[i33 * 16 + i45], w2_grad[i44 * 16 + i45]); /* w2_grad =+ grad_4 * h1 */
       }
       for (int i48 = 0; i48 < 16; ++i48) {
-        h1_grad[i33 * 16 + i48] = fmaf(w2[i44 * 16 + i48], row[i44], h1_grad[i33 * 16 + i48]); /* h1_grad =+ w2 * grad_3 */
+        h1_grad[i33 * 16 + i48] = fmaf(w2[i44 * 16 + i48], row[i44], h1_grad[i33 * 16 + i48]); /* h1_grad =+ w2 * grad_4 */
       }
     }
     for (int i50 = 0; i50 < 16; ++i50) {
@@ -144,7 +144,7 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
     }
     for (int i56 = 0; i56 < 16; ++i56) {
       for (int i57 = 0; i57 < 2; ++i57) {
-        w1_grad[i56 * 2 + i57] = fmaf(row_2[i56], moons_flat[batch0 * 20 + i33 * 2 + i57], w1_grad[i56 * 2 + i57]); /* w1_grad =+ grad * moons_input */
+        w1_grad[i56 * 2 + i57] = fmaf(row_2[i56], moons_flat[batch0 * 20 + i33 * 2 + i57], w1_grad[i56 * 2 + i57]); /* w1_grad =+ grad_2 * moons_input */
       }
     }
   }

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 from einjit.ir import low_level as ll
 from einjit.ir import ops, provenance
-from einjit.ir.sched import bf16_widen
+from einjit.ir.sched import bf16_widen, nests
 from einjit.ir.tnode import VIRTUAL, Tnode
 
 __all__ = ["MAX_READS_PER_ELEMENT", "bf16_stage", "fold_rounded_copies"]
@@ -40,7 +40,7 @@ every read (4 bytes read per element instead of 2, against the copy's 4 read and
 def _rounding(stmt: ll.LLStmt) -> tuple[Tnode, Tnode] | None:
     """`(copy, source)` when `stmt` is a nest rounding all of a float node into a private bf16
     node of its dims, cell by cell in the same layout."""
-    match bf16_widen.identity_copy(stmt):
+    match nests.identity_copy(stmt):
         case (x, y) if x.prec is ops.bf16 and y.prec is ops.single and _private(x):
             return x, y
     return None

@@ -23,7 +23,7 @@ from einjit.ir.indexing import Iterator, get_symbol
 from einjit.ir.sched import nests
 from einjit.ir.tnode import Tnode
 
-__all__ = ["MIN_REUSE", "copies", "fills", "identity_copy", "reading", "share_fills"]
+__all__ = ["MIN_REUSE", "copies", "fills", "reading", "share_fills"]
 
 MIN_REUSE = 4
 """Multiply-adds per element of a bf16 node below which it is not copied."""
@@ -70,7 +70,7 @@ def share_fills(code: ll.LLStmt) -> ll.LLStmt:
     writes = [{s.tn for s in ll.iter_stmts(st) if isinstance(s, (ll.Set, ll.SetFromVec, ll.ZeroOut))}
               for st in stmts]
     for p, st in enumerate(stmts):
-        fill = identity_copy(st)
+        fill = nests.identity_copy(st)
         if fill is None or fill[0].prec is ops.bf16 or fill[1].prec is not ops.bf16:
             for tn in writes[p]:
                 first.pop(tn, None)
@@ -87,17 +87,3 @@ def share_fills(code: ll.LLStmt) -> ll.LLStmt:
         return code
     return ll.seq(*[nests.read_from(s, renamed) for p, s in enumerate(stmts) if p not in dropped])
 
-
-def identity_copy(stmt: ll.LLStmt) -> tuple[Tnode, Tnode] | None:
-    """`(copy, source)` when `stmt` is a nest copying all of a node into a node of its dims,
-    cell by cell in the same layout (a rounding or widening pass)."""
-    loops = []
-    while isinstance(stmt, ll.ForLoop) and stmt.start is None and stmt.stop is None and stmt.from_ == 0:
-        loops.append((stmt.index, stmt.to_ + 1))
-        stmt = stmt.body
-    match stmt:
-        case ll.Set(x, idcs, ll.Get(y, src)) if (
-                x.dims == y.dims and idcs == src and idcs == tuple(Iterator(s) for s, _ in loops)
-                and tuple(n for _, n in loops) == x.dims):
-            return x, y
-    return None

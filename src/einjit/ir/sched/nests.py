@@ -4,6 +4,8 @@ rewrites (`schedule.py`, `schedule_conv.py`) share to take a nest apart and buil
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from einjit.ir import low_level as ll
@@ -47,28 +49,78 @@ def subst(sc: ll.LLScalar, env: dict[Symbol, AxisIndex]) -> ll.LLScalar:
     return sc
 
 
-def read_from(stmt: ll.LLStmt, nodes: dict[Tnode, Tnode]) -> ll.LLStmt:
-    """`stmt` reading `nodes[t]` wherever it read a node `t` of `nodes` (its writes unchanged)."""
+def read_from(stmt: ll.LLStmt, nodes: dict[Tnode, Tnode], *, notes: bool = False) -> ll.LLStmt:
+    """`stmt` reading `nodes[t]` wherever it read a node `t` of `nodes` (its writes unchanged).
+    With `notes`, the statements' comments name `nodes[t]` where they named `t`: the copies
+    stage drops `t`, and a comment naming it would point the reader of the C at nothing."""
+    return retarget(stmt, nodes, notes=notes)
+
+
+def retarget(stmt: ll.LLStmt, nodes: dict[Tnode, Tnode], *, writes: bool = False, notes: bool = False,
+             at: Callable[[tuple[AxisIndex, ...]], tuple[AxisIndex, ...]] | None = None) -> ll.LLStmt:
+    """`stmt` accessing `nodes[t]` at `at(idcs)` wherever it read `t` at `idcs` — and wrote it,
+    with `writes` — for each node `t` of `nodes` (`at` None: the same indices). What the copies
+    stage, bf16's shared widening and row buffers (a node shrunk to a row) share; `notes` as
+    in `read_from`."""
+    def moved(ix: tuple[AxisIndex, ...]) -> tuple[AxisIndex, ...]:
+        return ix if at is None else at(ix)
+
+    def note(debug: str) -> str:
+        if not notes or not debug:
+            return debug
+        for old, new in nodes.items():
+            debug = re.sub(rf"\b{re.escape(old.name)}\b", new.name, debug)
+        return debug
+
     def sc(x: ll.LLScalar) -> ll.LLScalar:
         match x:
             case ll.Get(tn, idcs) if tn in nodes:
-                return ll.Get(nodes[tn], idcs)
+                return ll.Get(nodes[tn], moved(idcs))
             case ll.LocalScope(sid, body, orig):
-                return ll.LocalScope(sid, read_from(body, nodes), orig)
+                return ll.LocalScope(sid, walk(body), orig)
         return ll.map_operands(x, sc)
 
+    def walk(s: ll.LLStmt) -> ll.LLStmt:
+        match s:
+            case ll.Seq(a, b):
+                return ll.Seq(walk(a), walk(b))
+            case ll.ForLoop(body=body):
+                return dataclasses.replace(s, body=walk(body))
+            case ll.Set(tn, idcs, value, debug) if writes and tn in nodes:
+                return ll.Set(nodes[tn], moved(idcs), sc(value), note(debug))
+            case ll.Set(llsc=value, debug=debug):
+                return dataclasses.replace(s, llsc=sc(value), debug=note(debug))
+            case ll.SetFromVec(tn=tn, idcs=idcs, arg=value, debug=debug) if writes and tn in nodes:
+                return dataclasses.replace(s, tn=nodes[tn], idcs=moved(idcs), arg=sc(value), debug=note(debug))
+            case ll.SetFromVec(arg=value, debug=debug):
+                return dataclasses.replace(s, arg=sc(value), debug=note(debug))
+            case ll.ZeroOut(tn) if writes and tn in nodes:
+                return ll.ZeroOut(nodes[tn])
+            case ll.SetLocal(value=value):
+                return dataclasses.replace(s, value=sc(value))
+        return s
+
+    return walk(stmt)
+
+
+def identity_copy(stmt: ll.LLStmt) -> tuple[Tnode, Tnode] | None:
+    """`(copy, source)` when `stmt` copies all of a node into another of its dims, cell by cell
+    at the same index (in its precision: a copy, a rounding or a widening): a perfect nest of
+    unclipped loops from 0, in any order, one per axis over the whole of it. The copies stage
+    drops such nests, bf16's stages share and fold them."""
+    extent: dict[Symbol, int] = {}
+    while isinstance(stmt, ll.ForLoop):
+        if stmt.start is not None or stmt.stop is not None or stmt.from_ != 0:
+            return None
+        extent[stmt.index] = stmt.to_ + 1
+        stmt = stmt.body
     match stmt:
-        case ll.Seq(a, b):
-            return ll.Seq(read_from(a, nodes), read_from(b, nodes))
-        case ll.ForLoop(body=body):
-            return dataclasses.replace(stmt, body=read_from(body, nodes))
-        case ll.Set(llsc=value):
-            return dataclasses.replace(stmt, llsc=sc(value))
-        case ll.SetLocal(value=value):
-            return dataclasses.replace(stmt, value=sc(value))
-        case ll.SetFromVec(arg=value):
-            return dataclasses.replace(stmt, arg=sc(value))
-    return stmt
+        case ll.Set(x, idcs, ll.Get(y, src)) if idcs == src and x is not y and x.dims == y.dims:
+            symbols = [idx.symbol for idx in idcs if isinstance(idx, Iterator)]
+            if (len(symbols) == len(idcs) == len(extent) == len(set(symbols))
+                    and all(extent.get(s) == d for s, d in zip(symbols, x.dims, strict=True))):
+                return x, y
+    return None
 
 
 def nest(loops: list[tuple[Symbol, int]], body: ll.LLStmt, unrolled: frozenset[Symbol] = frozenset(),

@@ -37,14 +37,12 @@ own (`parallel_loops.scheduler_locals`): it is written before it is read in ever
 
 from __future__ import annotations
 
-import dataclasses
-
 from einjit.ir import low_level as ll
 from einjit.ir import provenance
-from einjit.ir.indexing import AxisIndex, Iterator, Symbol
+from einjit.ir.indexing import Iterator, Symbol
 from einjit.ir.sched.causal import may_be_local
 from einjit.ir.sched.fusion import Access, accesses, slice_axis
-from einjit.ir.sched.nests import scheduler_local
+from einjit.ir.sched.nests import retarget, scheduler_local
 from einjit.ir.tnode import Tnode
 
 __all__ = ["row_buffers"]
@@ -149,32 +147,5 @@ def _writes_slice(stmt: ll.LLStmt, tn: Tnode, fixed: frozenset[int]) -> bool:
 def _shrink(stmt: ll.LLStmt, tn: Tnode, axes: tuple[int, ...]) -> ll.LLStmt:
     """`stmt` with `tn` replaced by a local of its axes other than `axes`."""
     row = scheduler_local("row", tuple(d for a, d in enumerate(tn.dims) if a not in axes), tn.prec)
-
-    def idcs(ix: tuple[AxisIndex, ...]) -> tuple[AxisIndex, ...]:
-        return tuple(i for a, i in enumerate(ix) if a not in axes)
-
-    def scalar(sc: ll.LLScalar) -> ll.LLScalar:
-        match sc:
-            case ll.Get(t, ix) if t is tn:
-                return ll.Get(row, idcs(ix))
-            case ll.LocalScope(sid, body, orig):
-                return ll.LocalScope(sid, walk(body), orig)
-            case ll.Unop() | ll.Binop() | ll.Ternop():
-                return ll.map_operands(sc, scalar)
-        return sc
-
-    def walk(s: ll.LLStmt) -> ll.LLStmt:
-        match s:
-            case ll.Seq(first, second):
-                return ll.Seq(walk(first), walk(second))
-            case ll.ForLoop(body=body):
-                return dataclasses.replace(s, body=walk(body))
-            case ll.Set(t, ix, llsc, debug):
-                return ll.Set(row if t is tn else t, idcs(ix) if t is tn else ix, scalar(llsc), debug)
-            case ll.SetFromVec(t, ix, length, vec_unop, arg, debug):
-                return ll.SetFromVec(t, ix, length, vec_unop, scalar(arg), debug)
-            case ll.SetLocal(sid, value):
-                return ll.SetLocal(sid, scalar(value))
-        return s
-
-    return walk(stmt)
+    return retarget(stmt, {tn: row}, writes=True,
+                    at=lambda ix: tuple(i for a, i in enumerate(ix) if a not in axes))
