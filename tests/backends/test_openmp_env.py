@@ -21,6 +21,12 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 _PROGRAM = textwrap.dedent("""
     import os
     import numpy as np
+    sets = []
+    environ_set = type(os.environ).__setitem__
+    def recorded(self, key, value):
+        sets.append(key)
+        environ_set(self, key, value)
+    type(os.environ).__setitem__ = recorded
     from einjit.backends.cc import toolchain as cc
     from einjit.backends.cc.backend import CcBackend
     from einjit.ir import low_level as ll, tnode
@@ -33,6 +39,8 @@ _PROGRAM = textwrap.dedent("""
     ctx = backend.init("spin")
     backend.link(ctx, backend.compile((), code, shared=True, name="spin"))()
     assert (ctx.array(out) == 2.5).all()
+    backend.link(ctx, backend.compile((), ll.seq(code, code), shared=True, name="again"))()
+    print("environment set:", sets.count("GOMP_SPINCOUNT"))
     print("after:", os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"))
 """)
 
@@ -49,6 +57,7 @@ def test_programs_load_with_einjits_spin_count_and_leave_the_environment_as_it_w
     stdout, stderr = _run(tmp_path)
     assert f"GOMP_SPINCOUNT = '{openmp_env.SPIN_COUNT}'" in stderr + stdout
     assert "after: None None" in stdout
+    assert "environment set: 1" in stdout  # for libgomp's load only, not again for the second program
 
 
 @pytest.mark.parametrize("user", [{"GOMP_SPINCOUNT": "7"}, {"OMP_WAIT_POLICY": "passive"}])
@@ -57,6 +66,7 @@ def test_a_wait_policy_the_user_set_is_kept(tmp_path, user):
     [(var, value)] = user.items()
     assert f"after: {value if var == 'GOMP_SPINCOUNT' else None} {value if var == 'OMP_WAIT_POLICY' else None}" \
         in stdout
+    assert "environment set: 0" in stdout
     printed = stderr + stdout
     assert f"GOMP_SPINCOUNT = '{openmp_env.SPIN_COUNT}'" not in printed
     if var == "GOMP_SPINCOUNT":

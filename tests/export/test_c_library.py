@@ -14,6 +14,7 @@ import pytest
 import einjit as ej
 from digits_models import build, images, run_main, trained
 from einjit import fit, train
+from einjit.backends.cc import openmp_env
 from einjit.export import ExportError, export_c
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None or shutil.which("nm") is None,
@@ -195,6 +196,7 @@ def test_threads_run_large_contractions_on_openmp(tmp_path):
     lib = export_c(step, tmp_path / "big", name="big", threads=2, weights="file")
     header = (lib.directory / "big.h").read_text()
     assert "Parallel loops run on 2 OpenMP threads" in header
+    assert f"GOMP_SPINCOUNT={openmp_env.SPIN_COUNT}" in header  # the policy einjit loads libgomp with
     assert "#pragma omp parallel" in (lib.directory / "big.c").read_text()
     build(lib.directory)
     _check_symbols(lib.directory, "big")

@@ -43,6 +43,7 @@ import numpy as np
 
 from einjit.backends import scratch_plan
 from einjit.backends.c_syntax import C_SYNTAX, HELPERS, CSyntax, ParamKind, render_program
+from einjit.backends.cc import openmp_env
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.interface import lower_assignments, read_first
 from einjit.backends.scratch_plan import ScratchPlan
@@ -566,7 +567,11 @@ def _header(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], arrays: 
     names = ", ".join(p.name for p in ins + outs)
     libs = "libc, libm and glibc's libmvec (link with -lmvec)" if vector_math else "libc and libm"
     if threads > 1 and parallel:
-        threads_text = f" * Parallel loops run on {threads} OpenMP threads (link with -fopenmp); needs {libs}."
+        threads_text = "\n".join([
+            f" * Parallel loops run on {threads} OpenMP threads (link with -fopenmp); needs {libs}.",
+            f" * einjit runs libgomp with GOMP_SPINCOUNT={openmp_env.SPIN_COUNT}: idle threads sleep after ~30 us,",
+            " * so a busy machine's other processes get the core. libgomp reads it from the environment",
+            " * when the program starts: set it there."])
     elif threads > 1:
         threads_text = (f" * Exported for {threads} OpenMP threads, but no loop of this model is large enough to\n"
                         f" * pay for them: it runs single-threaded; needs {libs}.")

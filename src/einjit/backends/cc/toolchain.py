@@ -296,11 +296,11 @@ def load_library(built: cache.CompiledObject) -> ctypes.CDLL:
     with _loaded_lock:
         lib = _loaded.get(built.path)
         if lib is None:
+            openmp_env.prepare()
             private = Path(_private_dir().name) / built.path.name
             private.write_bytes(built.data)
             try:
-                with openmp_env.spin_policy():
-                    lib = ctypes.CDLL(str(private))
+                lib = ctypes.CDLL(str(private))
             finally:
                 private.unlink()
             _loaded[built.path] = lib
