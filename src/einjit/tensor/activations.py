@@ -25,8 +25,8 @@ _GELU_CUBIC = 0.044715
 GELU_APPROXIMATIONS = ("none", "tanh")
 _GELU_SIGMOID = f"recip(1 + exp({-2 * _SQRT_2_PI!r} * (t1 + {_GELU_CUBIC!r} * (t1 * t1 * t1))))"
 """`0.5 (1 + tanh(u)) = sigmoid(2u)`: the tanh form's gate through one `exp`, which gcc
-vectorizes with libmvec at about twice the rate of `tanh` (the transformer's MLP applies it
-to 4 x d_model values per token, forward and backward). For large negative `u` the `exp`
+vectorizes (einjit's inline `exp`; libmvec's in double) at about twice the rate of `tanh`
+(the transformer's MLP applies it to 4 x d_model values per token, forward and backward). For large negative `u` the `exp`
 overflows to infinity and the gate is exactly 0, as `tanh` saturates to -1."""
 
 _UNARY = {

@@ -74,8 +74,9 @@ def masked_softmax(scores: Like, mask: Like | None = None, *, axis: int = -1, la
     keep = as_tensor(mask)
     kept = where(keep, x, MASKED, label="masked_scores")
     shifted, spec, bspec = reductions.stable_parts(kept, axis)
-    # exp sees 0, not -1e30, at masked entries: libmvec's vector exp leaves its fast path for
-    # a whole vector when one lane is far out of range (a causal row mask made it 2x slower).
+    # exp sees 0, not -1e30, at masked entries: libmvec's vector exp (double precision's)
+    # leaves its fast path for a whole vector when one lane is far out of range (a causal row
+    # mask made it 2x slower); einjit's single-precision exp takes one path for all inputs.
     e = where(keep, exp(where(keep, shifted, 0.0)), 0.0, label="masked_exp")
     # Every row with a kept entry sums to at least 1 (its maximum gives exp(0)); a fully
     # masked row sums to 0 and is divided by 1.
