@@ -26,8 +26,8 @@ GELU_APPROXIMATIONS = ("none", "tanh")
 _GELU_SIGMOID = f"recip(1 + exp({-2 * _SQRT_2_PI!r} * (t1 + {_GELU_CUBIC!r} * (t1 * t1 * t1))))"
 """`0.5 (1 + tanh(u)) = sigmoid(2u)`: the tanh form's gate through one `exp`, which gcc
 vectorizes (einjit's inline `exp`; libmvec's in double) at about twice the rate of `tanh`
-(the transformer's MLP applies it to 4 x d_model values per token, forward and backward). For large negative `u` the `exp`
-overflows to infinity and the gate is exactly 0, as `tanh` saturates to -1."""
+(the transformer's MLP applies it to 4 x d_model values per token, forward and backward).
+For large negative `u` the `exp` overflows to infinity and the gate is exactly 0, as `tanh` saturates to -1."""
 
 _UNARY = {
     "abs": (Template("t =: abs(t1)"), Template("g1 =+ where(t1 < 0, -g, g)")),

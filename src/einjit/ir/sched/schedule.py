@@ -81,8 +81,8 @@ subtracted sum). The partial sums are a register block of vectors when the step 
 arithmetic the vectors compute (a dot product: ATL's matvec), else a plain array (a sum of
 `exp`s, which gcc vectorizes itself: einjit's inline `exp`, libmvec's in double). That
 reassociates float sums, so it happens only under `VirtualizeSettings.reassociate` (on by
-default); integer sums are exact either way. Small partial sums are also more accurate: a float32 sum of 2,000,000 values in [0, 1)
-is 2e-7 off instead of 1e-5.
+default); integer sums are exact either way. Small partial sums are also more accurate: a
+float32 sum of 2,000,000 values in [0, 1) is 2e-7 off instead of 1e-5.
 
 Small nests (under `Blocking.min_work` innermost iterations) are left alone: the rewrites
 pay only when the arithmetic dominates. The split reduction alone reaches further down
