@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from tiny_mlp import tiny_mlp
 
 import einjit as ej
 from einjit import train
@@ -102,21 +103,9 @@ def test_optimizer_without_parameters_is_an_error():
         optim.SGD([], 0.1)
 
 
-XS = np.random.default_rng(1).normal(size=(5, 3)).astype(np.float32)
-YS = np.random.default_rng(2).normal(size=(5,)).astype(np.float32)
-W1 = np.random.default_rng(3).normal(size=(4, 3)).astype(np.float32)
-W2 = np.random.default_rng(4).normal(size=(4,)).astype(np.float32)
-
-
-def _mlp(tag: str):
-    """A float32 two-layer net (a matrix and a vector parameter) and its squared-error loss."""
-    w1, w2 = ej.param(f"w1{tag}", values=W1), ej.param(f"w2{tag}", values=W2)
-    x, y = ej.ndarray(XS, batch_axes=1), ej.ndarray(YS[:, None], batch_axes=1)
-    h = ej.tanh(ej.einsum("b|->i; o,i => b|->o", x, w1))
-    pred = ej.einsum("b|->o; o => b|->0", h, w2)
-    loss = ej.sum((pred - y) * (pred - y))
-    train.init_params(loss)
-    return loss, (w1, w2)
+NET = tiny_mlp(seed=1, batch=5, inputs=3, hidden=4)
+XS, YS, W1, W2 = NET.xs, NET.ys, NET.w1, NET.w2
+_mlp = NET.build
 
 
 def _per_parameter_adamw(p, lr: float, step, b1=0.9, b2=0.999, eps=1e-8, wd=0.01):

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from tiny_mlp import tiny_mlp
 
 import einjit as ej
 from einjit import train
@@ -20,21 +21,9 @@ from einjit.tensor import cd_syntax as syn
 from einjit.tensor.notation import cd
 from einjit.tensor.state import state
 
-XS = np.random.default_rng(11).normal(size=(6, 5)).astype(np.float32)
-YS = np.random.default_rng(12).normal(size=(6,)).astype(np.float32)
-W1 = np.random.default_rng(13).normal(size=(7, 5)).astype(np.float32)
-W2 = np.random.default_rng(14).normal(size=(7,)).astype(np.float32)
-
-
-def _mlp(tag: str):
-    """A float32 two-layer net (a 7x5 matrix, odd for vector tails, and a vector parameter)."""
-    w1, w2 = ej.param(f"w1{tag}", values=W1), ej.param(f"w2{tag}", values=W2)
-    x, y = ej.ndarray(XS, batch_axes=1), ej.ndarray(YS[:, None], batch_axes=1)
-    h = ej.tanh(ej.einsum("b|->i; o,i => b|->o", x, w1))
-    pred = ej.einsum("b|->o; o => b|->0", h, w2)
-    loss = ej.sum((pred - y) * (pred - y))
-    train.init_params(loss)
-    return loss, (w1, w2)
+NET = tiny_mlp(seed=11, batch=6, inputs=5, hidden=7)  # a 7x5 matrix, odd for vector tails
+W1 = NET.w1
+_mlp = NET.build
 
 
 def _sgd_unfused(p, lr, wd, mom, nesterov):
