@@ -103,17 +103,27 @@ def retarget(stmt: ll.LLStmt, nodes: dict[Tnode, Tnode], *, writes: bool = False
     return walk(stmt)
 
 
-def identity_copy(stmt: ll.LLStmt) -> tuple[Tnode, Tnode] | None:
-    """`(copy, source)` when `stmt` copies all of a node into another of its dims, cell by cell
-    at the same index (in its precision: a copy, a rounding or a widening): a perfect nest of
-    unclipped loops from 0, in any order, one per axis over the whole of it. The copies stage
-    drops such nests, bf16's stages share and fold them."""
+def whole_loops(stmt: ll.LLStmt) -> tuple[dict[Symbol, int], ll.LLStmt] | None:
+    """The extents of the perfect nest of loops around `stmt`'s innermost body, and that body,
+    when every loop runs unclipped from 0 (a body that is not a loop has none); None otherwise."""
     extent: dict[Symbol, int] = {}
     while isinstance(stmt, ll.ForLoop):
         if stmt.start is not None or stmt.stop is not None or stmt.from_ != 0:
             return None
         extent[stmt.index] = stmt.to_ + 1
         stmt = stmt.body
+    return extent, stmt
+
+
+def identity_copy(stmt: ll.LLStmt) -> tuple[Tnode, Tnode] | None:
+    """`(copy, source)` when `stmt` copies all of a node into another of its dims, cell by cell
+    at the same index (in its precision: a copy, a rounding or a widening): a perfect nest of
+    unclipped loops from 0, in any order, one per axis over the whole of it. The copies stage
+    drops such nests, bf16's stages share and fold them."""
+    whole = whole_loops(stmt)
+    if whole is None:
+        return None
+    extent, stmt = whole
     match stmt:
         case ll.Set(x, idcs, ll.Get(y, src)) if idcs == src and x is not y and x.dims == y.dims:
             symbols = [idx.symbol for idx in idcs if isinstance(idx, Iterator)]

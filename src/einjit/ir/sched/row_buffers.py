@@ -39,10 +39,10 @@ from __future__ import annotations
 
 from einjit.ir import low_level as ll
 from einjit.ir import provenance
-from einjit.ir.indexing import Iterator, Symbol
+from einjit.ir.indexing import Iterator
 from einjit.ir.sched.causal import may_be_local
 from einjit.ir.sched.fusion import Access, accesses, slice_axis
-from einjit.ir.sched.nests import retarget, scheduler_local
+from einjit.ir.sched.nests import retarget, scheduler_local, whole_loops
 from einjit.ir.tnode import Tnode
 
 __all__ = ["row_buffers"]
@@ -130,12 +130,10 @@ def _writes_slice(stmt: ll.LLStmt, tn: Tnode, fixed: frozenset[int]) -> bool:
         if (axis is not None and axis not in fixed and stmt.to_ + 1 == tn.dims[axis] and inner
                 and _writes_slice(inner[0], tn, fixed | {axis})):
             return True
-    extent: dict[Symbol, int] = {}
-    while isinstance(stmt, ll.ForLoop):
-        if stmt.start is not None or stmt.stop is not None or stmt.from_ != 0:
-            return False
-        extent[stmt.index] = stmt.to_ + 1
-        stmt = stmt.body
+    whole = whole_loops(stmt)
+    if whole is None:
+        return False
+    extent, stmt = whole
     if not isinstance(stmt, ll.Set) or stmt.tn is not tn or any(t is tn for t, _, w in accesses(stmt) if not w):
         return False
     free = [(a, idx) for a, idx in enumerate(stmt.idcs) if a not in fixed]
