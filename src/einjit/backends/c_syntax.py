@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
-from einjit.backends import bf16_dot, c_math, c_outline, c_vectors, parallel_loops
+from einjit.backends import amx_tiles, bf16_dot, c_math, c_outline, c_vectors, parallel_loops
 from einjit.backends.params import MemClass, Param, ParamKind, repeated_names
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
@@ -163,8 +163,9 @@ class CSyntax:
     precision), whose scalar and vectorized forms give the same bits; dialects with their own
     math library (CUDA) leave it off."""
     bf16_dot: bool = True
-    """Render bf16-pair kernel nests for AVX512_BF16 too, where the compiler targets it
-    (`bf16_dot`); dialects without x86 intrinsics leave it off."""
+    """Render bf16-pair kernel nests for AVX512_BF16 and bf16 tile kernels for AMX too, where
+    the compiler targets them (`bf16_dot`, `amx_tiles`); dialects without x86 intrinsics leave
+    it off."""
 
 
 C_SYNTAX = CSyntax()
@@ -233,6 +234,7 @@ HELPERS = {
 }}
 """,
     "bf16_dot": bf16_dot.HELPER,
+    "amx_tiles": amx_tiles.HELPER,
     **c_math.HELPERS,
 }
 
@@ -688,6 +690,8 @@ class _Writer:
                     dot = bf16_dot.kernel(s) if self.syn.bf16_dot else None
                     if dot is not None:
                         self.lines += bf16_dot.render(self, dot, name, indent)
+                    elif self.syn.bf16_dot and (tiles := amx_tiles.kernel(s)) is not None:
+                        self.lines += amx_tiles.render(self, tiles, name, indent)
                     if s.unroll and self.syn.unroll_pragma:
                         self.lines.append(indent + self.syn.unroll_pragma.format(n=to_ - from_ + 1))
                     region: list[str] = []

@@ -96,7 +96,7 @@ __device__ inline __nv_bfloat16 einjit_bf16_store(float f) { return __float2bflo
 
 # The C renderer's helpers, as device functions; bf16 conversions by CUDA's own intrinsics.
 _HELPERS = {name: text.format(q=CUDA_SYNTAX.helper_qualifier) for name, text in c_syntax.HELPERS.items()
-            if name != "bf16_dot"} | {"bf16": _BF16}
+            if name not in ("bf16_dot", "amx_tiles")} | {"bf16": _BF16}
 
 
 # ---------------------------------------------------------------- rendering

@@ -67,6 +67,9 @@ class Machine:
     bf16_dot: bool = False
     """The CPU multiplies pairs of bf16 numbers into float accumulators in one instruction
     (AVX512_BF16's `vdpbf16ps`): bf16 contractions pack their panel in pairs (`bf16_pairs`)."""
+    amx_tiles: bool = False
+    """The CPU multiplies bf16 tiles into float tiles (AMX: `tdpbf16ps`): bf16 contractions of
+    one summed loop are packed in tiles instead of panels (`amx_tiles`)."""
 
 
 @dataclass(frozen=True)

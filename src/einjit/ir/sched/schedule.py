@@ -61,7 +61,9 @@ bf16 contractions accumulate in float32: the accumulator block and the panel are
 (`Prec.computed_in`), bf16 operands widened while packing, and the bf16 nodes the row operand
 reads widened once into float copies before the nest (`bf16_widen`); on a machine with a bf16 dot
 product (`Machine.bf16_dot`) a contraction of two bf16 reads packs its panel in pairs instead
-(`bf16_pairs`), which the C renderer turns into `vdpbf16ps` where the compiler targets it.
+(`bf16_pairs`), which the C renderer turns into `vdpbf16ps` where the compiler targets it; on
+a machine with AMX (`Machine.amx_tiles`) such a contraction of one summed loop is packed in tiles
+(`amx_tiles`), which the C renderer turns into `tdpbf16ps`.
 
 Large contractions (`Blocking.parallel_min_work`) run on OpenMP threads: the outermost batch
 loop if there is one, else the column-panel loop when each thread gets at least
@@ -111,7 +113,7 @@ from einjit.ir.indexing import (
     subst_index,
 )
 from einjit.ir.passes.tracing import VirtualizeSettings
-from einjit.ir.sched import bf16_pairs, bf16_widen, cost_model, first_writes, nests, schedule_batched, schedule_conv
+from einjit.ir.sched import amx_tiles, bf16_pairs, bf16_widen, cost_model, first_writes, nests, schedule_batched, schedule_conv
 from einjit.ir.sched.interchange import best_order, perfect_nest, reorderable, rewrap, unit_stride_symbol
 from einjit.ir.sched.machine import host_machine
 from einjit.ir.tnode import Tnode
@@ -330,6 +332,9 @@ def _contraction(loops: list[ll.ForLoop], st: ll.Set, blocking: Blocking,
     c = _recognize(loops, st, blocking)
     if c is None:
         return None
+    if amx_tiles.applies(c.a_op, c.b_op, len(c.summed), st.tn, blocking.machine):
+        return amx_tiles.tiled(st, c.i, c.j, c.summed[0], [(s, c.extent[s]) for s in c.outer], c.extent, c.a_op,
+                               c.b_op, c.b_first, zeroed, _threaded(c, blocking))
     tile = tile_for(c.shape(), blocking)
     if tile is None:
         return None
