@@ -251,3 +251,46 @@ def test_hardware_runs_the_tile_code():
     ref, err = bound(flushed, a, b, False, 40)
     assert abs(got[0, 0] - ref[0, 0]) <= err[0, 0], "the plain loop ran: was the AMX permission refused?"
     assert np.all(np.abs(got - ref) <= err)
+
+
+# ---------------------------------------------------------------- through the optimizer
+
+
+def _mixed_mlp_params(steps):
+    """The parameters of a mixed-precision MLP trained `steps` SGD steps."""
+    import einjit as ej
+    from einjit import fit, nn, train
+
+    rng = np.random.default_rng(5)
+    model = nn.Sequential(nn.Linear(40, 64, label="fc1"), nn.ReLU(), nn.Linear(64, 48, label="fc2"))
+    x = ej.input("x", batch_dims=[40], output_dims=[40])
+    y = ej.input("y", batch_dims=[40], output_dims=[48])
+    loss = nn.mse(model(x), y)
+    opt = nn.SGD(model.params(), 0.05)
+    train.init_params(loss, seed=3)
+    step = fit.train_step(loss, opt.update(), inputs=[x, y], mixed_precision="bf16")
+    data = rng.standard_normal((40, 40)).astype(np.float32), rng.standard_normal((40, 48)).astype(np.float32)
+    for _ in range(steps):
+        opt.step()
+        step(*data)
+    return [p.numpy().copy() for p in model.params()]
+
+
+def test_mixed_precision_training_with_tiles_equals_float_panels(monkeypatch, tmp_path):
+    """Three mixed-precision steps optimized for "amx" (every stage after scheduling runs on
+    the tiled nests; on this CPU the C runs the plain loops, or the tiles where it has AMX)
+    end with the parameters of "avx512"'s float panels: bit for bit (the same products in the
+    same order), or within bf16 training's noise where `tdpbf16ps` ran."""
+    results = {}
+    for kind in ("avx512", "amx"):
+        monkeypatch.setenv("EINJIT_MACHINE", kind)
+        monkeypatch.setenv("EINJIT_CACHE_DIR", str(tmp_path / kind))
+        results[kind] = _mixed_mlp_params(3)
+        sources = "".join(f.read_text(errors="replace") for f in (tmp_path / kind).rglob("*.json"))  # cached C
+        # fc2 forward: bf16 activations x bf16 weights
+        assert ("_tile_dpbf16ps" in sources) == (kind == "amx"), sorted((tmp_path / kind).rglob("*"))
+    for got, want in zip(results["amx"], results["avx512"], strict=True):
+        if cpu_has_amx():
+            np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-3)
+        else:
+            np.testing.assert_array_equal(got, want)
