@@ -2,15 +2,17 @@
 fp32 matmul, NumPy's fp32 and PyTorch's bf16 matmul (when installed), and the MLP, convnet and
 GPT training steps with `mixed_precision="bf16"` against the same steps in fp32.
 
-Which kernel a bf16 contraction runs depends on the CPU: with AVX512_BF16 (and a compiler
-targeting it: `-march=native` defines `__AVX512BF16__`) the register blocks are `vdpbf16ps`;
-without it, the fp32 fallback (bf16 widened once, while packing and into a float copy of
-the row operand; float FMAs). `bf16_path()` says which, and every row's name carries it, so a
-fallback figure is never read as the fast path.
+Which kernel a bf16 contraction runs depends on the CPU: with AMX (Sapphire Rapids and later,
+and a compiler targeting it: `-march=native` defines `__AMX_BF16__`) contractions of two bf16
+operands are AMX tiles (`tdpbf16ps`, `ir/sched/amx_tiles.py`); with AVX512_BF16 alone the
+register blocks are `vdpbf16ps`; without either, the fp32 fallback (bf16 widened once, while
+packing and into a float copy of the row operand; float FMAs). `bf16_path()` says which, and
+every row's name carries it, so a fallback figure is never read as the fast path.
 
-    python benchmarks/bench_bf16.py [--quick] [--steps]
+    python benchmarks/bench_bf16.py [--quick] [--steps] [--sizes 256,512,1024]
 
-`--steps` runs only the training-step rows (at the thread count `EINJIT_NUM_THREADS` sets).
+`--steps` runs only the training-step rows, `--matmul` only the matmul rows (at the thread
+count `EINJIT_NUM_THREADS` sets; torch's at the same count). Matmul rows print GFLOP/s.
 """
 
 from __future__ import annotations
@@ -27,18 +29,22 @@ import numpy as np
 
 @functools.cache
 def bf16_path() -> str:
-    """'vdpbf16ps' or 'fp32 fallback', with the reason."""
+    """'AMX tdpbf16ps', 'vdpbf16ps' or 'fp32 fallback', with the reason."""
     from einjit.backends.cc.toolchain import CcOptions
     from einjit.ir.sched.machine import host_machine
 
     with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
         flags = next((ln for ln in f if ln.startswith("flags")), "").split()
-    cpu = "avx512_bf16" in flags
-    if cpu and not host_machine().bf16_dot:
-        return "fp32 panels: the CPU has AVX512_BF16, but its vdpbf16ps is slower than fp32 FMAs (AMX CPU)"
     cc = CcOptions()
     done = subprocess.run([cc.compiler, *[f for f in cc.flags if f.startswith("-march")], "-dM", "-E", "-"],
                           input="", capture_output=True, text=True)
+    if host_machine().amx_tiles:
+        if "__AMX_BF16__" in done.stdout and "__AMX_TILE__" in done.stdout:
+            return "AMX tdpbf16ps: the CPU has AMX"
+        return "fp32 fallback: the compiler does not target AMX"
+    cpu = "avx512_bf16" in flags
+    if cpu and not host_machine().bf16_dot:
+        return "fp32 panels: the CPU has AVX512_BF16, but the machine description takes no vdpbf16ps"
     target = "__AVX512BF16__" in done.stdout
     if cpu and target:
         return "vdpbf16ps: the CPU has AVX512_BF16"
@@ -150,13 +156,22 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from run import best_times, row
 
-    quick, steps_only = "--quick" in sys.argv, "--steps" in sys.argv
+    quick, steps_only, matmul_only = "--quick" in sys.argv, "--steps" in sys.argv, "--matmul" in sys.argv
+    sizes = [256] if quick else [256, 512, 1024]
+    if "--sizes" in sys.argv:
+        sizes = [int(v) for v in sys.argv[sys.argv.index("--sizes") + 1].split(",")]
+    threads = int(os.environ.get("EINJIT_NUM_THREADS", "1"))
     print(f"bf16 path: {bf16_path()}")
     t = time.perf_counter()
-    matmuls = [] if steps_only else matmul_rows([256] if quick else [256, 512, 1024], row, best_times, 1)
-    for r in matmuls + step_rows(row, best_times):
+    matmuls = [] if steps_only else matmul_rows(sizes, row, best_times, threads)
+    for r in matmuls + ([] if matmul_only else step_rows(row, best_times)):
         peers = ", ".join(f"{k[3:]} {r[k]:.2f}x" for k in r if k.startswith("vs_") and r[k] is not None)
-        print(f"{r['workload']:<70} {r['einjit_s'] * 1e3:9.3f} ms  {peers}")
+        rate = ""
+        if "einjit_gflops" in r:
+            rate = f" {r['einjit_gflops']:7.1f} GFLOP/s" + "".join(
+                f", {k[:-2]} {2.0 * n**3 / r[k] / 1e9:.1f}" for n in [int(r["workload"].split("n=")[1].split()[0])]
+                for k in r if k.endswith("_s") and k != "einjit_s" and r[k])
+        print(f"{r['workload']:<70} {r['einjit_s'] * 1e3:9.3f} ms  {peers}{rate}")
     print(f"({time.perf_counter() - t:.0f} s)")
 
 

@@ -70,8 +70,8 @@ def contraction(n, m, p, transposed=False, batch=1, zeroed=True, b_prec=ops.bf16
     b = Tnode("b", (*lead, p, m) if transposed else (*lead, m, p), b_prec)
     s, i, j, k = get_symbol("s"), get_symbol("i"), get_symbol("j"), get_symbol("k")
     pre = (s,) if batch > 1 else ()
-    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(a, it(*pre, i, k)), ll.Get(b, it(*pre, j, k) if transposed else it(*pre, k, j)),
-                    ll.Get(c, it(*pre, i, j)))
+    b_at = it(*pre, j, k) if transposed else it(*pre, k, j)
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(a, it(*pre, i, k)), ll.Get(b, b_at), ll.Get(c, it(*pre, i, j)))
     nest: ll.LLStmt = ll.ForLoop(i, 0, n - 1, ll.ForLoop(j, 0, p - 1, ll.ForLoop(k, 0, m - 1,
                                                                                 ll.Set(c, it(*pre, i, j), fma))))
     if batch > 1:

@@ -108,7 +108,7 @@ class Kernel:
 
 
 def _loops(stmt: ll.LLStmt, depth: int) -> tuple[list[ll.ForLoop], ll.LLStmt]:
-    loops = []
+    loops: list[ll.ForLoop] = []
     while len(loops) < depth and isinstance(stmt, ll.ForLoop) and stmt.from_ == 0 and not stmt.start \
             and not stmt.stop:
         loops.append(stmt)

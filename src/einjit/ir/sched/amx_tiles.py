@@ -84,7 +84,8 @@ def _pieces(n: int, strides: tuple[int, ...], syms: tuple[Symbol, ...]) -> list[
     full, rest = divmod(n, strides[0])
     out = []
     if full:
-        loops = [(syms[0], full), *((s, big // small) for s, big, small in zip(syms[1:], strides, strides[1:]))]
+        digit_extents = ((s, big // small) for s, big, small in zip(syms[1:], strides, strides[1:], strict=False))
+        loops = [(syms[0], full), *digit_extents]
         out.append(_Piece(loops, tuple(Iterator(s) for s in syms),
                           make_affine([(stride, s) for stride, s in zip(strides, syms, strict=True)])))
     if rest:
@@ -159,8 +160,7 @@ def tiled(st: ll.Set, i: Symbol, j: Symbol, k: Symbol, outer: list[tuple[Symbol,
     blocks: list[ll.LLStmt] = []
     for rows in _pieces(m, (block_rows, 1), (mb, ri)):
         for cols in _pieces(n, (block_cols, 1), (nb, cj)):
-            (mb_idx, ri_loop), (nb_idx, cj_loop) = rows.digits, cols.digits
-            env = {mb: mb_idx, nb: nb_idx}
+            env = {mb: rows.digits[0], nb: cols.digits[0]}
             cells = [rows.loops[-1], cols.loops[-1]]
             at = (Iterator(ri), Iterator(cj))
             cell = tuple(subst_index({i: rows.index, j: cols.index}, idx) for idx in st.idcs)

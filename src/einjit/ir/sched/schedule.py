@@ -113,7 +113,16 @@ from einjit.ir.indexing import (
     subst_index,
 )
 from einjit.ir.passes.tracing import VirtualizeSettings
-from einjit.ir.sched import amx_tiles, bf16_pairs, bf16_widen, cost_model, first_writes, nests, schedule_batched, schedule_conv
+from einjit.ir.sched import (
+    amx_tiles,
+    bf16_pairs,
+    bf16_widen,
+    cost_model,
+    first_writes,
+    nests,
+    schedule_batched,
+    schedule_conv,
+)
 from einjit.ir.sched.interchange import best_order, perfect_nest, reorderable, rewrap, unit_stride_symbol
 from einjit.ir.sched.machine import host_machine
 from einjit.ir.tnode import Tnode
