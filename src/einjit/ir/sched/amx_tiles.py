@@ -207,4 +207,3 @@ def _subst_stmt(loop: ll.ForLoop, env: dict[Symbol, AxisIndex]) -> ll.ForLoop:
     for lp in reversed(loops):
         new = ll.ForLoop(lp.index, lp.from_, lp.to_, new)
     return ll.ForLoop(loop.index, loop.from_, loop.to_, new, keep_order=True)
-
