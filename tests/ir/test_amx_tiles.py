@@ -62,11 +62,11 @@ def it(*syms):
     return tuple(Iterator(s) for s in syms)
 
 
-def contraction(n, m, p, transposed=False, batch=1, zeroed=True, b_prec=ops.bf16):
+def contraction(n, m, p, transposed=False, batch=1, zeroed=True, b_prec=ops.bf16, out=ops.single):
     """`c[b, i, j] (+)= sum_k a[b, i, k] * b[b, k, j]` (`b[b, j, k]` when `transposed`),
     bf16 `a`, the batch axis dropped when `batch` is 1."""
     lead = (batch,) if batch > 1 else ()
-    a, c = Tnode("a", (*lead, n, m), ops.bf16), Tnode("c", (*lead, n, p), ops.single)
+    a, c = Tnode("a", (*lead, n, m), ops.bf16), Tnode("c", (*lead, n, p), out)
     b = Tnode("b", (*lead, p, m) if transposed else (*lead, m, p), b_prec)
     s, i, j, k = get_symbol("s"), get_symbol("i"), get_symbol("j"), get_symbol("k")
     pre = (s,) if batch > 1 else ()
@@ -83,7 +83,8 @@ def contraction(n, m, p, transposed=False, batch=1, zeroed=True, b_prec=ops.bf16
 
 def operands(a, b, c):
     ins = {t: bf16.to_bits(RNG.standard_normal(t.dims).astype(np.float32)) for t in (a, b)}
-    ins[c] = RNG.standard_normal(c.dims).astype(np.float32)
+    start = RNG.standard_normal(c.dims).astype(np.float32)
+    ins[c] = bf16.to_bits(start) if c.prec is ops.bf16 else start
     return ins
 
 
@@ -132,6 +133,17 @@ def test_tiles_in_the_interpreter_equal_the_plain_nest(n, m, p, transposed, batc
     ref, err = bound(ins, a, b, transposed, m)
     start = 0 if zeroed else ins[c]
     assert np.all(np.abs(want - (ref + start)) <= err + (m + 1) * 2.0**-24 * np.abs(start))
+
+
+def test_bf16_result_sums_in_float_and_rounds_once_like_float_panels():
+    """A bf16 result accumulates in the float tiles and rounds once per cell, as the float
+    panels' register blocks do: the two schedules give the same bits."""
+    code, a, b, c = contraction(20, 70, 18, zeroed=False, out=ops.bf16)
+    ins = operands(a, b, c)
+    panels = schedule_llc(code, ON, Blocking(machine=MACHINES["avx512"], min_work=1))
+    want = interpreted(panels, ins)[c]
+    assert not np.array_equal(want, interpreted(code, ins)[c])  # the plain nest rounds at every step
+    np.testing.assert_array_equal(interpreted(schedule_llc(code, ON, AMX), ins)[c], want)
 
 
 def test_other_contractions_keep_float_panels():

@@ -11,8 +11,9 @@ What becomes bf16, and why:
   routine: gcc 12 did not vectorize a pointwise nest reading a bias copy from a local
   (stack) array, and the MLP's bias-and-ReLU nests ran 40x slower;
   the forward and backprop code read the copy instead of the parameter (`_with_reads`), so a
-  layer's contraction multiplies bf16 by bf16 into float32 accumulators (`vdpbf16ps` on CPUs
-  with AVX512_BF16, `ir/sched/bf16_pairs.py`);
+  layer's contraction multiplies bf16 by bf16 into float32 accumulators (AMX tiles on CPUs
+  with AMX, `ir/sched/amx_tiles.py`; `vdpbf16ps` on CPUs with AVX512_BF16 alone,
+  `ir/sched/bf16_pairs.py`);
 - an activation that a contraction with a parameter reads (the input of a linear layer, a
   convolution, the language-model head) is stored as bf16, when plain assignments (`=:`)
   compute it: the contraction then has two bf16 operands and accumulates in float32. Not a
