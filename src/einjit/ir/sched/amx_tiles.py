@@ -113,6 +113,14 @@ def _offset(idx: AxisIndex) -> int:
     return 0
 
 
+def _tile_order(loops: list[tuple[Symbol, int]], order: tuple[Symbol, ...]) -> list[tuple[Symbol, int]]:
+    """A pack's loops tile by tile (each 1 KiB tile written whole before the next), the
+    operand's unit-stride axis innermost. Packing B along its rows instead, every tile
+    column at once, wrote 64 lines 32 KiB apart at each step (n = 1024; the same L1 sets) and
+    took as long as the tile products (3 ms of 6.2 on a Sapphire Rapids-class core)."""
+    return sorted(loops, key=lambda lp: order.index(lp[0]))
+
+
 def _tiles(n: int, per_tile: int, per_block: int) -> tuple[int, int]:
     """Tiles along an extent, rounded up to whole blocks, and tiles per block."""
     tiles = -(-n // per_tile)
@@ -140,7 +148,7 @@ def tiled(st: ll.Set, i: Symbol, j: Symbol, k: Symbol, outer: list[tuple[Symbol,
         packs.append(ll.ZeroOut(apack))
     for rows in _pieces(m, (ROWS, 1), (mt, r)):
         for ks in _pieces(depth, (DEPTH, 1), (kt, q)):
-            loops = [*rows.loops, *ks.loops] if a_contiguous else [*ks.loops, *rows.loops]
+            loops = _tile_order([*rows.loops, *ks.loops], (mt, kt, r, q) if a_contiguous else (mt, kt, q, r))
             packs.append(nests.nest(loops, ll.Set(apack, (rows.digits[0], ks.digits[0], rows.digits[1], ks.digits[1]),
                                                   nests.subst(a_op, {i: rows.index, k: ks.index}),
                                                   "pack A in tiles of 16 rows x 32")))
@@ -148,7 +156,8 @@ def tiled(st: ll.Set, i: Symbol, j: Symbol, k: Symbol, outer: list[tuple[Symbol,
         packs.append(ll.ZeroOut(bpack))
     for cols in _pieces(n, (ROWS, 1), (nt, col)):
         for ks in _pieces(depth, (DEPTH, 2, 1), (kt, p, lane)):
-            loops = [*cols.loops, *ks.loops] if b_contiguous else [*ks.loops, *cols.loops]
+            order = (nt, kt, col, p, lane) if b_contiguous else (nt, kt, p, lane, col)
+            loops = _tile_order([*cols.loops, *ks.loops], order)
             packs.append(nests.nest(loops, ll.Set(bpack, (cols.digits[0], ks.digits[0], ks.digits[1], cols.digits[1],
                                                           ks.digits[2]),
                                                   nests.subst(b_op, {j: cols.index, k: ks.index}),
