@@ -144,7 +144,7 @@ def tiled(st: ll.Set, i: Symbol, j: Symbol, k: Symbol, outer: list[tuple[Symbol,
     packs: list[ll.LLStmt] = [ll.Comment(f"AMX tiles: A's {m} x {depth} and B's {depth} x {n} in 16 x 32 tiles")]
     a_contiguous = nests.unit_stride_axis_symbol(a_op.tn, a_op.idcs) == k if isinstance(a_op, ll.Get) else False
     b_contiguous = nests.unit_stride_axis_symbol(b_op.tn, b_op.idcs) == k if isinstance(b_op, ll.Get) else False
-    if m % ROWS or depth % DEPTH or m_tiles * ROWS > m:
+    if m_tiles * ROWS > m or depth % DEPTH:  # padding: zeros
         packs.append(ll.ZeroOut(apack))
     for rows in _pieces(m, (ROWS, 1), (mt, r)):
         for ks in _pieces(depth, (DEPTH, 1), (kt, q)):
@@ -152,7 +152,7 @@ def tiled(st: ll.Set, i: Symbol, j: Symbol, k: Symbol, outer: list[tuple[Symbol,
             packs.append(nests.nest(loops, ll.Set(apack, (rows.digits[0], ks.digits[0], rows.digits[1], ks.digits[1]),
                                                   nests.subst(a_op, {i: rows.index, k: ks.index}),
                                                   "pack A in tiles of 16 rows x 32")))
-    if n % ROWS or depth % DEPTH or n_tiles * ROWS > n:
+    if n_tiles * ROWS > n or depth % DEPTH:
         packs.append(ll.ZeroOut(bpack))
     for cols in _pieces(n, (ROWS, 1), (nt, col)):
         for ks in _pieces(depth, (DEPTH, 2, 1), (kt, p, lane)):
