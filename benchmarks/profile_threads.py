@@ -1,6 +1,7 @@
 """Where the second thread's time goes: the GPT training step (`bench_gpt`'s shape, 2 blocks)
-or the convnet step (`bench_convnet`, einjit.nn) profiled nest by nest at 1 and at N threads (`Routine.profile`), as one table of per-nest
-times and speed-ups (`backends.profile.ThreadScaling`), slowest at N threads first.
+or the convnet step (`bench_convnet`, einjit.nn) profiled nest by nest at 1 and at N threads
+(`Routine.profile`), as one table of per-nest times and speed-ups
+(`backends.profile.ThreadScaling`), slowest at N threads first.
 
     python benchmarks/profile_threads.py [--model gpt|convnet] [--threads N] [--layers L] [--runs R]
 
