@@ -94,10 +94,11 @@ def test_a_routine_of_small_nests_stays_serial_whole():
     """Two nests of 960 assignments each go on threads one by one (min_work 64), but not
     together when the routine's threaded work is under `ROUTINE_WORK_FACTOR` times min_work
     (2048 here): the threads would be woken for less than that. A loop the scheduler put on
-    threads goes back to one thread with them. Results are those of the interpreter."""
+    threads (a contraction of a millisecond or more) keeps them, and the routine's other nests
+    theirs. Results are those of the interpreter."""
     x, y, mid, out = (Tnode(n, (40, 24)) for n in ("x", "y", "mid", "out"))
     first, second = pointwise(x, mid, 0.5, y), pointwise(mid, out, 2.0)
-    code = ll.seq(first, replace(second, parallel=True))
+    code = ll.seq(first, second)
     assert parallel_loops.ROUTINE_WORK_FACTOR * 64 > 2 * 960 > parallel_loops.ROUTINE_WORK_FACTOR * 16
 
     def threaded(stmt: ll.LLStmt) -> list[bool]:
@@ -106,6 +107,7 @@ def test_a_routine_of_small_nests_stays_serial_whole():
     assert threaded(parallel_loops.thread_nests(code, 2, 64)) == [False, False]
     assert threaded(parallel_loops.thread_nests(code, 2, 64, routine_min_work=0)) == [True, True]
     assert threaded(parallel_loops.thread_nests(code, 2, 16)) == [True, True]
+    assert threaded(parallel_loops.thread_nests(ll.seq(first, replace(second, parallel=True)), 2, 64)) == [True, True]
     ins = inputs_for(x, y)
     source, want = check_threads(code, ins, [out], "small_routine", min_work=64, routine_min_work=None)
     assert "omp" not in source

@@ -71,7 +71,8 @@ times `THREAD_MIN_WORK` (1M assignments, a register-blocked contraction's counte
 1/`BLOCKED_WORK_FACTOR`: about 0.3 ms of one core): each call wakes the threads, which sleep
 between calls (`openmp_env.SPIN_COUNT`), and each threaded nest ends at a barrier whose next
 nest reads rows the other thread wrote. The MLP 2-32-32-1 step at B=1024 (6 threaded nests,
-0.47M) was slower at 2 threads than at 1; a convnet step (4.7M) gains."""
+0.47M) was slower at 2 threads than at 1; a convnet step (4.7M) gains. A nest the scheduler
+threads (a contraction of a millisecond or more) is enough alone."""
 
 CHUNK_WORK = 2048
 """Assignments a thread takes at once from a threaded loop with light iterations (a loop over
@@ -308,7 +309,8 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK,
     whose per-iteration scratch another top-level statement also touches is left as it is
     (threads would each keep their own copy of it). A routine whose threaded nests run fewer
     than `routine_min_work` assignments together (`ROUTINE_WORK_FACTOR` times `min_work` when
-    None) runs on one thread, the scheduler's threaded loops too."""
+    None) runs on one thread, unless the scheduler put a nest on threads (a contraction of a
+    millisecond or more: `Blocking.parallel_min_work`)."""
     top = list(ll.flatten(llc))
     touched: dict[Tnode, int] = {}
     for s in top:
@@ -335,7 +337,7 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK,
     _LAST_THREADED.clear()
     _LAST_THREADED.update(done)
     least = ROUTINE_WORK_FACTOR * min_work if routine_min_work is None else routine_min_work
-    if sum(_weighted_work(s) for s in out if _threads(s)) < least:
+    if not any(_threads(s) for s in top) and sum(_weighted_work(s) for s in out if _threads(s)) < least:
         return ll.seq(*(_serial(s) for s in top))
     return ll.seq(*out)
 
