@@ -91,28 +91,28 @@ def test_small_nests_stay_serial():
 
 
 def test_a_routine_of_small_nests_stays_serial_whole():
-    """Two nests of 960 assignments each go on threads one by one (min_work 64), but not
-    together when the routine's threaded work is under `ROUTINE_WORK_FACTOR` times min_work
-    (2048 here): the threads would be woken for less than that. A loop the scheduler put on
-    threads (a contraction of a millisecond or more) keeps them, and the routine's other nests
-    theirs. Results are those of the interpreter."""
+    """Two nests of 960 assignments each go on threads one by one (min_work 256), but not
+    together when they run under `ROUTINE_WORK_FACTOR` times min_work each on average (1024
+    here): each would cost a barrier, and the call a wake-up of the threads, for less than
+    that. A loop the scheduler put on threads (a contraction of a millisecond or more) keeps
+    them, and the routine's other nests theirs. Results are those of the interpreter."""
     x, y, mid, out = (Tnode(n, (40, 24)) for n in ("x", "y", "mid", "out"))
     first, second = pointwise(x, mid, 0.5, y), pointwise(mid, out, 2.0)
     code = ll.seq(first, second)
-    assert parallel_loops.ROUTINE_WORK_FACTOR * 64 > 2 * 960 > parallel_loops.ROUTINE_WORK_FACTOR * 16
+    assert parallel_loops.ROUTINE_WORK_FACTOR * 256 > 960 > parallel_loops.ROUTINE_WORK_FACTOR * 64
 
     def threaded(stmt: ll.LLStmt) -> list[bool]:
         return [s.parallel for s in ll.flatten(stmt) if isinstance(s, ll.ForLoop)]
 
-    assert threaded(parallel_loops.thread_nests(code, 2, 64)) == [False, False]
-    assert threaded(parallel_loops.thread_nests(code, 2, 64, routine_min_work=0)) == [True, True]
-    assert threaded(parallel_loops.thread_nests(code, 2, 16)) == [True, True]
-    assert threaded(parallel_loops.thread_nests(ll.seq(first, replace(second, parallel=True)), 2, 64)) == [True, True]
+    assert threaded(parallel_loops.thread_nests(code, 2, 256)) == [False, False]
+    assert threaded(parallel_loops.thread_nests(code, 2, 256, routine_min_work=0)) == [True, True]
+    assert threaded(parallel_loops.thread_nests(code, 2, 64)) == [True, True]
+    assert threaded(parallel_loops.thread_nests(ll.seq(first, replace(second, parallel=True)), 2, 256)) == [True, True]
     ins = inputs_for(x, y)
-    source, want = check_threads(code, ins, [out], "small_routine", min_work=64, routine_min_work=None)
+    source, want = check_threads(code, ins, [out], "small_routine", min_work=256, routine_min_work=None)
     assert "omp" not in source
     np.testing.assert_allclose(want[out], 2 * np.maximum(ins[x] * 0.5 + ins[y], 0), rtol=1e-6)
-    source, _ = check_threads(code, ins, [out], "small_routine", min_work=16, routine_min_work=None)
+    source, _ = check_threads(code, ins, [out], "small_routine", min_work=64, routine_min_work=None)
     assert REGION in source
 
 

@@ -141,8 +141,8 @@ class CSyntax:
     """At more than one thread, nests whose outermost parallel loop runs at least this many
     assignments go on threads (`parallel_loops.thread_nests`)."""
     thread_routine_min_work: int | None = None
-    """A routine whose threaded nests run fewer assignments together runs on one thread
-    (`parallel_loops.ROUTINE_WORK_FACTOR` times `thread_min_work` when None)."""
+    """A routine whose threaded nests run fewer assignments each on average runs on one
+    thread (`parallel_loops.ROUTINE_WORK_FACTOR` times `thread_min_work` when None)."""
     shared_region_pragma: str = "#pragma omp parallel num_threads({n})"
     """One region around consecutive threaded nests (`parallel_loops.shared_regions`): each
     nest an orphaned `parallel_for_pragma` loop, the statements between them `single_pragma`."""

@@ -65,13 +65,14 @@ so of one core's stores), not left to one thread while the others wait."""
 
 ZERO_PIECE_BYTES = 1 << 16
 
-ROUTINE_WORK_FACTOR = 32
-"""A routine goes on threads only where its threaded nests together run at least this many
-times `THREAD_MIN_WORK` (1M assignments, a register-blocked contraction's counted at
-1/`BLOCKED_WORK_FACTOR`: about 0.3 ms of one core): each call wakes the threads, which sleep
-between calls (`openmp_env.SPIN_COUNT`), and each threaded nest ends at a barrier whose next
-nest reads rows the other thread wrote. The MLP 2-32-32-1 step at B=1024 (6 threaded nests,
-0.47M) was slower at 2 threads than at 1; a convnet step (4.7M) gains. A nest the scheduler
+ROUTINE_WORK_FACTOR = 4
+"""A routine goes on threads only where its threaded nests run at least this many times
+`THREAD_MIN_WORK` each on average (128K assignments, a register-blocked contraction's counted
+at 1/`BLOCKED_WORK_FACTOR`): each call wakes the threads, which sleep between calls
+(`openmp_env.SPIN_COUNT`), and each threaded nest ends at a barrier whose next nest reads
+rows the other thread wrote. The MLP 2-32-32-1 step at B=1024 (6 threaded nests, 0.47M
+together) was slower at 2 threads than at 1; bias + GELU forward and backward at 1024 x 512
+(2 nests, 0.52M) and a convnet step (13 nests, 4.7M) are not small. A nest the scheduler
 threads (a contraction of a millisecond or more) is enough alone."""
 
 CHUNK_WORK = 2048
@@ -308,8 +309,8 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK,
     `parallel`) keep their threads, outermost where they can (`_threads_outside`); a nest
     whose per-iteration scratch another top-level statement also touches is left as it is
     (threads would each keep their own copy of it). A routine whose threaded nests run fewer
-    than `routine_min_work` assignments together (`ROUTINE_WORK_FACTOR` times `min_work` when
-    None) runs on one thread, unless the scheduler put a nest on threads (a contraction of a
+    than `routine_min_work` assignments each on average (`ROUTINE_WORK_FACTOR` times
+    `min_work` when None) runs on one thread, unless the scheduler put a nest on threads (a contraction of a
     millisecond or more: `Blocking.parallel_min_work`)."""
     top = list(ll.flatten(llc))
     touched: dict[Tnode, int] = {}
@@ -336,8 +337,9 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK,
         out.append(s)
     _LAST_THREADED.clear()
     _LAST_THREADED.update(done)
+    threaded = [_weighted_work(s) for s in out if _threads(s)]
     least = ROUTINE_WORK_FACTOR * min_work if routine_min_work is None else routine_min_work
-    if not any(_threads(s) for s in top) and sum(_weighted_work(s) for s in out if _threads(s)) < least:
+    if threaded and not any(_threads(s) for s in top) and sum(threaded) < least * len(threaded):
         return ll.seq(*(_serial(s) for s in top))
     return ll.seq(*out)
 
