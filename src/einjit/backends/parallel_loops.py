@@ -337,9 +337,9 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK,
         out.append(s)
     _LAST_THREADED.clear()
     _LAST_THREADED.update(done)
-    threaded = [_weighted_work(s) for s in out if _threads(s)]
+    sizes = [_weighted_work(s) for s in out if _threads(s)]
     least = ROUTINE_WORK_FACTOR * min_work if routine_min_work is None else routine_min_work
-    if threaded and not any(_threads(s) for s in top) and sum(threaded) < least * len(threaded):
+    if sizes and not any(_threads(s) for s in top) and sum(sizes) < least * len(sizes):
         return ll.seq(*(_serial(s) for s in top))
     return ll.seq(*out)
 
