@@ -1,8 +1,9 @@
 """Where the second thread's time goes: the GPT training step (`bench_gpt`'s shape, 2 blocks)
-profiled nest by nest at 1 and at N threads (`Routine.profile`), as one table of per-nest
-times and speed-ups (`backends.profile.ThreadScaling`), slowest at N threads first.
+or the convnet step (`bench_convnet`, einjit.nn) profiled nest by nest at 1 and at N threads
+(`Routine.profile`), as one table of per-nest times and speed-ups
+(`backends.profile.ThreadScaling`), slowest at N threads first.
 
-    python benchmarks/profile_threads.py [--threads N] [--layers L] [--runs R]
+    python benchmarks/profile_threads.py [--model gpt|convnet] [--threads N] [--layers L] [--runs R]
 
 The instrumented variants time each nest between barriers of the threads, so their totals are
 a little above the plain step's; compare shares and speed-ups, then confirm with
@@ -25,16 +26,17 @@ from threads_env import set_threads, shared_cache  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=("gpt", "convnet"), default="gpt")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--runs", type=int, default=10)
     args = ap.parse_args()
     set_threads(args.threads, also=("EINJIT_NUM_THREADS",))
     shared_cache()
-    from bench_parallel import gpt_pair
+    from bench_parallel import convnet_pair, gpt_pair
     from einjit.backends.profile import ThreadScaling
 
-    one, many = gpt_pair(args.threads, args.layers)
+    one, many = gpt_pair(args.threads, args.layers) if args.model == "gpt" else convnet_pair(args.threads)
     reports = []
     for routine in (one, many):
         routine.profile(2)

@@ -26,8 +26,10 @@ FOR = "#pragma omp for schedule(dynamic, 24)"
 """48 rows of 40 cells: 24 rows (960 assignments) per hand-out, an even share per thread."""
 
 
-def options(threads: int, min_work: int = 1, outline: int = 0) -> cc.CcOptions:
-    return cc.CcOptions(threads=threads, syntax=replace(C_SYNTAX, thread_min_work=min_work),
+def options(threads: int, min_work: int = 1, outline: int = 0, routine_min_work: int | None = 0) -> cc.CcOptions:
+    """Routines of any size go on threads (`routine_min_work` 0) unless a test says otherwise."""
+    return cc.CcOptions(threads=threads, syntax=replace(C_SYNTAX, thread_min_work=min_work,
+                                                        thread_routine_min_work=routine_min_work),
                         outline_min_nests=outline)
 
 
@@ -86,6 +88,32 @@ def test_small_nests_stay_serial():
     assert parallel_loops.work(code) == 32
     assert "omp" not in cc.compile_proc(code, name="small", options=options(2, min_work=64)).source
     assert "omp" in cc.compile_proc(code, name="small", options=options(2, min_work=32)).source
+
+
+def test_a_routine_of_small_nests_stays_serial_whole():
+    """Two nests of 960 assignments each go on threads one by one (min_work 256), but not
+    together when they run under `ROUTINE_WORK_FACTOR` times min_work each on average (1024
+    here): each would cost a barrier, and the call a wake-up of the threads, for less than
+    that. A loop the scheduler put on threads (a contraction of a millisecond or more) keeps
+    them, and the routine's other nests theirs. Results are those of the interpreter."""
+    x, y, mid, out = (Tnode(n, (40, 24)) for n in ("x", "y", "mid", "out"))
+    first, second = pointwise(x, mid, 0.5, y), pointwise(mid, out, 2.0)
+    code = ll.seq(first, second)
+    assert parallel_loops.ROUTINE_WORK_FACTOR * 256 > 960 > parallel_loops.ROUTINE_WORK_FACTOR * 64
+
+    def threaded(stmt: ll.LLStmt) -> list[bool]:
+        return [s.parallel for s in ll.flatten(stmt) if isinstance(s, ll.ForLoop)]
+
+    assert threaded(parallel_loops.thread_nests(code, 2, 256)) == [False, False]
+    assert threaded(parallel_loops.thread_nests(code, 2, 256, routine_min_work=0)) == [True, True]
+    assert threaded(parallel_loops.thread_nests(code, 2, 64)) == [True, True]
+    assert threaded(parallel_loops.thread_nests(ll.seq(first, replace(second, parallel=True)), 2, 256)) == [True, True]
+    ins = inputs_for(x, y)
+    source, want = check_threads(code, ins, [out], "small_routine", min_work=256, routine_min_work=None)
+    assert "omp" not in source
+    np.testing.assert_allclose(want[out], 2 * np.maximum(ins[x] * 0.5 + ins[y], 0), rtol=1e-6)
+    source, _ = check_threads(code, ins, [out], "small_routine", min_work=64, routine_min_work=None)
+    assert REGION in source
 
 
 def matvec() -> tuple[ll.LLStmt, Tnode, Tnode, Tnode]:
@@ -425,7 +453,7 @@ def test_column_loops_under_summed_rows_go_to_threads_in_vector_chunks():
     running the three statements on its columns over all rows, every cell updated in the
     nest's order (bit-identical to the interpreter at 1 and 2 threads)."""
     code, ins_nodes, outs = bias_backward(row_sum=False)
-    nest = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024)))[1]
+    nest = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024, 0)))[1]
     assert nest.parallel and (nest.from_, nest.to_) == (0, 7)
     rows = nest.body
     assert [rows.index.name, rows.body.index.name] == ["b", "t"] and not rows.parallel and not rows.body.parallel
@@ -446,7 +474,7 @@ def test_a_sum_over_the_columns_moves_the_column_sum_after_the_rows():
     (`sum_fission.split`): the rest goes on threads over its rows, the sum over chunks of its
     columns, each cell of `db` still added in the order of the rows (bit-identical)."""
     code, ins_nodes, outs = bias_backward(row_sum=True)
-    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024)))
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024, 0)))
     rows, sums = top[2:]
     assert rows.parallel and (rows.index.name, rows.to_) == ("b", 5)
     (g, w, dx), (h, db, _, s) = ins_nodes, outs
@@ -483,7 +511,7 @@ def test_a_column_sum_stays_where_the_nest_changes_what_it_reads_or_reads_its_ta
     ("write"), or the nest would read `db` before the sum ("read"): it stays, the nest serial."""
     code = _sum_then(after)
     assert sum_fission.split(list(ll.flatten(code))[2]) is None
-    threaded = parallel_loops.thread_nests(code, 2, 1024)
+    threaded = parallel_loops.thread_nests(code, 2, 1024, 0)
     assert not any(isinstance(s, ll.ForLoop) and s.parallel for s in ll.iter_stmts(threaded))
 
 
@@ -509,7 +537,7 @@ def test_a_sum_reading_an_earlier_pass_over_the_rows_moves_after_them():
     """`db += h * s` reads what the first pass over the rows of the same `b` wrote, in cells
     of that `b`: it moves, the passes go on threads over b, bit-identical at 1 and 2 threads."""
     code, ins, outs = _two_passes(row_indexed=True)
-    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024)))
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024, 0)))
     rows, sums = top[3:]
     assert rows.parallel and sums.parallel and outs[2] not in ll.nodes_of(rows)
     _, want = check_threads(code, ins, outs, "two_passes", min_work=1024)
@@ -556,7 +584,7 @@ def test_a_scatter_and_a_sum_over_one_row_loop_move_after_the_rows():
     which goes on threads over b; they go on threads over chunks of their columns, every cell
     updated in the order of the rows (bit-identical to the interpreter at 1 and 2 threads)."""
     code, ins, outs, ids = _embedding_backward(ids_written=False)
-    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024)))
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024, 0)))
     rows, sums = top[3:]
     assert rows.parallel and rows.index.name == "b"
     h, s, dp, dw = outs

@@ -129,9 +129,7 @@ def test_thread_scaling_table_compares_nest_by_nest():
     assert table[2].split() == ["0", "a", "2.0000", "1.2500", "1.60x"]
     assert table[3].split() == ["1", "b,", "c", "0.5000", "0.5000", "1.00x"]
     assert table[4].split() == ["(outside", "nests)", "1.0000", "0.5000"]
-    try:
-        ThreadScaling(one, ProfileReport("step", nests[:1], (1e-3,), 1), 2).rows()
-    except ValueError as e:
-        assert "not the same code" in str(e)
-    else:
-        raise AssertionError("profiles of different code compared")
+    split = (nests[0], NestInfo(1, ("d",), 0, 0), NestInfo(2, ("b", "c"), 0, 0))  # nest "d" split off at 2
+    paired = ThreadScaling(one, ProfileReport("step", split, (2e-3, 1e-3, 1e-3), 2, 4e-3), 2).rows()
+    assert [(r["nest"], r["one"], r["many"], r["speedup"]) for r in paired] == [
+        (0, 2e-3, 1e-3, 2.0), ("+1", 0.0, 0.5e-3, None), (1, 0.5e-3, 0.5e-3, 1.0)]

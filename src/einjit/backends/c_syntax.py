@@ -140,6 +140,9 @@ class CSyntax:
     thread_min_work: int = parallel_loops.THREAD_MIN_WORK
     """At more than one thread, nests whose outermost parallel loop runs at least this many
     assignments go on threads (`parallel_loops.thread_nests`)."""
+    thread_routine_min_work: int | None = None
+    """A routine whose threaded nests run fewer assignments each on average runs on one
+    thread (`parallel_loops.ROUTINE_WORK_FACTOR` times `thread_min_work` when None)."""
     shared_region_pragma: str = "#pragma omp parallel num_threads({n})"
     """One region around consecutive threaded nests (`parallel_loops.shared_regions`): each
     nest an orphaned `parallel_for_pragma` loop, the statements between them `single_pragma`."""
@@ -1351,7 +1354,8 @@ class RoutineLayout:
 
 def routine_layout(llc: ll.LLStmt, syntax: CSyntax = C_SYNTAX) -> RoutineLayout:
     if syntax.num_threads > 1:
-        llc = parallel_loops.thread_nests(llc, syntax.num_threads, syntax.thread_min_work)
+        llc = parallel_loops.thread_nests(llc, syntax.num_threads, syntax.thread_min_work,
+                                          syntax.thread_routine_min_work)
     top = list(ll.flatten(llc))
     outlined = bool(syntax.outline_min_nests
                     and sum(isinstance(s, ll.ForLoop) for s in top) >= syntax.outline_min_nests)

@@ -34,10 +34,10 @@ from einjit.ir.passes.local_storage import is_routine_local
 from einjit.ir.sched import nests
 from einjit.ir.tnode import Tnode
 
-__all__ = ["BLOCKED_WORK_FACTOR", "CHUNK_WORK", "SHARED_RUN_BYTES", "SHARED_ZERO_BYTES", "THREAD_MIN_WORK",
-           "ZERO_PIECE_BYTES", "Access", "Region", "Unit", "accesses", "chunk", "collapsed", "is_parallel", "opaque",
-           "parallel_chain", "reads", "run_bytes", "scheduler_locals", "shared_regions", "sliced_nodes", "slicing",
-           "thread_nests", "work"]
+__all__ = ["BLOCKED_WORK_FACTOR", "CHUNK_WORK", "ROUTINE_WORK_FACTOR", "SHARED_RUN_BYTES", "SHARED_ZERO_BYTES",
+           "THREAD_MIN_WORK", "ZERO_PIECE_BYTES", "Access", "Region", "Unit", "accesses", "chunk", "collapsed",
+           "is_parallel", "opaque", "parallel_chain", "reads", "run_bytes", "scheduler_locals", "shared_regions",
+           "sliced_nodes", "slicing", "thread_nests", "work"]
 
 THREAD_MIN_WORK = 1 << 15
 """Assignments a loop must run (one execution of it) to be put on threads: about 10 µs of
@@ -64,6 +64,16 @@ threads in pieces of `ZERO_PIECE_BYTES` (a convnet's gradient arrays are 1.4 MB,
 so of one core's stores), not left to one thread while the others wait."""
 
 ZERO_PIECE_BYTES = 1 << 16
+
+ROUTINE_WORK_FACTOR = 4
+"""A routine goes on threads only where its threaded nests run at least this many times
+`THREAD_MIN_WORK` each on average (128K assignments, a register-blocked contraction's counted
+at 1/`BLOCKED_WORK_FACTOR`): each call wakes the threads, which sleep between calls
+(`openmp_env.SPIN_COUNT`), and each threaded nest ends at a barrier whose next nest reads
+rows the other thread wrote. The MLP 2-32-32-1 step at B=1024 (6 threaded nests, 0.47M
+together) was slower at 2 threads than at 1; bias + GELU forward and backward at 1024 x 512
+(2 nests, 0.52M) and a convnet step (13 nests, 4.7M) are not small. A nest the scheduler
+threads (a contraction of a millisecond or more) is enough alone."""
 
 CHUNK_WORK = 2048
 """Assignments a thread takes at once from a threaded loop with light iterations (a loop over
@@ -291,13 +301,17 @@ def chunk(loop: ll.ForLoop, threads: int) -> int:
     return -(-k // 8) * 8 if innermost else k
 
 
-def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK) -> ll.LLStmt:
+def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK,
+                 routine_min_work: int | None = None) -> ll.LLStmt:
     """`llc` with one parallel loop of each top-level nest marked `parallel` where one
     execution of the nest runs at least `min_work` assignments and the loop has at least
     `threads` iterations (`_thread_nest`). Nests the scheduler already threads (a loop marked
     `parallel`) keep their threads, outermost where they can (`_threads_outside`); a nest
     whose per-iteration scratch another top-level statement also touches is left as it is
-    (threads would each keep their own copy of it)."""
+    (threads would each keep their own copy of it). A routine whose threaded nests run fewer
+    than `routine_min_work` assignments each on average (`ROUTINE_WORK_FACTOR` times
+    `min_work` when None) runs on one thread, unless the scheduler put a nest on threads (a contraction of a
+    millisecond or more: `Blocking.parallel_min_work`)."""
     top = list(ll.flatten(llc))
     touched: dict[Tnode, int] = {}
     for s in top:
@@ -323,7 +337,21 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK) 
         out.append(s)
     _LAST_THREADED.clear()
     _LAST_THREADED.update(done)
+    sizes = [_weighted_work(s) for s in out if _threads(s)]
+    least = ROUTINE_WORK_FACTOR * min_work if routine_min_work is None else routine_min_work
+    if sizes and not any(_threads(s) for s in top) and sum(sizes) < least * len(sizes):
+        return ll.seq(*(_serial(s) for s in top))
     return ll.seq(*out)
+
+
+def _weighted_work(stmt: ll.LLStmt) -> int:
+    """`work` of a top-level statement, a register-blocked contraction's at
+    1/`BLOCKED_WORK_FACTOR` (its assignments are lanes of vector multiply-adds)."""
+    return work(stmt) // (BLOCKED_WORK_FACTOR if _blocked(stmt) else 1)
+
+
+def _blocked(stmt: ll.LLStmt) -> bool:
+    return any(tn.provenance == provenance.REGISTER_BLOCK and tn.dims[0] > 1 for tn in scheduler_locals(stmt))
 
 
 _LAST_THREADED: dict[int, tuple[ll.LLStmt, tuple[int, int], ll.LLStmt]] = {}
@@ -412,8 +440,7 @@ def _thread_nest(nest: ll.ForLoop, threads: int, min_work: int) -> ll.ForLoop:
     Without a parallel loop in the chain, the statements of the chain's last body are
     threaded one by one (`_thread_body`). A register-blocked contraction needs
     `BLOCKED_WORK_FACTOR` times the work."""
-    blocked = any(tn.provenance == provenance.REGISTER_BLOCK and tn.dims[0] > 1 for tn in scheduler_locals(nest))
-    if work(nest) < min_work * (BLOCKED_WORK_FACTOR if blocked else 1):
+    if work(nest) < min_work * (BLOCKED_WORK_FACTOR if _blocked(nest) else 1):
         return nest
     chain: list[ll.ForLoop] = []
     cur: ll.LLStmt = nest

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import difflib
 import functools
 import sys
 from collections.abc import Callable, Mapping
@@ -115,12 +116,21 @@ class ThreadScaling:
     threads: int
 
     def rows(self) -> list[dict]:
-        if len(self.one.nests) != len(self.many.nests):
-            raise ValueError(f"einjit: profiles of {self.one.routine!r} and {self.many.routine!r} have "
-                             f"{len(self.one.nests)} and {len(self.many.nests)} nests: not the same code")
-        return [{"nest": a["nest"], "writes": a["writes"], "one": a["seconds"], "many": b["seconds"],
-                 "speedup": a["seconds"] / b["seconds"] if b["seconds"] > 0 else None}
-                for a, b in zip(self.one.rows(), self.many.rows(), strict=True)]
+        """Nests paired in order, by what they write where the counts differ: threads may
+        split a nest in two (a bias gradient's column sums moved after its nest), and the
+        nests' names of intermediate tensors may differ. Between two nests that match, the
+        nests are paired in order, and those left over (a split's second part) have no
+        partner (their time at the other count is 0)."""
+        one, many = self.one.rows(), self.many.rows()
+        if len(one) == len(many):
+            return [_pair(a, b) for a, b in zip(one, many, strict=True)]
+        label = [r["writes"] for r in one], [r["writes"] for r in many]
+        out = []
+        for _, i0, i1, j0, j1 in difflib.SequenceMatcher(None, *label, autojunk=False).get_opcodes():
+            n = min(i1 - i0, j1 - j0)
+            out += [_pair(a, b) for a, b in zip(one[i0:i0 + n], many[j0:j0 + n], strict=True)]
+            out += [_pair(a, None) for a in one[i0 + n:i1]] + [_pair(None, b) for b in many[j0 + n:j1]]
+        return out
 
     def __str__(self) -> str:
         rows = self.rows()
@@ -136,6 +146,14 @@ class ThreadScaling:
         o1, om = self.one.outside(), self.many.outside()
         lines.append(f"{'':>5}  {'(outside nests)':<32} {o1 * 1e3:8.4f} {om * 1e3:8.4f}")
         return "\n".join(lines)
+
+
+def _pair(a: dict | None, b: dict | None) -> dict:
+    one, many = (a or {}).get("seconds", 0.0), (b or {}).get("seconds", 0.0)
+    first = a or b
+    assert first is not None
+    return {"nest": first["nest"] if a else f"+{first['nest']}", "writes": first["writes"], "one": one,
+            "many": many, "speedup": one / many if a and b and many > 0 else None}
 
 
 def instrument(llc: ll.LLStmt, routine: str) -> tuple[ll.LLStmt, Tnode, tuple[NestInfo, ...]]:
