@@ -36,6 +36,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,7 +45,7 @@
 #define LINE 64
 #define MAX_TEAMS 8
 #define MAX_THREADS 256
-#define WS_SLOTS 8
+#define WS_SLOTS 16u
 #define SPIN_MIN_NS 4000L
 #define SPIN_MAX_NS 2000000L
 #define PREEMPTED_NS 100000L
@@ -57,20 +58,21 @@ static inline void relax(void) { _mm_pause(); }
 static inline void relax(void) { __asm__ __volatile__("" ::: "memory"); }
 #endif
 
-typedef struct {
-  _Alignas(LINE) atomic_long free_for; /* the construct this slot may be set up for next */
-  atomic_long owner;                   /* the construct that last claimed the slot */
-  atomic_long ready;                   /* the construct whose fields below are set */
-  atomic_int left;                     /* threads still in that construct */
-  _Alignas(LINE) atomic_long next;     /* a dynamic loop's next iteration */
-  long end, incr, chunk;
-} WorkShare;
-
 /* A word threads wait on for a change, with the count of those sleeping on it. */
 typedef struct {
   _Alignas(LINE) atomic_uint word;
   atomic_int sleepers;
 } Signal;
+
+/* One construct's slot. Construct numbers are counted modulo 2^32 (a region meets fewer). */
+typedef struct {
+  Signal free;       /* the construct the slot may be set up for next */
+  Signal ready;      /* the construct whose fields below are set */
+  atomic_uint owner; /* the construct that last claimed the slot */
+  atomic_int left;   /* threads still in that construct */
+  _Alignas(LINE) atomic_long next; /* a dynamic loop's next iteration */
+  long end, incr, chunk;
+} WorkShare;
 
 typedef struct Team {
   atomic_int busy;
@@ -89,13 +91,14 @@ typedef struct Team {
 typedef struct {
   Team *team;
   int id;
-  long constructs; /* constructs met so far in this region */
-  long current;    /* the loop being shared out */
+  unsigned constructs; /* constructs met so far in this region */
+  unsigned current;    /* the loop being shared out */
 } Member;
 
 static Team teams[MAX_TEAMS];
 static __thread Member *me;
-static atomic_long busy_until; /* until when waits spin `SPIN_MIN_NS` only */
+static atomic_long busy_until;     /* until when waits spin `SPIN_MIN_NS` only */
+static atomic_long last_preempted; /* when a thread last found it was preempted */
 static pthread_mutex_t critical = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
 
@@ -109,6 +112,22 @@ static void futex(atomic_uint *word, int op, unsigned value) {
   syscall(SYS_futex, (unsigned *)word, op | FUTEX_PRIVATE_FLAG, value, NULL, NULL, 0);
 }
 
+/* A thread was preempted at `t`: the machine is busy if another one was, not long before. */
+static void preempted(long t) {
+  long before = atomic_exchange_explicit(&last_preempted, t, memory_order_relaxed);
+  if (t - before < BUSY_NS) atomic_store_explicit(&busy_until, t + BUSY_NS, memory_order_relaxed);
+}
+
+/* Note whether the calling thread was preempted since it last looked. */
+static void note_preemptions(long t) {
+  static __thread long seen;
+  struct rusage usage;
+  if (getrusage(RUSAGE_THREAD, &usage) == 0 && usage.ru_nivcsw != seen) {
+    seen = usage.ru_nivcsw;
+    preempted(t);
+  }
+}
+
 /* Wait until `s->word` is no longer `old`: spin (for `SPIN_MIN_NS` while the machine is busy,
    else up to `SPIN_MAX_NS`), then sleep. */
 static void await_change(Signal *s, unsigned old) {
@@ -117,6 +136,7 @@ static void await_change(Signal *s, unsigned old) {
     relax();
   }
   long start = now_ns(), last = start;
+  note_preemptions(start);
   long budget = start < atomic_load_explicit(&busy_until, memory_order_relaxed) ? SPIN_MIN_NS : SPIN_MAX_NS;
   for (;;) {
     for (int k = 0; k < 32; ++k) {
@@ -125,7 +145,7 @@ static void await_change(Signal *s, unsigned old) {
     }
     long t = now_ns();
     if (t - last > PREEMPTED_NS) {
-      atomic_store_explicit(&busy_until, t + BUSY_NS, memory_order_relaxed);
+      preempted(t);
       break;
     }
     if (t - start > budget) break;
@@ -138,9 +158,27 @@ static void await_change(Signal *s, unsigned old) {
   }
 }
 
+static void wake(Signal *s) {
+  if (atomic_load(&s->sleepers) > 0) futex(&s->word, FUTEX_WAKE, INT_MAX);
+}
+
 static void signal_change(Signal *s) {
   atomic_fetch_add(&s->word, 1);
-  if (atomic_load(&s->sleepers) > 0) futex(&s->word, FUTEX_WAKE, INT_MAX);
+  wake(s);
+}
+
+static void signal_value(Signal *s, unsigned value) {
+  atomic_store(&s->word, value);
+  wake(s);
+}
+
+/* Wait until `s->word` is `value` (`exact`) or past it. */
+static void await_value(Signal *s, unsigned value, bool exact) {
+  for (;;) {
+    unsigned now = atomic_load_explicit(&s->word, memory_order_acquire);
+    if (exact ? now == value : (int)(now - value) >= 0) return;
+    await_change(s, now);
+  }
 }
 
 static void team_barrier(Team *t) {
@@ -155,10 +193,10 @@ static void team_barrier(Team *t) {
 }
 
 static void reset_constructs(Team *t) {
-  for (int s = 0; s < WS_SLOTS; ++s) {
-    atomic_store(&t->ws[s].free_for, s);
-    atomic_store(&t->ws[s].owner, s - WS_SLOTS);
-    atomic_store(&t->ws[s].ready, -1L);
+  for (unsigned k = 0; k < WS_SLOTS; ++k) {
+    atomic_store(&t->ws[k].free.word, k);
+    atomic_store(&t->ws[k].ready.word, UINT_MAX);
+    atomic_store(&t->ws[k].owner, k - WS_SLOTS);
   }
 }
 
@@ -167,10 +205,10 @@ static void reset_constructs(Team *t) {
 static WorkShare *enter_construct(long start, long end, long incr, long chunk, bool *first) {
   Member *m = me;
   Team *t = m->team;
-  long c = m->constructs++;
+  unsigned c = m->constructs++;
   WorkShare *w = &t->ws[c % WS_SLOTS];
-  while (atomic_load_explicit(&w->free_for, memory_order_acquire) < c) relax();
-  long expected = c - WS_SLOTS;
+  await_value(&w->free, c, false);
+  unsigned expected = c - WS_SLOTS;
   *first = atomic_compare_exchange_strong(&w->owner, &expected, c);
   if (*first) {
     atomic_store_explicit(&w->next, start, memory_order_relaxed);
@@ -178,21 +216,21 @@ static WorkShare *enter_construct(long start, long end, long incr, long chunk, b
     w->incr = incr;
     w->chunk = chunk > 0 ? chunk : 1;
     atomic_store_explicit(&w->left, t->n, memory_order_relaxed);
-    atomic_store_explicit(&w->ready, c, memory_order_release);
+    signal_value(&w->ready, c);
   } else {
-    while (atomic_load_explicit(&w->ready, memory_order_acquire) != c) relax();
+    await_value(&w->ready, c, true);
   }
   m->current = c;
   return w;
 }
 
-static void leave_construct(long c) {
+static void leave_construct(unsigned c) {
   WorkShare *w = &me->team->ws[c % WS_SLOTS];
-  if (atomic_fetch_sub(&w->left, 1) == 1) atomic_store_explicit(&w->free_for, c + WS_SLOTS, memory_order_release);
+  if (atomic_fetch_sub(&w->left, 1) == 1) signal_value(&w->free, c + WS_SLOTS);
 }
 
 static void run_member(Team *t, int id) {
-  Member m = {t, id, t->loop ? 1 : 0, t->loop ? 0 : -1};
+  Member m = {t, id, t->loop ? 1 : 0, 0};
   me = &m;
   t->fn(t->data);
   team_barrier(t);
@@ -262,7 +300,7 @@ static void run_alone(void (*fn)(void *), void *data, long start, long end, long
   if (!solo) abort();
   solo->n = 1;
   reset_constructs(solo);
-  Member m = {solo, 0, 0, -1};
+  Member m = {solo, 0, 0, 0};
   me = &m;
   if (loop) {
     bool first;
@@ -286,7 +324,7 @@ static void run_region(void (*fn)(void *), void *data, unsigned num_threads, lon
   t->data = data;
   t->loop = loop;
   reset_constructs(t);
-  Member m = {t, 0, 0, -1};
+  Member m = {t, 0, 0, 0};
   me = &m;
   if (loop) {
     bool first;

@@ -7,8 +7,10 @@ nothing else in the process (another library's OpenMP) is touched. The generated
 pragmas and reads as before; what changes is how threads wait (spin while the work comes back
 to back, sleep when the machine is busy or the wait is long: see `team.c`).
 
-`EINJIT_THREAD_TEAM=gomp` links libgomp's instead (for A/B measurements); the setting is part
-of every compiled object's cache key. The object is compiled once per process (the first time
+`EINJIT_THREAD_TEAM=gomp` links libgomp's instead (for A/B measurements), and so does a user's
+own libgomp wait setting (`OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`: `openmp_env.USER_SETTINGS`),
+which then applies as it would to any OpenMP program; the choice is part of every compiled
+object's cache key. The object is compiled once per process (the first time
 a multithreaded program is compiled), into the process's private directory.
 """
 
@@ -23,6 +25,7 @@ import threading
 from importlib import resources
 from pathlib import Path
 
+from einjit.backends.cc import openmp_env
 from einjit.errors import EinjitError
 
 __all__ = ["SOURCE_NAME", "enabled", "key", "object_path", "source"]
@@ -39,11 +42,11 @@ class ThreadTeamError(EinjitError, RuntimeError):
 
 def enabled() -> bool:
     """Whether multithreaded programs link einjit's team (`EINJIT_THREAD_TEAM` unset or
-    `einjit`) or libgomp's (`gomp`)."""
+    `einjit`, and no libgomp wait setting of the user's) or libgomp's."""
     value = os.environ.get("EINJIT_THREAD_TEAM", "einjit").strip() or "einjit"
     if value not in ("einjit", "gomp"):
         raise ThreadTeamError(f"einjit: EINJIT_THREAD_TEAM must be 'einjit' or 'gomp', got {value!r}")
-    return value == "einjit"
+    return value == "einjit" and not any(var in os.environ for var in openmp_env.USER_SETTINGS)
 
 
 @functools.cache
