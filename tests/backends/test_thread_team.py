@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_openmp_threads import inputs_for, options, region_program
 
 from einjit.backends.cc import thread_team
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.backends.interface import load_inputs
+from test_openmp_threads import inputs_for, options, region_program
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

@@ -4,16 +4,19 @@
  *
  * Why not libgomp: a libgomp thread that finds no work spins a fixed count, then sleeps on
  * a futex. Spinning long (`OMP_WAIT_POLICY=active`) made `a @ b` at 2 threads 81% of the
- * 2-core peak against 53-70% with einjit's short count, because a sleeping thread is woken
- * at each routine call; and it made a 2-thread GPT step 10-15x slower than 1 thread on a
- * machine other processes keep busy, because a spinning thread holds the core its partner
- * needs. Here every wait spins for an adaptive budget, then sleeps on a futex:
- * - a wait that ends while spinning doubles its budget (up to `SPIN_MAX_NS`), one that
- *   outlasts it halves the budget (down to `SPIN_MIN_NS`): back-to-back calls and the
- *   barriers of a quiet machine keep every thread awake, while on a busy machine (where the
- *   partner is often descheduled) the waits outlast the budget and the team soon sleeps;
- * - a spinning thread that sees the clock jump (it was descheduled) sleeps at once and halves
- *   the budget.
+ * 2-core peak against 53-70% with einjit's short count (1,000 rounds), because a sleeping
+ * thread is woken at each routine call; and it made a 2-thread GPT step 10-15x slower than 1
+ * thread on a machine other processes keep busy, because a spinning thread holds the core its
+ * partner needs. A libgomp count is read once, when libgomp loads. Here every wait (a worker
+ * for the next region, a thread at a barrier or for a construct's slot) spins, then sleeps on
+ * a futex, and the spin adapts to the machine:
+ * - while the machine is quiet a wait spins up to `SPIN_MAX_NS` (2 ms): back-to-back calls
+ *   and the barriers between nests find every thread awake, as `active` does;
+ * - once two of the program's threads were preempted within `BUSY_NS` (50 ms) of each other
+ *   (a thread sees that from its count of involuntary context switches, read when a wait
+ *   outlasts its first 64 polls, or from the clock jumping while it spins), the machine is
+ *   busy: for the next `BUSY_NS` waits spin `SPIN_MIN_NS` (20 us) only, then sleep, so the
+ *   other processes (and a descheduled partner) get the cores.
  * The waker makes a futex call only when a thread sleeps.
  *
  * Teams: a program keeps up to `MAX_TEAMS` teams; a thread starting a region takes a free one
@@ -46,7 +49,7 @@
 #define MAX_TEAMS 8
 #define MAX_THREADS 256
 #define WS_SLOTS 16u
-#define SPIN_MIN_NS 4000L
+#define SPIN_MIN_NS 20000L
 #define SPIN_MAX_NS 2000000L
 #define PREEMPTED_NS 100000L
 #define BUSY_NS 50000000L

@@ -20,6 +20,7 @@ import functools
 import hashlib
 import os
 import subprocess
+import sys
 import tempfile
 import threading
 from importlib import resources
@@ -42,11 +43,13 @@ class ThreadTeamError(EinjitError, RuntimeError):
 
 def enabled() -> bool:
     """Whether multithreaded programs link einjit's team (`EINJIT_THREAD_TEAM` unset or
-    `einjit`, and no libgomp wait setting of the user's) or libgomp's."""
+    `einjit`, no libgomp wait setting of the user's, and Linux: the team waits on futexes) or
+    libgomp's."""
     value = os.environ.get("EINJIT_THREAD_TEAM", "einjit").strip() or "einjit"
     if value not in ("einjit", "gomp"):
         raise ThreadTeamError(f"einjit: EINJIT_THREAD_TEAM must be 'einjit' or 'gomp', got {value!r}")
-    return value == "einjit" and not any(var in os.environ for var in openmp_env.USER_SETTINGS)
+    return (value == "einjit" and sys.platform.startswith("linux")
+            and not any(var in os.environ for var in openmp_env.USER_SETTINGS))
 
 
 @functools.cache
