@@ -29,8 +29,18 @@ _CONSTRUCTS = r"""
 #include <stdlib.h>
 #include <omp.h>
 #define N 1000
-static long a[N], b[N], c[20][N], singles, total;
+static long a[N], b[N], c[20][N], singles, total, orphaned[N];
 static int nested, ids;
+
+/* Orphaned constructs, as einjit's outlined nests have them: called inside a region and from
+   serial code. */
+static void orphan(long add) {
+  #pragma omp for schedule(dynamic, 5)
+  for (int i = 0; i < N; ++i) orphaned[i] += add;
+  #pragma omp single
+  orphaned[0] += 1;
+  #pragma omp barrier
+}
 
 int main(int argc, char **argv) {
   int rounds = atoi(argv[1]);
@@ -65,7 +75,9 @@ int main(int argc, char **argv) {
         #pragma omp parallel num_threads(2)
         nested = omp_get_num_threads();
       }
+      orphan(2);
     }
+    orphan(3);
     #pragma omp parallel for schedule(dynamic, 2) num_threads(2)
     for (int i = 9; i >= 5; --i) a[i] = -i;
     long want = 0;
@@ -76,6 +88,11 @@ int main(int argc, char **argv) {
           printf("round %d: c[%d][%d] = %ld\n", r, s, i, c[s][i]);
           return 1;
         }
+    for (int i = 0; i < N; ++i)
+      if (orphaned[i] != 5L * (r + 1) + (i ? 0 : 2L * (r + 1))) {
+        printf("round %d: orphaned[%d] = %ld\n", r, i, orphaned[i]);
+        return 1;
+      }
     if (singles != 120 || total != want || nested != 1 || ids != 412) {
       printf("round %d: singles %ld, total %ld (want %ld), nested team %d, ids %d\n", r, singles, total, want, nested,
              ids);
@@ -103,8 +120,8 @@ def _undefined(path: Path) -> str:
 
 def test_the_openmp_constructs_einjit_uses_run_on_the_team(tmp_path):
     """Dynamic loops (chunked, counting down, nowait), singles, barriers, critical sections,
-    thread numbers, a combined `parallel for` and a region nested in one (run by its thread
-    alone), 200 regions in a row."""
+    thread numbers, a combined `parallel for`, a region nested in one (run by its thread
+    alone), orphaned constructs in a region and outside, 200 regions in a row."""
     compiler = _gcc()
     source = tmp_path / "constructs.c"
     source.write_text(_CONSTRUCTS)

@@ -39,6 +39,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -203,10 +204,25 @@ static void reset_constructs(Team *t) {
   }
 }
 
+/* The calling thread's place in its team; outside any region, in a team of its own (an
+   orphaned construct met by serial code runs on its thread alone). */
+static Member *member(void) {
+  static __thread Member alone;
+  if (me) return me;
+  if (!alone.team) {
+    alone.team = aligned_alloc(LINE, sizeof(Team));
+    if (!alone.team) abort();
+    memset(alone.team, 0, sizeof(Team));
+    alone.team->n = 1;
+    reset_constructs(alone.team);
+  }
+  return &alone;
+}
+
 /* The calling thread's next construct: the slot, set up by whichever thread came first
    (`*first` tells whether that was the caller). */
 static WorkShare *enter_construct(long start, long end, long incr, long chunk, bool *first) {
-  Member *m = me;
+  Member *m = member();
   Team *t = m->team;
   unsigned c = m->constructs++;
   WorkShare *w = &t->ws[c % WS_SLOTS];
@@ -228,7 +244,7 @@ static WorkShare *enter_construct(long start, long end, long incr, long chunk, b
 }
 
 static void leave_construct(unsigned c) {
-  WorkShare *w = &me->team->ws[c % WS_SLOTS];
+  WorkShare *w = &member()->team->ws[c % WS_SLOTS];
   if (atomic_fetch_sub(&w->left, 1) == 1) signal_value(&w->free, c + WS_SLOTS);
 }
 
@@ -286,11 +302,10 @@ static Team *take_team(int n) {
   pthread_once(&fork_once, watch_fork);
   for (int i = 0; i < MAX_TEAMS; ++i) {
     Team *t = &teams[i];
-    if (t->created < 0 || (t->created && t->n != n)) continue;
     int idle = 0;
     if (!atomic_compare_exchange_strong(&t->busy, &idle, 1)) continue;
     if (t->created > 0 && t->n == n) return t;
-    if (!t->created && create_workers(t, n)) return t;
+    if (t->created == 0 && create_workers(t, n)) return t;
     atomic_store(&t->busy, 0);
   }
   return NULL;
@@ -301,6 +316,7 @@ static void run_alone(void (*fn)(void *), void *data, long start, long end, long
   Member *outer = me;
   Team *solo = aligned_alloc(LINE, sizeof(Team));
   if (!solo) abort();
+  memset(solo, 0, sizeof(Team));
   solo->n = 1;
   reset_constructs(solo);
   Member m = {solo, 0, 0, 0};
@@ -352,7 +368,8 @@ HIDDEN void GOMP_parallel_loop_nonmonotonic_dynamic(void (*fn)(void *), void *da
 }
 
 HIDDEN bool GOMP_loop_nonmonotonic_dynamic_next(long *istart, long *iend) {
-  WorkShare *w = &me->team->ws[me->current % WS_SLOTS];
+  Member *m = member();
+  WorkShare *w = &m->team->ws[m->current % WS_SLOTS];
   long step = w->chunk * w->incr;
   long i = atomic_fetch_add_explicit(&w->next, step, memory_order_relaxed);
   if (w->incr > 0 ? i >= w->end : i <= w->end) return false;
@@ -369,21 +386,21 @@ HIDDEN bool GOMP_loop_nonmonotonic_dynamic_start(long start, long end, long incr
   return GOMP_loop_nonmonotonic_dynamic_next(istart, iend);
 }
 
-HIDDEN void GOMP_loop_end_nowait(void) { leave_construct(me->current); }
+HIDDEN void GOMP_loop_end_nowait(void) { leave_construct(member()->current); }
 
 HIDDEN void GOMP_loop_end(void) {
-  leave_construct(me->current);
-  team_barrier(me->team);
+  leave_construct(member()->current);
+  team_barrier(member()->team);
 }
 
 HIDDEN bool GOMP_single_start(void) {
   bool first;
   enter_construct(0, 0, 1, 1, &first);
-  leave_construct(me->current);
+  leave_construct(member()->current);
   return first;
 }
 
-HIDDEN void GOMP_barrier(void) { team_barrier(me->team); }
+HIDDEN void GOMP_barrier(void) { team_barrier(member()->team); }
 
 HIDDEN void GOMP_critical_start(void) { pthread_mutex_lock(&critical); }
 
