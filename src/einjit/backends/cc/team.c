@@ -12,11 +12,13 @@
  * a futex, and the spin adapts to the machine:
  * - while the machine is quiet a wait spins up to `SPIN_MAX_NS` (2 ms): back-to-back calls
  *   and the barriers between nests find every thread awake, as `active` does;
- * - once two of the program's threads were preempted within `BUSY_NS` (50 ms) of each other
+ * - once two of the program's threads were preempted within `PAIR_NS` (50 ms) of each other
  *   (a thread sees that from its count of involuntary context switches, read when a wait
  *   outlasts its first 64 polls, or from the clock jumping while it spins), the machine is
- *   busy: for the next `BUSY_NS` waits spin `SPIN_MIN_NS` (20 us) only, then sleep, so the
- *   other processes (and a descheduled partner) get the cores.
+ *   busy: for the next `BUSY_NS` (0.2 s: a busy machine stays busy, and a thread that spins
+ *   2 ms each time it finds out again loses what sleeping saved) waits spin `SPIN_MIN_NS`
+ *   (20 us) only, then sleep, so the other processes (and a descheduled partner) get the
+ *   cores.
  * The waker makes a futex call only when a thread sleeps.
  *
  * Teams: a program keeps up to `MAX_TEAMS` teams; a thread starting a region takes a free one
@@ -53,7 +55,8 @@
 #define SPIN_MIN_NS 20000L
 #define SPIN_MAX_NS 2000000L
 #define PREEMPTED_NS 100000L
-#define BUSY_NS 50000000L
+#define PAIR_NS 50000000L
+#define BUSY_NS 200000000L
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -119,7 +122,7 @@ static void futex(atomic_uint *word, int op, unsigned value) {
 /* A thread was preempted at `t`: the machine is busy if another one was, not long before. */
 static void preempted(long t) {
   long before = atomic_exchange_explicit(&last_preempted, t, memory_order_relaxed);
-  if (t - before < BUSY_NS) atomic_store_explicit(&busy_until, t + BUSY_NS, memory_order_relaxed);
+  if (t - before < PAIR_NS) atomic_store_explicit(&busy_until, t + BUSY_NS, memory_order_relaxed);
 }
 
 /* Note whether the calling thread was preempted since it last looked. */
