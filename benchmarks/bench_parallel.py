@@ -2,7 +2,8 @@
 
 `threads` (thread scaling): the same code compiled at 1 and at N OpenMP threads in one
 process (`CcOptions(threads=...)`) and timed side by side, batches interleaved round by round
-(best of the rounds), so the load of other processes hits both alike: `a @ b` and `w @ x`
+(best of the rounds), so the load of other processes hits both alike, and the many-thread
+program once more with its OpenMP calls on libgomp instead of einjit's thread team: `a @ b` and `w @ x`
 (n = 512 and 1024, as GFLOP/s and as a share of the measured N-core FMA peak), the
 MNIST-size convnet step (`bench_convnet`) and the GPT training step (`bench_gpt`, 2 blocks).
 
@@ -181,8 +182,23 @@ def _gpt_step(threads: int, n_layer: int):
     return train.to_routine(code, name=f"scaling_gpt{n_layer}_{threads}", options=_options(threads))
 
 
+def on_libgomp(pair, *args):
+    """The many-thread routine of `pair(*args)` with its OpenMP calls on libgomp instead of
+    einjit's thread team (`EINJIT_THREAD_TEAM=gomp`, `backends/cc/thread_team.py`)."""
+    saved = os.environ.get("EINJIT_THREAD_TEAM")
+    os.environ["EINJIT_THREAD_TEAM"] = "gomp"
+    try:
+        return pair(*args)[1]
+    finally:
+        if saved is None:
+            del os.environ["EINJIT_THREAD_TEAM"]
+        else:
+            os.environ["EINJIT_THREAD_TEAM"] = saved
+
+
 def thread_rows(threads: int, repeats: int) -> list[dict]:
-    """Each workload at 1 and at `threads` threads, side by side (see the module docstring)."""
+    """Each workload at 1 and at `threads` threads, side by side (see the module docstring),
+    and at `threads` threads on libgomp (`on_libgomp`, time `tg_s`)."""
     from machine import measure
     from run import SETTLE_S, best_times
 
@@ -191,20 +207,23 @@ def thread_rows(threads: int, repeats: int) -> list[dict]:
     for n in (512, 1024):
         for transposed in (False, True):
             one, many = matmul_pair(n, transposed, threads)
+            gomp = on_libgomp(matmul_pair, n, transposed, threads)
             cpu: list[float] = []
-            t1, tn = best_times([one, many], repeats, settle=SETTLE_S, cpu=cpu)
+            t1, tn, tg = best_times([one, many, gomp], repeats, settle=SETTLE_S, cpu=cpu)
             name = f"fp32 matmul {'w @ x (A·Bᵀ)' if transposed else 'a @ b'} n={n}"
             flops = 2.0 * n**3
-            rows.append({"workload": name, "t1_s": t1, "tn_s": tn, "speedup": t1 / tn, "flops": flops,
+            rows.append({"workload": name, "t1_s": t1, "tn_s": tn, "tg_s": tg, "speedup": t1 / tn, "flops": flops,
                          "gflops": flops / tn / 1e9, "share_of_peak": flops / tn / 1e9 / peak, "tn_cpu_s": cpu[1]})
     with tempfile.TemporaryDirectory() as cache:
         os.environ["EINJIT_CACHE_DIR"] = cache
         for name, pair in (("MNIST-size convnet step (einjit.nn), B=64", convnet_pair),
                            ("GPT train step, 2 blocks d=128 h=4 T=64 B=16", gpt_pair)):
             one, many = pair(threads)
+            gomp = on_libgomp(pair, threads)
             cpu = []
-            t1, tn = best_times([one, many], repeats, 1.0, settle=SETTLE_S, cpu=cpu)
-            rows.append({"workload": name, "t1_s": t1, "tn_s": tn, "speedup": t1 / tn, "tn_cpu_s": cpu[1]})
+            t1, tn, tg = best_times([one, many, gomp], repeats, 1.0, settle=SETTLE_S, cpu=cpu)
+            rows.append({"workload": name, "t1_s": t1, "tn_s": tn, "tg_s": tg, "speedup": t1 / tn,
+                         "tn_cpu_s": cpu[1]})
     return rows
 
 
@@ -225,7 +244,7 @@ def main() -> None:
             extra = f"  {r['gflops']:6.1f} GFLOP/s, {100 * r['share_of_peak']:4.0f}% of peak" if "gflops" in r else ""
             print(f"  {r['workload']:48s} 1 thread {1e3 * r['t1_s']:8.2f} ms  {args.threads} threads "
                   f"{1e3 * r['tn_s']:8.2f} ms (CPU {r['tn_cpu_s'] / r['tn_s']:.2f} cores)  "
-                  f"speed-up {r['speedup']:4.2f}x{extra}")
+                  f"speed-up {r['speedup']:4.2f}x{extra}, libgomp {1e3 * r['tg_s']:8.2f} ms")
     if "dp" not in groups:
         return
     print(f"MLP {N_IN} → {HIDDEN} → {HIDDEN} → {N_OUT}, batch {BATCH}, float32, SGD + momentum; "

@@ -303,13 +303,14 @@ def gpt_rows() -> list[dict]:
 def thread_rows() -> list[dict]:
     """At `--threads N` > 1: `a @ b`, `w @ x`, the convnet and the GPT step compiled at 1 and at
     N threads and timed side by side (`bench_parallel.thread_rows`); the "1 thread" ratio is
-    the speed-up of N threads."""
+    the speed-up of N threads, the "libgomp" ratio that of einjit's thread team over libgomp's
+    (the same program's OpenMP calls linked to libgomp)."""
     from bench_parallel import thread_rows as rows_of
 
     threads = ARGS.threads if ARGS else 1
     if threads < 2:
         return []
-    return [row(f"{r['workload']}, {threads} threads", r["tn_s"], {"1 thread": r["t1_s"]},
+    return [row(f"{r['workload']}, {threads} threads", r["tn_s"], {"1 thread": r["t1_s"], "libgomp": r["tg_s"]},
                 r.get("flops")) | {"einjit_cpu_s": r["tn_cpu_s"]} for r in rows_of(threads, 7)]
 
 

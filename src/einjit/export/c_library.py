@@ -569,9 +569,9 @@ def _header(prefix: str, ins: tuple[Port, ...], outs: tuple[Port, ...], arrays: 
     if threads > 1 and parallel:
         threads_text = "\n".join([
             f" * Parallel loops run on {threads} OpenMP threads (link with -fopenmp); needs {libs}.",
-            f" * einjit runs libgomp with GOMP_SPINCOUNT={openmp_env.SPIN_COUNT}: idle threads sleep after ~30 us,",
-            " * so a busy machine's other processes get the core. libgomp reads it from the environment",
-            " * when the program starts: set it there."])
+            f" * With libgomp, set GOMP_SPINCOUNT={openmp_env.SPIN_COUNT} where the program starts: idle threads then",
+            " * sleep after ~30 us, so a busy machine's other processes get the core (einjit's own calls",
+            " * run on its thread team instead, which spins only while the machine is quiet)."])
     elif threads > 1:
         threads_text = (f" * Exported for {threads} OpenMP threads, but no loop of this model is large enough to\n"
                         f" * pay for them: it runs single-threaded; needs {libs}.")

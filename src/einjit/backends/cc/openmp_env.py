@@ -10,7 +10,9 @@ on 2 cores: 0.06-0.09x the 1-thread speed with libgomp's default, 0.35x with a s
 
 einjit's libgomp spins `SPIN_COUNT` rounds (1,000, 28 µs here): a thread still finds the
 next region's work at once when the code between takes less than that, and sleeps
-otherwise, so a busy machine's other processes get the core.
+otherwise, so a busy machine's other processes get the core. (By default einjit's programs
+do not call libgomp at all: they run on einjit's thread team, `thread_team`, whose waits
+adapt to the machine. This setting is for `EINJIT_THREAD_TEAM=gomp`.)
 
 libgomp reads its settings from the environment once, when it is loaded, and has no other
 way to take them. So the first time einjit loads a program in a process, it loads libgomp

@@ -39,7 +39,7 @@ from einjit.backends.c_syntax import (
     ParamKind,
     render_program,
 )
-from einjit.backends.cc import openmp_env
+from einjit.backends.cc import openmp_env, thread_team
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import StaticSymbol
@@ -263,7 +263,13 @@ def _missing_compiler(compiler: str, err: Exception | None = None) -> CompileErr
 
 def _command_flags(options: CcOptions) -> str:
     """Every flag that decides the object, as the compiled-object and program caches key it."""
-    return " ".join(options.flags + options.effective_libs() + options.routine_unit_flags)
+    team = (thread_team.key(),) if _links_team(options) else ()
+    return " ".join(options.flags + options.effective_libs() + options.routine_unit_flags + team)
+
+
+def _links_team(options: CcOptions) -> bool:
+    """Whether the object links einjit's thread team (`thread_team`) for its OpenMP calls."""
+    return options.threads > 1 and thread_team.enabled()
 
 
 def compile_source(source: str, *, label: str, options: CcOptions | None = None) -> cache.CompiledObject:
@@ -321,8 +327,9 @@ def _compile(so_path: Path, c_path: Path, kept: Path, label: str, options: CcOpt
     then linked."""
     start = time.perf_counter()
     units = c_path.read_text(encoding="utf-8").split(UNIT_MARK)
+    team = (str(thread_team.object_path(options.compiler)),) if _links_team(options) else ()
     if len(units) == 1:
-        _run([[options.compiler, *options.flags, "-o", str(so_path), str(c_path), *options.effective_libs()]],
+        _run([[options.compiler, *options.flags, "-o", str(so_path), str(c_path), *team, *options.effective_libs()]],
              kept, label, options)
     else:
         with tempfile.TemporaryDirectory(dir=c_path.parent, prefix=".units-") as tmp:
@@ -334,7 +341,7 @@ def _compile(so_path: Path, c_path: Path, kept: Path, label: str, options: CcOpt
                    "-c", "-o",
                    str(p.with_suffix(".o")), str(p)] for k, p in enumerate(paths)], kept, label, options)
             _run([[options.compiler, *options.flags, "-o", str(so_path), *(str(p.with_suffix(".o")) for p in paths),
-                   *options.effective_libs()]], kept, label, options)
+                   *team, *options.effective_libs()]], kept, label, options)
     if not so_path.exists():
         raise CompileError(f"einjit: {options.compiler} produced no shared object compiling {label}; the generated "
                            f"source is kept at {kept}")
