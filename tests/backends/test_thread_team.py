@@ -5,6 +5,7 @@ bit for bit, over many calls in a row, from two Python threads at once and in a 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from einjit.backends.cc import thread_team
+from einjit.backends.cc import openmp_env, thread_team
 from einjit.backends.cc import toolchain as cc
 from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.backends.interface import load_inputs
@@ -145,6 +146,47 @@ def test_programs_bind_their_openmp_calls_to_the_team_or_libgomp(monkeypatch, te
     got = run_once(code, ins, options=options(2), name="team_bind")
     for out in outs:
         np.testing.assert_array_equal(got.array(out), want.array(out), err_msg=out.name)
+
+
+_GUIDED = r"""
+#include <omp.h>
+void fill(int *ids, int n) {
+  #pragma omp parallel for schedule(guided) num_threads(2)
+  for (int i = 0; i < n; ++i) ids[i] = omp_get_thread_num() + 1;
+}
+"""
+
+
+def test_a_construct_the_team_lacks_links_the_program_on_libgomp(monkeypatch):
+    """`schedule(guided)` lowers to a libgomp entry `team.c` does not define: linked with the
+    team, the program would run libgomp's loop inside the team's region. It is linked on
+    libgomp alone instead (its thread numbers come from libgomp too), and runs."""
+    _gcc()
+    monkeypatch.delenv("EINJIT_THREAD_TEAM", raising=False)
+    for var in openmp_env.USER_SETTINGS:
+        monkeypatch.delenv(var, raising=False)
+    built = cc.compile_source(_GUIDED, label="team_lacks_guided", options=options(2))
+    undefined = _undefined(built.path)
+    assert "GOMP_loop_nonmonotonic_guided_next" in undefined and "GOMP_loop_end_nowait" in undefined
+    assert "omp_get_thread_num" in undefined
+    fill = cc.load_library(built).fill
+    ids = np.zeros(1000, dtype=np.int32)
+    fill(ids.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(ids.size))
+    assert set(np.unique(ids)) <= {1, 2} and ids.all()
+
+
+def test_unbound_calls_lists_the_runtime_entries_left_to_the_loader(tmp_path):
+    """Only OpenMP runtime entries count; a program without `nm` to list them counts as unbound."""
+    compiler = _gcc()
+    source = tmp_path / "calls.c"
+    source.write_text("#include <math.h>\n#include <omp.h>\n"
+                      "double f(double x) { return sin(x) + omp_get_num_threads() + omp_get_thread_num(); }\n")
+    so = tmp_path / "calls.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-fopenmp", "-o", str(so), str(source), "-lm"], check=True)
+    if shutil.which("nm") is None:
+        assert thread_team.unbound_calls(so) == ("(nm not found)",)
+    else:
+        assert thread_team.unbound_calls(so) == ("omp_get_num_threads", "omp_get_thread_num")
 
 
 def test_a_wrong_team_setting_is_an_einjit_error(monkeypatch):

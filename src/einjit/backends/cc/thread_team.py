@@ -29,7 +29,7 @@ from pathlib import Path
 from einjit.backends.cc import openmp_env
 from einjit.errors import EinjitError
 
-__all__ = ["SOURCE_NAME", "enabled", "key", "object_path", "source"]
+__all__ = ["SOURCE_NAME", "enabled", "key", "object_path", "source", "unbound_calls"]
 
 SOURCE_NAME = "team.c"
 """The C source of the team, beside this module."""
@@ -92,3 +92,21 @@ def _compile(compiler: str) -> Path:
                               f"{(done.stdout + done.stderr).strip()[:8000]}")
     _objects[compiler] = path
     return path
+
+
+_RUNTIME_PREFIXES = ("GOMP_", "GOACC_", "omp_")
+
+
+def unbound_calls(so_path: Path) -> tuple[str, ...]:
+    """The OpenMP runtime entries a program linked with the team still leaves to the dynamic
+    loader (`nm -D -u`): entries `team.c` does not define, which would bind to libgomp. Without
+    `nm` (binutils, which gcc's own linker comes with) nothing can be listed: every entry counts
+    as unbound then, so the program links on libgomp, the safe runtime."""
+    try:
+        done = subprocess.run(["nm", "-D", "-u", str(so_path)], capture_output=True, text=True)
+    except OSError:
+        return ("(nm not found)",)
+    if done.returncode != 0:
+        return ("(nm failed)",)
+    names = (line.split()[-1].partition("@")[0] for line in done.stdout.splitlines() if line.strip())
+    return tuple(sorted({n for n in names if n.startswith(_RUNTIME_PREFIXES)}))

@@ -329,8 +329,9 @@ def _compile(so_path: Path, c_path: Path, kept: Path, label: str, options: CcOpt
     units = c_path.read_text(encoding="utf-8").split(UNIT_MARK)
     team = (str(thread_team.object_path(options.compiler)),) if _links_team(options) else ()
     if len(units) == 1:
-        _run([[options.compiler, *options.flags, "-o", str(so_path), str(c_path), *team, *options.effective_libs()]],
-             kept, label, options)
+        _link_on_one_runtime(lambda team: _run([[options.compiler, *options.flags, "-o", str(so_path), str(c_path),
+                                                 *team, *options.effective_libs()]], kept, label, options),
+                             team, so_path, label)
     else:
         with tempfile.TemporaryDirectory(dir=c_path.parent, prefix=".units-") as tmp:
             paths = [Path(tmp) / f"unit{k}.c" for k in range(len(units))]
@@ -340,12 +341,28 @@ def _compile(so_path: Path, c_path: Path, kept: Path, label: str, options: CcOpt
             _run([[options.compiler, *flags, *options.openmp_flags(), *(options.routine_unit_flags if k == 0 else ()),
                    "-c", "-o",
                    str(p.with_suffix(".o")), str(p)] for k, p in enumerate(paths)], kept, label, options)
-            _run([[options.compiler, *options.flags, "-o", str(so_path), *(str(p.with_suffix(".o")) for p in paths),
-                   *team, *options.effective_libs()]], kept, label, options)
+            objects = [str(p.with_suffix(".o")) for p in paths]
+            _link_on_one_runtime(lambda team: _run([[options.compiler, *options.flags, "-o", str(so_path), *objects,
+                                                     *team, *options.effective_libs()]], kept, label, options),
+                                 team, so_path, label)
     if not so_path.exists():
         raise CompileError(f"einjit: {options.compiler} produced no shared object compiling {label}; the generated "
                            f"source is kept at {kept}")
     config.debug(1, f"cc: {label}: compiled in {(time.perf_counter() - start) * 1000:.1f} ms")
+
+
+def _link_on_one_runtime(link: Callable[[tuple[str, ...]], None], team: tuple[str, ...], so_path: Path,
+                         label: str) -> None:
+    """Link with einjit's thread team (`team`, the object) where asked, and keep the result only
+    if every OpenMP call of the program binds to it: a construct `team.c` does not define (a new
+    pragma, another gcc's lowering) would bind to libgomp, and the two runtimes must never share
+    a program (libgomp's `omp_get_thread_num` inside the team's region answers 0 to every
+    thread, so both would compute the same rows). Such a program is linked on libgomp alone."""
+    link(team)
+    missing = thread_team.unbound_calls(so_path) if team else ()
+    if missing:
+        config.debug(1, f"cc: {label}: einjit's thread team lacks {', '.join(missing)}; linked on libgomp instead")
+        link(())
 
 
 def _run(cmds: list[list[str]], kept: Path, label: str, options: CcOptions) -> None:
