@@ -6,13 +6,10 @@ which saturates to 0 or 1 without producing NaN. `gelu` is the exact (erf) form,
 default, and `gelu(x, approximate="tanh")` the tanh form GPT-2 was trained with
 (`0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, PyTorch's `approximate="tanh"`), computed
 as `x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3))`, the same function through one `exp`. The
-tanh form is built from its gate `s` as a tensor of its own and its slope `s + x s (1 - s) du/dx`
-written from the gate's value; the backprop is `g * slope`. A training step stores the gate in
-the forward (its one `exp` per element) and the backward computes the slope from it without an
-`exp` (it recomputed the gate before: the MLP's backward nest of a GPT step ran 2x faster, the
-forward ~20% slower for the stored gate, the two together ~15% faster). Without a backward the
-gate stays in a row buffer and the slope is never computed. Templates with a constant (a slope,
-clip bounds) are parsed once per constant.
+tanh form is `x * gate` with the gate an operation of its own, whose gradient is written from
+its value (`s (1 - s)`): the training step stores the gate in the forward and the backward reads
+it, one `exp` per element where it was two (a GPT step's `exp` time in the MLP halved). Templates
+with a constant (a slope, clip bounds) are parsed once per constant.
 """
 
 from __future__ import annotations
@@ -33,8 +30,8 @@ _GELU_SIGMOID = f"recip(1 + exp({-2 * _SQRT_2_PI!r} * (t1 + {_GELU_CUBIC!r} * (t
 """`0.5 (1 + tanh(u)) = sigmoid(2u)`: the tanh form's gate through one `exp`, which gcc
 vectorizes (einjit's inline `exp`; libmvec's in double) at about twice the rate of `tanh`
 (the transformer's MLP applies it to 4 x d_model values per token, forward and backward).
-For large negative `u` the `exp` overflows to infinity and the gate is exactly 0, as `tanh`
-saturates to -1 (and so is the slope)."""
+For large negative `u` the `exp` overflows to infinity and the gate is exactly 0, as `tanh` saturates to -1
+(and so is its gradient, `s (1 - s)`)."""
 
 _UNARY = {
     "abs": (Template("t =: abs(t1)"), Template("g1 =+ where(t1 < 0, -g, g)")),
@@ -42,13 +39,11 @@ _UNARY = {
     "gelu": (Template(f"t =: t1 * (0.5 + 0.5 * erf({_SQRT1_2!r} * t1))"),
              Template(f"g1 =+ g * ((0.5 + 0.5 * erf({_SQRT1_2!r} * t1)) "
                       f"+ t1 * ({_INV_SQRT_2PI!r} * exp(-0.5 * (t1 * t1))))")),
-    "gelu_gate": (Template(f"t =: {_GELU_SIGMOID}"), None),
+    "gelu_gate": (Template(f"t =: {_GELU_SIGMOID}"),
+                  Template(f"g1 =+ g * (t * (1 - t) * {2 * _SQRT_2_PI!r} * (1 + {3 * _GELU_CUBIC!r} * (t1 * t1)))")),
 }
-_SLOPE = Template(f"t =: t2 + t1 * t2 * (1 - t2) * {2 * _SQRT_2_PI!r} * (1 + {3 * _GELU_CUBIC!r} * (t1 * t1))")
-"""The tanh GELU's derivative from `x` and its gate `s`: `d(x s)/dx = s + x s (1 - s) 2 du/dx`."""
-_GATED = (Template("t =: t1 * t2"), Template("g1 =+ g * t3"))
-"""The tanh GELU from `x`, its gate and its slope (neither of which has a gradient of its own);
-`export_onnx` writes it as `Gelu` of `x`."""
+_GATED = (Template("t =: t1 * t2"), Template("g1 =+ g * t2; g2 =+ g * t1"))
+"""The tanh GELU from `x` and its gate (`"gelu_gate"`); `export_onnx` writes it as `Gelu` of `x`."""
 
 
 def _unary(name: str, x: Like, label) -> Tensor:
@@ -75,9 +70,8 @@ def gelu(x: Like, approximate: str = "none", *, label=None) -> Tensor:
         case "tanh":
             t1 = as_tensor(x)
             gate = _unary("gelu_gate", t1, None)
-            slope = make_op("gelu_slope", [t1, gate], logic=None, forward=_SLOPE, backprop=None)
             fwd, bwd = _GATED
-            return make_op("gelu", [t1, gate, slope], logic=None, forward=fwd, backprop=bwd, label=label)
+            return make_op("gelu", [t1, gate], logic=None, forward=fwd, backprop=bwd, label=label)
     raise TensorError(f"einjit: gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
