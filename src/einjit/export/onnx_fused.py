@@ -280,7 +280,6 @@ def recognize(t: Tensor) -> Fused | None:
 
 def gelu_approximation(t: Tensor) -> str:
     """`"none"` if the `gelu` tensor `t` computes the erf form, else `"tanh"`: the tanh form is
-    `x` times a gate computed through `exp` (`sigmoid(2u)`, a child of its own), so `erf` in
-    `t`'s own forward is what tells the two apart."""
+    computed through `exp` (`sigmoid(2u)`), so `erf` is what tells the two apart."""
     unops = {a.op for a in asg.flatten_with_comments(t.own_forward) if isinstance(a, asg.AccumUnop)}
     return "none" if ops.Unop.ERF in unops else "tanh"

@@ -195,7 +195,7 @@ class _Exporter:
         if op == "rsqrt" and n == 1:
             root = self.w.node("Sqrt", [self.aligned(t, 0, proj, letters, out)], f"{base}_sqrt")
             return self.finish(t, self.w.node("Reciprocal", [root], base), proj)
-        if op == "gelu" and n in (1, 2):
+        if op == "gelu" and n == 1:
             x = self.aligned(t, 0, proj, letters, out)
             return self.finish(t, self.gelu(x, onnx_fused.gelu_approximation(t), base), proj)
         if op == "dropout" and n == 3:
@@ -346,8 +346,8 @@ def _leaf_values(t: Tensor) -> np.ndarray:
 def _graph_order(outputs: list[Tensor]) -> tuple[list[Tensor], dict[int, onnx_fused.Fused]]:
     """The tensors the outputs need, in creation (topological) order, and the softmaxes and
     layer norms among them: those need their `Fused.inputs`, not their children (the
-    intermediate tensors are written only if something else needs them); nor the second
-    argument of `_OWN_SECOND`'s operations."""
+    intermediate tensors are written only if something else needs them). A dropout's random
+    draw is not needed (an exported dropout is the identity)."""
     seen: dict[int, Tensor] = {}
     fused: dict[int, onnx_fused.Fused] = {}
     stack = list(outputs)
@@ -361,13 +361,8 @@ def _graph_order(outputs: list[Tensor]) -> tuple[list[Tensor], dict[int, onnx_fu
             fused[t.id] = f
             stack.extend(f.inputs)
         else:
-            stack.extend(c for k, c in enumerate(t.children) if not (t.op_label in _OWN_SECOND and k == 1))
+            stack.extend(c for k, c in enumerate(t.children) if not (t.op_label == "dropout" and k == 1))
     return [seen[k] for k in sorted(seen)], fused
-
-
-_OWN_SECOND = ("dropout", "gelu")
-"""Operations whose second argument the exported operator computes itself: a dropout's random
-draw (the identity needs none) and the tanh GELU's gate (`Gelu` computes it from the input)."""
 
 
 def export_onnx(model: object, path: str | os.PathLike, *, inputs: Sequence[Tensor] | None = None,

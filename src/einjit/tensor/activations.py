@@ -5,10 +5,7 @@ positive inputs nor loses the linear part; its derivative, the sigmoid, is `reci
 which saturates to 0 or 1 without producing NaN. `gelu` is the exact (erf) form, as PyTorch's
 default, and `gelu(x, approximate="tanh")` the tanh form GPT-2 was trained with
 (`0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, PyTorch's `approximate="tanh"`), computed
-as `x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3))`, the same function through one `exp`. The
-tanh form is `x * gate` with the gate an operation of its own, whose gradient is written from
-its value (`s (1 - s)`): the training step stores the gate in the forward and the backward reads
-it, one `exp` per element where it was two (a GPT step's `exp` time in the MLP halved). Templates
+as `x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3))`, the same function through one `exp`. Templates
 with a constant (a slope, clip bounds) are parsed once per constant.
 """
 
@@ -30,8 +27,7 @@ _GELU_SIGMOID = f"recip(1 + exp({-2 * _SQRT_2_PI!r} * (t1 + {_GELU_CUBIC!r} * (t
 """`0.5 (1 + tanh(u)) = sigmoid(2u)`: the tanh form's gate through one `exp`, which gcc
 vectorizes (einjit's inline `exp`; libmvec's in double) at about twice the rate of `tanh`
 (the transformer's MLP applies it to 4 x d_model values per token, forward and backward).
-For large negative `u` the `exp` overflows to infinity and the gate is exactly 0, as `tanh` saturates to -1
-(and so is its gradient, `s (1 - s)`)."""
+For large negative `u` the `exp` overflows to infinity and the gate is exactly 0, as `tanh` saturates to -1."""
 
 _UNARY = {
     "abs": (Template("t =: abs(t1)"), Template("g1 =+ where(t1 < 0, -g, g)")),
@@ -39,11 +35,10 @@ _UNARY = {
     "gelu": (Template(f"t =: t1 * (0.5 + 0.5 * erf({_SQRT1_2!r} * t1))"),
              Template(f"g1 =+ g * ((0.5 + 0.5 * erf({_SQRT1_2!r} * t1)) "
                       f"+ t1 * ({_INV_SQRT_2PI!r} * exp(-0.5 * (t1 * t1))))")),
-    "gelu_gate": (Template(f"t =: {_GELU_SIGMOID}"),
-                  Template(f"g1 =+ g * (t * (1 - t) * {2 * _SQRT_2_PI!r} * (1 + {3 * _GELU_CUBIC!r} * (t1 * t1)))")),
+    "gelu_tanh": (Template(f"t =: t1 * {_GELU_SIGMOID}"),
+                  Template(f"g1 =+ g * ({_GELU_SIGMOID} + t1 * {_GELU_SIGMOID} * (1 - {_GELU_SIGMOID}) * "
+                           f"{2 * _SQRT_2_PI!r} * (1 + {3 * _GELU_CUBIC!r} * (t1 * t1)))")),
 }
-_GATED = (Template("t =: t1 * t2"), Template("g1 =+ g * t2; g2 =+ g * t1"))
-"""The tanh GELU from `x` and its gate (`"gelu_gate"`); `export_onnx` writes it as `Gelu` of `x`."""
 
 
 def _unary(name: str, x: Like, label) -> Tensor:
@@ -68,10 +63,8 @@ def gelu(x: Like, approximate: str = "none", *, label=None) -> Tensor:
         case "none":
             return _unary("gelu", x, label)
         case "tanh":
-            t1 = as_tensor(x)
-            gate = _unary("gelu_gate", t1, None)
-            fwd, bwd = _GATED
-            return make_op("gelu", [t1, gate], logic=None, forward=fwd, backprop=bwd, label=label)
+            fwd, bwd = _UNARY["gelu_tanh"]
+            return make_op("gelu", [as_tensor(x)], logic=None, forward=fwd, backprop=bwd, label=label)
     raise TensorError(f"einjit: gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
