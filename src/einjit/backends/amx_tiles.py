@@ -31,8 +31,8 @@ it to the float32 accumulation bound (`depth * 2**-24` of the sum of magnitudes)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
+from einjit.backends.kernel_writer import Writer
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import AxisIndex, FixedIdx, Iterator, Symbol, make_affine, subst_index
@@ -77,18 +77,6 @@ HELPER = """\
 A_TILES = 4
 """The tile registers: float tiles from 0 (at most 4), A's from 4, B's from 6."""
 B_TILES = 6
-
-
-class Writer(Protocol):
-    """What `render` needs of the C renderer's writer (`c_syntax._Writer`)."""
-
-    loops: dict[Symbol, tuple[int, int]]
-    helpers: set[str]
-    index_type: str
-
-    def node_name(self, tn: Tnode, written: bool = False) -> str: ...
-
-    def index(self, tn: Tnode, idcs: tuple[AxisIndex, ...], what: str, extra_last: int = 0) -> str: ...
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ where the order matters, far below bf16's own resolution.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 from einjit.backends import c_vectors
+from einjit.backends.kernel_writer import Writer
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import (
@@ -61,18 +61,6 @@ HELPER = """\
 }}
 #endif
 """
-
-
-class Writer(Protocol):
-    """What `render` needs of the C renderer's writer (`c_syntax._Writer`)."""
-
-    loops: dict[Symbol, tuple[int, int]]
-    helpers: set[str]
-    index_type: str
-
-    def node_name(self, tn: Tnode, written: bool = False) -> str: ...
-
-    def index(self, tn: Tnode, idcs: tuple[AxisIndex, ...], what: str, extra_last: int = 0) -> str: ...
 
 
 @dataclass(frozen=True)
