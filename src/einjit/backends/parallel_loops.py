@@ -68,9 +68,9 @@ ZERO_PIECE_BYTES = 1 << 16
 ROUTINE_WORK_FACTOR = 4
 """A routine goes on threads only where its threaded nests run at least this many times
 `THREAD_MIN_WORK` each on average (128K assignments, a register-blocked contraction's counted
-at 1/`BLOCKED_WORK_FACTOR`): each call wakes the threads, which sleep between calls
-(`openmp_env.SPIN_COUNT`), and each threaded nest ends at a barrier whose next nest reads
-rows the other thread wrote. The MLP 2-32-32-1 step at B=1024 (6 threaded nests, 0.47M
+at 1/`BLOCKED_WORK_FACTOR`): each call may have to wake threads that slept between calls
+(`cc/team.c`, or libgomp's `openmp_env.SPIN_COUNT`), and each threaded nest ends at a barrier
+whose next nest reads rows the other thread wrote. The MLP 2-32-32-1 step at B=1024 (6 threaded nests, 0.47M
 together) was slower at 2 threads than at 1; bias + GELU forward and backward at 1024 x 512
 (2 nests, 0.52M) and a convnet step (13 nests, 4.7M) are not small. A nest the scheduler
 threads (a contraction of a millisecond or more) is enough alone."""
