@@ -262,7 +262,8 @@ def _normalized_c(code) -> str:
 @pytest.mark.parametrize("which", ["matmul_abt", "conv", "matmul_tails"])
 def test_scheduled_c_golden(which):
     """`matmul_tails`: 11 rows and 45 columns, which the 7x32 block the cost model picks does
-    not divide: tail rows, and the last 13 columns in a panel padded to 32."""
+    not divide: blocks of 6 and 5 rows (`cost_model.row_blocks`), and the last 13 columns in a
+    panel padded to 32."""
     code = {"matmul_abt": lambda: matmul(64, 32, 64, True)[0], "conv": lambda: conv()[0],
             "matmul_tails": lambda: matmul(11, 9, 45, True)[0]}[which]()
     text = _normalized_c(schedule_llc(code, ON, ANY_SIZE))

@@ -113,7 +113,9 @@ def test_k_chunks_with_a_tail_chunk_are_exact(tile):
     sched = schedule_llc(code, OFF, Blocking(min_work=1, tile=tile))
     ins = inputs_for(a, b, seed=1)
     check_exact(code, sched, ins, c)
-    assert f"{tile.mb}x{tile.nb}, {tile.kc}-step k chunks" in ll.to_doc(sched)
+    # 19 rows in blocks as even as `tile.mb` allows (`cost_model.row_blocks`): 8x32 runs 7 + 6 + 6
+    height = cost_model.row_blocks(19, tile.mb)[0]
+    assert f"{height}x{tile.nb}, {tile.kc}-step k chunks" in ll.to_doc(sched)
 
 
 def test_k_chunks_come_from_the_l2_budget():
@@ -201,7 +203,9 @@ def test_k_chunks_on_threads_run_in_one_region(machine):
     """A chunked contraction with its panels on threads: one parallel region around the k
     chunks (not a fork-join per chunk), the panels an `omp for` inside it whose barrier orders
     each chunk after the one before, the padded tail panel packed by one thread (`omp single`)
-    and its row blocks shared out; bit-identical to the interpreter at 1 and 2 threads."""
+    and its row blocks shared out, all of them: 20 rows are 4 blocks of 5 (`cost_model.row_blocks`),
+    not 3 of 6 and a 2-row tail that one thread ran while the other waited; bit-identical to the
+    interpreter at 1 and 2 threads."""
     nb = 32 if machine == "avx512" else 16
     code, a, b, c = matmul(20, 48, 4 * nb + 5, False)
     sched = schedule_llc(code, OFF, Blocking(min_work=1, tile=Tile(6, nb, 16), parallel_min_work=1,
@@ -212,11 +216,11 @@ def test_k_chunks_on_threads_run_in_one_region(machine):
     assert region is not None
     pragmas = [re.sub(r"dynamic, \d+", "dynamic", line.strip()) for line in region.group(1).splitlines()
                if "#pragma omp" in line or "int kt0" in line]
-    # the panel and the accumulators are each thread's own in the panel loop; the tail
-    # panel's pack and its last rows (one thread each) use the routine's (chunk sizes apart)
-    assert pragmas == ["for (int kt0 = 0; kt0 < 3; ++kt0) {", "#pragma omp for schedule(dynamic) private(pack, acc)",
-                       "#pragma omp single", "#pragma omp for schedule(dynamic) private(acc, edge)",
-                       "#pragma omp single"]
+    # the panel is each thread's own in the panel loop, the tail panel's pack (one thread) the
+    # routine's; the accumulators, used in threaded loops only, each thread's from the region's start
+    assert pragmas == ["for (int kt0 = 0; kt0 < 3; ++kt0) {", "#pragma omp for schedule(dynamic) private(pack)",
+                       "#pragma omp single", "#pragma omp for schedule(dynamic)"]
+    assert f"5x{nb}, 16-step k chunks" in src and "rows */" not in src
     ins = inputs_for(a, b, seed=7)
     for threads in (1, 2):
         want = check_exact(code, sched, ins, c, threads=threads)

@@ -6,6 +6,8 @@ the interpreter and gcc, for the AVX2 and the AVX-512 descriptions, with tails e
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -147,3 +149,41 @@ def test_row_blocks_go_outside_the_panels(machine, shape):
                                            blocking.nb_choices, blocking.mb_max, blocking.machine)))
     assert packs["apack"][0] == 1 and packs["pack"][0] == -(-cols // tile.nb), packs
     check_on_threads(code, sched, x, dy, w, seed=shape[1])
+
+
+def test_row_blocks_are_as_few_and_as_even_as_the_block_allows():
+    """`cost_model.row_blocks`: ceil(rows / mb) blocks whose heights differ by one at most and
+    add up to the rows; the GPT step's 128-row weight gradients in 6-row blocks are 18 of 6 and
+    4 of 5 (the 2-row tail ran at a third of the FMA rate, in an `omp single` on threads)."""
+    assert cost_model.row_blocks(128, 6) == (6, 18, 4)
+    assert cost_model.row_blocks(512, 6) == (6, 82, 4)
+    assert cost_model.row_blocks(11, 4) == (4, 2, 1)
+    assert cost_model.row_blocks(12, 8) == (6, 2, 0)
+    for mb in range(1, 10):
+        for rows in range(1, 70):
+            height, full, short = cost_model.row_blocks(rows, mb)
+            assert full * height + short * (height - 1) == rows, (rows, mb)
+            assert 1 <= height <= mb and full >= 1 and short >= 0 and full + short == -(-rows // mb), (rows, mb)
+
+
+@pytest.mark.parametrize("machine", ["avx2", "avx512"])
+@pytest.mark.parametrize("shape,tile", [((2, 9, 22, 40), Tile(6, 16, 1)), ((3, 7, 23, 33), Tile(5, 8, 2)),
+                                        ((2, 5, 38, 20), Tile(8, 8, 5))])
+def test_short_row_blocks_share_out_on_threads_and_are_exact(machine, shape, tile):
+    """Rows the block does not divide run as blocks one row shorter, a threaded loop of them
+    after the full ones (22 rows: 2 x 6 + 2 x 5; 23: 3 x 5 + 2 x 4; 38: 3 x 8 + 2 x 7), not a
+    tail in an `omp single` while the other thread waits: bit for bit the unscheduled C at 1
+    and 2 threads, and the interpreter, with and without chunks of the summed loop."""
+    code, x, dy, w = weight_grad(*shape)
+    sched = schedule_llc(code, OFF, Blocking(min_work=1, min_unroll_work=1, parallel_min_work=1,
+                                             machine=MACHINES[machine], tile=tile))
+    height, full, short = cost_model.row_blocks(shape[2], tile.mb)
+    assert height == tile.mb and full >= 2 and short == 2
+    rows = f"the last {short * (height - 1)} of {shape[2]} rows, in {short} blocks of {height - 1}"
+    assert f"register-blocked {height}x" in ll.to_doc(sched) and rows in ll.to_doc(sched)
+    src = cc.compile_proc(sched, name="short_rows", options=cc.CcOptions(threads=2)).source
+    assert re.search(rf"{rows} \*/\n\s*#pragma omp (parallel|for)", src), src
+    ins = inputs_for(x, dy, seed=shape[2])
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[w]
+    np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[w], want)
+    check_on_threads(code, sched, x, dy, w, seed=shape[2])

@@ -362,7 +362,8 @@ class _Layout:
     through, when the block is vectors: a vector cannot be part of a row), the loop symbols
     of the blocks (`j0` panels, `i0` row blocks, `kt` k chunks, `a` / `b` rows and columns
     inside a block, `kp` the summed loops), how many full blocks and how large the tails are
-    along each axis, and which loops run on threads. With `kl`, the panel holds bf16 pairs
+    along each axis (rows: `n_rows` blocks of `mb`, then `n_short` of `mb - 1`,
+    `cost_model.row_blocks`), and which loops run on threads. With `kl`, the panel holds bf16 pairs
     (`bf16_pairs`): `kp` counts pairs of the summed loop and `kl` the one of a pair. With
     `apack`, one row block of A at a time is packed per k chunk (`rows_outer`)."""
 
@@ -382,7 +383,7 @@ class _Layout:
     n_cols: int
     tail_cols: int
     n_rows: int
-    tail_rows: int
+    n_short: int
     n_chunks: int
     tail_chunk: int
     unrolled: frozenset[Symbol]
@@ -434,7 +435,8 @@ class _Layout:
 
 def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layout:
     extent, prec = c.extent, c.st.tn.prec.computed_in
-    mb, nb, kc = tile.mb, tile.nb, tile.kc
+    mb, n_rows, n_short = cost_model.row_blocks(extent[c.i], tile.mb)
+    nb, kc = tile.nb, tile.kc
     pairs = bf16_pairs.applies(c.a_op, c.b_op, len(c.summed), kc, extent[c.summed[0]], blocking.machine)
     n_cols, tail_cols = divmod(extent[c.j], nb)
     panels = n_cols + (1 if tail_cols else 0)
@@ -446,10 +448,9 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     block = nests.register_block(mb, nb, prec, blocking.machine.vector_bytes, b)
     kp = {k: get_symbol(k.name) for k in c.summed}
     edge = nests.scheduler_local("edge", (mb, nb), prec) if tail_cols and block.lanes > 1 else None
-    n_rows, tail_rows = divmod(extent[c.i], mb)
     n_chunks, tail_chunk = divmod(extent[c.summed[0]], kc)
     small = math.prod(extent.values()) < blocking.min_unroll_work
-    unrolled = frozenset() if small and (tail_cols or tail_rows) else frozenset({a})
+    unrolled = frozenset() if small and (tail_cols or n_short) else frozenset({a})
     batch = next((s for s in c.outer if extent[s] > 1), None) if _threaded(c, blocking) else None
     inner_threads = batch is None and _threaded(c, blocking)
     by_panels = inner_threads and n_cols >= 2 * blocking.min_panels_per_thread
@@ -463,7 +464,7 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     apack = nests.scheduler_local("apack", (1, kc, *rest, mb), prec) if rows_outer else None
     if rows_outer:
         pack = nests.scheduler_local("pack", (panels, kc, *rest, nb), prec)
-    return _Layout(c, mb, nb, kc, pack, block, edge, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, tail_rows,
+    return _Layout(c, mb, nb, kc, pack, block, edge, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, n_short,
                    n_chunks, tail_chunk, unrolled, batch, inner_threads, by_panels,
                    get_symbol("kl") if pairs else None, apack, rows_outer=rows_outer, pack_all=pack_all)
 
@@ -550,7 +551,7 @@ def _rows_outer_chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
     (a few L1 sets), for each panel: on znver3 the MLP proj's weight gradient (128 x 512 over
     1024 rows) took 2.06-2.29 ms of CPU time that way, 1.75-1.85 ms this way (1.5 ms with
     nothing packed), the 128 x 128 ones 0.47 ms before, 0.44 ms after."""
-    c, a, b, mb, nb = lay.c, lay.a, lay.b, lay.mb, lay.nb
+    c, a, b, nb = lay.c, lay.a, lay.b, lay.nb
     k_loops, k_env = lay.k_loops(depth), lay.k_env(k_at)
 
     def fill(panel: AxisIndex, col: AxisIndex) -> ll.Set:
@@ -577,35 +578,45 @@ def _rows_outer_chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
                            "pack a block of rows")
         steps = [nests.nest([*k_loops, *([(a, height)] if height > 1 else [])], pack_rows)]
         if lay.n_cols == 1:
-            steps.append(_kernel(lay, row, FixedIdx(0), height, Iterator(b), FixedIdx(0), nb, k_at, depth))
+            steps.append(_kernel(lay, row, height, Iterator(b), FixedIdx(0), nb, k_at, depth))
         elif lay.n_cols:
-            steps.append(ll.ForLoop(lay.j0, 0, lay.n_cols - 1, _kernel(lay, row, FixedIdx(0), height,
-                                                                        _span(nb, lay.j0, b), Iterator(lay.j0), nb,
-                                                                        k_at, depth)))
+            steps.append(ll.ForLoop(lay.j0, 0, lay.n_cols - 1, _kernel(lay, row, height, _span(nb, lay.j0, b),
+                                                                        Iterator(lay.j0), nb, k_at, depth)))
         if lay.tail_cols:
             steps.append(ll.Comment(f"the last {lay.tail_cols} of {c.extent[c.j]} columns, padded to {nb}"))
-            steps.append(_kernel(lay, row, FixedIdx(0), height, _span(nb, None, b, nb * lay.n_cols),
+            steps.append(_kernel(lay, row, height, _span(nb, None, b, nb * lay.n_cols),
                                  FixedIdx(lay.n_cols), lay.tail_cols, k_at, depth))
         return ll.seq(*steps)
 
-    if lay.n_rows == 1:
-        parts.append(block_rows(Iterator(a) if mb > 1 else FixedIdx(0), mb))
-    elif lay.n_rows:
-        parts.append(ll.ForLoop(lay.i0, 0, lay.n_rows - 1, block_rows(_span(mb, lay.i0, a) if mb > 1
-                                                                      else Iterator(lay.i0), mb),
-                                parallel=lay.inner_threads))
-    if lay.tail_rows:
-        parts.append(ll.Comment(f"the last {lay.tail_rows} of {c.extent[c.i]} rows"))
-        parts.append(block_rows(_span(mb, None, a, mb * lay.n_rows) if lay.tail_rows > 1
-                                else FixedIdx(mb * lay.n_rows), lay.tail_rows))
+    parts.extend(_row_blocks(lay, block_rows, lay.inner_threads))
     return ll.seq(*parts)
+
+
+def _row_blocks(lay: _Layout, body: Callable[[AxisIndex, int], ll.LLStmt], threaded: bool) -> list[ll.LLStmt]:
+    """`body(row, height)` for every row block: the `n_rows` full ones, then the `n_short` ones
+    a row shorter (`cost_model.row_blocks`), each kind a loop over its blocks (`i0`, on threads
+    if `threaded`) where there are several; `row` is the row inside the block (`a`, or fixed in
+    one-row blocks)."""
+    parts: list[ll.LLStmt] = []
+    for start, count, height in ((0, lay.n_rows, lay.mb), (lay.mb * lay.n_rows, lay.n_short, lay.mb - 1)):
+        if not count:
+            continue
+        if start:
+            shape = f", in {count} blocks of {height}" if count > 1 else ""
+            parts.append(ll.Comment(f"the last {count * height} of {lay.c.extent[lay.c.i]} rows{shape}"))
+        if count == 1:
+            parts.append(body(_span(height, None, lay.a, start) if height > 1 else FixedIdx(start), height))
+        else:
+            row = _span(height, lay.i0, lay.a, start) if height > 1 else make_affine(((1, lay.i0),), start)
+            parts.append(ll.ForLoop(lay.i0, 0, count - 1, body(row, height), parallel=threaded))
+    return parts
 
 
 def _panel(lay: _Layout, col: AxisIndex, panel: AxisIndex, width: int, k_at: AxisIndex, depth: int,
            threaded_rows: bool, stage: frozenset[str]) -> ll.LLStmt:
     """One column panel (`panel` counts them): pack it (zero-padded to `nb` columns), then
     every row block; `stage` says which of the two ("pack", "rows")."""
-    c, b, mb, nb, a = lay.c, lay.b, lay.mb, lay.nb, lay.a
+    c, b, nb = lay.c, lay.b, lay.nb
     k_env: dict[Symbol, AxisIndex] = {c.j: col, **lay.k_env(k_at)}
     k_loops = lay.k_loops(depth)
     # read B along its own unit stride: rows of `w` in the dense layer's `w @ x`
@@ -619,28 +630,18 @@ def _panel(lay: _Layout, col: AxisIndex, panel: AxisIndex, width: int, k_at: Axi
                                                                                    ll.Constant(0.0)))))
     if "rows" not in stage:
         return ll.seq(*parts)
-    if lay.n_rows == 1:
-        parts.append(_kernel(lay, Iterator(a) if mb > 1 else FixedIdx(0), FixedIdx(0), mb, col, panel, width, k_at,
-                             depth))
-    elif lay.n_rows:
-        row = _span(mb, lay.i0, a) if mb > 1 else Iterator(lay.i0)
-        parts.append(ll.ForLoop(lay.i0, 0, lay.n_rows - 1,
-                                _kernel(lay, row, Iterator(lay.i0), mb, col, panel, width, k_at, depth),
-                                parallel=threaded_rows))
-    if lay.tail_rows:
-        row = _span(mb, None, a, mb * lay.n_rows) if lay.tail_rows > 1 else FixedIdx(mb * lay.n_rows)
-        parts.append(ll.Comment(f"the last {lay.tail_rows} of {c.extent[c.i]} rows"))
-        parts.append(_kernel(lay, row, FixedIdx(lay.n_rows), lay.tail_rows, col, panel, width, k_at, depth))
+    parts.extend(_row_blocks(lay, lambda row, height: _kernel(lay, row, height, col, panel, width, k_at, depth),
+                             threaded_rows))
     return ll.seq(*parts)
 
 
-def _kernel(lay: _Layout, row: AxisIndex, row_block: AxisIndex, height: int, col: AxisIndex, panel: AxisIndex,
-            width: int, k_at: AxisIndex, depth: int) -> ll.LLStmt:
+def _kernel(lay: _Layout, row: AxisIndex, height: int, col: AxisIndex, panel: AxisIndex, width: int,
+            k_at: AxisIndex, depth: int) -> ll.LLStmt:
     """One block; in a tail panel (`width < nb`) it still updates all `nb` columns (the
     padding columns hold zeros and are never stored), since gcc keeps only full-width
     blocks in registers. A block of vectors loads and stores a tail panel's columns through
-    `edge`, zero-padded, a row at a time. A's values come from `apack` at `row_block` when
-    its rows are packed (`rows_outer`), B's from `panel` where `pack` holds every panel
+    `edge`, zero-padded, a row at a time. A's values come from `apack` (the block's own rows)
+    when its rows are packed (`rows_outer`), B's from `panel` where `pack` holds every panel
     (`pack_all`, `rows_outer`). A `zero_start` block starts at zero instead of loading the output."""
     c, st, a, b, rb = lay.c, lay.c.st, lay.a, lay.b, lay.block
     unrolled = lay.unrolled | rb.unrolled if lay.unrolled else lay.unrolled
@@ -648,7 +649,7 @@ def _kernel(lay: _Layout, row: AxisIndex, row_block: AxisIndex, height: int, col
     block = rb.at(r)
     cell = tuple(subst_index({c.i: row, c.j: col}, idx) for idx in st.idcs)
     if lay.apack is not None:
-        a_read: ll.LLScalar = ll.Get(lay.apack, (row_block, *(Iterator(lay.kp[k]) for k in c.summed), r))
+        a_read: ll.LLScalar = ll.Get(lay.apack, (FixedIdx(0), *(Iterator(lay.kp[k]) for k in c.summed), r))
     else:
         a_read = nests.subst(c.a_op, {c.i: row, **lay.k_env(k_at)})
     packed = rb.by_column(ll.Get(lay.pack, lay.pack_at(panel)))
