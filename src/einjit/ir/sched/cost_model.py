@@ -24,7 +24,8 @@ speed, before blocks became arrays of vectors in C, `nests.RegisterBlock`.) So A
 gets 8×32 float blocks, AVX2 (16 registers of 8 floats) 6×16, and SSE 6×8.
 
 Extents the block does not divide leave tails (`rows % mb` tail rows priced with the same
-formula; the last `cols % nb` columns in a panel padded to `nb`, priced as a full one). A
+formula, which the scheduler runs as blocks a row shorter, `row_blocks`, never costlier; the
+last `cols % nb` columns in a panel padded to `nb`, priced as a full one). A
 nest narrower than the preferred width (a convolution's output row of 13) takes the widest
 power of two it holds instead (8, then a padded panel of 5), wasting less than the padding
 to 32 would (that made a convnet step 15% slower). Each

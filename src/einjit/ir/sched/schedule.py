@@ -29,11 +29,13 @@ and `a @ b` ran at a quarter of the FMA peak. The lane loops are unit-stride eve
 MB, NB and the chunk come from the cost model (`cost_model.py`), or from measurements under
 `EINJIT_SEARCH=1`.
 
-Extents they do not divide take the same path with tails: the last `rows % MB` rows run a
-shorter block, and the last `cols % NB` columns run one panel padded to NB columns (zeros in
-the pack and the accumulators, never stored; a block of vectors is loaded and stored through
-a zero-padded `edge` buffer, since a vector cannot cover part of a row): gcc keeps only
-full-width blocks in registers
+Extents they do not divide take the same path with tails: rows run in blocks as even as MB
+allows, the last ones a row shorter (`cost_model.row_blocks`: 128 rows in 6-row blocks are
+18 x 6 + 4 x 5, not 21 x 6 and a 2-row tail whose FMAs waited on their latency, and which ran
+in an `omp single` on threads), and the last `cols % NB` columns run one panel padded to NB
+columns (zeros in the pack and the accumulators, never stored; a block of vectors is loaded
+and stored through a zero-padded `edge` buffer, since a vector cannot cover part of a row):
+gcc keeps only full-width blocks in registers
 (an 8×16 block ran at a third of the speed of 8×32, a 31-wide one scalar), so the padded
 block, although it computes unused columns, is the fastest way to do the tail. A last chunk
 of `k` is shorter. Every output cell still sums its terms in the original order, so results are
