@@ -142,7 +142,9 @@ def row_blocks(rows: int, mb: int) -> tuple[int, int, int]:
     allows and of heights that differ by one at most. A step of a block costs
     `max(throughput * height, latency)`, convex in the height, so for a given number of blocks
     equal heights cost least: 128 rows in 6-row blocks are 18 x 6 + 4 x 5 rather than 21 x 6 and
-    a 2-row tail whose step waited on the FMA latency with 4 accumulators. On threads the
+    a 2-row tail whose step waited on the FMA latency with 4 accumulators (a C harness of the
+    weight-gradient nest on the shared znver3, 1 thread, median of 1,500 alternating calls:
+    1-4% faster at 32, 64 and 128 rows x 128 columns). On threads the
     blocks share out evenly, where the tail had run in an `omp single` after the others (the GPT
     step's 128-row weight gradients lost ~5% at 2 threads that way). `cycles` still prices the
     old split (full blocks and one tail), never cheaper, so the model's choices stay as they were."""
