@@ -1,6 +1,9 @@
-/* einjit's thread team: the part of libgomp's interface that gcc's `-fopenmp` lowering of
- * einjit's generated C calls, linked into each multithreaded program with hidden visibility,
- * so the program's calls bind here and nothing else in the process sees these definitions.
+/* einjit's thread team: the OpenMP runtime of einjit's multithreaded programs. It is one
+ * shared library per process (named by a digest of its sources), which every such program
+ * needs by its soname: each program's libgomp entries (`team_entries.c`, hidden in the
+ * program) pass their calls on to it, so all the programs of a process share its teams and
+ * their workers (a process that compiles many routines keeps one team's workers, not one
+ * team's per routine, and a routine called after another finds the workers awake).
  *
  * Why not libgomp: a libgomp thread that finds no work spins a fixed count, then sleeps on
  * a futex. Spinning long (`OMP_WAIT_POLICY=active`) made `a @ b` at 2 threads 81% of the
@@ -12,7 +15,7 @@
  * a futex, and the spin adapts to the machine:
  * - while the machine is quiet a wait spins up to `SPIN_MAX_NS` (2 ms): back-to-back calls
  *   and the barriers between nests find every thread awake, as `active` does;
- * - once two of the program's threads were preempted within `PAIR_NS` (50 ms) of each other
+ * - once two of the team's threads were preempted within `PAIR_NS` (50 ms) of each other
  *   (a thread sees that from its count of involuntary context switches, read when a wait
  *   outlasts its first 64 polls, or from the clock jumping while it spins), the machine is
  *   busy: for the next `BUSY_NS` (0.2 s: a busy machine stays busy, and a thread that spins
@@ -21,7 +24,7 @@
  *   cores.
  * The waker makes a futex call only when a thread sleeps.
  *
- * Teams: a program keeps up to `MAX_TEAMS` teams; a thread starting a region takes a free one
+ * Teams: the process keeps up to `MAX_TEAMS` teams; a thread starting a region takes a free one
  * of its size (creating its workers the first time), so two threads can run routines at once.
  * A region started inside a region, or when no team is free or a worker cannot be created,
  * runs on the calling thread alone: einjit's threaded code computes the same values on any
@@ -47,7 +50,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HIDDEN __attribute__((visibility("hidden")))
+#include "team.h"
+
 #define LINE 64
 #define MAX_TEAMS 8
 #define MAX_THREADS 256
@@ -359,18 +363,16 @@ static void run_region(void (*fn)(void *), void *data, unsigned num_threads, lon
   atomic_store(&t->busy, 0);
 }
 
-HIDDEN void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags) {
-  (void)flags;
+void einjit_team_parallel(void (*fn)(void *), void *data, unsigned num_threads) {
   run_region(fn, data, num_threads, 0, 0, 1, 1, false);
 }
 
-HIDDEN void GOMP_parallel_loop_nonmonotonic_dynamic(void (*fn)(void *), void *data, unsigned num_threads, long start,
-                                                    long end, long incr, long chunk, unsigned flags) {
-  (void)flags;
+void einjit_team_parallel_loop(void (*fn)(void *), void *data, unsigned num_threads, long start, long end, long incr,
+                               long chunk) {
   run_region(fn, data, num_threads, start, end, incr, chunk, true);
 }
 
-HIDDEN bool GOMP_loop_nonmonotonic_dynamic_next(long *istart, long *iend) {
+bool einjit_team_loop_next(long *istart, long *iend) {
   Member *m = member();
   WorkShare *w = &m->team->ws[m->current % WS_SLOTS];
   long step = w->chunk * w->incr;
@@ -382,33 +384,33 @@ HIDDEN bool GOMP_loop_nonmonotonic_dynamic_next(long *istart, long *iend) {
   return true;
 }
 
-HIDDEN bool GOMP_loop_nonmonotonic_dynamic_start(long start, long end, long incr, long chunk, long *istart,
-                                                 long *iend) {
+bool einjit_team_loop_start(long start, long end, long incr, long chunk, long *istart, long *iend) {
   bool first;
   enter_construct(start, end, incr, chunk, &first);
-  return GOMP_loop_nonmonotonic_dynamic_next(istart, iend);
+  return einjit_team_loop_next(istart, iend);
 }
 
-HIDDEN void GOMP_loop_end_nowait(void) { leave_construct(member()->current); }
-
-HIDDEN void GOMP_loop_end(void) {
+void einjit_team_loop_end(bool wait) {
   leave_construct(member()->current);
-  team_barrier(member()->team);
+  if (wait) team_barrier(member()->team);
 }
 
-HIDDEN bool GOMP_single_start(void) {
+bool einjit_team_single_start(void) {
   bool first;
   enter_construct(0, 0, 1, 1, &first);
   leave_construct(member()->current);
   return first;
 }
 
-HIDDEN void GOMP_barrier(void) { team_barrier(member()->team); }
+void einjit_team_barrier(void) { team_barrier(member()->team); }
 
-HIDDEN void GOMP_critical_start(void) { pthread_mutex_lock(&critical); }
+void einjit_team_critical(bool enter) {
+  if (enter)
+    pthread_mutex_lock(&critical);
+  else
+    pthread_mutex_unlock(&critical);
+}
 
-HIDDEN void GOMP_critical_end(void) { pthread_mutex_unlock(&critical); }
+int einjit_team_thread_num(void) { return me ? me->id : 0; }
 
-HIDDEN int omp_get_thread_num(void) { return me ? me->id : 0; }
-
-HIDDEN int omp_get_num_threads(void) { return me ? me->team->n : 1; }
+int einjit_team_num_threads(void) { return me ? me->team->n : 1; }
