@@ -34,7 +34,8 @@ def test_the_needed_libraries_are_read_in_order(tmp_path):
         assert list(names) == [line.split("[")[1].split("]")[0] for line in listed.splitlines() if "(NEEDED)" in line]
 
 
-@pytest.mark.parametrize("data", [b"", b"not an object", b"\x7fELF\x02\x01" + bytes(58), b"\x7fELF\x01\x01" + bytes(200)])
+@pytest.mark.parametrize("data", [b"", b"not an object", b"\x7fELF\x02\x01" + bytes(58),
+                                  b"\x7fELF\x01\x01" + bytes(200)])
 def test_what_is_not_a_readable_64_bit_object_is_unknown(data):
     assert elf_needed.needed(data) is None
 
