@@ -33,8 +33,11 @@
  *
  * Work sharing: each thread counts the constructs (loops, singles) it meets in a region, in
  * the same order as every other thread; construct m lives in slot m % WS_SLOTS, which a
- * thread reuses only after every thread has finished construct m - WS_SLOTS. A dynamic loop
- * hands out chunks with one atomic add; a single goes to the thread that sets its slot up. */
+ * thread reuses only after every thread has finished construct m - WS_SLOTS. The count goes
+ * on from one region of a team to its next, so a region starts with its slots ready (setting
+ * the 16 slots up again took 48 atomic stores per region, to lines the workers used last).
+ * A dynamic loop hands out chunks with one atomic add; a single goes to the thread that sets
+ * its slot up. */
 
 #define _GNU_SOURCE
 #include <limits.h>
@@ -92,7 +95,8 @@ typedef struct Team {
   unsigned first_word; /* `start.word` when the workers were started */
   void (*fn)(void *);
   void *data;
-  bool loop; /* the region began with construct 0, a loop set up by its master */
+  bool loop;    /* the region began with construct `base`, a loop set up by its master */
+  unsigned base; /* the number of the region's first construct */
   Signal start;   /* bumped when the team's master starts a region */
   Signal barrier; /* bumped when the last thread reaches a barrier */
   _Alignas(LINE) atomic_int arrived;
@@ -102,7 +106,7 @@ typedef struct Team {
 typedef struct {
   Team *team;
   int id;
-  unsigned constructs; /* constructs met so far in this region */
+  unsigned constructs; /* the number of the next construct it meets */
   unsigned current;    /* the loop being shared out */
 } Member;
 
@@ -256,7 +260,7 @@ static void leave_construct(unsigned c) {
 }
 
 static void run_member(Team *t, int id) {
-  Member m = {t, id, t->loop ? 1 : 0, 0};
+  Member m = {t, id, t->base + (t->loop ? 1 : 0), t->base};
   me = &m;
   t->fn(t->data);
   team_barrier(t);
@@ -295,6 +299,8 @@ static bool create_workers(Team *t, int n) {
   atomic_store(&t->hired, 0);
   atomic_store(&t->arrived, 0);
   t->first_word = atomic_load(&t->start.word);
+  t->base = 0;
+  reset_constructs(t);
   bool ok = true;
   for (int k = 1; k < n && ok; ++k) {
     pthread_t thread;
@@ -349,16 +355,16 @@ static void run_region(void (*fn)(void *), void *data, unsigned num_threads, lon
   t->fn = fn;
   t->data = data;
   t->loop = loop;
-  reset_constructs(t);
-  Member m = {t, 0, 0, 0};
+  Member m = {t, 0, t->base, 0};
   me = &m;
   if (loop) {
     bool first;
-    enter_construct(start, end, incr, chunk, &first); /* construct 0, set up before the workers see it */
+    enter_construct(start, end, incr, chunk, &first); /* set up before the workers see it */
   }
   signal_change(&t->start);
   fn(data);
   team_barrier(t);
+  t->base = m.constructs; /* every thread met as many: the slots are ready for the next ones */
   me = NULL;
   atomic_store(&t->busy, 0);
 }
