@@ -311,10 +311,10 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK,
     only where each iteration writes its own block of it (`sliced_nodes`: a panel pack the
     contraction after it reads whole, 256 KiB in a GPT block's MLP backward, was one thread's
     while the other waited), since threads would each keep their own copy of per-iteration
-    scratch. A routine whose threaded nests run fewer
-    than `routine_min_work` assignments each on average (`ROUTINE_WORK_FACTOR` times
-    `min_work` when None) runs on one thread, unless the scheduler put a nest on threads (a contraction of a
-    millisecond or more: `Blocking.parallel_min_work`)."""
+    scratch. A routine whose threaded nests run fewer than `routine_min_work` assignments each
+    on average (`ROUTINE_WORK_FACTOR` times `min_work` when None) runs on one thread, unless
+    the scheduler put a nest on threads (a contraction of a millisecond or more:
+    `Blocking.parallel_min_work`)."""
     top = list(ll.flatten(llc))
     touched: dict[Tnode, int] = {}
     for s in top:
@@ -560,11 +560,11 @@ def shared_regions(top: list[ll.LLStmt]) -> list[Region]:
     """The parallel regions of a routine's top-level statements `top` (`ll.flatten` of it).
 
     A nest whose outermost loop is `parallel` becomes an orphaned `omp for` in a region, if
-    its per-iteration scratch (`scheduler_locals` but `sliced_nodes`) is its own; statements between such nests
-    run on one thread (one `omp single` for each run of them), so small serial nests or a
-    `memset` between two threaded nests cost a barrier, not a fork-join. Large zero fills
-    right before a region's first nest join it, shared in pieces (a convnet's first
-    convolution output, 1.4 MB, was one thread's `memset` before the region). A statement that
+    its per-iteration scratch (`scheduler_locals` but `sliced_nodes`) is its own; statements
+    between such nests run on one thread (one `omp single` for each run of them), so small
+    serial nests or a `memset` between two threaded nests cost a barrier, not a fork-join.
+    Large zero fills right before a region's first nest join it, shared in pieces (a convnet's
+    first convolution output, 1.4 MB, was one thread's `memset` before the region). A statement that
     threads an inner loop (its own region), or backend-staged code, ends a region. Regions of
     fewer than two threaded nests are left out: they would gain nothing. A compiler barrier
     of the scratch planner stays in the region, after a barrier of the threads, and so does a
