@@ -77,7 +77,20 @@ that starts while another library's workers spin shares the two cores with them.
 with NumPy's 2-thread matmul, einjit's 2-thread `a @ b` (n=512) ran at 27 GFLOP/s against
 100 alone, and NumPy collapsed alike: that, not the code (the matmul and the threads groups
 compile the same threaded panel loop), is why the matmul group's 2-thread rows read lower
-than the threads group's, whose contenders are both einjit."""
+than the threads group's, whose contenders are both einjit.
+
+A contender's first calls after the pause are slower than the rest, and more so on threads: its
+threads slept (a sleeping thread is woken when the call needs it, and the host may have given
+its core away meanwhile) and other processes took its data out of the caches. Timed per call
+after a 0.15 s pause at a load of about 1.5, einjit's `a @ b` (n=512) took 5.7-6.2 ms for the
+first call and 4.0-4.5 ms for the next 15 at 1 thread, 8-12 ms and 4.3-4.8 ms at 2 threads:
+in a batch of 16 that is 12-18% of the 2-thread batch's time. So each batch after a pause
+starts with `WARM_CALLS` untimed calls (the same for every contender: NumPy, PyTorch and
+einjit at any thread count), and the table reads calls back to back, as a training loop makes
+them."""
+
+WARM_CALLS = 2
+"""Untimed calls of a contender after the pause before each of its timed batches."""
 
 
 def _pool_threads() -> int:
@@ -94,9 +107,10 @@ def best_times(fns, repeats: int = 7, min_time: float = 0.2, settle: float | Non
     moment on a shared machine slows every contender alike rather than one of them. With
     several contenders on threads each batch starts `settle` seconds after the previous one
     (default `SETTLE_S` when `main` runs at more than one thread), so that no contender's
-    batch runs beside another one's spinning threads. `cpu`, if given, receives the process's
-    CPU seconds per call in each contender's best batch: at N threads a batch whose CPU time
-    is well under N times its wall time had threads waiting for a core other processes held."""
+    batch runs beside another one's spinning threads, and `WARM_CALLS` calls after it. `cpu`,
+    if given, receives the process's CPU seconds per call in each contender's best batch: at N
+    threads a batch whose CPU time is well under N times its wall time had threads waiting for
+    a core other processes held."""
     if settle is None:
         settle = SETTLE_S if len(fns) > 1 and _pool_threads() > 1 else 0.0
     pers = []
@@ -111,6 +125,8 @@ def best_times(fns, repeats: int = 7, min_time: float = 0.2, settle: float | Non
         for k, (fn, per) in enumerate(zip(fns, pers, strict=True)):
             if settle:
                 time.sleep(settle)
+                for _ in range(WARM_CALLS):
+                    fn()
             t, c = time.perf_counter(), time.process_time()
             for _ in range(per):
                 fn()

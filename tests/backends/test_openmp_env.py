@@ -1,6 +1,7 @@
 """The spin count einjit's OpenMP threads wait with (`openmp_env`): libgomp, loaded with a
-program compiled for 2 threads, reads `SPIN_COUNT` unless the user set a wait policy, and the
-process's environment is as it was afterwards. Each case runs in a fresh process (libgomp
+program compiled for 2 threads on it, reads `SPIN_COUNT` unless the user set a wait policy, and
+the process's environment is as it was afterwards; programs on einjit's thread team load no
+libgomp at all. Each case runs in a fresh process (libgomp
 reads its settings once per process), with `OMP_DISPLAY_ENV=verbose`: libgomp prints the
 settings it took when it loads."""
 
@@ -45,6 +46,8 @@ _PROGRAM = textwrap.dedent("""
     backend.link(ctx, backend.compile((), ll.seq(code, code), shared=True, name="again"))()
     print("environment set:", sets.count("GOMP_SPINCOUNT"))
     print("after:", os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"))
+    with open("/proc/self/maps") as maps:
+        print("libgomp loaded:", "libgomp" in maps.read())
 """)
 
 
@@ -57,10 +60,19 @@ def _run(tmp_path: Path, **user: str) -> tuple[str, str]:
 
 
 def test_programs_load_with_einjits_spin_count_and_leave_the_environment_as_it_was(tmp_path):
-    stdout, stderr = _run(tmp_path)
+    stdout, stderr = _run(tmp_path, EINJIT_THREAD_TEAM="gomp")
     assert f"GOMP_SPINCOUNT = '{openmp_env.SPIN_COUNT}'" in stderr + stdout
     assert "after: None None" in stdout
     assert "environment set: 1" in stdout  # for libgomp's load only, not again for the second program
+    assert "libgomp loaded: True" in stdout
+
+
+def test_programs_on_einjits_thread_team_leave_libgomp_unloaded(tmp_path):
+    """They need no libgomp (gcc links it only as needed), so none is loaded or set up."""
+    stdout, stderr = _run(tmp_path)
+    assert "libgomp loaded: False" in stdout
+    assert "environment set: 0" in stdout
+    assert "GOMP_SPINCOUNT" not in stderr + stdout.replace("environment set", "")
 
 
 @pytest.mark.parametrize("user", [{"GOMP_SPINCOUNT": "7"}, {"OMP_WAIT_POLICY": "passive"}])

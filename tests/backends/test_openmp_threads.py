@@ -641,3 +641,34 @@ def test_a_weight_gradients_pack_is_shared_out_beside_its_panels():
     assert "float pack[1280]" in before and "float pack" not in region
     np.testing.assert_allclose(want[dw], ins[ins_nodes[1]].T.astype(np.float64) @ ins[ins_nodes[0]],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_a_pack_the_next_nest_reads_whole_goes_on_threads_in_its_region():
+    """A panel pack hoisted before its contraction (a scheduler local two top-level nests
+    touch) ran on one thread while the other waited: it goes on threads over its rows, every
+    thread writing its rows of the one pack the contraction then reads whole, in the
+    contraction's region, with a barrier between them. Bit-identical to the interpreter."""
+    from einjit.ir.sched import nests
+    x, y, out = Tnode("x", (64, 40)), Tnode("y", (64, 48)), Tnode("out", (48, 40))
+    p = nests.scheduler_local("pack", (64, 40), ops.single)
+    r, c, j, r2, c2 = (get_symbol(n) for n in ("r", "c", "j", "r", "c"))
+    pack = ll.ForLoop(r, 0, 63, ll.ForLoop(c, 0, 39, ll.Set(p, it(r, c), ll.Get(x, it(r, c)))))
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(y, it(r2, j)), ll.Get(p, it(r2, c2)), ll.Get(out, it(j, c2)))
+    panels = ll.ForLoop(j, 0, 47, ll.ForLoop(r2, 0, 63, ll.ForLoop(c2, 0, 39, ll.Set(out, it(j, c2), fma))),
+                        parallel=True)
+    code = ll.seq(ll.ZeroOut(out), pack, panels)
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1)))
+    assert top[1].parallel and parallel_loops.sliced_nodes(top[1]) == {p}
+    [region] = parallel_loops.shared_regions(top)
+    assert [(u.role, u.nowait) for u in region.units] == [("for", False), ("for", True)]
+    ins = inputs_for(x, y)
+    source, want = check_threads(code, ins, [out], "packed")
+    functions = _functions(source, "packed")
+    body = functions.pop("packed")
+    assert _pragmas(body) == [REGION]
+    # 32 pack rows of 40 cells a hand-out, then the panels; the barrier after the pack orders them
+    assert [_pragmas(f) for f in functions.values()] == [["#pragma omp for schedule(dynamic, 32)"],
+                                                         ["#pragma omp for schedule(dynamic) nowait"]]
+    before, region = body.split(REGION)
+    assert "float pack[2560]" in before and "float pack" not in region + "".join(functions.values())
+    np.testing.assert_allclose(want[out], ins[y].T.astype(np.float64) @ ins[x], rtol=1e-5, atol=1e-5)

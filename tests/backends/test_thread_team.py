@@ -127,11 +127,14 @@ def test_the_openmp_constructs_einjit_uses_run_on_the_team(tmp_path):
     source = tmp_path / "constructs.c"
     source.write_text(_CONSTRUCTS)
     exe = tmp_path / "constructs"
-    subprocess.run([compiler, "-O2", "-fopenmp", "-o", str(exe), str(source), str(thread_team.object_path(compiler))],
-                   check=True, capture_output=True)
+    entries, library = thread_team.link_inputs(compiler)
+    shutil.copy(library, tmp_path / thread_team.soname())  # where the executable's loader finds it by name
+    subprocess.run([compiler, "-O2", "-fopenmp", "-o", str(exe), str(source), entries, library,
+                    f"-Wl,-rpath,{tmp_path}"], check=True, capture_output=True)
     done = subprocess.run([str(exe), "200"], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, "ok\n")
-    assert "GOMP_" not in _undefined(exe)
+    undefined = _undefined(exe)
+    assert "GOMP_" not in undefined and "einjit_team_parallel" in undefined
 
 
 @pytest.mark.parametrize("team", ["einjit", "gomp"])
@@ -235,6 +238,42 @@ def test_many_calls_from_two_python_threads_compute_what_one_thread_does():
     for t in threads:
         t.join()
     assert errors == []
+
+
+def _threads_of_process() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_the_programs_of_a_process_share_one_team(monkeypatch):
+    """Five distinct 2-thread programs called in turn, 30 rounds, compute what 1 thread does
+    and add one worker to the process at most (the first team's, if no test before made it);
+    each program used to start its own, kept for the process's life."""
+    if not Path("/proc/self/task").is_dir():
+        pytest.skip("no /proc/self/task to count the process's threads")
+    monkeypatch.delenv("EINJIT_THREAD_TEAM", raising=False)
+    for var in openmp_env.USER_SETTINGS:
+        monkeypatch.delenv(var, raising=False)
+    code, ins_nodes, outs = region_program()
+    rounds = [inputs_for(*ins_nodes, seed=s) for s in range(3)]
+    wants = [run_once(code, ins, options=options(1), name="team_shared_1") for ins in rounds]
+    before = _threads_of_process()
+    backend = CcBackend(options(2))
+    programs, objects = [], set()
+    for k in range(5):
+        ctx = backend.init(f"team_shared_{k}")
+        compiled = backend.compile((), code, shared=True, name=f"team_shared_{k}")
+        objects.add(compiled.procedure.procedure.so_path)
+        load_inputs(ctx, compiled.inputs)
+        programs.append((ctx, backend.link(ctx, compiled)))
+    assert len(objects) == 5
+    for k in range(30):
+        ctx, routine = programs[k % 5]
+        for tn, value in rounds[k % 3].items():
+            ctx.array(tn)[...] = value
+        routine()
+        for out in outs:
+            np.testing.assert_array_equal(ctx.array(out), wants[k % 3].array(out), err_msg=f"call {k}: {out.name}")
+    assert _threads_of_process() - before <= 1
 
 
 _FORK = textwrap.dedent("""

@@ -307,11 +307,14 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK,
     execution of the nest runs at least `min_work` assignments and the loop has at least
     `threads` iterations (`_thread_nest`). Nests the scheduler already threads (a loop marked
     `parallel`) keep their threads, outermost where they can (`_threads_outside`); a nest
-    whose per-iteration scratch another top-level statement also touches is left as it is
-    (threads would each keep their own copy of it). A routine whose threaded nests run fewer
-    than `routine_min_work` assignments each on average (`ROUTINE_WORK_FACTOR` times
-    `min_work` when None) runs on one thread, unless the scheduler put a nest on threads (a contraction of a
-    millisecond or more: `Blocking.parallel_min_work`)."""
+    writing a scheduler local that another top-level statement also touches goes on threads
+    only where each iteration writes its own block of it (`sliced_nodes`: a panel pack the
+    contraction after it reads whole, 256 KiB in a GPT block's MLP backward, was one thread's
+    while the other waited), since threads would each keep their own copy of per-iteration
+    scratch. A routine whose threaded nests run fewer than `routine_min_work` assignments each
+    on average (`ROUTINE_WORK_FACTOR` times `min_work` when None) runs on one thread, unless
+    the scheduler put a nest on threads (a contraction of a millisecond or more:
+    `Blocking.parallel_min_work`)."""
     top = list(ll.flatten(llc))
     touched: dict[Tnode, int] = {}
     for s in top:
@@ -320,11 +323,15 @@ def thread_nests(llc: ll.LLStmt, threads: int, min_work: int = THREAD_MIN_WORK,
     out: list[ll.LLStmt] = []
     done: dict[int, tuple[ll.LLStmt, tuple[int, int], ll.LLStmt]] = {}
     for s in top:
-        if isinstance(s, ll.ForLoop) and all(touched[tn] == 1 for tn in scheduler_locals(s)):
+        shared = {tn for tn in scheduler_locals(s) if touched[tn] > 1}
+        if isinstance(s, ll.ForLoop) and (not shared or not _threads(s)):
             known = _LAST_THREADED.get(id(s))
             if known is not None and known[0] is s and known[1] == (threads, min_work):
                 threaded = known[2]
-            elif not any(isinstance(x, ll.ForLoop) and x.parallel for x in ll.iter_stmts(s)):
+            elif shared:
+                threaded = _thread_nest(s, threads, min_work)
+                threaded = threaded if threaded.parallel and shared <= sliced_nodes(threaded) else s
+            elif not _threads(s):
                 threaded = _thread_nest(s, threads, min_work)
                 threaded = threaded if threaded.parallel else _fissioned(s, threads, min_work, threaded)
             elif s.parallel:
@@ -553,11 +560,11 @@ def shared_regions(top: list[ll.LLStmt]) -> list[Region]:
     """The parallel regions of a routine's top-level statements `top` (`ll.flatten` of it).
 
     A nest whose outermost loop is `parallel` becomes an orphaned `omp for` in a region, if
-    its per-iteration scratch (`scheduler_locals`) is its own; statements between such nests
-    run on one thread (one `omp single` for each run of them), so small serial nests or a
-    `memset` between two threaded nests cost a barrier, not a fork-join. Large zero fills
-    right before a region's first nest join it, shared in pieces (a convnet's first
-    convolution output, 1.4 MB, was one thread's `memset` before the region). A statement that
+    its per-iteration scratch (`scheduler_locals` but `sliced_nodes`) is its own; statements
+    between such nests run on one thread (one `omp single` for each run of them), so small
+    serial nests or a `memset` between two threaded nests cost a barrier, not a fork-join.
+    Large zero fills right before a region's first nest join it, shared in pieces (a convnet's
+    first convolution output, 1.4 MB, was one thread's `memset` before the region). A statement that
     threads an inner loop (its own region), or backend-staged code, ends a region. Regions of
     fewer than two threaded nests are left out: they would gain nothing. A compiler barrier
     of the scratch planner stays in the region, after a barrier of the threads, and so does a
@@ -617,7 +624,8 @@ def _role(s: ll.LLStmt, touched: dict[Tnode, int]) -> str:
     threaded = [x for x in ll.iter_stmts(s) if isinstance(x, ll.ForLoop) and x.parallel]
     if not threaded:
         return "single"
-    if isinstance(s, ll.ForLoop) and s.parallel and all(touched[tn] == 1 for tn in scheduler_locals(s)):
+    if isinstance(s, ll.ForLoop) and s.parallel and all(touched[tn] == 1 for tn in scheduler_locals(s)
+                                                        - sliced_nodes(s)):
         return "for"
     return "end"
 
@@ -671,8 +679,9 @@ def _units(stmts: list[ll.LLStmt], kinds: list[str]) -> tuple[Unit, ...]:
 
 
 def _shared_access(s: ll.LLStmt) -> tuple[set[Tnode], set[Tnode]]:
-    """The nodes `s` reads and writes, but per-iteration scratch."""
-    private = scheduler_locals(s) if isinstance(s, ll.ForLoop) and s.parallel else set()
+    """The nodes `s` reads and writes, but per-iteration scratch (a local the threads fill
+    block by block, `sliced_nodes`, is shared)."""
+    private = scheduler_locals(s) - sliced_nodes(s) if isinstance(s, ll.ForLoop) and s.parallel else set()
     found = [a for a in accesses(s) if a.tn not in private]
     return {a.tn for a in found if not a.write}, {a.tn for a in found if a.write}
 

@@ -12,10 +12,12 @@ einjit's libgomp spins `SPIN_COUNT` rounds (1,000, 28 µs here): a thread still 
 next region's work at once when the code between takes less than that, and sleeps
 otherwise, so a busy machine's other processes get the core. (By default einjit's programs
 do not call libgomp at all: they run on einjit's thread team, `thread_team`, whose waits
-adapt to the machine. This setting is for `EINJIT_THREAD_TEAM=gomp`.)
+adapt to the machine, and libgomp is not loaded for them. This setting is for
+`EINJIT_THREAD_TEAM=gomp`.)
 
 libgomp reads its settings from the environment once, when it is loaded, and has no other
-way to take them. So the first time einjit loads a program in a process, it loads libgomp
+way to take them. So the first time einjit loads a program that needs libgomp in a process
+(`toolchain.load_library` reads the program's needed libraries: `elf_needed`), it loads libgomp
 itself with `GOMP_SPINCOUNT` set, under a lock, and takes the setting back at once: the
 environment is changed for that one load and never again (the user's environment, and any
 process started from it, is unchanged). A process whose other threads read or change the

@@ -1,6 +1,9 @@
-/* einjit's thread team: the part of libgomp's interface that gcc's `-fopenmp` lowering of
- * einjit's generated C calls, linked into each multithreaded program with hidden visibility,
- * so the program's calls bind here and nothing else in the process sees these definitions.
+/* einjit's thread team: the OpenMP runtime of einjit's multithreaded programs. It is one
+ * shared library per process (named by a digest of its sources), which every such program
+ * needs by its soname: each program's libgomp entries (`team_entries.c`, hidden in the
+ * program) pass their calls on to it, so all the programs of a process share its teams and
+ * their workers (a process that compiles many routines keeps one team's workers, not one
+ * team's per routine, and a routine called after another finds the workers awake).
  *
  * Why not libgomp: a libgomp thread that finds no work spins a fixed count, then sleeps on
  * a futex. Spinning long (`OMP_WAIT_POLICY=active`) made `a @ b` at 2 threads 81% of the
@@ -12,7 +15,7 @@
  * a futex, and the spin adapts to the machine:
  * - while the machine is quiet a wait spins up to `SPIN_MAX_NS` (2 ms): back-to-back calls
  *   and the barriers between nests find every thread awake, as `active` does;
- * - once two of the program's threads were preempted within `PAIR_NS` (50 ms) of each other
+ * - once two of the team's threads were preempted within `PAIR_NS` (50 ms) of each other
  *   (a thread sees that from its count of involuntary context switches, read when a wait
  *   outlasts its first 64 polls, or from the clock jumping while it spins), the machine is
  *   busy: for the next `BUSY_NS` (0.2 s: a busy machine stays busy, and a thread that spins
@@ -21,7 +24,7 @@
  *   cores.
  * The waker makes a futex call only when a thread sleeps.
  *
- * Teams: a program keeps up to `MAX_TEAMS` teams; a thread starting a region takes a free one
+ * Teams: the process keeps up to `MAX_TEAMS` teams; a thread starting a region takes a free one
  * of its size (creating its workers the first time), so two threads can run routines at once.
  * A region started inside a region, or when no team is free or a worker cannot be created,
  * runs on the calling thread alone: einjit's threaded code computes the same values on any
@@ -30,8 +33,11 @@
  *
  * Work sharing: each thread counts the constructs (loops, singles) it meets in a region, in
  * the same order as every other thread; construct m lives in slot m % WS_SLOTS, which a
- * thread reuses only after every thread has finished construct m - WS_SLOTS. A dynamic loop
- * hands out chunks with one atomic add; a single goes to the thread that sets its slot up. */
+ * thread reuses only after every thread has finished construct m - WS_SLOTS. The count goes
+ * on from one region of a team to its next, so a region starts with its slots ready (setting
+ * the 16 slots up again took 48 atomic stores per region, to lines the workers used last).
+ * A dynamic loop hands out chunks with one atomic add; a single goes to the thread that sets
+ * its slot up. */
 
 #define _GNU_SOURCE
 #include <limits.h>
@@ -47,7 +53,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HIDDEN __attribute__((visibility("hidden")))
+#include "team.h"
+
 #define LINE 64
 #define MAX_TEAMS 8
 #define MAX_THREADS 256
@@ -88,7 +95,8 @@ typedef struct Team {
   unsigned first_word; /* `start.word` when the workers were started */
   void (*fn)(void *);
   void *data;
-  bool loop; /* the region began with construct 0, a loop set up by its master */
+  bool loop;    /* the region began with construct `base`, a loop set up by its master */
+  unsigned base; /* the number of the region's first construct */
   Signal start;   /* bumped when the team's master starts a region */
   Signal barrier; /* bumped when the last thread reaches a barrier */
   _Alignas(LINE) atomic_int arrived;
@@ -98,7 +106,7 @@ typedef struct Team {
 typedef struct {
   Team *team;
   int id;
-  unsigned constructs; /* constructs met so far in this region */
+  unsigned constructs; /* the number of the next construct it meets */
   unsigned current;    /* the loop being shared out */
 } Member;
 
@@ -252,7 +260,7 @@ static void leave_construct(unsigned c) {
 }
 
 static void run_member(Team *t, int id) {
-  Member m = {t, id, t->loop ? 1 : 0, 0};
+  Member m = {t, id, t->base + (t->loop ? 1 : 0), t->base};
   me = &m;
   t->fn(t->data);
   team_barrier(t);
@@ -291,6 +299,8 @@ static bool create_workers(Team *t, int n) {
   atomic_store(&t->hired, 0);
   atomic_store(&t->arrived, 0);
   t->first_word = atomic_load(&t->start.word);
+  t->base = 0;
+  reset_constructs(t);
   bool ok = true;
   for (int k = 1; k < n && ok; ++k) {
     pthread_t thread;
@@ -345,32 +355,30 @@ static void run_region(void (*fn)(void *), void *data, unsigned num_threads, lon
   t->fn = fn;
   t->data = data;
   t->loop = loop;
-  reset_constructs(t);
-  Member m = {t, 0, 0, 0};
+  Member m = {t, 0, t->base, 0};
   me = &m;
   if (loop) {
     bool first;
-    enter_construct(start, end, incr, chunk, &first); /* construct 0, set up before the workers see it */
+    enter_construct(start, end, incr, chunk, &first); /* set up before the workers see it */
   }
   signal_change(&t->start);
   fn(data);
   team_barrier(t);
+  t->base = m.constructs; /* every thread met as many: the slots are ready for the next ones */
   me = NULL;
   atomic_store(&t->busy, 0);
 }
 
-HIDDEN void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags) {
-  (void)flags;
+void einjit_team_parallel(void (*fn)(void *), void *data, unsigned num_threads) {
   run_region(fn, data, num_threads, 0, 0, 1, 1, false);
 }
 
-HIDDEN void GOMP_parallel_loop_nonmonotonic_dynamic(void (*fn)(void *), void *data, unsigned num_threads, long start,
-                                                    long end, long incr, long chunk, unsigned flags) {
-  (void)flags;
+void einjit_team_parallel_loop(void (*fn)(void *), void *data, unsigned num_threads, long start, long end, long incr,
+                               long chunk) {
   run_region(fn, data, num_threads, start, end, incr, chunk, true);
 }
 
-HIDDEN bool GOMP_loop_nonmonotonic_dynamic_next(long *istart, long *iend) {
+bool einjit_team_loop_next(long *istart, long *iend) {
   Member *m = member();
   WorkShare *w = &m->team->ws[m->current % WS_SLOTS];
   long step = w->chunk * w->incr;
@@ -382,33 +390,33 @@ HIDDEN bool GOMP_loop_nonmonotonic_dynamic_next(long *istart, long *iend) {
   return true;
 }
 
-HIDDEN bool GOMP_loop_nonmonotonic_dynamic_start(long start, long end, long incr, long chunk, long *istart,
-                                                 long *iend) {
+bool einjit_team_loop_start(long start, long end, long incr, long chunk, long *istart, long *iend) {
   bool first;
   enter_construct(start, end, incr, chunk, &first);
-  return GOMP_loop_nonmonotonic_dynamic_next(istart, iend);
+  return einjit_team_loop_next(istart, iend);
 }
 
-HIDDEN void GOMP_loop_end_nowait(void) { leave_construct(member()->current); }
-
-HIDDEN void GOMP_loop_end(void) {
+void einjit_team_loop_end(bool wait) {
   leave_construct(member()->current);
-  team_barrier(member()->team);
+  if (wait) team_barrier(member()->team);
 }
 
-HIDDEN bool GOMP_single_start(void) {
+bool einjit_team_single_start(void) {
   bool first;
   enter_construct(0, 0, 1, 1, &first);
   leave_construct(member()->current);
   return first;
 }
 
-HIDDEN void GOMP_barrier(void) { team_barrier(member()->team); }
+void einjit_team_barrier(void) { team_barrier(member()->team); }
 
-HIDDEN void GOMP_critical_start(void) { pthread_mutex_lock(&critical); }
+void einjit_team_critical(bool enter) {
+  if (enter)
+    pthread_mutex_lock(&critical);
+  else
+    pthread_mutex_unlock(&critical);
+}
 
-HIDDEN void GOMP_critical_end(void) { pthread_mutex_unlock(&critical); }
+int einjit_team_thread_num(void) { return me ? me->id : 0; }
 
-HIDDEN int omp_get_thread_num(void) { return me ? me->id : 0; }
-
-HIDDEN int omp_get_num_threads(void) { return me ? me->team->n : 1; }
+int einjit_team_num_threads(void) { return me ? me->team->n : 1; }

@@ -1,21 +1,27 @@
-"""einjit's own thread team (`team.c`), linked into every program compiled for several threads.
+"""einjit's own thread team (`team.c`), the OpenMP runtime of every program compiled for several threads.
 
 gcc lowers the generated C's OpenMP pragmas to calls of libgomp's interface (`GOMP_parallel`,
-the dynamic loop's start/next/end, `GOMP_single_start`, `GOMP_barrier`); `team.c` defines
-those einjit uses, with hidden visibility, so a program's calls bind to its own copy and
-nothing else in the process (another library's OpenMP) is touched. The generated C keeps its
-pragmas and reads as before; what changes is how threads wait (spin while the work comes back
-to back, sleep when the machine is busy or the wait is long: see `team.c`).
+the dynamic loop's start/next/end, `GOMP_single_start`, `GOMP_barrier`). Each such program
+links `team_entries.c`, which defines those einjit uses with hidden visibility (so the
+program's calls bind to it and nothing else in the process, another library's OpenMP, is
+touched) and passes them on to `team.c`: one shared library per process (`soname`, from a
+digest of the sources), which the program needs by that name and the loader finds already
+loaded (`load`, before any such program). So every program of the process shares one set of
+teams and workers. The generated C keeps its pragmas and reads as before; what changes is how
+threads wait (spin while the work comes back to back, sleep when the machine is busy or the
+wait is long: see `team.c`).
 
 `EINJIT_THREAD_TEAM=gomp` links libgomp's instead (for A/B measurements), and so does a user's
 own libgomp wait setting (`OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`: `openmp_env.USER_SETTINGS`),
 which then applies as it would to any OpenMP program; the choice is part of every compiled
-object's cache key. The object is compiled once per process (the first time
-a multithreaded program is compiled), into the process's private directory.
+object's cache key. The entries' object and the team's library are compiled once per process
+and compiler (the first time a multithreaded program is compiled or loaded), into the
+process's private directory.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -29,16 +35,22 @@ from pathlib import Path
 from einjit.backends.cc import openmp_env
 from einjit.errors import EinjitError
 
-__all__ = ["SOURCE_NAME", "enabled", "key", "object_path", "source", "unbound_calls"]
+__all__ = ["SOURCE_NAME", "enabled", "key", "library_path", "link_inputs", "load", "object_path", "soname",
+           "source", "unbound_calls"]
 
 SOURCE_NAME = "team.c"
 """The C source of the team, beside this module."""
 
-FLAGS = ("-O2", "-fPIC", "-std=gnu11", "-Wall", "-Werror")
+ENTRIES_NAME = "team_entries.c"
+"""The C source of the libgomp entries each program links."""
+
+_SOURCES = ("team.h", SOURCE_NAME, ENTRIES_NAME)
+
+_FLAGS = ("-O2", "-fPIC", "-std=gnu11", "-Wall", "-Werror")
 
 
 class ThreadTeamError(EinjitError, RuntimeError):
-    """einjit's thread team could not be compiled (the message has the compiler's output)."""
+    """einjit's thread team could not be compiled or loaded (the message says why)."""
 
 
 def enabled() -> bool:
@@ -53,18 +65,30 @@ def enabled() -> bool:
 
 
 @functools.cache
-def source() -> str:
-    """The C text of `team.c`."""
-    return resources.files(__package__).joinpath(SOURCE_NAME).read_text(encoding="utf-8")
+def source(name: str = SOURCE_NAME) -> str:
+    """The C text of `team.c` (or of another of the team's sources, by name)."""
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+@functools.cache
+def _digest() -> str:
+    return hashlib.sha256("\0".join(source(name) for name in _SOURCES).encode()).hexdigest()[:16]
 
 
 def key() -> str:
-    """What a program's cache key takes from the team: its source's digest."""
-    return "team:" + hashlib.sha256(source().encode()).hexdigest()[:16]
+    """What a program's cache key takes from the team: its sources' digest."""
+    return "team:" + _digest()
 
 
-_objects: dict[str, Path] = {}
+def soname() -> str:
+    """The name programs need the team's library by: a program compiled against other
+    sources of the team needs another name, so it never binds to a team it was not built for."""
+    return f"libeinjit_team-{_digest()}.so"
+
+
+_built: dict[tuple[str, str], Path] = {}
 _lock = threading.Lock()
+_loaded: list[ctypes.CDLL] = []
 
 
 @functools.cache
@@ -73,24 +97,61 @@ def _dir() -> tempfile.TemporaryDirectory:
 
 
 def object_path(compiler: str) -> Path:
-    """The team compiled by `compiler` into an object file (once per process and compiler)."""
+    """The libgomp entries (`team_entries.c`) compiled by `compiler` into an object file."""
+    return _build(compiler, "entries")
+
+
+def library_path(compiler: str) -> Path:
+    """The team (`team.c`) compiled by `compiler` into a shared library named `soname`."""
+    return _build(compiler, "library")
+
+
+def link_inputs(compiler: str) -> tuple[str, str]:
+    """What a multithreaded program's link takes to run on the team: the entries' object and
+    the team's library (which the program then needs by its soname)."""
+    return str(object_path(compiler)), str(library_path(compiler))
+
+
+def load(compiler: str) -> None:
+    """Load the team's library into the process (compiled by `compiler` the first time), once:
+    programs that need it by its soname then bind to this one copy."""
+    path = library_path(compiler)
     with _lock:
-        return _objects.get(compiler) or _compile(compiler)
+        if _loaded:
+            return
+        try:
+            _loaded.append(ctypes.CDLL(str(path)))
+        except OSError as e:
+            raise ThreadTeamError(f"einjit: could not load the thread team's library {path}: {e}") from e
 
 
-def _compile(compiler: str) -> Path:
+def _build(compiler: str, kind: str) -> Path:
+    with _lock:
+        path = _built.get((compiler, kind))
+        if path is None:
+            path = _built[(compiler, kind)] = _compile(compiler, kind)
+        return path
+
+
+def _compile(compiler: str, kind: str) -> Path:
     directory = Path(_dir().name)
-    c_path = directory / SOURCE_NAME
-    c_path.write_text(source(), encoding="utf-8")
-    path = directory / f"team{len(_objects)}.o"
+    for name in _SOURCES:
+        (directory / name).write_text(source(name), encoding="utf-8")
+    k = len(_built)
+    if kind == "entries":
+        path = directory / f"team_entries{k}.o"
+        cmd = [compiler, *_FLAGS, "-c", "-o", str(path), str(directory / ENTRIES_NAME)]
+    else:
+        path = directory / f"team{k}.so"
+        cmd = [compiler, *_FLAGS, "-fvisibility=hidden", "-shared", f"-Wl,-soname,{soname()}", "-o", str(path),
+               str(directory / SOURCE_NAME), "-pthread"]
     try:
-        done = subprocess.run([compiler, *FLAGS, "-c", "-o", str(path), str(c_path)], capture_output=True, text=True)
+        done = subprocess.run(cmd, capture_output=True, text=True)
     except OSError as e:
         raise ThreadTeamError(f"einjit: could not run {compiler!r} to compile the thread team: {e}") from e
     if done.returncode != 0:
-        raise ThreadTeamError(f"einjit: {compiler} failed compiling the thread team ({SOURCE_NAME}):\n"
+        raise ThreadTeamError(f"einjit: {compiler} failed compiling the thread team ({' '.join(cmd)}):\n"
                               f"{(done.stdout + done.stderr).strip()[:8000]}")
-    _objects[compiler] = path
     return path
 
 
@@ -99,7 +160,7 @@ _RUNTIME_PREFIXES = ("GOMP_", "GOACC_", "omp_")
 
 def unbound_calls(so_path: Path) -> tuple[str, ...]:
     """The OpenMP runtime entries a program linked with the team still leaves to the dynamic
-    loader (`nm -D -u`): entries `team.c` does not define, which would bind to libgomp. Without
+    loader (`nm -D -u`): entries `team_entries.c` does not define, which would bind to libgomp. Without
     `nm` (binutils, which gcc's own linker comes with) nothing can be listed: every entry counts
     as unbound then, so the program links on libgomp, the safe runtime."""
     try:

@@ -39,7 +39,7 @@ from einjit.backends.c_syntax import (
     ParamKind,
     render_program,
 )
-from einjit.backends.cc import openmp_env, thread_team
+from einjit.backends.cc import elf_needed, openmp_env, thread_team
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import StaticSymbol
@@ -310,7 +310,7 @@ def load_library(built: cache.CompiledObject) -> ctypes.CDLL:
     with _loaded_lock:
         lib = _loaded.get(built.path)
         if lib is None:
-            openmp_env.prepare()
+            _prepare_runtime(built.data)
             private = Path(_private_dir().name) / built.path.name
             private.write_bytes(built.data)
             try:
@@ -319,6 +319,17 @@ def load_library(built: cache.CompiledObject) -> ctypes.CDLL:
                 private.unlink()
             _loaded[built.path] = lib
         return lib
+
+
+def _prepare_runtime(data: bytes) -> None:
+    """Before a program loads, what its threads run on: libgomp with einjit's wait setting
+    (`openmp_env.prepare`) if it needs libgomp, einjit's thread team (`thread_team.load`) if
+    it needs the team; both where its needs cannot be read."""
+    needs = elf_needed.needed(data)
+    if needs is None or openmp_env.LIBGOMP in needs:
+        openmp_env.prepare()
+    if thread_team.soname() in (needs or ()) or needs is None and thread_team.enabled():
+        thread_team.load(CcOptions().compiler)
 
 
 def library(so_path: Path) -> ctypes.CDLL:
@@ -335,7 +346,7 @@ def _compile(so_path: Path, c_path: Path, kept: Path, label: str, options: CcOpt
     then linked."""
     start = time.perf_counter()
     units = c_path.read_text(encoding="utf-8").split(UNIT_MARK)
-    team = (str(thread_team.object_path(options.compiler)),) if _links_team(options) else ()
+    team = thread_team.link_inputs(options.compiler) if _links_team(options) else ()
     if len(units) == 1:
         _link_on_one_runtime(lambda team: _run([[options.compiler, *options.flags, "-o", str(so_path), str(c_path),
                                                  *team, *options.effective_libs()]], kept, label, options),
@@ -361,8 +372,8 @@ def _compile(so_path: Path, c_path: Path, kept: Path, label: str, options: CcOpt
 
 def _link_on_one_runtime(link: Callable[[tuple[str, ...]], None], team: tuple[str, ...], so_path: Path,
                          label: str) -> None:
-    """Link with einjit's thread team (`team`, the object) where asked, and keep the result only
-    if every OpenMP call of the program binds to it: a construct `team.c` does not define (a new
+    """Link with einjit's thread team (`team`, its link inputs) where asked, and keep the result only
+    if every OpenMP call of the program binds to it: a construct the team does not define (a new
     pragma, another gcc's lowering) would bind to libgomp, and the two runtimes must never share
     a program (libgomp's `omp_get_thread_num` inside the team's region answers 0 to every
     thread, so both would compute the same rows). Such a program is linked on libgomp alone."""
