@@ -83,7 +83,7 @@ def localize(routines: Sequence[tuple[str, Any, frozenset[Tnode]]]) -> None:
             blocked.add(merge)
     for name, lowered in enabled:
         store = lowered.traced_store
-        consumed = _consumed(lowered.llc)
+        consumed = _consumed(lowered.llc) | _removed_and_consumed(lowered)
         for tn in sorted(_touched(lowered), key=lambda t: t.id):
             ta = store.get(tn)
             if (ta is None or tn in blocked or tn in _kept_in_context or tn.memory_mode is None or tn not in consumed
@@ -151,6 +151,19 @@ def _consumed(llc: ll.LLStmt) -> set[Tnode]:
 
     walk(llc)
     return {tn for tn, k in last_write.items() if last_read.get(tn, -1) > k}
+
+
+def _removed_and_consumed(lowered: Any) -> set[Tnode]:
+    """The nodes a CPU stage removed from the code (the portable code touches them, the final
+    code does not: a row buffer, a propagated copy) that the portable code consumes. A stage
+    removes only a node that may be routine-local, so such a node is local like the ones the
+    final code consumes: kept in the context instead, it was never written there, a later
+    routine of the same graph could no longer shrink it, and a later reader would read zeros."""
+    portable = getattr(lowered, "portable_llc", None)
+    if portable is None or portable is lowered.llc:
+        return set()
+    removed = set(ll.nodes_of(portable)) - set(ll.nodes_of(lowered.llc))
+    return _consumed(portable) & removed if removed else set()
 
 
 def _touched(lowered: Any) -> set[Tnode]:
