@@ -436,32 +436,7 @@ class _Recorder:
         if cached is not None:
             return cached[1]
         out: list[tuple[Tnode, _Template, int]] = []
-
-        def walk(stmt: ll.LLStmt, ranges: dict[Symbol, tuple[int, int]]) -> None:
-            for s in ll.flatten(stmt):
-                match s:
-                    case ll.ForLoop(index, from_, to_, body, _) if from_ <= to_:
-                        walk(body, {**ranges, index: (from_, to_)})
-                    case ll.Set(tn, idcs, _, _):
-                        add(tn, idcs, ranges, 1)
-                    case ll.SetFromVec(tn, idcs, length, _, _, _):
-                        add(tn, idcs, ranges, length)
-
-        def add(tn: Tnode, idcs: tuple[AxisIndex, ...], ranges: dict[Symbol, tuple[int, int]], length: int) -> None:
-            template: list[tuple[int, int] | int] = []
-            for idx in idcs:
-                match idx:
-                    case FixedIdx(i):
-                        template.append((i, i))
-                    case Iterator(sym):
-                        template.append(ranges.get(sym, sym.id))
-                    case _:
-                        return
-            syms = [idx.symbol for idx in idcs if isinstance(idx, Iterator)]
-            if len(syms) == len(set(syms)):
-                out.append((tn, tuple(template), length))
-
-        walk(loop, {})
+        _write_templates(loop, {}, out)
         self.write_templates[id(loop)] = (loop, out)
         return out
 
@@ -478,6 +453,35 @@ class _Recorder:
 
 
 _Template = tuple["tuple[int, int] | int", ...]
+
+
+def _write_templates(stmt: ll.LLStmt, ranges: dict[Symbol, tuple[int, int]],
+                     out: list[tuple[Tnode, _Template, int]]) -> None:
+    """`_Recorder.templates` of the writes in `stmt`, inside loops over `ranges`, into `out`."""
+    for s in ll.flatten(stmt):
+        match s:
+            case ll.ForLoop(index, from_, to_, body, _) if from_ <= to_:
+                _write_templates(body, {**ranges, index: (from_, to_)}, out)
+            case ll.Set(tn, idcs, _, _):
+                _add_template(tn, idcs, ranges, 1, out)
+            case ll.SetFromVec(tn, idcs, length, _, _, _):
+                _add_template(tn, idcs, ranges, length, out)
+
+
+def _add_template(tn: Tnode, idcs: tuple[AxisIndex, ...], ranges: dict[Symbol, tuple[int, int]], length: int,
+                  out: list[tuple[Tnode, _Template, int]]) -> None:
+    template: list[tuple[int, int] | int] = []
+    for idx in idcs:
+        match idx:
+            case FixedIdx(i):
+                template.append((i, i))
+            case Iterator(sym):
+                template.append(ranges.get(sym, sym.id))
+            case _:
+                return
+    syms = [idx.symbol for idx in idcs if isinstance(idx, Iterator)]
+    if len(syms) == len(set(syms)):
+        out.append((tn, tuple(template), length))
 
 
 def _plain_reads(sc: ll.LLScalar) -> list[tuple[Tnode, tuple[AxisIndex, ...]]] | None:
