@@ -51,40 +51,29 @@ def structure(stmt: ll.LLStmt, node_key: Callable[[Tnode], Hashable],
               symbol_key: Callable[[Symbol], Hashable] = lambda s: None) -> Structure:
     """The structure of `stmt`; `symbol_key` tells symbols apart beyond their numbering (the
     renderer's static symbols keep their names)."""
-    walker = _Walker(node_key, symbol_key)
-    key = walker.walk(stmt)
-    return Structure(key, list(walker.nodes), list(walker.symbols), list(walker.scopes))
+    nodes: dict[Tnode, int] = {}
+    symbols: dict[Symbol, int] = {}
+    scopes: dict[ll.ScopeId, int] = {}
+    atoms = _ATOMS  # tested inline: 40% of the parts walked are flags, counts and None
 
-
-class _Walker:
-    """One `structure` call's numbering. A class, not a closure calling itself: such a closure
-    is a reference cycle, and a compile left over a thousand of them to the cyclic collector."""
-
-    __slots__ = ("node_key", "symbol_key", "nodes", "symbols", "scopes")
-
-    def __init__(self, node_key: Callable[[Tnode], Hashable], symbol_key: Callable[[Symbol], Hashable]):
-        self.node_key, self.symbol_key = node_key, symbol_key
-        self.nodes: dict[Tnode, int] = {}
-        self.symbols: dict[Symbol, int] = {}
-        self.scopes: dict[ll.ScopeId, int] = {}
-
-    def walk(self, x: object) -> Hashable:
+    def walk(x: object, walk: Callable[[object, Any], Hashable]) -> Hashable:
+        """`walk` is itself, as an argument: a closure naming itself is a reference cycle,
+        which a compile left for the cyclic collector once per statement and nest."""
         kind = type(x)
         if kind in _ATOMS:
             return x
         if kind is Tnode:
             assert isinstance(x, Tnode)
-            return _numbered(self.nodes, "node", x, self.node_key)
+            return _numbered(nodes, "node", x, node_key)
         if kind is Symbol:
             assert isinstance(x, Symbol)
-            return _numbered(self.symbols, "symbol", x, self.symbol_key)
-        walk = self.walk
+            return _numbered(symbols, "symbol", x, symbol_key)
         if kind is tuple or kind is list:
             assert isinstance(x, (tuple, list))
-            return (kind, *[walk(y) for y in x])
+            return (kind, *[y if type(y) in atoms else walk(y, walk) for y in x])
         if kind is ll.ScopeId:
             assert isinstance(x, ll.ScopeId)
-            return ("scope", self.scopes.setdefault(x, len(self.scopes)), walk(x.tn))
+            return ("scope", scopes.setdefault(x, len(scopes)), walk(x.tn, walk))
         if kind is ll.Comment:
             return ("comment",)
         if kind is float:
@@ -99,7 +88,10 @@ class _Walker:
                 _ATOMS.add(kind)
                 return x
             fields = _FIELDS[kind] = _getter(names)
-        return (kind, *[walk(y) for y in fields(x)])
+        return (kind, *[y if type(y) in atoms else walk(y, walk) for y in fields(x)])
+
+    key = walk(stmt, walk)
+    return Structure(key, list(nodes), list(symbols), list(scopes))
 
 
 def _numbered(seen: dict, tag: str, x: Hashable, key: Callable[[Any], Hashable]) -> Hashable:

@@ -163,7 +163,10 @@ def _removed_and_consumed(lowered: Any) -> set[Tnode]:
     if portable is None or portable is lowered.llc:
         return set()
     removed = set(ll.nodes_of(portable)) - set(ll.nodes_of(lowered.llc))
-    return _consumed(portable) & removed if removed else set()
+    if not removed:
+        return set()
+    touching = [s for s in ll.flatten(portable) if not removed.isdisjoint(ll.nodes_of(s))]
+    return _consumed(ll.seq(*touching)) & removed
 
 
 def _touched(lowered: Any) -> set[Tnode]:
