@@ -609,25 +609,27 @@ def _index_condition(cond: ll.LLScalar, env: Env) -> bool | None:
     bounds guards lowering puts around padded reads — or None when it depends on data or on a
     symbol the trace has no value for. Tracing follows only the taken branch, so a guarded
     read of a padding position is not mistaken for a read before write."""
-
-    def value(sc: ll.LLScalar) -> float | None:
-        match sc:
-            case ll.Constant(v):
-                return v
-            case ll.EmbedIndex(idx):
-                if gather_indices((idx,)) or any(s.id not in env for s in index_symbols(idx)):
-                    return None
-                return float(_evaluate(env, _compile((idx,)))[0])
-            case ll.Binop(op, a, b) if op in _INDEX_BINOPS:
-                x, y = value(a), value(b)
-                return None if x is None or y is None else _INDEX_BINOPS[op](x, y)
-            case ll.Unop(ops.Unop.NOT, a):
-                x = value(a)
-                return None if x is None else float(x == 0)
-        return None
-
-    v = value(cond)
+    v = _index_value(cond, env)
     return None if v is None else v != 0
+
+
+def _index_value(sc: ll.LLScalar, env: Env) -> float | None:
+    """`_index_condition`'s value of `sc`. Module-level: a closure calling itself is a
+    reference cycle, one per guarded read traced."""
+    match sc:
+        case ll.Constant(v):
+            return v
+        case ll.EmbedIndex(idx):
+            if gather_indices((idx,)) or any(s.id not in env for s in index_symbols(idx)):
+                return None
+            return float(_evaluate(env, _compile((idx,)))[0])
+        case ll.Binop(op, a, b) if op in _INDEX_BINOPS:
+            x, y = _index_value(a, env), _index_value(b, env)
+            return None if x is None or y is None else _INDEX_BINOPS[op](x, y)
+        case ll.Unop(ops.Unop.NOT, a):
+            x = _index_value(a, env)
+            return None if x is None else float(x == 0)
+    return None
 
 
 def _node_flag(st: _State, tn: Tnode, flag: str, default: bool, nodes: dict[Tnode, Tnode]) -> bool:
