@@ -16,7 +16,9 @@ The rule, applied to each batch of routines compiled together (`localize`):
   it last wrote: a node whose last writes nothing reads is a result, kept for whoever reads
   it next —, it is not a merge node, and no routine compiled earlier keeps it in its context
   (that routine's code holds the context array, and values written there must stay
-  readable);
+  readable). A node a CPU stage removed from the code (a row buffer, a propagated copy) is
+  judged on the portable code, which still consumes it: kept in a context instead, no array
+  would hold its values, and a later routine of the same graph could no longer remove it;
 - every other stored node a routine touches is remembered as kept in a context, so a later
   routine never makes it local either;
 - a later routine that reads a node made local before writing it would read values that no
