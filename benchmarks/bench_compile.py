@@ -165,8 +165,11 @@ a load of 4-7 on the 2 cores, walls 2.5-3.5x CPU; generated C byte-identical on 
   structure's walk, `nests.retarget`, tracing's write templates: one cycle per call); without
   them 77k, the collection 0.13-0.155 -> 0.045 s; the extrema stage rebuilt every loop it did
   not split (0.038 -> 0.018 s);
-- 4 blocks d=64 cold, einjit 1.97-3.23 s (median 2.8) -> 1.88-2.58 s (median 2.1), gcc 3.0-4.1
-  s both; 12 blocks GPT-2 shape einjit 7.5 -> 6.7 s (one run each). gcc's units: 0.29 s (the
+- 4 blocks d=64 cold, einjit 1.97-3.23 s (median 2.8) -> 1.88-2.58 s (median 2.1) at load 4-7,
+  2.07-2.90 -> 2.22-2.72 s at load 1.5-2 (inside the noise), gcc 3.0-4.1 s both; best of three
+  in-process per-phase runs at load 1.7: 2.10 -> 1.74 s (collection 0.20 -> 0.07, fusion 0.17 ->
+  0.11, rendering 0.30 -> 0.24, virtualize 0.105 -> 0.07, extrema 0.039 -> 0.018); 12 blocks
+  GPT-2 shape einjit 7.5 -> 6.7 s (one run each). gcc's units: 0.29 s (the
   routine's) and 1.02 / 1.08 s (the nests'), so its two jobs are even; `-ftime-report` on a nest
   unit: induction-variable optimization 17%, complete unrolling 13%, IPA 10%, parsing 4%.
 - where the rest goes (4 blocks, CPU): tracing 0.4 s (replaying 302k events: 190k reads, 75k
