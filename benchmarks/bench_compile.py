@@ -157,6 +157,26 @@ in one loop nest), not fifteen one-operation assignments; the C does the same ar
 (parameters bit-identical), one loop per parameter instead of three. This script's AdamW row:
 einjit 3.39-3.60 -> 2.58-2.82 s cold (gcc 2.8-3.7 s both, noise); warm 0.57-0.67 -> 0.25-0.39 s
 (building the update 0.27-0.33 s of it, mostly the shape inference of the groups' arguments).
+Session 11 (issue 21 item 1; CPU seconds, main and this branch alternately in fresh processes at
+a load of 4-7 on the 2 cores, walls 2.5-3.5x CPU; generated C byte-identical on the 4-block,
+2-block AdamW and 12-block GPT-2 steps):
+- the collection after the collector pause walked 151k young objects, half of them garbage
+  cycles of recursive closures (fusion's renaming, virtualize's walk and computation check,
+  structure's walk, `nests.retarget`, tracing's write templates: one cycle per call); without
+  them 77k, the collection 0.13-0.155 -> 0.045 s; the extrema stage rebuilt every loop it did
+  not split (0.038 -> 0.018 s);
+- 4 blocks d=64 cold, einjit 1.97-3.23 s (median 2.8) -> 1.88-2.58 s (median 2.1) at load 4-7,
+  2.07-2.90 -> 2.22-2.72 s at load 1.5-2 (inside the noise), gcc 3.0-4.1 s both; best of three
+  in-process per-phase runs at load 1.7: 2.10 -> 1.74 s (collection 0.20 -> 0.07, fusion 0.17 ->
+  0.11, rendering 0.30 -> 0.24, virtualize 0.105 -> 0.07, extrema 0.039 -> 0.018); 12 blocks
+  GPT-2 shape einjit 7.5 -> 6.7 s (one run each). gcc's units: 0.29 s (the
+  routine's) and 1.02 / 1.08 s (the nests'), so its two jobs are even; `-ftime-report` on a nest
+  unit: induction-variable optimization 17%, complete unrolling 13%, IPA 10%, parsing 4%.
+- where the rest goes (4 blocks, CPU): tracing 0.4 s (replaying 302k events: 190k reads, 75k
+  writes, 36k skipped-write boxes), rendering 0.3 s (a quarter of it the nests' structure
+  keys), lowering 0.13-0.19 s, fusion 0.11 s, scheduling 0.1 s; 12 blocks of `models.GPT` also
+  spend ~9% of their passes in the causal clipping's analysis (its iota mask; the einsum mask
+  of `gpt_step` skips it).
 """
 
 from __future__ import annotations

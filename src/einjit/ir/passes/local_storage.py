@@ -16,7 +16,9 @@ The rule, applied to each batch of routines compiled together (`localize`):
   it last wrote: a node whose last writes nothing reads is a result, kept for whoever reads
   it next —, it is not a merge node, and no routine compiled earlier keeps it in its context
   (that routine's code holds the context array, and values written there must stay
-  readable);
+  readable). A node a CPU stage removed from the code (a row buffer, a propagated copy) is
+  judged on the portable code, which still consumes it: kept in a context instead, no array
+  would hold its values, and a later routine of the same graph could no longer remove it;
 - every other stored node a routine touches is remembered as kept in a context, so a later
   routine never makes it local either;
 - a later routine that reads a node made local before writing it would read values that no
@@ -83,7 +85,7 @@ def localize(routines: Sequence[tuple[str, Any, frozenset[Tnode]]]) -> None:
             blocked.add(merge)
     for name, lowered in enabled:
         store = lowered.traced_store
-        consumed = _consumed(lowered.llc)
+        consumed = _consumed(lowered.llc) | _removed_and_consumed(lowered)
         for tn in sorted(_touched(lowered), key=lambda t: t.id):
             ta = store.get(tn)
             if (ta is None or tn in blocked or tn in _kept_in_context or tn.memory_mode is None or tn not in consumed
@@ -151,6 +153,22 @@ def _consumed(llc: ll.LLStmt) -> set[Tnode]:
 
     walk(llc)
     return {tn for tn, k in last_write.items() if last_read.get(tn, -1) > k}
+
+
+def _removed_and_consumed(lowered: Any) -> set[Tnode]:
+    """The nodes a CPU stage removed from the code (the portable code touches them, the final
+    code does not: a row buffer, a propagated copy) that the portable code consumes. A stage
+    removes only a node that may be routine-local, so such a node is local like the ones the
+    final code consumes: kept in the context instead, it was never written there, a later
+    routine of the same graph could no longer shrink it, and a later reader would read zeros."""
+    portable = getattr(lowered, "portable_llc", None)
+    if portable is None or portable is lowered.llc:
+        return set()
+    removed = set(ll.nodes_of(portable)) - set(ll.nodes_of(lowered.llc))
+    if not removed:
+        return set()
+    touching = [s for s in ll.flatten(portable) if not removed.isdisjoint(ll.nodes_of(s))]
+    return _consumed(ll.seq(*touching)) & removed
 
 
 def _touched(lowered: Any) -> set[Tnode]:

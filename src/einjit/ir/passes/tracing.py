@@ -436,32 +436,7 @@ class _Recorder:
         if cached is not None:
             return cached[1]
         out: list[tuple[Tnode, _Template, int]] = []
-
-        def walk(stmt: ll.LLStmt, ranges: dict[Symbol, tuple[int, int]]) -> None:
-            for s in ll.flatten(stmt):
-                match s:
-                    case ll.ForLoop(index, from_, to_, body, _) if from_ <= to_:
-                        walk(body, {**ranges, index: (from_, to_)})
-                    case ll.Set(tn, idcs, _, _):
-                        add(tn, idcs, ranges, 1)
-                    case ll.SetFromVec(tn, idcs, length, _, _, _):
-                        add(tn, idcs, ranges, length)
-
-        def add(tn: Tnode, idcs: tuple[AxisIndex, ...], ranges: dict[Symbol, tuple[int, int]], length: int) -> None:
-            template: list[tuple[int, int] | int] = []
-            for idx in idcs:
-                match idx:
-                    case FixedIdx(i):
-                        template.append((i, i))
-                    case Iterator(sym):
-                        template.append(ranges.get(sym, sym.id))
-                    case _:
-                        return
-            syms = [idx.symbol for idx in idcs if isinstance(idx, Iterator)]
-            if len(syms) == len(set(syms)):
-                out.append((tn, tuple(template), length))
-
-        walk(loop, {})
+        _write_templates(loop, {}, out)
         self.write_templates[id(loop)] = (loop, out)
         return out
 
@@ -478,6 +453,35 @@ class _Recorder:
 
 
 _Template = tuple["tuple[int, int] | int", ...]
+
+
+def _write_templates(stmt: ll.LLStmt, ranges: dict[Symbol, tuple[int, int]],
+                     out: list[tuple[Tnode, _Template, int]]) -> None:
+    """`_Recorder.templates` of the writes in `stmt`, inside loops over `ranges`, into `out`."""
+    for s in ll.flatten(stmt):
+        match s:
+            case ll.ForLoop(index, from_, to_, body, _) if from_ <= to_:
+                _write_templates(body, {**ranges, index: (from_, to_)}, out)
+            case ll.Set(tn, idcs, _, _):
+                _add_template(tn, idcs, ranges, 1, out)
+            case ll.SetFromVec(tn, idcs, length, _, _, _):
+                _add_template(tn, idcs, ranges, length, out)
+
+
+def _add_template(tn: Tnode, idcs: tuple[AxisIndex, ...], ranges: dict[Symbol, tuple[int, int]], length: int,
+                  out: list[tuple[Tnode, _Template, int]]) -> None:
+    template: list[tuple[int, int] | int] = []
+    for idx in idcs:
+        match idx:
+            case FixedIdx(i):
+                template.append((i, i))
+            case Iterator(sym):
+                template.append(ranges.get(sym, sym.id))
+            case _:
+                return
+    syms = [idx.symbol for idx in idcs if isinstance(idx, Iterator)]
+    if len(syms) == len(set(syms)):
+        out.append((tn, tuple(template), length))
 
 
 def _plain_reads(sc: ll.LLScalar) -> list[tuple[Tnode, tuple[AxisIndex, ...]]] | None:
@@ -605,25 +609,27 @@ def _index_condition(cond: ll.LLScalar, env: Env) -> bool | None:
     bounds guards lowering puts around padded reads — or None when it depends on data or on a
     symbol the trace has no value for. Tracing follows only the taken branch, so a guarded
     read of a padding position is not mistaken for a read before write."""
-
-    def value(sc: ll.LLScalar) -> float | None:
-        match sc:
-            case ll.Constant(v):
-                return v
-            case ll.EmbedIndex(idx):
-                if gather_indices((idx,)) or any(s.id not in env for s in index_symbols(idx)):
-                    return None
-                return float(_evaluate(env, _compile((idx,)))[0])
-            case ll.Binop(op, a, b) if op in _INDEX_BINOPS:
-                x, y = value(a), value(b)
-                return None if x is None or y is None else _INDEX_BINOPS[op](x, y)
-            case ll.Unop(ops.Unop.NOT, a):
-                x = value(a)
-                return None if x is None else float(x == 0)
-        return None
-
-    v = value(cond)
+    v = _index_value(cond, env)
     return None if v is None else v != 0
+
+
+def _index_value(sc: ll.LLScalar, env: Env) -> float | None:
+    """`_index_condition`'s value of `sc`. Module-level: a closure calling itself is a
+    reference cycle, one per guarded read traced."""
+    match sc:
+        case ll.Constant(v):
+            return v
+        case ll.EmbedIndex(idx):
+            if gather_indices((idx,)) or any(s.id not in env for s in index_symbols(idx)):
+                return None
+            return float(_evaluate(env, _compile((idx,)))[0])
+        case ll.Binop(op, a, b) if op in _INDEX_BINOPS:
+            x, y = _index_value(a, env), _index_value(b, env)
+            return None if x is None or y is None else _INDEX_BINOPS[op](x, y)
+        case ll.Unop(ops.Unop.NOT, a):
+            x = _index_value(a, env)
+            return None if x is None else float(x == 0)
+    return None
 
 
 def _node_flag(st: _State, tn: Tnode, flag: str, default: bool, nodes: dict[Tnode, Tnode]) -> bool:

@@ -164,72 +164,83 @@ def check_computation(tn: Tnode, static_indices: frozenset[Symbol], top_llc: ll.
     `expand` gives the body of a pending scope (see `Deferred`), to check the reads of `tn`
     inside it. Only those need checking there: its other indices were checked when the
     computation it copies was stored, and depend only on the scope's own indices, checked here."""
-    at_idcs: list[tuple[AxisIndex, ...]] = []
-    has_setter = False
+    if tn.is_materialized_known():
+        raise NonVirtual(11, f"memory mode {tn.memory_mode}, provenance {tn.provenance}")
+    check = _Check(tn, static_indices, expand)
+    check.stmt(top_llc, frozenset(static_indices))
+    if not check.has_setter:
+        raise NonVirtual(12)
+    return check.at_idcs[0] if check.at_idcs else None
 
-    def check_idcs(idcs: tuple[AxisIndex, ...]) -> None:
-        if not at_idcs:
-            at_idcs.append(idcs)
-        elif at_idcs[0] != idcs:
-            raise NonVirtual(4, f"{_show(at_idcs[0])} vs {_show(idcs)}")
+
+@dataclass(slots=True)
+class _Check:
+    """One `check_computation` walk. A class, not closures calling each other: those are
+    reference cycles, which a compile left by the hundred to the cyclic collector."""
+
+    tn: Tnode
+    static_indices: frozenset[Symbol]
+    expand: Callable[[ll.LocalScope], ll.LLStmt] | None
+    at_idcs: list[tuple[AxisIndex, ...]] = field(default_factory=list)
+    has_setter: bool = False
+
+    def check_idcs(self, idcs: tuple[AxisIndex, ...]) -> None:
+        if not self.at_idcs:
+            self.at_idcs.append(idcs)
+        elif self.at_idcs[0] != idcs:
+            raise NonVirtual(4, f"{_show(self.at_idcs[0])} vs {_show(idcs)}")
         syms: list[Symbol] = []
         for idx in idcs:
-            dynamic = [s for s in index_symbols(idx) if s not in static_indices]
+            dynamic = [s for s in index_symbols(idx) if s not in self.static_indices]
             if len(dynamic) > 1:
                 raise NonVirtual(51, repr(idx))
             syms.extend(dynamic)
         if len(syms) != len(set(syms)):
             raise NonVirtual(5, _show(idcs))
 
+    @staticmethod
     def escaping(idcs: tuple[AxisIndex, ...], bound: frozenset[Symbol], code: int) -> None:
         for idx in idcs:
             for s in index_symbols(idx):
                 if s not in bound:
                     raise NonVirtual(code, f"{s!r} in {_show(idcs)}")
 
-    def stmt(s: ll.LLStmt, bound: frozenset[Symbol]) -> None:
-        nonlocal has_setter
+    def stmt(self, s: ll.LLStmt, bound: frozenset[Symbol]) -> None:
+        tn = self.tn
         for x in ll.flatten(s):
             match x:
                 case ll.ForLoop(trace_it=False):
                     raise NonVirtual(6, f"loop over {x.index!r}")
                 case ll.ForLoop(index, _, _, body, _):
-                    stmt(body, bound | {index})
+                    self.stmt(body, bound | {index})
                 case ll.ZeroOut(t):
-                    has_setter = has_setter or t is tn
+                    self.has_setter = self.has_setter or t is tn
                 case ll.SetFromVec(t) if t is tn:
                     raise NonVirtual(140)
                 case ll.Set(t, idcs, llsc, _) | ll.SetFromVec(t, idcs, _, _, llsc, _):
                     if t is tn:
-                        check_idcs(idcs)
-                        has_setter = True
+                        self.check_idcs(idcs)
+                        self.has_setter = True
                     else:
-                        escaping(idcs, bound, 7)
-                    scalar(llsc, bound)
+                        self.escaping(idcs, bound, 7)
+                    self.scalar(llsc, bound)
                 case ll.SetLocal(_, value):
-                    scalar(value, bound)
+                    self.scalar(value, bound)
                 case ll.StagedCompilation():
                     raise NonVirtual(8)
 
-    def scalar(sc: ll.LLScalar, bound: frozenset[Symbol]) -> None:
+    def scalar(self, sc: ll.LLScalar, bound: frozenset[Symbol]) -> None:
         for x in ll.iter_scalars(sc):
             match x:
-                case ll.Get(t, idcs) if t is tn:
-                    check_idcs(idcs)
+                case ll.Get(t, idcs) if t is self.tn:
+                    self.check_idcs(idcs)
                 case ll.Get(_, idcs) | ll.GetMergeBuffer(_, idcs):
-                    escaping(idcs, bound, 9)
+                    self.escaping(idcs, bound, 9)
                 case ll.EmbedIndex(idx):
-                    escaping((idx,), bound, 10)
+                    self.escaping((idx,), bound, 10)
                 case ll.LocalScope(_, body, orig):
-                    escaping(orig, bound, 9)
-                    stmt(expand(x) if expand is not None and body is PENDING else body, bound)
-
-    if tn.is_materialized_known():
-        raise NonVirtual(11, f"memory mode {tn.memory_mode}, provenance {tn.provenance}")
-    stmt(top_llc, frozenset(static_indices))
-    if not has_setter:
-        raise NonVirtual(12)
-    return at_idcs[0] if at_idcs else None
+                    self.escaping(orig, bound, 9)
+                    self.stmt(self.expand(x) if self.expand is not None and body is PENDING else body, bound)
 
 
 def _show(idcs: tuple[AxisIndex, ...]) -> str:
@@ -412,72 +423,77 @@ def _walk(state: VirtualState, stmt: ll.LLStmt, process_for: frozenset[Tnode], w
           loops: tuple[ll.ForLoop, ...]) -> ll.LLStmt:
     """`process_for`: nodes whose computation encloses this point — their reads stay (they
     become the local of their own inlined computation). `writing`: nodes written by the loop
-    nest around this point. `loops`: the enclosing loops."""
+    nest around this point. `loops`: the enclosing loops. Its parts are module functions, not
+    closures calling themselves: those are reference cycles, left by the thousand to the cyclic
+    collector."""
+    return ll.seq(*(_walk_one(state, s, process_for, writing, loops) for s in ll.flatten(stmt)))
 
-    def one(s: ll.LLStmt) -> ll.LLStmt:
-        repeated = any(lp.to_ > lp.from_ for lp in loops)
-        match s:
-            case ll.ForLoop(index, _, _, body, _):
-                inner_writing = writing | written_nodes(body)
-                owner = state.trace.reverse_node_map.get(index)
-                if owner is None or owner in process_for:
-                    return replace(s, body=_walk(state, body, process_for, inner_writing, loops + (s,)))
-                result = replace(s, body=_walk(state, body, process_for | {owner}, inner_writing, loops + (s,)))
-                if not owner.is_materialized_known():
-                    _store(state, owner, result, repeated)
-                return result
-            case ll.ZeroOut(tn):
-                if tn not in process_for and not tn.is_materialized_known():
-                    _store(state, tn, s, repeated)
-                _overwrite(state, tn)
-                return s
-            case ll.Set(tn, idcs, llsc, _) | ll.SetFromVec(tn, idcs, _, _, llsc, _):
-                inner = process_for if tn.is_materialized_known() else process_for | {tn}
-                written_cell = (tn, idcs) if isinstance(s, ll.Set) and _sole_cellwise_writer(s, loops) else None
-                value = scalar(llsc, inner, writing | {tn}, written_cell)
-                written = replace(s, llsc=value) if isinstance(s, ll.Set) else replace(s, arg=value)
-                if tn not in process_for and not tn.is_materialized_known():
-                    _store(state, tn, written, repeated)
-                _overwrite(state, tn)
-                return written
-            case ll.SetLocal(sid, value):
-                return ll.SetLocal(sid, scalar(value, process_for, writing, None))
-        return s
 
-    def scalar(sc: ll.LLScalar, process_for: frozenset[Tnode], writing: frozenset[Tnode],
-               written_cell: tuple[Tnode, tuple[AxisIndex, ...]] | None) -> ll.LLScalar:
-        """`written_cell`: the node and indices the enclosing statement writes, when it is the
-        sole cell-wise writer of that node in its nest."""
-        match sc:
-            case ll.Get(tn, idcs):
-                if tn in process_for or tn.is_materialized_known():
-                    return sc
-                try:
-                    if tn in state.stale:
-                        raise NonVirtual(131, f"read at {_show(idcs)}")
-                    if state.depth.get(tn, 0) >= MAX_INLINE_DEPTH:
-                        raise NonVirtual(133, f"{state.depth[tn]} levels")
-                    sid = ll.fresh_scope_id(tn)
-                    deferred = Deferred.of(tn, applicable_computations(state, tn, idcs))
-                    conflict = state.reads.get(tn, set()) & writing
-                    if conflict and not (written_cell is not None and conflict == {written_cell[0]}
-                                         and _reads_only_at(_copy(state, sid, deferred, idcs, True, written_cell[0]),
-                                                                     *written_cell)):
-                        raise NonVirtual(131, f"read at {_show(idcs)}")
-                except NonVirtual as err:
-                    refuse(tn, err, state.name)
-                    return sc
-                state.deferred[sid] = deferred
-                state.inlined_scopes.add(sid)
-                state.inline_counts[tn] = state.inline_counts.get(tn, 0) + 1
-                return ll.LocalScope(sid, PENDING, idcs)
-            case ll.LocalScope(sid, body, orig):
-                return ll.LocalScope(sid, _walk(state, body, process_for | {sid.tn}, writing, ()), orig)
-            case ll.Unop() | ll.Binop() | ll.Ternop():
-                return ll.map_operands(sc, lambda x: scalar(x, process_for, writing, written_cell))
-        return sc
+def _walk_one(state: VirtualState, s: ll.LLStmt, process_for: frozenset[Tnode], writing: frozenset[Tnode],
+              loops: tuple[ll.ForLoop, ...]) -> ll.LLStmt:
+    """`_walk` of one statement."""
+    repeated = any(lp.to_ > lp.from_ for lp in loops)
+    match s:
+        case ll.ForLoop(index, _, _, body, _):
+            inner_writing = writing | written_nodes(body)
+            owner = state.trace.reverse_node_map.get(index)
+            if owner is None or owner in process_for:
+                return replace(s, body=_walk(state, body, process_for, inner_writing, loops + (s,)))
+            result = replace(s, body=_walk(state, body, process_for | {owner}, inner_writing, loops + (s,)))
+            if not owner.is_materialized_known():
+                _store(state, owner, result, repeated)
+            return result
+        case ll.ZeroOut(tn):
+            if tn not in process_for and not tn.is_materialized_known():
+                _store(state, tn, s, repeated)
+            _overwrite(state, tn)
+            return s
+        case ll.Set(tn, idcs, llsc, _) | ll.SetFromVec(tn, idcs, _, _, llsc, _):
+            inner = process_for if tn.is_materialized_known() else process_for | {tn}
+            written_cell = (tn, idcs) if isinstance(s, ll.Set) and _sole_cellwise_writer(s, loops) else None
+            value = _walk_scalar(state, llsc, inner, writing | {tn}, written_cell)
+            written = replace(s, llsc=value) if isinstance(s, ll.Set) else replace(s, arg=value)
+            if tn not in process_for and not tn.is_materialized_known():
+                _store(state, tn, written, repeated)
+            _overwrite(state, tn)
+            return written
+        case ll.SetLocal(sid, value):
+            return ll.SetLocal(sid, _walk_scalar(state, value, process_for, writing, None))
+    return s
 
-    return ll.seq(*(one(s) for s in ll.flatten(stmt)))
+
+def _walk_scalar(state: VirtualState, sc: ll.LLScalar, process_for: frozenset[Tnode], writing: frozenset[Tnode],
+                 written_cell: tuple[Tnode, tuple[AxisIndex, ...]] | None) -> ll.LLScalar:
+    """`written_cell`: the node and indices the enclosing statement writes, when it is the
+    sole cell-wise writer of that node in its nest."""
+    match sc:
+        case ll.Get(tn, idcs):
+            if tn in process_for or tn.is_materialized_known():
+                return sc
+            try:
+                if tn in state.stale:
+                    raise NonVirtual(131, f"read at {_show(idcs)}")
+                if state.depth.get(tn, 0) >= MAX_INLINE_DEPTH:
+                    raise NonVirtual(133, f"{state.depth[tn]} levels")
+                sid = ll.fresh_scope_id(tn)
+                deferred = Deferred.of(tn, applicable_computations(state, tn, idcs))
+                conflict = state.reads.get(tn, set()) & writing
+                if conflict and not (written_cell is not None and conflict == {written_cell[0]}
+                                     and _reads_only_at(_copy(state, sid, deferred, idcs, True, written_cell[0]),
+                                                                 *written_cell)):
+                    raise NonVirtual(131, f"read at {_show(idcs)}")
+            except NonVirtual as err:
+                refuse(tn, err, state.name)
+                return sc
+            state.deferred[sid] = deferred
+            state.inlined_scopes.add(sid)
+            state.inline_counts[tn] = state.inline_counts.get(tn, 0) + 1
+            return ll.LocalScope(sid, PENDING, idcs)
+        case ll.LocalScope(sid, body, orig):
+            return ll.LocalScope(sid, _walk(state, body, process_for | {sid.tn}, writing, ()), orig)
+        case ll.Unop() | ll.Binop() | ll.Ternop():
+            return ll.map_operands(sc, lambda x: _walk_scalar(state, x, process_for, writing, written_cell))
+    return sc
 
 
 # ---------------------------------------------------------------- inlining

@@ -41,9 +41,14 @@ dominates (the same threshold as the scheduling stage's split sums)."""
 
 def split_extrema(stmt: ll.LLStmt, settings: VirtualizeSettings, vector_bytes: int | None = None) -> ll.LLStmt:
     """Every eligible max or min reduction nest of `stmt` split into partial extrema over
-    `vector_bytes` worth of lanes (default: the host's vectors)."""
+    `vector_bytes` worth of lanes (default: the host's vectors). Code with no nest to split is
+    returned as it is (rebuilding every loop of a training step cost most of the stage)."""
     width = host_machine().vector_bytes if vector_bytes is None else vector_bytes
-    return ll.seq(*(_split_stmt(s, settings, width) for s in ll.flatten(stmt)))
+    parts = list(ll.flatten(stmt))
+    new = [_split_stmt(s, settings, width) for s in parts]
+    if all(a is b for a, b in zip(parts, new, strict=True)):
+        return stmt
+    return ll.seq(*new)
 
 
 def _split_stmt(s: ll.LLStmt, settings: VirtualizeSettings, vector_bytes: int) -> ll.LLStmt:
@@ -57,7 +62,8 @@ def _split_stmt(s: ll.LLStmt, settings: VirtualizeSettings, vector_bytes: int) -
         new = _split(loops, inner[0], settings, vector_bytes)
         if new is not None:
             return new
-    return rewrap(loops, split_extrema(body, settings, vector_bytes))
+    new_body = split_extrema(body, settings, vector_bytes)
+    return s if new_body is body else rewrap(loops, new_body)
 
 
 def _extremum(st: ll.Set) -> tuple[ops.Binop, ll.LLScalar, bool] | None:

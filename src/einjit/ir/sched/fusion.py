@@ -258,23 +258,6 @@ def _reads(sc: ll.LLScalar) -> list[Access]:
 
 
 def _rename(stmt: ll.LLStmt, env: dict[Symbol, AxisIndex]) -> ll.LLStmt:
-    def idcs(ix: tuple[AxisIndex, ...]) -> tuple[AxisIndex, ...]:
-        return tuple(subst_index(env, i) for i in ix)
-
-    def scalar(sc: ll.LLScalar) -> ll.LLScalar:
-        match sc:
-            case ll.Get(tn, ix):
-                return ll.Get(tn, idcs(ix))
-            case ll.GetMergeBuffer(tn, ix):
-                return ll.GetMergeBuffer(tn, idcs(ix))
-            case ll.EmbedIndex(idx):
-                return ll.EmbedIndex(subst_index(env, idx))
-            case ll.LocalScope(sid, body, orig):
-                return ll.LocalScope(sid, _rename(body, env), idcs(orig))
-            case ll.Unop() | ll.Binop() | ll.Ternop():
-                return ll.map_operands(sc, scalar)
-        return sc
-
     match stmt:
         case ll.Seq(first, second):
             return ll.Seq(_rename(first, env), _rename(second, env))
@@ -282,7 +265,28 @@ def _rename(stmt: ll.LLStmt, env: dict[Symbol, AxisIndex]) -> ll.LLStmt:
             start, stop = (c and ll.LoopClip(subst_index(env, c.bound), c.scale) for c in (start, stop))
             return dataclasses.replace(stmt, body=_rename(body, env), start=start, stop=stop)
         case ll.Set(tn, ix, llsc, debug):
-            return ll.Set(tn, idcs(ix), scalar(llsc), debug)
+            return ll.Set(tn, _renamed_idcs(ix, env), _renamed_scalar(llsc, env), debug)
         case ll.SetLocal(sid, value):
-            return ll.SetLocal(sid, scalar(value))
+            return ll.SetLocal(sid, _renamed_scalar(value, env))
     return stmt
+
+
+def _renamed_idcs(ix: tuple[AxisIndex, ...], env: dict[Symbol, AxisIndex]) -> tuple[AxisIndex, ...]:
+    return tuple(subst_index(env, i) for i in ix)
+
+
+def _renamed_scalar(sc: ll.LLScalar, env: dict[Symbol, AxisIndex]) -> ll.LLScalar:
+    """`_rename` of an expression. Module-level, like `_rename`: a closure calling itself is a
+    reference cycle, thousands of which a compile left for the cyclic collector."""
+    match sc:
+        case ll.Get(tn, ix):
+            return ll.Get(tn, _renamed_idcs(ix, env))
+        case ll.GetMergeBuffer(tn, ix):
+            return ll.GetMergeBuffer(tn, _renamed_idcs(ix, env))
+        case ll.EmbedIndex(idx):
+            return ll.EmbedIndex(subst_index(env, idx))
+        case ll.LocalScope(sid, body, orig):
+            return ll.LocalScope(sid, _rename(body, env), _renamed_idcs(orig, env))
+        case ll.Unop() | ll.Binop() | ll.Ternop():
+            return ll.map_operands(sc, lambda x: _renamed_scalar(x, env))
+    return sc

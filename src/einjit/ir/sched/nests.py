@@ -62,36 +62,50 @@ def retarget(stmt: ll.LLStmt, nodes: dict[Tnode, Tnode], *, writes: bool = False
     with `writes` — for each node `t` of `nodes` (`at` None: the same indices). What the copies
     stage, bf16's shared widening and row buffers (a node shrunk to a row) share; `notes` as
     in `read_from`."""
-    def moved(ix: tuple[AxisIndex, ...]) -> tuple[AxisIndex, ...]:
-        return ix if at is None else at(ix)
+    return _Retarget(nodes, writes, notes, at).walk(stmt)
 
-    def note(debug: str) -> str:
-        if not notes or not debug:
+
+@dataclass(frozen=True, slots=True)
+class _Retarget:
+    """One `retarget` call. A class, not closures calling themselves: those are reference
+    cycles, and a compile left hundreds of them to the cyclic collector."""
+
+    nodes: dict[Tnode, Tnode]
+    writes: bool
+    notes: bool
+    at: Callable[[tuple[AxisIndex, ...]], tuple[AxisIndex, ...]] | None
+
+    def moved(self, ix: tuple[AxisIndex, ...]) -> tuple[AxisIndex, ...]:
+        return ix if self.at is None else self.at(ix)
+
+    def note(self, debug: str) -> str:
+        if not self.notes or not debug:
             return debug
-        for old, new in nodes.items():
+        for old, new in self.nodes.items():
             debug = re.sub(rf"\b{re.escape(old.name)}\b", new.name, debug)
         return debug
 
-    def sc(x: ll.LLScalar) -> ll.LLScalar:
+    def sc(self, x: ll.LLScalar) -> ll.LLScalar:
         match x:
-            case ll.Get(tn, idcs) if tn in nodes:
-                return ll.Get(nodes[tn], moved(idcs))
+            case ll.Get(tn, idcs) if tn in self.nodes:
+                return ll.Get(self.nodes[tn], self.moved(idcs))
             case ll.LocalScope(sid, body, orig):
-                return ll.LocalScope(sid, walk(body), orig)
-        return ll.map_operands(x, sc)
+                return ll.LocalScope(sid, self.walk(body), orig)
+        return ll.map_operands(x, self.sc)
 
-    def walk(s: ll.LLStmt) -> ll.LLStmt:
+    def walk(self, s: ll.LLStmt) -> ll.LLStmt:
+        nodes, writes, sc, note = self.nodes, self.writes, self.sc, self.note
         match s:
             case ll.Seq(a, b):
-                return ll.Seq(walk(a), walk(b))
+                return ll.Seq(self.walk(a), self.walk(b))
             case ll.ForLoop(body=body):
-                return dataclasses.replace(s, body=walk(body))
+                return dataclasses.replace(s, body=self.walk(body))
             case ll.Set(tn, idcs, value, debug) if writes and tn in nodes:
-                return ll.Set(nodes[tn], moved(idcs), sc(value), note(debug))
+                return ll.Set(nodes[tn], self.moved(idcs), sc(value), note(debug))
             case ll.Set(llsc=value, debug=debug):
                 return dataclasses.replace(s, llsc=sc(value), debug=note(debug))
             case ll.SetFromVec(tn=tn, idcs=idcs, arg=value, debug=debug) if writes and tn in nodes:
-                return dataclasses.replace(s, tn=nodes[tn], idcs=moved(idcs), arg=sc(value), debug=note(debug))
+                return dataclasses.replace(s, tn=nodes[tn], idcs=self.moved(idcs), arg=sc(value), debug=note(debug))
             case ll.SetFromVec(arg=value, debug=debug):
                 return dataclasses.replace(s, arg=sc(value), debug=note(debug))
             case ll.ZeroOut(tn) if writes and tn in nodes:
@@ -99,8 +113,6 @@ def retarget(stmt: ll.LLStmt, nodes: dict[Tnode, Tnode], *, writes: bool = False
             case ll.SetLocal(value=value):
                 return dataclasses.replace(s, value=sc(value))
         return s
-
-    return walk(stmt)
 
 
 def whole_loops(stmt: ll.LLStmt) -> tuple[dict[Symbol, int], ll.LLStmt] | None:
