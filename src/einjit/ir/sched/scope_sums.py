@@ -124,27 +124,24 @@ def _split(scope: ll.LocalScope, trips: int) -> ll.LocalScope | None:
     last = loops[-1]
     extent = last.to_ - last.from_ + 1
     if (found is None or last.from_ != 0 or last.start or last.stop or last.unroll or last.parallel
-            or any(lp.keep_order for lp in loops)
+            or extent % LANES or any(lp.keep_order for lp in loops)
             or trips * math.prod(lp.to_ - lp.from_ + 1 for lp in loops) < MIN_WORK):
         return None
-    if extent % LANES:
-        return None
     op, term = found
-    n_lanes = LANES
-    lanes = nests.scheduler_local("lanes", (n_lanes,), prec)
+    lanes = nests.scheduler_local("lanes", (LANES,), prec)
     lane = get_symbol("l")
     at: tuple[AxisIndex, ...] = (Iterator(lane),)
-    if extent == n_lanes:
-        step: ll.LLStmt = ll.ForLoop(lane, 0, n_lanes - 1, ll.Set(
+    if extent == LANES:  # a causal chunk's whole loop, or a scope loop of one vector
+        step: ll.LLStmt = ll.ForLoop(lane, 0, LANES - 1, ll.Set(
             lanes, at, ll.Binop(op, ll.Get(lanes, at), nests.subst(term, {last.index: Iterator(lane)}))))
     else:
         k0 = get_symbol("k0")
-        split = nests.subst(term, {last.index: make_affine(((n_lanes, k0), (1, lane)))})
-        step = ll.ForLoop(k0, 0, extent // n_lanes - 1, ll.ForLoop(
-            lane, 0, n_lanes - 1, ll.Set(lanes, at, ll.Binop(op, ll.Get(lanes, at), split))))
+        split = nests.subst(term, {last.index: make_affine(((LANES, k0), (1, lane)))})
+        step = ll.ForLoop(k0, 0, extent // LANES - 1, ll.ForLoop(
+            lane, 0, LANES - 1, ll.Set(lanes, at, ll.Binop(op, ll.Get(lanes, at), split))))
     body = ll.seq(
-        ll.Comment(f"{n_lanes} partial sums into {scope.id.tn.name} (reassociated)"),
-        ll.ForLoop(lane, 0, n_lanes - 1, ll.Set(lanes, at, ll.Constant(0.0))),
+        ll.Comment(f"{LANES} partial sums into {scope.id.tn.name} (reassociated)"),
+        ll.ForLoop(lane, 0, LANES - 1, ll.Set(lanes, at, ll.Constant(0.0))),
         rewrap(loops[:-1], step),
         *_folded(lanes),
         ll.SetLocal(scope.id, ll.Binop(ops.Binop.ADD, ll.GetLocal(scope.id), ll.Get(lanes, (FixedIdx(0),)))))
