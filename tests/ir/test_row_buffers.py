@@ -262,3 +262,26 @@ def test_a_row_written_again_keeps_all_its_cells():
     ins = {s: rng.standard_normal(n).astype(np.float32), x: rng.standard_normal((n, m)).astype(np.float32)}
     want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[y]
     np.testing.assert_array_equal(run_in_c(new, ins, name="varying_row").array(y), want)
+
+
+def test_a_row_of_scope_sums_keeps_its_cells():
+    """`b[i, j] := sum over k of x[i, j, k]` as a local scope (log-softmax's sum of exps): the
+    scope's reads are what vary along the row, so the row keeps all its cells."""
+    n, h, m = 2, 3, 4
+    x = Tnode("x", (n, h, m), memory_mode=MATERIALIZED)
+    y = Tnode("y", (n, h, m), memory_mode=MATERIALIZED)
+    b = Tnode("b", (n, h), memory_mode=LOCAL)
+    i, j, k, i2, j2, k2 = (get_symbol(c) for c in "ijkijk")
+    sid = ll.fresh_scope_id(b)
+    total = ll.LocalScope(sid, ll.ForLoop(k, 0, m - 1, ll.SetLocal(sid, ll.Binop(
+        ops.Binop.ADD, ll.GetLocal(sid), ll.Get(x, it(i, j, k))))), it(i, j))
+    sums = ll.ForLoop(i, 0, n - 1, ll.ForLoop(j, 0, h - 1, ll.Set(b, it(i, j), total)))
+    diff = ll.ForLoop(i2, 0, n - 1, ll.ForLoop(j2, 0, h - 1, ll.ForLoop(k2, 0, m - 1, ll.Set(
+        y, it(i2, j2, k2), ll.Binop(ops.Binop.SUB, ll.Get(x, it(i2, j2, k2)), ll.Get(b, it(i2, j2)))))))
+    code = ll.seq(sums, diff)
+    new = row_buffers(fuse_loops(code))
+    assert [tn.dims for tn in rows_of(new)] == [(h,)]
+    v = np.random.default_rng(5).standard_normal((n, h, m)).astype(np.float32)
+    want = interpret.run(code, {x: v.copy()})[y]
+    np.testing.assert_array_equal(run_in_c(new, {x: v}, name="scope_row").array(y), want)
+    np.testing.assert_allclose(want, v - v.sum(axis=-1, keepdims=True), rtol=1e-6, atol=1e-6)

@@ -78,7 +78,7 @@ def row_buffers(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStmt:
         for tn in sorted((tn for tn in written if _candidate(tn, acc)), key=lambda t: t.id):
             axes, first = _sliced_axes(s, tn) if isinstance(s, ll.ForLoop) else ((), None)
             if axes:
-                s = _shrink(s, tn, axes, _uniform_axes(s, first, tn, axes))
+                s = _shrink(s, tn, axes, first, _uniform_axes(s, first, tn, axes))
         out.append(s)
     return ll.seq(*out)
 
@@ -119,8 +119,9 @@ def _uniform_axes(top: ll.LLStmt, first: ll.LLStmt | None, tn: Tnode, axes: tupl
     whole = whole_loops(first) if first is not None else None
     if whole is None or not isinstance(st := whole[1], ll.Set) or st.tn is not tn:
         return {}
-    if sum(1 for t, _, w in accesses(top) if t is tn and w) != 1:
-        return {}
+    if (sum(1 for t, _, w in accesses(top) if t is tn and w) != 1
+            or any(isinstance(x, ll.LocalScope) for x in ll.iter_scalars(st.llsc))):
+        return {}  # a scope's reads are not among `symbols`: its value may vary
     uniform: dict[int, Symbol] = {}
     for a, idx in enumerate(st.idcs):
         if a in axes or not isinstance(idx, Iterator) or idx.symbol not in whole[0]:
@@ -167,24 +168,36 @@ def _writes_slice(stmt: ll.LLStmt, tn: Tnode, fixed: frozenset[int]) -> bool:
             and all(extent.get(idx.symbol) == tn.dims[a] for a, idx in free if isinstance(idx, Iterator)))
 
 
-def _shrink(stmt: ll.LLStmt, tn: Tnode, axes: tuple[int, ...], uniform: dict[int, Symbol]) -> ll.LLStmt:
+def _shrink(stmt: ll.LLStmt, tn: Tnode, axes: tuple[int, ...], first: ll.LLStmt | None,
+            uniform: dict[int, Symbol]) -> ll.LLStmt:
     """`stmt` with `tn` replaced by a local of its axes other than `axes`, of one cell along
-    the `uniform` axes, whose loops in the first write go."""
+    the `uniform` axes, whose loops in `first` (the write) go: that write then stores its one
+    cell once. (Only there: a sibling loop may run over the same symbol.)"""
+    if uniform and first is not None:
+        drop = set(uniform.values())
+        stmt = _replaced(stmt, first, _without_loops(first, drop))
     row = scheduler_local("row", tuple(1 if a in uniform else d for a, d in enumerate(tn.dims) if a not in axes),
                           tn.prec)
-    shrunk = retarget(stmt, {tn: row}, writes=True, at=lambda ix: tuple(
+    return retarget(stmt, {tn: row}, writes=True, at=lambda ix: tuple(
         FixedIdx(0) if a in uniform else i for a, i in enumerate(ix) if a not in axes))
-    return _without_loops(shrunk, set(uniform.values()))
 
 
 def _without_loops(stmt: ll.LLStmt, drop: set[Symbol]) -> ll.LLStmt:
-    """`stmt` with the loops over `drop` replaced by their bodies (which no longer use them)."""
-    if not drop:
-        return stmt
+    """A perfect nest `stmt` with the loops over `drop` replaced by their bodies."""
     match stmt:
-        case ll.Seq(a, b):
-            return ll.Seq(_without_loops(a, drop), _without_loops(b, drop))
         case ll.ForLoop(index=index, body=body):
             inner = _without_loops(body, drop)
             return inner if index in drop else dataclasses.replace(stmt, body=inner)
+    return stmt
+
+
+def _replaced(stmt: ll.LLStmt, old: ll.LLStmt, new: ll.LLStmt) -> ll.LLStmt:
+    """`stmt` with the statement `old` (itself, not an equal one) replaced by `new`."""
+    if stmt is old:
+        return new
+    match stmt:
+        case ll.Seq(a, b):
+            return ll.Seq(_replaced(a, old, new), _replaced(b, old, new))
+        case ll.ForLoop(body=body):
+            return dataclasses.replace(stmt, body=_replaced(body, old, new))
     return stmt
