@@ -214,3 +214,74 @@ def test_a_node_read_in_two_passes_over_a_block_keeps_the_block(read_last):
     np.testing.assert_array_equal(interpret.run(new, {x: v.copy()})[y], want)
     np.testing.assert_array_equal(run_in_c(new, {x: v}, name="row_block").array(y), want)
     np.testing.assert_allclose(want, (3 * v) ** 2, rtol=1e-6)
+
+
+def broadcast_then_read(n, m, accumulate=False):
+    """`b[i, k] := s[i] * 0.5` (one value along the row, as LayerNorm's backward broadcasts the
+    mean's gradient), then `y[i, k] := b[i, k] * x[i, k] + b[i, k]`; with `accumulate`, also
+    `b[i, k] += x[i, k]` in between (the row then varies)."""
+    s, x, y = (Tnode(name, dims, memory_mode=MATERIALIZED) for name, dims in (("s", (n,)), ("x", (n, m)),
+                                                                              ("y", (n, m))))
+    b = Tnode("b", (n, m), memory_mode=LOCAL)
+    nests = [nest(b, lambda i, k: ll.Binop(ops.Binop.MUL, ll.Get(s, it(i)), ll.Constant(0.5)), (n, m))]
+    if accumulate:
+        nests.append(nest(b, lambda i, k: ll.Binop(ops.Binop.ADD, ll.Get(b, it(i, k)), ll.Get(x, it(i, k))), (n, m)))
+    nests.append(nest(y, lambda i, k: ll.Ternop(ops.Ternop.FMA, ll.Get(b, it(i, k)), ll.Get(x, it(i, k)),
+                                                ll.Get(b, it(i, k))), (n, m)))
+    return ll.seq(*nests), s, x, y
+
+
+@pytest.mark.parametrize("n,threads", [(64, 1), (1024, 2)])
+def test_a_row_of_one_value_keeps_one_cell(n, threads):
+    """The same bits as without the stage: under the interpreter and gcc (small), and at two
+    threads (enough rows for them) as at one."""
+    m = 128
+    code, s, x, y = broadcast_then_read(n, m)
+    new = row_buffers(fuse_loops(code))
+    assert [tn.dims for tn in rows_of(new)] == [(1,)]
+    assert sum(isinstance(st, ll.ForLoop) for st in ll.iter_stmts(new)) == 2  # the row loop, the read's loop
+    rng = np.random.default_rng(3)
+    ins = {s: rng.standard_normal(n).astype(np.float32), x: rng.standard_normal((n, m)).astype(np.float32)}
+    if threads == 1:
+        want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[y]
+        np.testing.assert_array_equal(interpret.run(new, {tn: v.copy() for tn, v in ins.items()})[y], want)
+    else:
+        want = run_in_c(code, ins, name="uniform_row_whole").array(y).copy()
+    got = run_in_c(new, ins, name=f"uniform_row_{threads}", options=cc.CcOptions(threads=threads)).array(y)
+    np.testing.assert_array_equal(got, want)
+    half = ins[s][:, None].astype(np.float64) * 0.5
+    np.testing.assert_allclose(want, half * ins[x] + half, rtol=1e-6, atol=1e-6)
+
+
+def test_a_row_written_again_keeps_all_its_cells():
+    n, m = 8, 16
+    code, s, x, y = broadcast_then_read(n, m, accumulate=True)
+    new = row_buffers(fuse_loops(code))
+    assert [tn.dims for tn in rows_of(new)] == [(m,)]
+    rng = np.random.default_rng(4)
+    ins = {s: rng.standard_normal(n).astype(np.float32), x: rng.standard_normal((n, m)).astype(np.float32)}
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[y]
+    np.testing.assert_array_equal(run_in_c(new, ins, name="varying_row").array(y), want)
+
+
+def test_a_row_of_scope_sums_keeps_its_cells():
+    """`b[i, j] := sum over k of x[i, j, k]` as a local scope (log-softmax's sum of exps): the
+    scope's reads are what vary along the row, so the row keeps all its cells."""
+    n, h, m = 2, 3, 4
+    x = Tnode("x", (n, h, m), memory_mode=MATERIALIZED)
+    y = Tnode("y", (n, h, m), memory_mode=MATERIALIZED)
+    b = Tnode("b", (n, h), memory_mode=LOCAL)
+    i, j, k, i2, j2, k2 = (get_symbol(c) for c in "ijkijk")
+    sid = ll.fresh_scope_id(b)
+    total = ll.LocalScope(sid, ll.ForLoop(k, 0, m - 1, ll.SetLocal(sid, ll.Binop(
+        ops.Binop.ADD, ll.GetLocal(sid), ll.Get(x, it(i, j, k))))), it(i, j))
+    sums = ll.ForLoop(i, 0, n - 1, ll.ForLoop(j, 0, h - 1, ll.Set(b, it(i, j), total)))
+    diff = ll.ForLoop(i2, 0, n - 1, ll.ForLoop(j2, 0, h - 1, ll.ForLoop(k2, 0, m - 1, ll.Set(
+        y, it(i2, j2, k2), ll.Binop(ops.Binop.SUB, ll.Get(x, it(i2, j2, k2)), ll.Get(b, it(i2, j2)))))))
+    code = ll.seq(sums, diff)
+    new = row_buffers(fuse_loops(code))
+    assert [tn.dims for tn in rows_of(new)] == [(h,)]
+    v = np.random.default_rng(5).standard_normal((n, h, m)).astype(np.float32)
+    want = interpret.run(code, {x: v.copy()})[y]
+    np.testing.assert_array_equal(run_in_c(new, {x: v}, name="scope_row").array(y), want)
+    np.testing.assert_allclose(want, v - v.sum(axis=-1, keepdims=True), rtol=1e-6, atol=1e-6)

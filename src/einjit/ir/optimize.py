@@ -19,13 +19,15 @@
    remaining accumulation nests innermost;
 8. "causal" (`causal.clip_causal_loops`, CPU) clips accumulation loops to the iterations
    whose products can be non-zero, where a factor is zero above a diagonal (causal attention);
-9. "first_writes" (`first_writes.first_writes`, CPU) drops a zero fill whose next nest adds
+9. "scope_sums" (`scope_sums.split_scope_sums`, CPU) splits the sums computed inside
+   expressions (local scopes: softmax's backward row sum) into partial sums over vector lanes;
+10. "first_writes" (`first_writes.first_writes`, CPU) drops a zero fill whose next nest adds
    one term into every cell, that nest storing its terms instead;
-10. "copies" (`copies.propagate_copies`, CPU) drops nests that only copy one array into
+11. "copies" (`copies.propagate_copies`, CPU) drops nests that only copy one array into
     another, the copy's readers reading the source, or the source's writers writing the copy;
-11. "fuse" (`fusion.fuse_loops`, CPU) fuses the outer loops of consecutive nests over the same
+12. "fuse" (`fusion.fuse_loops`, CPU) fuses the outer loops of consecutive nests over the same
     ranges where every dependence between them stays inside one iteration;
-12. "rows" (`row_buffers.row_buffers`, CPU) shrinks a node that one fused nest writes and
+13. "rows" (`row_buffers.row_buffers`, CPU) shrinks a node that one fused nest writes and
     reads within each row's iteration to a local of one row.
 
 Stages 1-4 are portable: their result is `Optimized.portable_llc`, what GPU backends render.
@@ -63,6 +65,7 @@ from einjit.ir.sched.fusion import fuse_loops
 from einjit.ir.sched.interchange import interchange_loops
 from einjit.ir.sched.row_buffers import row_buffers
 from einjit.ir.sched.schedule import schedule_llc
+from einjit.ir.sched.scope_sums import split_scope_sums
 from einjit.ir.tnode import Tnode
 
 virtualize_settings = VirtualizeSettings()
@@ -132,6 +135,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("interchange", lambda run, code: interchange_loops(code), lambda s: s.interchange, portable=False),
     Stage("causal", lambda run, code: clip_causal_loops(code, local_storage=run.settings.local_storage),
           lambda s: s.schedule and s.causal, portable=False),
+    Stage("scope_sums", lambda run, code: split_scope_sums(code, run.settings), lambda s: s.schedule, portable=False),
     Stage("first_writes", lambda run, code: first_writes(code), lambda s: s.schedule, portable=False),
     Stage("copies", lambda run, code: propagate_copies(code, local_storage=run.settings.local_storage),
           lambda s: s.schedule, portable=False),

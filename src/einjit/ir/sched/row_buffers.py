@@ -30,19 +30,24 @@ node becomes a scheduler local holding one iteration's slice — array contracti
 LayerNorm's backward reads its input gradient in two passes over a block of rows (the row
 sums, then the gradient): that node keeps the block's rows, 32 KiB instead of 512 KiB.
 
-The sliced axes are dropped from the node's indices; the local keeps the other axes. Values
-are unchanged, so results are bit-identical. At several threads the local is each thread's
+The sliced axes are dropped from the node's indices; the local keeps the other axes, but one
+cell of an axis its first write stores one value along (the loop over it appears nowhere else
+in the store: LayerNorm's backward broadcast the mean's gradient over a row of 128 cells, then
+read the row twice): that write stores its one cell once, and the reads read it. Values are
+unchanged, so results are bit-identical. At several threads the local is each thread's
 own (`parallel_loops.scheduler_locals`): it is written before it is read in every iteration.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from einjit.ir import low_level as ll
 from einjit.ir import provenance
-from einjit.ir.indexing import Iterator
+from einjit.ir.indexing import FixedIdx, Iterator, Symbol, index_symbols
 from einjit.ir.sched.causal import may_be_local
 from einjit.ir.sched.fusion import Access, accesses, slice_axis
-from einjit.ir.sched.nests import retarget, scheduler_local, whole_loops
+from einjit.ir.sched.nests import retarget, scheduler_local, symbols, whole_loops
 from einjit.ir.tnode import Tnode
 
 __all__ = ["row_buffers"]
@@ -71,9 +76,9 @@ def row_buffers(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStmt:
     for s, acc in zip(items, touched, strict=True):
         written = {tn for tn, _, w in acc if w and seen[tn] == 1 and tn not in excluded}
         for tn in sorted((tn for tn in written if _candidate(tn, acc)), key=lambda t: t.id):
-            axes = _sliced_axes(s, tn) if isinstance(s, ll.ForLoop) else ()
+            axes, first = _sliced_axes(s, tn) if isinstance(s, ll.ForLoop) else ((), None)
             if axes:
-                s = _shrink(s, tn, axes)
+                s = _shrink(s, tn, axes, first, _uniform_axes(s, first, tn, axes))
         out.append(s)
     return ll.seq(*out)
 
@@ -84,10 +89,11 @@ def _candidate(tn: Tnode, acc: list[Access]) -> bool:
             and all(idcs is not None for t, idcs, _ in acc if t is tn))
 
 
-def _sliced_axes(top: ll.ForLoop, tn: Tnode) -> tuple[int, ...]:
+def _sliced_axes(top: ll.ForLoop, tn: Tnode) -> tuple[tuple[int, ...], ll.LLStmt | None]:
     """The axes of `tn` sliced by the loops from `top` down to the deepest one whose body first
-    writes the whole slice; () when there is none (see the module)."""
+    writes the whole slice, and that first write; () when there is none (see the module)."""
     best: tuple[int, ...] = ()
+    first: ll.LLStmt | None = None
     axes: list[int] = []
     loop: ll.LLStmt = top
     while isinstance(loop, ll.ForLoop) and not loop.unroll:
@@ -99,11 +105,31 @@ def _sliced_axes(top: ll.ForLoop, tn: Tnode) -> tuple[int, ...]:
         inner = [x for x in ll.flatten(loop.body) if any(t is tn for t, _, _ in accesses(x))]
         if (inner and len(axes) < len(tn.dims) and _writes_slice(inner[0], tn, frozenset(axes))
                 and _read_last(inner[-1], tn)):
-            best = tuple(axes)
+            best, first = tuple(axes), inner[0]
         if len(inner) != 1:
             break
         loop = inner[0]
-    return best
+    return best, first
+
+
+def _uniform_axes(top: ll.LLStmt, first: ll.LLStmt | None, tn: Tnode, axes: tuple[int, ...]) -> dict[int, Symbol]:
+    """The axes of `tn`'s slice (not in `axes`) along which `first`, a perfect nest of whole
+    loops around the only store into `tn` in `top`, stores one value: the loop over the axis
+    indexes nothing else in the store. By axis, that loop's symbol."""
+    whole = whole_loops(first) if first is not None else None
+    if whole is None or not isinstance(st := whole[1], ll.Set) or st.tn is not tn:
+        return {}
+    if (sum(1 for t, _, w in accesses(top) if t is tn and w) != 1
+            or any(isinstance(x, ll.LocalScope) for x in ll.iter_scalars(st.llsc))):
+        return {}  # a scope's reads are not among `symbols`: its value may vary
+    uniform: dict[int, Symbol] = {}
+    for a, idx in enumerate(st.idcs):
+        if a in axes or not isinstance(idx, Iterator) or idx.symbol not in whole[0]:
+            continue
+        elsewhere = symbols(st.llsc).union(*(index_symbols(i) for b, i in enumerate(st.idcs) if b != a))
+        if idx.symbol not in elsewhere:
+            uniform[a] = idx.symbol
+    return uniform
 
 
 def _read_last(stmt: ll.LLStmt, tn: Tnode) -> bool:
@@ -142,8 +168,36 @@ def _writes_slice(stmt: ll.LLStmt, tn: Tnode, fixed: frozenset[int]) -> bool:
             and all(extent.get(idx.symbol) == tn.dims[a] for a, idx in free if isinstance(idx, Iterator)))
 
 
-def _shrink(stmt: ll.LLStmt, tn: Tnode, axes: tuple[int, ...]) -> ll.LLStmt:
-    """`stmt` with `tn` replaced by a local of its axes other than `axes`."""
-    row = scheduler_local("row", tuple(d for a, d in enumerate(tn.dims) if a not in axes), tn.prec)
-    return retarget(stmt, {tn: row}, writes=True,
-                    at=lambda ix: tuple(i for a, i in enumerate(ix) if a not in axes))
+def _shrink(stmt: ll.LLStmt, tn: Tnode, axes: tuple[int, ...], first: ll.LLStmt | None,
+            uniform: dict[int, Symbol]) -> ll.LLStmt:
+    """`stmt` with `tn` replaced by a local of its axes other than `axes`, of one cell along
+    the `uniform` axes, whose loops in `first` (the write) go: that write then stores its one
+    cell once. (Only there: a sibling loop may run over the same symbol.)"""
+    if uniform and first is not None:
+        drop = set(uniform.values())
+        stmt = _replaced(stmt, first, _without_loops(first, drop))
+    row = scheduler_local("row", tuple(1 if a in uniform else d for a, d in enumerate(tn.dims) if a not in axes),
+                          tn.prec)
+    return retarget(stmt, {tn: row}, writes=True, at=lambda ix: tuple(
+        FixedIdx(0) if a in uniform else i for a, i in enumerate(ix) if a not in axes))
+
+
+def _without_loops(stmt: ll.LLStmt, drop: set[Symbol]) -> ll.LLStmt:
+    """A perfect nest `stmt` with the loops over `drop` replaced by their bodies."""
+    match stmt:
+        case ll.ForLoop(index=index, body=body):
+            inner = _without_loops(body, drop)
+            return inner if index in drop else dataclasses.replace(stmt, body=inner)
+    return stmt
+
+
+def _replaced(stmt: ll.LLStmt, old: ll.LLStmt, new: ll.LLStmt) -> ll.LLStmt:
+    """`stmt` with the statement `old` (itself, not an equal one) replaced by `new`."""
+    if stmt is old:
+        return new
+    match stmt:
+        case ll.Seq(a, b):
+            return ll.Seq(_replaced(a, old, new), _replaced(b, old, new))
+        case ll.ForLoop(body=body):
+            return dataclasses.replace(stmt, body=_replaced(body, old, new))
+    return stmt
