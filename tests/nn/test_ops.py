@@ -32,6 +32,10 @@ FORWARD = {
     "sum_keep": (lambda x: red.sum(x, axis=-1, keepdims=True), lambda v: v.sum(-1, keepdims=True)),
     "mean_axis": (lambda x: red.mean(x, axis=-1), lambda v: v.mean(-1)),
     "max_keep": (lambda x: red.max(x, axis=-1, keepdims=True), lambda v: v.max(-1, keepdims=True)),
+    "max_positional": (lambda x: red.max(x, -1), lambda v: v.max(-1)),
+    "min_positional_batch": (lambda x: red.min(x, np.int64(0)), lambda v: v.min(0)),
+    "sum_positional_tuple": (lambda x: red.sum(x, (0, 1)), lambda v: np.array([v.sum()])),
+    "mean_positional_list": (lambda x: red.mean(x, [-1]), lambda v: v.mean(-1)),
     "logsumexp": (lambda x: red.logsumexp(x), lambda v: np.log(np.exp(v).sum(-1))),
     "softmax": (lambda x: red.softmax(x), _np_softmax),
     "softmax_batch": (lambda x: red.softmax(x, axis=0), lambda v: _np_softmax(v, 0)),
@@ -111,6 +115,20 @@ def test_spec_and_axis_together_are_refused():
     x = ej.ndarray(np.ones((2, 3), np.float32), batch_axes=1)
     with pytest.raises(ej.TensorError, match="not both"):
         red.max(x, "b|->o => b|->", axis=0)
+
+
+@pytest.mark.parametrize("second,message", [(1.5, r"spec \(str\) or axes .*got 1.5 \(float\)"),
+                                            ([0, "a"], r"got 'a' \(str\)"), (True, r"got True \(bool\)")])
+def test_a_second_argument_neither_spec_nor_axes_is_named(second, message):
+    x = ej.ndarray(np.ones((2, 3), np.float32), batch_axes=1, label="xs")
+    with pytest.raises(ej.TensorError, match=r"reducing tensor xs: .*" + message):
+        red.max(x, second)
+
+
+def test_positional_axes_and_axis_together_are_refused():
+    x = ej.ndarray(np.ones((2, 3), np.float32), batch_axes=1, label="xs")
+    with pytest.raises(ej.TensorError, match=r"xs: axes given twice \(-1 and axis=0\)"):
+        red.sum(x, -1, axis=0)
 
 
 def test_gelu_matches_torch_values_and_gradients():

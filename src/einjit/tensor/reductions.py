@@ -42,6 +42,8 @@ _BROADCAST_BINARY = {
     "*": (Template("t =: t1 * t2"), Template("g1 =+ g * t2; g2 =+ t1 * g")),
 }
 _ALL = "...|...->... => 0"
+SpecOrAxes = str | int | Sequence[int] | None
+"""A reduction's second argument: a unary einsum spec, or the layout axes as NumPy takes them."""
 _KINDS = ("batch", "output", "input")
 
 
@@ -93,7 +95,12 @@ def axis_specs(x: Tensor, axis: int | Sequence[int] | None, keepdims: bool, *, c
     return full, reduced, f"{full} => {reduced}"
 
 
-def _spec(x: Tensor, spec: str | None, axis, keepdims: bool) -> str:
+def _spec(x: Tensor, spec: SpecOrAxes, axis, keepdims: bool) -> str:
+    if spec is not None and not isinstance(spec, str):
+        # `sum(x, -1)`, as NumPy and PyTorch take it: a second argument that is not a spec is the axes.
+        if axis is not None:
+            raise TensorError(f"einjit: reducing tensor {x.label_str}: axes given twice ({spec!r} and axis={axis!r})")
+        spec, axis = None, _axes(x, spec)
     if spec is not None and (axis is not None or keepdims):
         raise TensorError("einjit: give a reduction either an einsum spec or axis=/keepdims=, not both")
     if spec is not None:
@@ -103,13 +110,13 @@ def _spec(x: Tensor, spec: str | None, axis, keepdims: bool) -> str:
     return axis_specs(x, axis, keepdims)[2]
 
 
-def sum(a: Like, spec: str | None = None, *, axis=None, keepdims: bool = False, label=None) -> Tensor:
+def sum(a: Like, spec: SpecOrAxes = None, *, axis=None, keepdims: bool = False, label=None) -> Tensor:
     """Sum over axes: an einsum spec, or `axis=`/`keepdims=`; by default everything into one cell."""
     x = as_tensor(a)
     return einsum(_spec(x, spec, axis, keepdims), x, label=label or "sum")
 
 
-def mean(a: Like, spec: str | None = None, *, axis=None, keepdims: bool = False, label=None) -> Tensor:
+def mean(a: Like, spec: SpecOrAxes = None, *, axis=None, keepdims: bool = False, label=None) -> Tensor:
     """Like `sum`, divided by the number of summed cells (known once shapes are inferred)."""
     x = as_tensor(a)
     spec = _spec(x, spec, axis, keepdims)
@@ -130,14 +137,26 @@ def _extremum(which, a: Like, spec, axis, keepdims, label, grad_spec=GradSpec.IF
                    backprop=bwd, grad_spec=grad_spec, label=label)
 
 
-def max(a: Like, spec: str | None = None, *, axis=None, keepdims: bool = False, label=None) -> Tensor:
+def max(a: Like, spec: SpecOrAxes = None, *, axis=None, keepdims: bool = False, label=None) -> Tensor:
     """Maximum over axes (the gradient goes to every cell equal to the maximum)."""
     return _extremum(_MAX, a, spec, axis, keepdims, label)
 
 
-def min(a: Like, spec: str | None = None, *, axis=None, keepdims: bool = False, label=None) -> Tensor:
+def min(a: Like, spec: SpecOrAxes = None, *, axis=None, keepdims: bool = False, label=None) -> Tensor:
     """Minimum over axes (the gradient goes to every cell equal to the minimum)."""
     return _extremum(_MIN, a, spec, axis, keepdims, label)
+
+
+def _axes(x: Tensor, given: object) -> int | list[int]:
+    """The layout axes a reduction's positional argument names (an int or a sequence of ints)."""
+    def one(a: object) -> int:
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+            raise TensorError(f"einjit: reducing tensor {x.label_str}: the second argument is an einsum spec "
+                              f"(str) or axes (int or sequence of ints), got {a!r} ({type(a).__name__})")
+        return int(a)
+    if isinstance(given, Sequence):
+        return [one(a) for a in given]
+    return one(given)
 
 
 amax, amin = max, min
