@@ -157,10 +157,8 @@ def convnet_pair(threads: int):
 
 def gpt_pair(threads: int, n_layer: int = 2):
     """The `bench_gpt` training step (forward, backprop, AdamW) compiled at 1 and at `threads`
-    threads, each from its own graph: a second routine of one graph finds its nodes used by the
-    first, which keeps them whole where one routine alone shrinks them (the softmax's 1 MiB
-    masked scores and exponentials to row buffers), so the second compiled would be slower for
-    that alone."""
+    threads, each from its own graph, so the two routines start from the same parameters and
+    neither one's AdamW updates move the values the other is timed on."""
     return [_gpt_step(t, n_layer) for t in (1, threads)]
 
 
