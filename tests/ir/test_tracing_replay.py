@@ -96,9 +96,9 @@ def test_comments_do_not_keep_blocks_apart(executions):
 
 
 def test_reads_of_a_node_the_statement_does_not_write_count_each_read(executions):
-    """Replay folds a statement's reads of a node it does not write into one counted event
-    per cell (`tracing._replayable`): each read still counts once where the cell was written,
-    and a cell read before any write is recurrent however often it is read."""
+    """A replayed statement's reads of a node it does not write each count once where the cell
+    was written, and a cell read before any write is recurrent however often it is read (the
+    counts a replay that grouped reads per cell would have to keep)."""
     s = Tnode("s", (5,))
     i = get_symbol("i")
     fill = ll.ForLoop(i, 0, 3, ll.Set(s, (Iterator(i),), ll.Constant(1.0)))

@@ -204,15 +204,12 @@ Env = dict[int, int]
 """The values of the traced loop symbols, by symbol id (a `Symbol` hashes in Python code,
 and tracing looks symbols up more than anything else)."""
 
-_READ, _READS, _GATHERED, _SET, _SET_VEC, _ZERO, _BOX, _OWN, _MERGE = range(9)
+_READ, _GATHERED, _SET, _SET_VEC, _ZERO, _OWN, _BOX, _MERGE = range(8)
 """What a traced statement does to the trace, as the first field of an event:
-`(_READ, tn, position, reads_own_cell)`, `(_READS, tn, position, count)` (only in replayed
-events: `_replayable`), `(_GATHERED, tn)` (accessed through run-time
+`(_READ, tn, position, reads_own_cell)`, `(_GATHERED, tn)` (accessed through run-time
 indices), `(_SET, tn, position, value, first_visit, is_reduction, is_local_reduction)`,
 `(_SET_VEC, tn, positions, value, first_visit, is_reduction)`, `(_ZERO, tn)`,
-`(_BOX, tn, box)` (cells skipped iterations wrote), `(_OWN, tn, symbols)`, `(_MERGE, tn)`.
-The events from `_OWN` on name a node without tracing an access of it (it gets no
-`TracedArray` from them)."""
+`(_OWN, tn, symbols)`, `(_BOX, tn, box)` (cells skipped iterations wrote), `(_MERGE, tn)`."""
 
 
 def _compile(idcs: tuple[AxisIndex, ...]) -> _Spec:
@@ -277,8 +274,8 @@ def visit_llc(llc: ll.LLStmt, *, settings: VirtualizeSettings) -> Trace:
         if known is None:
             recorder = _Recorder(settings.max_tracing_dim, settings.max_tracing_nest)
             recorder.stmt(stmt, {}, (), True)
-            known = recorded[found.key] = (found.nodes, found.symbols, _replayable(recorder.events, found.nodes))
-        _apply(st, known[2], found.nodes, dict(zip(known[0], found.nodes, strict=True)),
+            known = recorded[found.key] = (found.nodes, found.symbols, recorder.events)
+        _apply(st, known[2], dict(zip(known[0], found.nodes, strict=True)),
                dict(zip(known[1], found.symbols, strict=True)))
     for ta in st.store.values():
         ta.read_only = not ta.zeroed_out and not ta.assignments
@@ -504,56 +501,15 @@ def _plain_reads(sc: ll.LLScalar) -> list[tuple[Tnode, tuple[AxisIndex, ...]]] |
     return out
 
 
-def _replayable(events: list[tuple], own: list[Tnode]) -> list[tuple]:
-    """`events` as `_apply` replays them: each names its node by position in `own`, and the
-    reads of a node the statement does not write become one `_READS` event per cell, at the
-    cell's first read, counting them. Nothing else the statement does changes whether such a
-    node's cells are written, so its reads of a cell all see the same state, and replaying
-    them one by one adds 1 to the cell's count each time or marks it recurrent each time;
-    the cells still enter `accesses` in the order of their first reads, and the node the
-    store in the order of its first event. A replayed GPT block read 132k cells in 302k
-    events, 69k of them distinct."""
-    numbers = {tn: k for k, tn in enumerate(own)}
-    written = {ev[1] for ev in events if ev[0] in (_SET, _SET_VEC, _ZERO, _BOX)}
-    out: list[tuple | list] = []
-    counted: dict[tuple[Tnode, Position], list] = {}
-    for ev in events:
-        if ev[0] == _READ and ev[1] not in written:
-            cell = counted.get((ev[1], ev[2]))
-            if cell is None:
-                cell = counted[(ev[1], ev[2])] = [_READS, numbers[ev[1]], ev[2], 0]
-                out.append(cell)
-            cell[3] += 1
-        else:
-            out.append((ev[0], numbers[ev[1]], *ev[2:]))
-    return [tuple(ev) for ev in out]
-
-
-def _apply(st: _State, events: list[tuple], own: list[Tnode], nodes: dict[Tnode, Tnode],
-           symbols: dict[Symbol, Symbol]) -> None:
-    """Replay recorded `events` on the trace, on the statement's own nodes `own` (an event
-    names its node by position in `own`) and symbols (`symbols` maps the recorded ones to
-    them); `nodes` maps the recorded nodes to `own`, for the recorded expressions. A
-    statement's traced arrays are looked up once each, at their first event (so the store
-    gains them in the order it always did), not once per event."""
-    arrays: list[TracedArray | None] = [None] * len(own)
+def _apply(st: _State, events: list[tuple], nodes: dict[Tnode, Tnode], symbols: dict[Symbol, Symbol]) -> None:
+    """Replay recorded `events` on the trace, on the nodes and symbols `nodes` and `symbols`
+    map the recorded ones to."""
+    store = st.store
     for ev in events:
         op = ev[0]
-        if op >= _OWN:
-            tn = own[ev[1]]
-            if op == _OWN:
-                for s in ev[2]:
-                    st.reverse_node_map.setdefault(symbols[s], tn)
-            else:
-                if st.merge_node is not None and st.merge_node is not tn:
-                    raise ValueError(f"einjit: only one merge buffer per routine is supported, found "
-                                     f"{st.merge_node.debug_name()} and {tn.debug_name()}")
-                st.merge_node = tn
-            continue
-        ta = arrays[ev[1]]
-        if ta is None:
-            ta = arrays[ev[1]] = st.node(own[ev[1]])
         if op == _READ:
+            tn = nodes[ev[1]]
+            ta = store.get(tn) or st.node(tn)
             pos = ev[2]
             accesses = ta.accesses
             if not (ta.zeroed_out or pos in ta.assignments or (ta.written_boxes and ta.is_written(pos))):
@@ -561,17 +517,10 @@ def _apply(st: _State, events: list[tuple], own: list[Tnode], nodes: dict[Tnode,
             elif not ev[3]:
                 old = accesses.get(pos, 0)
                 accesses[pos] = old if old is RECURRENT else old + 1
-        elif op == _READS:
-            pos = ev[2]
-            accesses = ta.accesses
-            if not (ta.zeroed_out or pos in ta.assignments or (ta.written_boxes and ta.is_written(pos))):
-                accesses[pos] = RECURRENT
-            else:
-                old = accesses.get(pos, 0)
-                accesses[pos] = old if old is RECURRENT else old + ev[3]
         elif op == _SET:
-            _, _, pos, llsc, first_visit, reduction, local_reduction = ev
-            if not ta.assignments and not ta.accesses and _is_scalar_dims(ta.tn):
+            _, tn, pos, llsc, first_visit, reduction, local_reduction = ev
+            ta = st.node(nodes[tn])
+            if not ta.assignments and not ta.accesses and _is_scalar_dims(tn):
                 ta.is_scalar_constexpr = _is_constexpr(st, llsc, nodes)
             elif ta.assignments:
                 ta.is_scalar_constexpr = False
@@ -581,9 +530,14 @@ def _apply(st: _State, events: list[tuple], own: list[Tnode], nodes: dict[Tnode,
                 ta.is_complex = ta.is_complex or reduction
                 ta.is_local_reduction = ta.is_local_reduction and local_reduction
             ta.assignments.add(pos)
+        elif op == _OWN:
+            owner = nodes[ev[1]]
+            for s in ev[2]:
+                st.reverse_node_map.setdefault(symbols[s], owner)
         elif op == _BOX:
-            ta.written_boxes.add(ev[2])
+            st.node(nodes[ev[1]]).written_boxes.add(ev[2])
         elif op == _ZERO:
+            ta = st.node(nodes[ev[1]])
             if not ta.assignments and not ta.accesses:
                 ta.zero_initialized_by_code = True
                 ta.is_accessing = False
@@ -591,15 +545,22 @@ def _apply(st: _State, events: list[tuple], own: list[Tnode], nodes: dict[Tnode,
                 ta.is_scalar_constexpr = _is_scalar_dims(ta.tn)
             ta.zeroed_out = True
         elif op == _GATHERED:
-            ta.run_time_indexed = True
+            st.node(nodes[ev[1]]).run_time_indexed = True
         elif op == _SET_VEC:
-            _, _, cells, arg, first_visit, reduction = ev
+            _, tn, cells, arg, first_visit, reduction = ev
+            ta = st.node(nodes[tn])
             ta.is_scalar_constexpr = False
             if first_visit:
                 ta.is_accessing = ta.is_accessing or _is_accessing(st, arg, nodes)
                 ta.is_simple = False
                 ta.is_complex = ta.is_complex or reduction
             ta.assignments.update(cells)
+        elif op == _MERGE:
+            tn = nodes[ev[1]]
+            if st.merge_node is not None and st.merge_node is not tn:
+                raise ValueError(f"einjit: only one merge buffer per routine is supported, found "
+                                 f"{st.merge_node.debug_name()} and {tn.debug_name()}")
+            st.merge_node = tn
 
 
 def _is_local_reduction(tn: Tnode, loops: tuple[tuple[Symbol, int], ...], idcs: tuple[AxisIndex, ...],
