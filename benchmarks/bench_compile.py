@@ -177,6 +177,28 @@ a load of 4-7 on the 2 cores, walls 2.5-3.5x CPU; generated C byte-identical on 
   keys), lowering 0.13-0.19 s, fusion 0.11 s, scheduling 0.1 s; 12 blocks of `models.GPT` also
   spend ~9% of their passes in the causal clipping's analysis (its iota mask; the einsum mask
   of `gpt_step` skips it).
+Session 12 (issue 21 item 1; load 4-8 on the 2 cores all session, so whole compiles in fresh
+processes were noise: walls 9-28 s for the 4-block step; the figures are in-process A/Bs and
+single gcc runs; generated C byte-identical on the 4-block, AdamW, 2-thread 4-block,
+`models.GPT` and 12-block GPT-2 steps):
+- the thread team's library and entries live in the compiled-object cache: a second process
+  running a cached 2-thread program took 1.5-1.9 s (gcc 0.75-0.93 s CPU on `team.c`) and now
+  0.05-0.07 s;
+- the routine's own unit also without RTL dead-store elimination (`-fno-dse`, same
+  instructions): the 12-block GPT-2 step's unit 2.3-3.2 -> 1.7-2.1 s of gcc. Before, it was
+  that step's critical path: 2.9 s against 1.5 + 1.4 s for the nest units, and three jobs
+  sharing two cores leave it alone on one core at the end (about 3.6 s of wall, 2.9 s ideal);
+- gcc's jobs on the 4-block step are even: units 0.28 (routine), 1.41 and 1.56 s, link
+  0.02 s, 45 nest functions of at most 0.20 s each (no one function is a critical path; a
+  finer split cannot beat 3.25 s / 2 cores). `-ftime-report` on a nest unit: induction-variable
+  optimization 24%, complete unrolling 13%. `-fno-ivopts` cut gcc 10-20% but the 2-block d=128
+  step ran 90 -> 108 ms (best of 15 x 5 calls, same process), so it stays on;
+- `index_type` walks the code once (was twice: 0.021 -> 0.014 s for 4 blocks), `structure`
+  reads an `Iterator`'s symbol directly (tracing's keys 0.025 -> 0.020 s). Tried in tracing's
+  replay, not kept: traced arrays looked up once per statement and a statement's reads of a
+  node it does not write folded per cell (302k -> 239k events) made the replay 0.08 s faster,
+  but converting the recorded events cost 0.03-0.06 s: the pass was 0-4% faster in 44
+  alternating runs, inside the noise.
 """
 
 from __future__ import annotations

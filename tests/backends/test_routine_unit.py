@@ -1,7 +1,7 @@
 """The routine's own translation unit of an outlined program (its calls of the nest
 functions, memsets and barriers) is compiled without gcc's points-to analysis and dead-store
-elimination (`CcOptions.routine_unit_flags`), which cost most of its compile time in deep
-models and find nothing there; the nest units keep every pass."""
+eliminations, tree and RTL (`CcOptions.routine_unit_flags`), which cost most of its compile
+time in deep models and find nothing there; the nest units keep every pass."""
 
 from __future__ import annotations
 

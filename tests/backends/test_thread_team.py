@@ -303,3 +303,33 @@ def test_a_forked_child_starts_its_own_team(tmp_path):
     done = subprocess.run([sys.executable, "-c", _FORK, str(Path(__file__).parent)], env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.stdout.strip() == "child 0 parent True", done.stderr
+
+
+_CACHED = textwrap.dedent("""
+    import hashlib, sys
+    sys.path.insert(0, sys.argv[1])
+    from test_openmp_threads import inputs_for, options, region_program
+    from einjit.backends.cc import thread_team
+    from einjit.backends.cc import toolchain as cc
+    from einjit.backends.cc.backend import run_once
+    code, ins_nodes, outs = region_program()
+    got = run_once(code, inputs_for(*ins_nodes), options=options(2), name="team_cached")
+    digest = hashlib.sha256(b"".join(got.array(o).tobytes() for o in outs)).hexdigest()
+    print(thread_team.stats.compiler_invocations, thread_team.stats.cache_hits, cc.stats.compiler_invocations, digest)
+""")
+
+
+def test_a_second_process_takes_the_team_from_the_cache(tmp_path):
+    """The first process compiles the team's entries and library into the compiled-object cache
+    beside its program; a second process on that cache runs no compiler at all (it loads the
+    cached library; nothing links, so the entries are not asked for), and its 2-thread
+    program computes the bits the first one did."""
+    _gcc()
+    env = dict(os.environ, PYTHONPATH=str(SRC), EINJIT_CACHE_DIR=str(tmp_path / "cache"))
+    for var in ("EINJIT_THREAD_TEAM", *openmp_env.USER_SETTINGS):
+        env.pop(var, None)
+    runs = [subprocess.run([sys.executable, "-c", _CACHED, str(Path(__file__).parent)], env=env, capture_output=True,
+                           text=True, timeout=120) for _ in range(2)]
+    (first, second) = (r.stdout.split() for r in runs)
+    assert first[:3] == ["2", "0", "1"] and second[:3] == ["0", "1", "0"], runs[0].stderr + runs[1].stderr
+    assert first[3] == second[3]

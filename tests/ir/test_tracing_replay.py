@@ -93,3 +93,24 @@ def test_comments_do_not_keep_blocks_apart(executions):
     second, _, _ = block(x2)
     visit_llc(ll.seq(ll.Comment("block 1"), first, ll.Comment("block 2"), second), settings=VirtualizeSettings())
     assert executions[0] == 4  # one comment and the first block's three statements
+
+
+def test_reads_of_a_node_the_statement_does_not_write_count_each_read(executions):
+    """A replayed statement's reads of a node it does not write each count once where the cell
+    was written, and a cell read before any write is recurrent however often it is read (the
+    counts a replay that grouped reads per cell would have to keep)."""
+    s = Tnode("s", (5,))
+    i = get_symbol("i")
+    fill = ll.ForLoop(i, 0, 3, ll.Set(s, (Iterator(i),), ll.Constant(1.0)))
+
+    def thrice(out: Tnode) -> ll.LLStmt:
+        j = get_symbol("j")
+        read = ll.Get(s, (Iterator(j),))
+        return ll.ForLoop(j, 0, 4, ll.Set(out, (Iterator(j),), ll.Binop(
+            ops.Binop.ADD, read, ll.Binop(ops.Binop.MUL, read, read))))
+
+    trace = visit_llc(ll.seq(fill, thrice(Tnode("y", (5,))), thrice(Tnode("z", (5,)))), settings=VirtualizeSettings())
+    assert executions[0] == 2  # the second reading statement replays the first's events
+    accesses = trace.traced_store[s].accesses
+    assert list(accesses.items()) == [((0,), 6), ((1,), 6), ((2,), 6), ((3,), 6), ((4,), RECURRENT)]
+    assert trace.traced_store[s].read_before_write and trace.traced_store[s].max_visits() is RECURRENT

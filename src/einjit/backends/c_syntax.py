@@ -975,34 +975,33 @@ def hoisting(sc: ll.LLScalar) -> bool:
     return any(isinstance(x, (ll.Unop, ll.Binop, ll.Ternop)) and "?" in x.op.c_template for x in ll.iter_scalars(sc))
 
 
-def _embedded_bound(llc: ll.LLStmt) -> int:
-    """The largest magnitude an affine index used as a value (`EmbedIndex`) reaches over the
-    loops of `llc`."""
-    embedded = [x.idx for x in ll.deep_parts(llc) if isinstance(x, ll.EmbedIndex) and isinstance(x.idx, Affine)]
-    if not embedded:
-        return 0
-    ranges = {s.index: max(abs(s.from_), abs(s.to_)) for s in ll.iter_stmts(llc) if isinstance(s, ll.ForLoop)}
-    return max(abs(idx.offset) + sum(abs(c) * ranges.get(sym, 0) for c, sym in idx.symbols) for idx in embedded)
-
-
 def index_type(name: str, llc: ll.LLStmt) -> str:
     """`int` when every array size, loop bound and index value computed from loop counters fits
     in 32 bits, else `long long` (an `int` loop counter running to 3e9 never stops; a range
     of 3e9 split into `32*k + l` by the scheduler wraps). Past 64 bits no index type fits: an
-    error before compiling, naming the node or loop."""
-    widest = _embedded_bound(llc)
+    error before compiling, naming the node or loop. One walk of the code finds the loops and
+    the affine indices used as values (`EmbedIndex`): each reaches at most its offset plus
+    its terms over the largest magnitude of their loops' bounds."""
+    widest = 0
     for tn in ll.nodes_of(llc):
         if tn.size > _LLONG_MAX:
             raise RenderError(f"einjit: routine {name!r}: {tn.debug_name()} with dims {tn.dims} has {tn.size} "
                               f"cells, more than 64-bit indexing can address ({_LLONG_MAX})")
         widest = max(widest, tn.size)
-    for s in ll.iter_stmts(llc):
-        if isinstance(s, ll.ForLoop):
-            bound = max(abs(s.from_), abs(s.to_) + 1)
+    embedded: list[Affine] = []
+    ranges: dict[Symbol, int] = {}
+    for x in ll.deep_parts(llc):
+        if isinstance(x, ll.ForLoop):
+            bound = max(abs(x.from_), abs(x.to_) + 1)
             if bound > _LLONG_MAX:
-                raise RenderError(f"einjit: routine {name!r}: loop {s.index!r} over [{s.from_}, {s.to_}] is longer "
+                raise RenderError(f"einjit: routine {name!r}: loop {x.index!r} over [{x.from_}, {x.to_}] is longer "
                                   f"than 64-bit indexing can count ({_LLONG_MAX})")
             widest = max(widest, bound)
+            ranges[x.index] = max(abs(x.from_), abs(x.to_))
+        elif isinstance(x, ll.EmbedIndex) and isinstance(x.idx, Affine):
+            embedded.append(x.idx)
+    for idx in embedded:
+        widest = max(widest, abs(idx.offset) + sum(abs(c) * ranges.get(sym, 0) for c, sym in idx.symbols))
     return "int" if widest <= _INT_MAX else "long long"
 
 

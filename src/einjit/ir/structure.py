@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import Symbol
+from einjit.ir.indexing import Iterator, Symbol
 from einjit.ir.tnode import Tnode
 
 _FIELDS: dict[type, Callable[[object], tuple]] = {}
@@ -68,6 +68,9 @@ def structure(stmt: ll.LLStmt, node_key: Callable[[Tnode], Hashable],
         if kind is Symbol:
             assert isinstance(x, Symbol)
             return _numbered(symbols, "symbol", x, symbol_key)
+        if kind is Iterator:  # a third of the parts walked: its one field read directly
+            assert isinstance(x, Iterator)
+            return (kind, _numbered(symbols, "symbol", x.symbol, symbol_key))
         if kind is tuple or kind is list:
             assert isinstance(x, (tuple, list))
             return (kind, *[y if type(y) in atoms else walk(y, walk) for y in x])
