@@ -280,9 +280,8 @@ class _Analysis:
         st = writes[0][0]
         match st.llsc:
             case ll.Ternop(ops.Ternop.WHERE, cond, _, ll.Constant()):
-                where = {_position(st.idcs, ks, qs): c for (ks, qs), c in _false_above(cond).items()}
-                where.pop(None, None)
-                return where
+                spots = ((_position(st.idcs, ks, qs), c) for (ks, qs), c in (_false_above(cond) or {}).items())
+                return {at: c for at, c in spots if at is not None}
         return {}
 
     def _masked_reads(self, sc: ll.LLScalar, tn: Tnode, unused: Zeros, target: ll.Set | None,
