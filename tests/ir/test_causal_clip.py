@@ -22,6 +22,7 @@ from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Iterator, get_symbol, make_affine
 from einjit.ir.optimize import VirtualizeSettings, optimize_proc
+from einjit.ir.sched.causal import clip_causal_loops
 from einjit.ir.sched.fusion import fuse_loops
 from einjit.ir.tnode import Tnode
 from einjit.nn.attention import MultiHeadAttention
@@ -256,3 +257,53 @@ def test_fusion_renames_the_bounds_of_clipped_loops():
     np.testing.assert_array_equal(interpret.run(code)[out], want)
     np.testing.assert_array_equal(interpret.run(fused)[out], want)
     np.testing.assert_array_equal(run_in_c(fused, {}, name="fused_clips").array(out), want)
+
+
+def _row_maximum(lanes: int, rows: int, keys: int):
+    """`m[q] = max_k where(k < q + 1, s[q, k], -1e30)`: one loop over the keys (`lanes` 1), or
+    `lanes` partial maxima over chunks of keys folded into `m` (the extrema stage's form)."""
+    s, masked, m = Tnode("s", (rows, keys)), Tnode("masked", (rows, keys)), Tnode("m", (rows,))
+    q, k, k0, lane = get_symbol("q"), get_symbol("k"), get_symbol("k"), get_symbol("l")
+    causal = ll.Binop(ops.Binop.CMPLT, ll.EmbedIndex(Iterator(k)), ll.EmbedIndex(make_affine([(1, q)], 1)))
+    at = (Iterator(q), Iterator(k))
+    write = ll.Set(masked, at, ll.Ternop(ops.Ternop.WHERE, causal, ll.Get(s, at), ll.Constant(-1e30)))
+    code = [ll.ForLoop(q, 0, rows - 1, ll.ForLoop(k, 0, keys - 1, write)),
+            ll.ForLoop(q, 0, rows - 1, ll.Set(m, (Iterator(q),), ll.Constant(-np.inf)))]
+    mine = ll.Get(m, (Iterator(q),))
+    if lanes == 1:
+        code.append(ll.ForLoop(q, 0, rows - 1, ll.ForLoop(k, 0, keys - 1, ll.Set(
+            m, (Iterator(q),), ll.Binop(ops.Binop.MAX, mine, ll.Get(masked, at))))))
+    else:
+        part = Tnode("part", (lanes,))
+        cell = ll.Get(part, (Iterator(lane),))
+        chunk = ll.Get(masked, (Iterator(q), make_affine([(lanes, k0), (1, lane)])))
+        code.append(ll.ForLoop(q, 0, rows - 1, ll.seq(
+            ll.ForLoop(lane, 0, lanes - 1, ll.Set(part, (Iterator(lane),), ll.Constant(-np.inf))),
+            ll.ForLoop(k0, 0, keys // lanes - 1, ll.ForLoop(lane, 0, lanes - 1, ll.Set(
+                part, (Iterator(lane),), ll.Binop(ops.Binop.MAX, cell, chunk)))),
+            ll.ForLoop(lane, 0, lanes - 1, ll.Set(m, (Iterator(q),), ll.Binop(ops.Binop.MAX, mine, cell))))))
+    return ll.seq(*code), s, m
+
+
+@pytest.mark.parametrize("lanes", [1, 8])
+def test_row_maximum_is_clipped_and_keeps_the_mask_constant(lanes):
+    """The row maximum over 24 keys reads the causal prefix and a chunk of masked cells (one
+    masked cell in each partial maximum), not the rest: a row whose visible scores are all
+    below -1e30 (-inf, -3e38) still gets -1e30, a NaN stays a NaN, the others their maximum;
+    the interpreter and gcc give the full loops' values, which NumPy computes."""
+    rows, keys = 8, 24
+    code, s, m = _row_maximum(lanes, rows, keys)
+    clipped = clip_causal_loops(code)
+    stops = [x for x in ll.iter_stmts(clipped) if isinstance(x, ll.ForLoop) and x.stop is not None]
+    assert len(stops) == 1
+    assert any(isinstance(y, ll.Set) and isinstance(y.llsc, ll.Binop) and y.llsc.op is ops.Binop.MAX
+               for y in ll.iter_stmts(stops[0].body))
+    x = np.random.default_rng(4).standard_normal((rows, keys)).astype(np.float32)
+    # row 7 sees 8 keys, a whole chunk: the clip must still read a masked one
+    x[0, 0], x[1, :2], x[2, 1], x[7, :8] = -np.inf, -3e38, np.nan, -np.inf
+    qq, kk = np.meshgrid(np.arange(rows), np.arange(keys), indexing="ij")
+    want = np.where(kk < qq + 1, x, np.float32(-1e30)).max(axis=1)
+    assert want[0] == want[1] == want[7] == np.float32(-1e30) and np.isnan(want[2])
+    np.testing.assert_array_equal(interpret.run(code, {s: x.copy()})[m], want)
+    np.testing.assert_array_equal(interpret.run(clipped, {s: x.copy()})[m], want)
+    np.testing.assert_array_equal(run_in_c(clipped, {s: x}, name=f"row_max{lanes}").array(m), want)

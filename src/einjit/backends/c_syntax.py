@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
-from einjit.backends import amx_tiles, bf16_dot, c_math, c_outline, c_vectors, parallel_loops
+from einjit.backends import amx_tiles, bf16_dot, c_math, c_outline, c_transpose, c_vectors, parallel_loops
 from einjit.backends.params import MemClass, Param, ParamKind, repeated_names
 from einjit.errors import EinjitError
 from einjit.ir import low_level as ll
@@ -169,6 +169,9 @@ class CSyntax:
     """Render bf16-pair kernel nests for AVX512_BF16 and bf16 tile kernels for AMX too, where
     the compiler targets them (`bf16_dot`, `amx_tiles`); dialects without x86 intrinsics leave
     it off."""
+    vector_transpose: bool = True
+    """Render transposing copies (panel packs) as 8x8 blocks of GCC vector shuffles
+    (`c_transpose`); dialects without GCC vector extensions leave it off."""
 
 
 C_SYNTAX = CSyntax()
@@ -211,6 +214,7 @@ HELPERS = {
 }}
 """,
     **c_vectors.HELPERS,
+    **c_transpose.HELPERS,
     "uniform01": """\
 /* VecUnop.UNIFORM_HASH: splitmix64 of a counter, top 53 bits scaled to [0, 1). */
 {q} double einjit_uniform01(unsigned long long x) {{
@@ -688,6 +692,10 @@ class _Writer:
                         raise RenderError(f"einjit: loop symbol {index!r} is already bound in an enclosing scope")
                     if (lane_set := c_vectors.lane_statement(s)) is not None:
                         self.vector_set(lane_set, index, indent)
+                        continue
+                    if self.syn.vector_transpose and not self.guarded and (tr := c_transpose.kernel(s)):
+                        self.lines += c_transpose.render(self, tr, (symbol_name(index), symbol_name(tr.inner.index)),
+                                                         indent)
                         continue
                     name = symbol_name(index)
                     dot = bf16_dot.kernel(s) if self.syn.bf16_dot else None

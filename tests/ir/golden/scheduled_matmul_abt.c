@@ -4,9 +4,9 @@ void scheduled(const float *restrict a, float *restrict c, const float *restrict
   memset(c, 0, sizeof(float) * 4096);
   /* register-blocked 8x32 contraction into c0, from zero */
   for (int jp1 = 0; jp1 < 2; ++jp1) {
-    for (int jr2 = 0; jr2 < 32; ++jr2) {
-      for (int k3 = 0; k3 < 32; ++k3) {
-        pack[k3 * 32 + jr2] = b[(32*jp1 + jr2) * 32 + k3]; /* pack a panel of the unit-stride operand */
+    for (int jr2 = 0; jr2 < 32; jr2 += 8) {
+      for (int k3 = 0; k3 < 32; k3 += 8) {
+        einjit_transpose_f32x8(&pack[k3 * 32 + jr2], 32, &b[(32*jp1 + jr2) * 32 + k3], 32); /* pack a panel of the unit-stride operand, 8x8 blocks */
       }
     }
     for (int ib4 = 0; ib4 < 8; ++ib4) {

@@ -50,6 +50,7 @@ CUDA_SYNTAX = CSyntax(
     zero_out_memset=False,
     bf16_dot=False,
     own_math=False,
+    vector_transpose=False,
 )
 
 _PRELUDE = """\
