@@ -62,6 +62,7 @@ threads are never clipped (register block rows and lanes stay whole, thread chun
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from einjit.ir import low_level as ll
 from einjit.ir import ops
@@ -590,20 +591,10 @@ def _masked_cell_clips(loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbol, t
                        inner: dict[Symbol, tuple[int, int]]) -> set[tuple[bool, ll.LoopClip]] | None:
     """The clips of `loop` whose body only writes cells of nodes every read of which a `where`
     ignores (`_Analysis.masked`): its other iterations write cells nobody uses."""
-    clips: set[tuple[bool, ll.LoopClip]] = set()
-    for s in ll.iter_stmts(loop.body):
-        match s:
-            case ll.Set(tn=tn, idcs=idcs):
-                kept = [clip for (kp, qp), c in zeros.masked(tn).items()
-                        if (clip := _diagonal_clip(idcs[kp], idcs[qp], c, loop.index, outer, inner))]
-                if not kept:
-                    return None
-                clips.add(kept[0])
-            case ll.ForLoop() | ll.Seq() | ll.Comment() | ll.Noop():
-                pass
-            case _:
-                return None
-    return clips or None
+    def clip_of(s: ll.Set) -> tuple[bool, ll.LoopClip] | None:
+        return next((clip for (kp, qp), c in zeros.masked(s.tn).items()
+                     if (clip := _diagonal_clip(s.idcs[kp], s.idcs[qp], c, loop.index, outer, inner))), None)
+    return _every_store_clipped(loop, clip_of)
 
 
 def _extremum_clips(loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]],
@@ -613,20 +604,33 @@ def _extremum_clips(loop: ll.ForLoop, zeros: _Analysis, outer: dict[Symbol, tupl
     does not pick: its other iterations read only that constant, and the clip keeps one
     iteration whose cells all hold it, which gives each `m` the constant once (a maximum of the
     same values, whatever their number: the same bits)."""
+    def clip_of(s: ll.Set) -> tuple[bool, ll.LoopClip] | None:
+        match s.llsc:
+            case ll.Binop(ops.Binop.MAX | ops.Binop.MIN, a, b):
+                mine = ll.Get(s.tn, s.idcs)
+                x = b if a == mine else a if b == mine else None
+            case _:
+                return None
+        if (not isinstance(x, ll.Get) or x.tn is s.tn
+                or any(loop.index in index_symbols(idx) for idx in s.idcs)):
+            return None
+        return next((clip for (kp, qp), c in zeros.constant(x.tn).items()
+                     if (clip := _constant_clip(x.idcs[kp], x.idcs[qp], c, loop, outer, inner))), None)
+    return _every_store_clipped(loop, clip_of)
+
+
+def _every_store_clipped(loop: ll.ForLoop, clip_of: Callable[[ll.Set], tuple[bool, ll.LoopClip] | None]
+                         ) -> set[tuple[bool, ll.LoopClip]] | None:
+    """The clips `clip_of` gives each store in `loop`'s body, or None when one store has none or
+    the body holds anything but loops and stores."""
     clips: set[tuple[bool, ll.LoopClip]] = set()
     for s in ll.iter_stmts(loop.body):
         match s:
-            case ll.Set(tn=tn, idcs=idcs, llsc=ll.Binop(ops.Binop.MAX | ops.Binop.MIN, a, b)):
-                mine = ll.Get(tn, idcs)
-                x = b if a == mine else a if b == mine else None
-                if (not isinstance(x, ll.Get) or x.tn is tn
-                        or any(loop.index in index_symbols(idx) for idx in idcs)):
+            case ll.Set():
+                clip = clip_of(s)
+                if clip is None:
                     return None
-                kept = [clip for (kp, qp), c in zeros.constant(x.tn).items()
-                        if (clip := _constant_clip(x.idcs[kp], x.idcs[qp], c, loop, outer, inner))]
-                if not kept:
-                    return None
-                clips.add(kept[0])
+                clips.add(clip)
             case ll.ForLoop() | ll.Seq() | ll.Comment() | ll.Noop():
                 pass
             case _:
