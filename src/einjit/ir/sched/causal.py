@@ -645,12 +645,9 @@ def _constant_clip(key: AxisIndex, query: AxisIndex, c: int, loop: ll.ForLoop, o
     by the inner loops' span of `key - query` and one step. None when the loop steps over more
     than that span at once (an iteration's cells would not all be past the diagonal), runs the
     other way, or may skip its first iteration."""
-    k, q = _linear(key), _linear(query)
-    if k is None or q is None:
+    diff = _difference(key, query)
+    if diff is None:
         return None
-    diff = dict(k)
-    for s, v in q.items():
-        diff[s] = diff.get(s, 0) - v
     span = sum(abs(v) * (inner[s][1] - inner[s][0]) for s, v in diff.items() if s in inner)
     if not 0 < diff.get(loop.index, 0) <= span + 1:
         return None
@@ -717,16 +714,25 @@ def _value_clip(facts: Zeros, loop: ll.ForLoop, outer: dict[Symbol, tuple[int, i
     return None
 
 
-def _diagonal_clip(key: AxisIndex, query: AxisIndex, c: int, x: Symbol, outer: dict[Symbol, tuple[int, int]],
-                   inner: dict[Symbol, tuple[int, int]]) -> tuple[bool, ll.LoopClip] | None:
-    """Iteration `x` has a non-zero term iff `key - query - c < 0` for some inner indices:
-    `alpha * x + rest + least < 0`, a stop (`alpha > 0`) or a start (`alpha < 0`)."""
+def _difference(key: AxisIndex, query: AxisIndex) -> dict[Symbol | None, int] | None:
+    """`key - query` as coefficients by symbol (None: the constant), or None when either index
+    is not linear."""
     k, q = _linear(key), _linear(query)
     if k is None or q is None:
         return None
     diff = dict(k)
     for s, v in q.items():
         diff[s] = diff.get(s, 0) - v
+    return diff
+
+
+def _diagonal_clip(key: AxisIndex, query: AxisIndex, c: int, x: Symbol, outer: dict[Symbol, tuple[int, int]],
+                   inner: dict[Symbol, tuple[int, int]]) -> tuple[bool, ll.LoopClip] | None:
+    """Iteration `x` has a non-zero term iff `key - query - c < 0` for some inner indices:
+    `alpha * x + rest + least < 0`, a stop (`alpha > 0`) or a start (`alpha < 0`)."""
+    diff = _difference(key, query)
+    if diff is None:
+        return None
     const = diff.pop(None) - c
     alpha = diff.pop(x, 0)
     rest: list[tuple[int, Symbol]] = []
