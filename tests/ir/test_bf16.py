@@ -239,6 +239,21 @@ def test_avx512_bf16_kernel_compiles_to_vdpbf16ps(tmp_path, transposed):
     assert "vdpbf16ps" not in _assembly(tmp_path, source, "x86-64-v3")
 
 
+def test_panels_narrower_than_a_bf16_dot_vector_keep_the_float_panel():
+    """`vdpbf16ps` fills 16 float lanes: a contraction whose register block is narrower (the 10
+    logits of a classifier take 8-lane blocks) keeps the float panel and kernel, where a pair
+    panel had only the scalar fallback nest; the result is the plain nest's, bit for bit."""
+    code, a, b, c = matmul(64, 32, 10, False, ops.single)
+    sched = schedule_llc(code, ON, Blocking(machine=MACHINES["avx512_bf16"], min_work=1, min_unroll_work=1))
+    assert _local_precs(sched)["pack"] is ops.single
+    assert "_mm512_dpbf16_ps" not in c_syntax.render_program([("narrow", sched)]).source
+    ins = _operands(a, b)
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[c]
+    np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[c], want)
+    got = run_once(sched, ins, name="bf16_narrow", context=CcBackend().init("bf16_narrow")).array(c)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_odd_depth_keeps_the_float_panel():
     source = _scheduled_source(16, 63, 64, False)
     assert "_mm512_dpbf16_ps" not in source

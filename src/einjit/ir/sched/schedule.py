@@ -439,7 +439,7 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     extent, prec = c.extent, c.st.tn.prec.computed_in
     mb, n_rows, n_short = cost_model.row_blocks(extent[c.i], tile.mb)
     nb, kc = tile.nb, tile.kc
-    pairs = bf16_pairs.applies(c.a_op, c.b_op, len(c.summed), kc, extent[c.summed[0]], blocking.machine)
+    pairs = bf16_pairs.applies(c.a_op, c.b_op, len(c.summed), kc, extent[c.summed[0]], nb, blocking.machine)
     n_cols, tail_cols = divmod(extent[c.j], nb)
     panels = n_cols + (1 if tail_cols else 0)
     pack_all = not pairs and _packs_all_panels(c, kc, nb, nb * panels, blocking)
