@@ -356,6 +356,24 @@ def test_pair_panels_copy_bf16_cells_without_a_round_trip(transposed):
     np.testing.assert_array_equal(ctx.array(b), cells)
 
 
+def test_pair_panel_packing_interleaves_16_columns_of_two_rows_at_once():
+    """A pair panel packed from the rows of its operand (`pack[kp, b, kl] = B(2*kp + kl, b)`,
+    unit stride along `b`) is `einjit_bf16_pairs16` calls where the compiler targets
+    AVX512_BF16, one per 16 columns (a permutation of the two rows' halves), and copies every
+    cell as the plain nest does, offsets into the source included."""
+    src, pack = Tnode("src", (10, 64), ops.bf16), Tnode("pack", (5, 48, 2), ops.bf16)
+    kp, kl, b = get_symbol("kp"), get_symbol("kl"), get_symbol("b")
+    read = ll.Get(src, (Affine(((2, kp), (1, kl))), Affine(((1, b),), 16)))
+    code = ll.ForLoop(kp, 0, 4, ll.ForLoop(kl, 0, 1, ll.ForLoop(b, 0, 47, ll.Set(pack, it(kp, b, kl), read))))
+    source = c_syntax.render_program([("bf16_pairs16", code)]).source
+    assert source.count("einjit_bf16_pairs16(&") == 3
+    cells = RNG.integers(0, 2**16, (10, 64)).astype(np.uint16)
+    want = interpret.run(code, {src: cells.copy()})[pack]
+    np.testing.assert_array_equal(want, cells[:, 16:].reshape(5, 2, 48).transpose(0, 2, 1))
+    ctx = run_once(code, {src: cells}, name="bf16_pairs16", context=CcBackend().init("bf16_pairs16"))
+    np.testing.assert_array_equal(ctx.array(pack), want)
+
+
 def _nearest_even_reference(u: np.ndarray) -> np.ndarray:
     """bf16 patterns of float32 patterns `u`, by comparing distances to the two neighbouring
     bf16 numbers in float64 (not by the carry trick the implementations use): the nearer one,

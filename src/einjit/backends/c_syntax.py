@@ -699,8 +699,11 @@ class _Writer:
                         continue
                     name = symbol_name(index)
                     dot = bf16_dot.kernel(s) if self.syn.bf16_dot else None
+                    pairs = bf16_dot.pair_pack(s) if self.syn.bf16_dot and dot is None else None
                     if dot is not None:
                         self.lines += bf16_dot.render(self, dot, name, indent)
+                    elif pairs is not None:
+                        self.lines += bf16_dot.render_pack(self, pairs, name, indent)
                     elif self.syn.bf16_dot and (tiles := amx_tiles.kernel(s)) is not None:
                         self.lines += amx_tiles.render(self, tiles, name, indent)
                     if s.unroll and self.syn.unroll_pragma:
@@ -728,7 +731,7 @@ class _Writer:
                     self.lines.extend(region)
                     if opens:
                         self.orphan, self.region_declared = None, set()
-                    if dot is not None:
+                    if dot is not None or pairs is not None:
                         self.lines.append("#endif")
                 case ll.ZeroOut(tn):
                     self.zero_out(tn, indent)
