@@ -105,6 +105,38 @@ def test_forward_and_backprop_read_bf16_copies_of_the_parameters():
     assert params <= {b.tn for a in asg.flatten_with_comments(update) for b in asg.rhs_buffers(a)}
 
 
+def test_backprop_contractions_read_bf16_copies_of_the_gradients():
+    """A backprop contraction multiplying a gradient by a bf16 operand (a parameter's copy, an
+    activation's twin) reads a bf16 copy of the gradient, rounded once after the gradient's last
+    write and before its first such reader, never virtual; one whose other operand is float32
+    (fc1's weight gradient: the input `x`) reads the float32 gradient, which stays float32."""
+    model, _, _, loss, _ = _mlp(8, (4, 6, 6, 2))
+    train.init_params(loss, seed=0)
+    flat = asg.flatten_with_comments(train.grad_update(loss, mixed_precision="bf16"))
+    grads = {t.grad_tn: t for t in loss.subtree() if t.grad_tn is not None and not t.is_param}
+    copies = {asg.lhs_of(a): a for a in flat if isinstance(a, asg.AccumUnop) and a.rhs.tn in grads
+              and asg.lhs_of(a).prec is ops.bf16}
+    assert len(copies) == 2  # fc2's and fc3's outputs' gradients (fc1's only meets x)
+    read_as: dict[str, set] = {}
+    for pos, a in enumerate(flat):
+        if not (isinstance(a, asg.AccumBinop) and a.op is ops.Binop.MUL and a.accum is ops.Binop.ADD):
+            continue
+        operands = [a.rhs1.tn, a.rhs2.tn]
+        for tn in operands:
+            if tn in copies:
+                g = copies[tn].rhs.tn
+                rounded = flat.index(copies[tn])
+                assert max(q for q, b in enumerate(flat) if asg.lhs_of(b) is g) < rounded < pos
+                assert g.prec is ops.single and tn.label[-1] == "bf16" and not tn.is_virtual()
+                read_as.setdefault(".".join(asg.lhs_of(a).label), set()).add("bf16 copy")
+            elif tn in grads:
+                assert all(o.prec is ops.single and not o.label[-1] == "bf16" for o in operands if o is not tn)
+                read_as.setdefault(".".join(asg.lhs_of(a).label), set()).add("float32")
+    weight_grads = {k: v for k, v in read_as.items() if ".w" in k}
+    assert weight_grads["fc1.w.grad"] == {"float32"}
+    assert weight_grads["fc2.w.grad"] == weight_grads["fc3.w.grad"] == {"bf16 copy"}
+
+
 def _convnet():
     n = 32
     rng = np.random.default_rng(0)
