@@ -254,6 +254,43 @@ def test_panels_narrower_than_a_bf16_dot_vector_keep_the_float_panel():
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("n,steps", [(6, 8), (13, 4), (6, 5)])
+def test_pairs_run_along_the_innermost_of_two_summed_loops(n, steps):
+    """A weight gradient summed over batch and time (`c[i, j] += x[n, t, i] * g[n, t, j]`)
+    pairs two steps of time (an even count) and chunks the batch as in float: the pair kernel
+    runs inside the batch loop, and its panel holds `pack[n.., tp, j, kl]`. The interpreter
+    gives the plain nest's bits; `vdpbf16ps` stays within the float32 accumulation bound. An odd
+    count keeps the float panel, bit for bit in C too."""
+    i_n, j_n = 24, 48
+    x, g = Tnode("x", (n, steps, i_n), ops.bf16), Tnode("g", (n, steps, j_n), ops.bf16)
+    c = Tnode("c", (i_n, j_n), ops.single)
+    i, j, b, t = get_symbol("i"), get_symbol("j"), get_symbol("n"), get_symbol("t")
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(x, it(b, t, i)), ll.Get(g, it(b, t, j)), ll.Get(c, it(i, j)))
+    nest = ll.Set(c, it(i, j), fma)
+    for sym, extent in ((t, steps), (b, n), (j, j_n), (i, i_n)):
+        nest = ll.ForLoop(sym, 0, extent - 1, nest)
+    code = ll.seq(ll.ZeroOut(c), nest)
+    sched = schedule_llc(code, ON, Blocking(machine=MACHINES["avx512_bf16"], min_work=1, min_unroll_work=1))
+    pairs = steps % 2 == 0
+    pack = next(tn for tn in ll.nodes_of(sched) if tn.is_local() and tn.label[0] == "pack")
+    assert pack.prec is (ops.bf16 if pairs else ops.single)
+    if pairs:
+        assert pack.dims[-3:] == (steps // 2, 16 * (pack.dims[-2] // 16), 2) and len(pack.dims) == 4
+    source = c_syntax.render_program([("bf16_two_sums", sched)]).source
+    assert ("_mm512_dpbf16_ps" in source) == pairs
+    ins = {x: _stored(RNG.standard_normal(x.dims).astype(np.float32)),
+           g: _stored(RNG.standard_normal(g.dims).astype(np.float32))}
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[c]
+    np.testing.assert_array_equal(interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[c], want)
+    xv, gv = (bf16.from_bits(ins[tn]).astype(np.float64).reshape(n * steps, -1) for tn in (x, g))
+    ref, magnitude = xv.T @ gv, np.abs(xv.T) @ np.abs(gv)
+    got = run_once(sched, ins, name="bf16_two_sums", context=CcBackend().init("bf16_two_sums")).array(c)
+    if pairs and c_runs_vdpbf16ps():
+        assert np.all(np.abs(got - ref) <= n * steps * 2.0**-24 * magnitude)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
 def test_odd_depth_keeps_the_float_panel():
     source = _scheduled_source(16, 63, 64, False)
     assert "_mm512_dpbf16_ps" not in source

@@ -81,8 +81,9 @@ HELPER = """\
 @dataclass(frozen=True)
 class Kernel:
     """A recognized kernel nest: `pairs` steps of `kp`, the `kl` and `a` (row, None for one
-    row) symbols, the float block `acc` of `rows` × `nb`, the pair panel and the other
-    operand's read."""
+    row) symbols, the float block `acc` of `rows` × `nb`, the pair panel with the indices
+    before its pair axes (`lead`: outer summed loops, which the kernel runs inside) and the
+    other operand's read."""
 
     kp: Symbol
     pairs: int
@@ -92,6 +93,7 @@ class Kernel:
     nb: int
     acc: Tnode
     pack: Tnode
+    lead: tuple[AxisIndex, ...]
     other: ll.Get
 
 
@@ -127,10 +129,13 @@ def kernel(loop: ll.ForLoop) -> Kernel | None:
         return None
     nb = vectors * LANES
     pair_at = (Iterator(loop.index), make_affine(((LANES, jv), (1, jl))), Iterator(lane.index))
+    inner = {loop.index, lane.index, jv, jl} | ({a} if a is not None else set())
     for pack, other in ((x, y), (y, x)):
-        if pack.idcs == pair_at and pack.tn.prec is ops.bf16 and pack.tn.dims[1:] == (nb, 2) \
+        lead = pack.idcs[:-3]
+        if pack.idcs[-3:] == pair_at and pack.tn.prec is ops.bf16 and pack.tn.dims[-2:] == (nb, 2) \
+                and not inner & set().union(*map(index_symbols, lead)) \
                 and other.tn.prec is ops.bf16 and not {jv, jl} & set().union(*map(index_symbols, other.idcs)):
-            return Kernel(loop.index, loop.to_ + 1, lane.index, a, rows, nb, acc, pack.tn, other)
+            return Kernel(loop.index, loop.to_ + 1, lane.index, a, rows, nb, acc, pack.tn, lead, other)
     return None
 
 
@@ -171,7 +176,7 @@ def render(w: Writer, k: Kernel, kp: str, indent: str) -> list[str]:
     adjacent = _adjacent(k)
     try:
         for v in range(vectors):
-            at = w.index(k.pack, (Iterator(k.kp), FixedIdx(v * LANES), FixedIdx(0)), "read")
+            at = w.index(k.pack, (*k.lead, Iterator(k.kp), FixedIdx(v * LANES), FixedIdx(0)), "read")
             lines.append(f"{body}const __m512bh p{v}_ = (__m512bh)_mm512_loadu_si512((const void *)&{pack}[{at}]);")
         for r in range(k.rows):
             lo, hi = (w.index(k.other.tn, _fixed(k, r, member), "read") for member in (0, 1))

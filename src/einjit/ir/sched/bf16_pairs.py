@@ -10,8 +10,11 @@ pairs (`kp`) and the member of a pair (`kl`); the accumulators stay float.
 In the low-level IR this is still the scalar update `acc[a, b] := fma(A(.., 2*kp + kl),
 pack[kp, b, kl], acc[a, b])`, which the interpreter runs and every C compiler compiles (the
 fp32 fallback); the C renderer turns that nest into `_mm512_dpbf16_ps` calls where the
-compiler targets AVX512_BF16 (`backends.bf16_dot`). Only even extents of one summed loop take
-the layout (a pair never straddles a chunk, and there is no odd tail), and only panels of whole
+compiler targets AVX512_BF16 (`backends.bf16_dot`). The pairs run along the innermost summed
+loop: with several (a weight gradient of a sequence model sums over batch and time), the
+outermost is chunked as in float and the pairs are two steps of the innermost, the panel
+holding `pack[k.., kp, j, kl]`. Only even extents take the layout (a pair never straddles a
+chunk, and there is no odd tail), and only panels of whole
 16-float vectors: a narrower register block (8 lanes, as a 10-column output takes) has no
 `vdpbf16ps` kernel, and its pair nest ran as the scalar fallback, bf16 widened at every
 multiply-add (the MLP's 256 x 256 by 10 logits at 3.6 GFLOP/s, 0.56 ms against float's 0.01 ms
@@ -38,29 +41,33 @@ def _bf16_read(sc: ll.LLScalar) -> bool:
     return isinstance(sc, ll.Get) and sc.tn.prec is ops.bf16
 
 
-def applies(a_op: ll.LLScalar, b_op: ll.LLScalar, n_summed: int, kc: int, depth: int, nb: int,
+def applies(a_op: ll.LLScalar, b_op: ll.LLScalar, extents: tuple[int, ...], kc: int, nb: int,
             machine: Machine) -> bool:
-    """Whether a contraction of `a_op * b_op` over `n_summed` loops, chunked by `kc` of the
-    outermost one's `depth`, in panels of `nb` columns, packs bf16 pairs: on a machine with the
-    dot product, both operands plain bf16 reads (the pairs are then exact copies), one summed
-    loop, even chunks, whole vectors."""
-    return (machine.bf16_dot and _bf16_read(a_op) and _bf16_read(b_op) and n_summed == 1
-            and kc % 2 == 0 and depth % 2 == 0 and nb % LANES == 0)
+    """Whether a contraction of `a_op * b_op` over summed loops of `extents` (outermost first),
+    the outermost chunked by `kc`, in panels of `nb` columns, packs bf16 pairs: on a machine
+    with the dot product, both operands plain bf16 reads (the pairs are then exact copies),
+    whole vectors, and pairs that never straddle a chunk: an even innermost extent, and with
+    one summed loop, even chunks."""
+    if not (machine.bf16_dot and _bf16_read(a_op) and _bf16_read(b_op) and nb % LANES == 0):
+        return False
+    return kc % 2 == 0 and extents[0] % 2 == 0 if len(extents) == 1 else extents[-1] % 2 == 0
 
 
-def pack(kc: int, nb: int) -> Tnode:
-    """The panel of `kc` summed indices by `nb` columns, as `kc / 2` rows of `nb` pairs."""
-    return nests.scheduler_local("pack", (kc // 2, nb, 2), ops.bf16)
+def pack(outer: tuple[int, ...], depth: int, nb: int) -> Tnode:
+    """The panel of the `outer` summed indices (the chunk and the loops between it and the
+    paired one; none with one summed loop) by `depth` paired indices by `nb` columns, holding
+    `depth / 2` rows of `nb` pairs for each outer index."""
+    return nests.scheduler_local("pack", (*outer, depth // 2, nb, 2), ops.bf16)
 
 
-def pack_at(kp: Symbol, b: Symbol, kl: Symbol) -> tuple[AxisIndex, ...]:
-    return Iterator(kp), Iterator(b), Iterator(kl)
+def pack_at(outer: list[Symbol], kp: Symbol, b: Symbol, kl: Symbol) -> tuple[AxisIndex, ...]:
+    return *(Iterator(s) for s in outer), Iterator(kp), Iterator(b), Iterator(kl)
 
 
-def k_loops(kp: Symbol, kl: Symbol, depth: int) -> list[tuple[Symbol, int]]:
-    return [(kp, depth // 2), (kl, 2)]
+def k_loops(outer: list[tuple[Symbol, int]], kp: Symbol, kl: Symbol, depth: int) -> list[tuple[Symbol, int]]:
+    return [*outer, (kp, depth // 2), (kl, 2)]
 
 
 def k_terms(kp: Symbol, kl: Symbol) -> list[tuple[int, Symbol]]:
-    """The summed index within a chunk: pair `kp`, member `kl`."""
+    """The paired summed index (within a chunk, with one summed loop): pair `kp`, member `kl`."""
     return [(2, kp), (1, kl)]

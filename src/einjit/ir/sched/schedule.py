@@ -366,7 +366,7 @@ class _Layout:
     inside a block, `kp` the summed loops), how many full blocks and how large the tails are
     along each axis (rows: `n_rows` blocks of `mb`, then `n_short` of `mb - 1`,
     `cost_model.row_blocks`), and which loops run on threads. With `kl`, the panel holds bf16 pairs
-    (`bf16_pairs`): `kp` counts pairs of the summed loop and `kl` the one of a pair. With
+    (`bf16_pairs`): `kp` counts pairs of the innermost summed loop and `kl` the one of a pair. With
     `apack`, one row block of A at a time is packed per k chunk (`rows_outer`)."""
 
     c: _Contraction
@@ -415,36 +415,48 @@ class _Layout:
         """A cell of the packed panel; `panel` counts panels where `pack` holds them all (`pack_all`,
         `rows_outer`)."""
         if self.kl is not None:
-            return bf16_pairs.pack_at(self.kp[self.k1], self.b, self.kl)
+            return bf16_pairs.pack_at([self.kp[k] for k in self.c.summed[:-1]], self.kp[self.kz], self.b, self.kl)
         at = (Iterator(self.kp[self.k1]), *(Iterator(self.kp[k]) for k in self.rest), Iterator(self.b))
         return (panel, *at) if self.pack_all or self.rows_outer else at
 
+    @property
+    def kz(self) -> Symbol:
+        """The summed loop that bf16 pairs run along: the innermost."""
+        return self.c.summed[-1]
+
     def k_loops(self, depth: int) -> list[tuple[Symbol, int]]:
         if self.kl is not None:
-            return bf16_pairs.k_loops(self.kp[self.k1], self.kl, depth)
+            if not self.rest:
+                return bf16_pairs.k_loops([], self.kp[self.k1], self.kl, depth)
+            outer = [(self.kp[self.k1], depth), *((self.kp[k], self.c.extent[k]) for k in self.rest[:-1])]
+            return bf16_pairs.k_loops(outer, self.kp[self.kz], self.kl, self.c.extent[self.kz])
         return [(self.kp[self.k1], depth), *((self.kp[k], self.c.extent[k]) for k in self.rest)]
 
     def k_at(self, chunk: Symbol | None, offset: int = 0) -> AxisIndex:
         """The outermost summed loop's index in the chunk counted by `chunk` (None: one chunk
         starting at `offset`)."""
         terms = [(self.kc, chunk)] if chunk is not None else []
-        inner = bf16_pairs.k_terms(self.kp[self.k1], self.kl) if self.kl is not None else [(1, self.kp[self.k1])]
+        paired = self.kl is not None and not self.rest
+        inner = bf16_pairs.k_terms(self.kp[self.k1], self.kl) if paired else [(1, self.kp[self.k1])]
         return make_affine([*terms, *inner], offset)
 
     def k_env(self, k_at: AxisIndex) -> dict[Symbol, AxisIndex]:
-        return {self.k1: k_at, **{k: Iterator(self.kp[k]) for k in self.rest}}
+        env = {self.k1: k_at, **{k: Iterator(self.kp[k]) for k in self.rest}}
+        if self.kl is not None and self.rest:
+            env[self.kz] = make_affine(bf16_pairs.k_terms(self.kp[self.kz], self.kl))
+        return env
 
 
 def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layout:
     extent, prec = c.extent, c.st.tn.prec.computed_in
     mb, n_rows, n_short = cost_model.row_blocks(extent[c.i], tile.mb)
     nb, kc = tile.nb, tile.kc
-    pairs = bf16_pairs.applies(c.a_op, c.b_op, len(c.summed), kc, extent[c.summed[0]], nb, blocking.machine)
+    pairs = bf16_pairs.applies(c.a_op, c.b_op, tuple(extent[k] for k in c.summed), kc, nb, blocking.machine)
     n_cols, tail_cols = divmod(extent[c.j], nb)
     panels = n_cols + (1 if tail_cols else 0)
     pack_all = not pairs and _packs_all_panels(c, kc, nb, nb * panels, blocking)
     panel_dims = (kc, *(extent[k] for k in c.summed[1:]), nb)
-    pack = (bf16_pairs.pack(kc, nb) if pairs
+    pack = (bf16_pairs.pack(panel_dims[:-2], panel_dims[-2], nb) if pairs
             else nests.scheduler_local("pack", (panels, *panel_dims) if pack_all else panel_dims, prec))
     j0, i0, kt, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("kt"), get_symbol("ir"), get_symbol("jr")
     block = nests.register_block(mb, nb, prec, blocking.machine.vector_bytes, b)
