@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from einjit.backends.cc.backend import CcBackend, run_once
-from einjit.ir import bf16, interpret, ops
+from einjit.ir import bf16, interpret, ops, provenance
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Iterator, get_symbol
 from einjit.ir.optimize import VirtualizeSettings
 from einjit.ir.sched import bf16_fold, nests
 from einjit.ir.sched.machine import MACHINES
 from einjit.ir.sched.schedule import Blocking, schedule_llc
-from einjit.ir.tnode import Tnode
+from einjit.ir.tnode import NEVER_VIRTUAL, Tnode
 from test_bf16 import c_runs_vdpbf16ps
 
 ON = VirtualizeSettings()
@@ -42,11 +42,11 @@ def _weights(dims):
     return w
 
 
-def _program(n, m, p, *, rhs_prec=ops.single, reads_after=None):
-    """`wb := round(w)` (a local bf16 copy), then `c = a @ wb` (`a` float32 or bf16); with
-    `reads_after`, that statement after the contraction."""
+def _program(n, m, p, *, rhs_prec=ops.single, reads_after=None, copy=None):
+    """`wb := round(w)` (a local bf16 copy, or `copy(dims)`), then `c = a @ wb` (`a` float32
+    or bf16); with `reads_after`, that statement after the contraction."""
     w = Tnode("w", (m, p), ops.single)
-    wb = nests.scheduler_local("wb", (m, p), ops.bf16)
+    wb = nests.scheduler_local("wb", (m, p), ops.bf16) if copy is None else copy((m, p))
     a, c = Tnode("a", (n, m), rhs_prec), Tnode("c", (n, p), ops.single)
     r, s = get_symbol("r"), get_symbol("s")
     rounding = ll.ForLoop(r, 0, m - 1, ll.ForLoop(s, 0, p - 1, ll.Set(wb, it(r, s), ll.Get(w, it(r, s)))))
@@ -96,6 +96,26 @@ def test_packs_round_the_weights_themselves(monkeypatch, machine, threads, rhs_p
     # C against the interpreter: equal but where a subnormal weight meets the interpreter's
     # float64 emulation of fmaf (one cell in ~40 runs, 1 ulp, with or without the fold)
     np.testing.assert_allclose(ctx.array(c), want, rtol=2.0**-22, atol=0)
+
+
+def test_a_mixed_precision_gradient_copy_folds_like_a_local_one():
+    """A mixed-precision step's bf16 copy of a gradient is no local node (it may be large), but
+    only that step reads it (`provenance.MIXED_PRECISION_GRADIENT`): where the scheduled code
+    only packs it (a float kernel: AVX2 here, a convolution or a narrow output elsewhere), the
+    packs round the gradient themselves, bit for bit as with the copy stored."""
+    def gradient_copy(dims):
+        return Tnode("g_bf16", dims, ops.bf16, memory_mode=NEVER_VIRTUAL,
+                     provenance=provenance.MIXED_PRECISION_GRADIENT)
+
+    code, w, wb, a, c = _program(12, 16, 48, copy=gradient_copy)
+    sched, folded = _folded(code, "avx2")
+    assert wb in ll.nodes_of(sched) and wb not in ll.nodes_of(folded)
+    ins = _inputs(w, a)
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[c]
+    np.testing.assert_array_equal(interpret.run(folded, {tn: v.copy() for tn, v in ins.items()})[c], want)
+    stored = run_once(sched, ins, name="bf16_grad_copy", context=CcBackend().init("bf16_grad_copy")).array(c)
+    ctx = run_once(folded, ins, name="bf16_grad_fold", context=CcBackend().init("bf16_grad_fold"))
+    np.testing.assert_array_equal(ctx.array(c), stored)
 
 
 def test_copies_read_otherwise_or_often_are_kept():

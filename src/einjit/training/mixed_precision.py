@@ -49,7 +49,7 @@ from typing import cast
 from einjit.ir import assignments as asg
 from einjit.ir import ops
 from einjit.ir.indexing import Iterator, Projections, get_symbol
-from einjit.ir.provenance import MIXED_PRECISION_COPY
+from einjit.ir.provenance import MIXED_PRECISION_COPY, MIXED_PRECISION_GRADIENT
 from einjit.ir.tnode import MATERIALIZED, NEVER_VIRTUAL, Tnode
 from einjit.tensor.operation import copy_value
 from einjit.tensor.tensor import Tensor, TensorError, consume_forward_code
@@ -191,8 +191,11 @@ def _rounded_reads(code: asg.Asgns, copies: dict[int, Tnode], readers: dict[int,
 
 def _bf16_copy(g: Tnode) -> Tnode:
     """Never virtual: inlined into a contraction, the copy would be no plain bf16 read (no pair
-    kernel), and every multiply-add would round the gradient again."""
-    return Tnode([*g.label, "bf16"], lambda: g.dims, ops.bf16, memory_mode=NEVER_VIRTUAL)
+    kernel), and every multiply-add would round the gradient again. Where its readers only
+    copy it (a float kernel's pack: a convolution, a narrow output), `ir/sched/bf16_fold.py`
+    folds the rounding into them."""
+    return Tnode([*g.label, "bf16"], lambda: g.dims, ops.bf16, memory_mode=NEVER_VIRTUAL,
+                 provenance=MIXED_PRECISION_GRADIENT)
 
 
 def _rounding(copy: Tnode, g: Tnode) -> asg.Asgns:
