@@ -436,8 +436,8 @@ class _Layout:
         """The outermost summed loop's index in the chunk counted by `chunk` (None: one chunk
         starting at `offset`)."""
         terms = [(self.kc, chunk)] if chunk is not None else []
-        paired = self.kl is not None and not self.rest
-        inner = bf16_pairs.k_terms(self.kp[self.k1], self.kl) if paired else [(1, self.kp[self.k1])]
+        inner = bf16_pairs.k_terms(self.kp[self.k1], self.kl) if self.kl is not None and not self.rest \
+            else [(1, self.kp[self.k1])]
         return make_affine([*terms, *inner], offset)
 
     def k_env(self, k_at: AxisIndex) -> dict[Symbol, AxisIndex]:
