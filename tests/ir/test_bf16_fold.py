@@ -98,16 +98,17 @@ def test_packs_round_the_weights_themselves(monkeypatch, machine, threads, rhs_p
     np.testing.assert_allclose(ctx.array(c), want, rtol=2.0**-22, atol=0)
 
 
-def test_a_mixed_precision_gradient_copy_folds_like_a_local_one():
-    """A mixed-precision step's bf16 copy of a gradient is no local node (it may be large), but
-    only that step reads it (`provenance.MIXED_PRECISION_GRADIENT`): where the scheduled code
-    only packs it (a float kernel: AVX2 here, a convolution or a narrow output elsewhere), the
-    packs round the gradient themselves, bit for bit as with the copy stored."""
-    def gradient_copy(dims):
+def test_a_mixed_precision_operand_copy_folds_like_a_local_one():
+    """A mixed-precision step's bf16 copy of a float32 operand (a gradient, an input) is no
+    local node (it may be large), but only that step reads it
+    (`provenance.MIXED_PRECISION_OPERAND`): where the scheduled code only packs it (a float
+    kernel: AVX2 here, a convolution or a narrow output elsewhere), the packs round the operand
+    themselves, bit for bit as with the copy stored."""
+    def operand_copy(dims):
         return Tnode("g_bf16", dims, ops.bf16, memory_mode=NEVER_VIRTUAL,
-                     provenance=provenance.MIXED_PRECISION_GRADIENT)
+                     provenance=provenance.MIXED_PRECISION_OPERAND)
 
-    code, w, wb, a, c = _program(12, 16, 48, copy=gradient_copy)
+    code, w, wb, a, c = _program(12, 16, 48, copy=operand_copy)
     sched, folded = _folded(code, "avx2")
     assert wb in ll.nodes_of(sched) and wb not in ll.nodes_of(folded)
     ins = _inputs(w, a)

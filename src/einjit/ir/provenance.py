@@ -33,7 +33,7 @@ SCHEDULED_LOCAL = 90
 ROUTINE_LOCAL = 91
 REGISTER_BLOCK = 92
 MIXED_PRECISION_COPY = 93
-MIXED_PRECISION_GRADIENT = 94
+MIXED_PRECISION_OPERAND = 94
 
 NON_VIRTUAL_REASONS: dict[int, str] = {
     4: "its computation accesses it with inconsistent index patterns",
@@ -84,9 +84,9 @@ PROVENANCES: dict[int, str] = {
                    "its values live only during a call (VirtualizeSettings.local_storage)",
     MIXED_PRECISION_COPY: "materialized: the bf16 copy of a parameter that a mixed-precision step rounds at its "
                           "start and only that step reads (ir/sched/bf16_fold.py may fold it into its readers)",
-    MIXED_PRECISION_GRADIENT: "never virtual: the bf16 copy of a gradient that a mixed-precision step's backprop "
-                              "contractions read, and only that step (ir/sched/bf16_fold.py may fold it into its "
-                              "readers)",
+    MIXED_PRECISION_OPERAND: "never virtual: the bf16 copy of a float32 operand (an input, an accumulated "
+                             "activation, a gradient) that a mixed-precision step's contractions read, and only "
+                             "that step (ir/sched/bf16_fold.py may fold it into its readers)",
 }
 """Every provenance code: the one table error messages and the optimizer's log read."""
 

@@ -44,8 +44,8 @@ def forward(t: Tensor) -> Asgns:
 def grad_update(loss: Tensor, *, mixed_precision: str | None = None) -> Asgns:
     """Forward, zero the gradients, `loss.grad =: 1`, backprop — the seed's order.
     `mixed_precision="bf16"`: the forward and backprop read bf16 copies of the parameters and
-    store activations in bf16, and the backprop's contractions with those read bf16 copies of
-    the gradients; parameters, gradients and the optimizers' updates stay float32
+    store activations in bf16, and their contractions read bf16 copies of their other float32
+    operands (inputs, gradients); parameters, gradients and the optimizers' updates stay float32
     (`einjit.training.mixed_precision`)."""
     storage = mixed.check_mode(mixed_precision)
     if loss.grad_tn is None:
@@ -62,7 +62,7 @@ def grad_update(loss: Tensor, *, mixed_precision: str | None = None) -> Asgns:
             cd("g =: 1", g=loss.grad).asgns, bprop)))
     if storage is None:
         return code
-    return mixed.parameter_copies(loss, mixed.bf16_gradient_operands(loss, mixed.bf16_activations(loss, code)))
+    return mixed.parameter_copies(loss, mixed.bf16_operands(loss, mixed.bf16_activations(loss, code)))
 
 
 def _params_of(x: "Tensor | Iterable[Tensor]") -> list[Tensor]:

@@ -1,6 +1,6 @@
 """Rounded copies folded into their readers: a bf16 copy of a float node that no other
-routine reads (routine-local, or a mixed-precision step's copy of a parameter or gradient) and that is only
-ever copied again (packed into a kernel's panel, widened into a float copy) is not
+routine reads (routine-local, or a mixed-precision step's copy of a parameter or operand) and that
+is only ever copied again (packed into a kernel's panel, widened into a float copy) is not
 stored.
 
 A mixed-precision step rounds each float32 parameter into a bf16 copy at its start, a pass
@@ -48,8 +48,9 @@ def _rounding(stmt: ll.LLStmt) -> tuple[Tnode, Tnode] | None:
 
 def _private(tn: Tnode) -> bool:
     """Whether no other routine reads `tn`: a local node, or a mixed-precision step's copy
-    of a parameter or of a gradient (`training/mixed_precision.py` makes them per step)."""
-    return tn.is_local() or tn.provenance in (provenance.MIXED_PRECISION_COPY, provenance.MIXED_PRECISION_GRADIENT)
+    of a parameter or of a contraction's operand (`training/mixed_precision.py` makes them per
+    step)."""
+    return tn.is_local() or tn.provenance in (provenance.MIXED_PRECISION_COPY, provenance.MIXED_PRECISION_OPERAND)
 
 
 def _written(stmt: ll.LLStmt) -> Iterator[Tnode]:
