@@ -4,8 +4,8 @@ float32 operands of their contractions, float32 master weights, gradients and op
 
 Tolerance: the MLP, the convnet and a small GPT, trained a fixed number of steps from the same
 initial weights on the same data, end within 1% of the float32 run's final loss (bf16 keeps 8
-significant bits; measured here 0.01-0.6%, with every contraction's operands bf16). The compiled step computes exactly what the
-interpreter computes from the same optimized code, bit for bit."""
+significant bits; measured here 0.01-0.6%, every contraction's operands bf16). The compiled
+step computes exactly what the interpreter computes from the same optimized code, bit for bit."""
 
 from __future__ import annotations
 
