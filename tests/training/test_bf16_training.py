@@ -150,6 +150,24 @@ def _convnet():
     return model, x, y, nn.cross_entropy(model(x), y), (xs, ys)
 
 
+def test_convolutions_keep_their_float32_operands():
+    """A convolution runs float kernels (`ir/sched/schedule_conv.py`): its contractions, forward
+    and backprop, read no bf16 copies of their float32 operands (the input, the pooled
+    activation, the convolutions' gradients), which they would only widen again; the linear
+    layer's still do."""
+    _, x, _, loss, _ = _convnet()
+    train.init_params(loss, seed=0)
+    flat = asg.flatten_with_comments(train.grad_update(loss, mixed_precision="bf16"))
+    copied = {".".join(a.rhs.tn.label) for a in flat if isinstance(a, asg.AccumUnop)
+              and a.lhs.provenance == provenance.MIXED_PRECISION_OPERAND}
+    assert copied == {"fc.y.grad"}
+    reads = {".".join(a.lhs.label): {(".".join(b.tn.label), b.tn.prec) for b in (a.rhs1, a.rhs2)} for a in flat
+             if isinstance(a, asg.AccumBinop) and a.op is ops.Binop.MUL and a.accum is ops.Binop.ADD}
+    assert reads["c1.w.grad"] == {("x", ops.single), ("conv.grad", ops.single)}
+    assert ("maxpool2d1", ops.single) in reads["c2.w.grad"]
+    assert reads["fc.x.grad"] == {("fc.w.bf16", ops.bf16), ("fc.y.grad.bf16", ops.bf16)}
+
+
 def test_convnet_within_one_percent_of_float32():
     """The max pooling's result stays float32 (its backprop compares it with its inputs); the
     final ReLU, read by the linear layer, is bf16."""
