@@ -232,7 +232,8 @@ def _rounding(copy: Tnode, g: Tnode) -> asg.Asgns:
 
 def _convolution(a: asg.Asgns) -> bool:
     """Whether `a` is a contraction along an affine (convolution) axis: its projections' key
-    (known once the shapes are solved, without deriving the projections) holds its einsum."""
+    (known once the shapes are solved, without deriving the projections) holds its einsum. With
+    a shape unsolved it counts as none: its operands are copied, which is correct, only slower."""
     match a:
         case asg.AccumBinop(projections=projections):
             return _has_conv_einsum(projections.key())
