@@ -16,6 +16,7 @@ accumulation bound against float64, not compared bit for bit with the interprete
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import shutil
@@ -24,7 +25,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from einjit.backends import c_syntax, c_vectors
+from einjit.backends import bf16_dot, c_syntax, c_vectors
 from einjit.backends.cc.backend import CcBackend, run_once
 from einjit.backends.cc.toolchain import CcOptions
 from einjit.ir import bf16, interpret, ops
@@ -404,6 +405,7 @@ def test_pair_panel_packing_interleaves_16_columns_of_two_rows_at_once():
     code = ll.ForLoop(kp, 0, 4, ll.ForLoop(kl, 0, 1, ll.ForLoop(b, 0, 47, ll.Set(pack, it(kp, b, kl), read))))
     source = c_syntax.render_program([("bf16_pairs16", code)]).source
     assert source.count("einjit_bf16_pairs16(&") == 3
+    assert bf16_dot.pair_pack(code) is not None and bf16_dot.pair_pack(dataclasses.replace(code, parallel=True)) is None
     cells = RNG.integers(0, 2**16, (10, 64)).astype(np.uint16)
     want = interpret.run(code, {src: cells.copy()})[pack]
     np.testing.assert_array_equal(want, cells[:, 16:].reshape(5, 2, 48).transpose(0, 2, 1))

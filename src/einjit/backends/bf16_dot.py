@@ -227,6 +227,8 @@ def pair_pack(loop: ll.ForLoop) -> PairPack | None:
     cols = _only(lane.body)
     if not isinstance(cols, ll.ForLoop) or cols.from_ != 0 or (cols.to_ + 1) % LANES:
         return None
+    if any(lp.start or lp.stop or lp.parallel for lp in (loop, lane, cols)):
+        return None  # clipped bounds or threads: the plain nest's rendering keeps them
     st = _only(cols.body)
     kp, kl, b = loop.index, lane.index, cols.index
     match st:
