@@ -29,7 +29,7 @@ What becomes bf16, and why:
   step's multiply-adds are backprop's. The copies spread: once `x` has one, `x`'s weight
   gradient rounds `y.grad` too. The node itself, what its other readers see and what
   contractions accumulate into, stays float32 (the final losses moved 0.02-0.6% from float32's
-  instead of 0.01-0.14%, over the MLP test's five seeds and the three models);
+  instead of 0.005-0.14%, over the MLP test's five seeds and the three models);
 - everything else stays float32, as PyTorch's autocast keeps it: what accumulates (a sum
   stored in bf16 would round at every term), the softmax, normalization and loss arithmetic
   between contractions (with those stored in bf16 too, the convnet's final loss moved 1-2.5%
