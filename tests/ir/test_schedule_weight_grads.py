@@ -45,7 +45,7 @@ def reference(ins, x, dy):
 
 def chunking(machine):
     """The machine's description, AVX-512's with a 128 KiB L2: it chunks the summed loop only
-    for the room of the panels and rows in the L2, which the tests' small nests would not fill."""
+    for the panels' room in the L2, which the tests' small nests would not fill."""
     return MACHINES[machine] if machine == "avx2" else dataclasses.replace(MACHINES[machine], l2_bytes=128 << 10)
 
 
@@ -134,18 +134,17 @@ def test_chunks_keep_a_panel_in_l1_and_all_the_panels_in_l2():
     assert cost_model.k_chunk(Shape(128, 512, 1024, 16, 4), 16, avx2) == 16
 
 
-def test_unpacked_rows_chunk_for_the_rows_and_panels_in_l2():
+def test_unpacked_rows_chunk_for_the_panels_in_l2_alone():
     """AVX-512 (1 MiB L2) reads the rows where they lie (`Machine.row_pack` off): no panel kept in
-    half the L1, but the chunk's rows of A beside its panels in half the L2. The GPT MLP's
-    weight gradients (16 x 64 rows summed) take 3-step chunks (512 + 128 rows and columns of
-    64 steps, 160 KiB a step), the 128 x 128 ones 8-step chunks, whatever the depth."""
+    half the L1, so the GPT MLP's 512 x 128 and the 128 x 128 weight gradients take the whole
+    summed loop (16 x 64 rows, 512 KiB of 32-wide panels), the 128 x 512 one 4-step chunks (its
+    512 columns' 256-step panels fill half the L2), however many steps there are."""
     avx512 = MACHINES["avx512"]
     assert not avx512.row_pack and MACHINES["avx2"].row_pack
-    assert cost_model.k_chunk(Shape(512, 128, 1024, 16, 4, True), 32, avx512) == 3
-    assert cost_model.k_chunk(Shape(128, 512, 1024, 16, 4, True), 32, avx512) == 3
-    assert cost_model.k_chunk(Shape(128, 128, 1024, 16, 4, True), 32, avx512) == 8
-    assert cost_model.k_chunk(Shape(128, 128, 4096, 64, 4, True), 32, avx512) == 8
-    assert cost_model.k_chunk(Shape(128, 128, 1024, 16, 4), 32, avx512) == 16
+    assert cost_model.k_chunk(Shape(512, 128, 1024, 16, 4, True), 32, avx512) == 16
+    assert cost_model.k_chunk(Shape(128, 128, 1024, 16, 4, True), 32, avx512) == 16
+    assert cost_model.k_chunk(Shape(128, 512, 1024, 16, 4, True), 32, avx512) == 4
+    assert cost_model.k_chunk(Shape(128, 512, 4096, 64, 4, True), 32, avx512) == 4
 
 
 def test_one_panel_reads_its_rows_once_and_packs_none():

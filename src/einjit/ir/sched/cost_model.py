@@ -165,22 +165,20 @@ def row_blocks(rows: int, mb: int) -> tuple[int, int, int]:
 def k_chunk(shape: Shape, nb: int, machine: Machine) -> int:
     """The outermost summed loop's chunk: the whole loop if the panel fits in half the L2.
     With `strided_rows` (row blocks outside the panels, each run against every panel of the
-    chunk) the chunk also keeps all the chunk's panels in half the L2: where the rows are
-    packed (`Machine.row_pack`), with one panel in half the L1 beside the packed rows; where
-    they are read in place, with the chunk's rows of A beside them, which every panel reads
-    again. On the shared znver3 (AVX2, best of 300 interleaved calls, CPU time) the GPT MLP's
-    weight gradients over 16 x 64 rows: 512 x 128 as good at 2- or 4-step chunks (this gives
-    4), 5-8% slower at 8, 9% at 16; 128 x 512 best at 1 or 2 (this gives 2), 8-10% slower at 4.
-    Unpacked on this Zen 4 (AVX-512), alone with its operands in the L3, 512 x 128 took 1.21 ms
-    at 2-step chunks, 1.19 at 4, 1.18 in one chunk; but in the GPT step, beside the other
-    nests' data, 3-step chunks (this rule) made the step 0.1-0.4 ms faster (CPU time, best and
-    median of 8 alternating runs) than one chunk (panels alone in half the L2)."""
+    chunk) the chunk also keeps all the chunk's panels in half the L2, and where the rows are
+    packed (`Machine.row_pack`) one panel in half the L1, beside the packed rows.
+    On the shared znver3 (AVX2, best of 300 interleaved calls, CPU time) the GPT MLP's weight
+    gradients over 16 x 64 rows: 512 x 128 as good at 2- or 4-step chunks (this gives 4), 5-8%
+    slower at 8, 9% at 16; 128 x 512 best at 1 or 2 (this gives 2), 8-10% slower at 4. Unpacked
+    on this Zen 4 (AVX-512), the panel streams from the L2 as fast: 512 x 128 took 1.21 ms at
+    2-step chunks (the L1 bound), 1.19 at 4, 1.18 in one chunk (this gives one); 128 x 512 1.22,
+    1.21, 1.20 (this gives 4); 128 x 128 0.306, 0.302, 0.299 (this gives one)."""
     inner = max(1, shape.depth // max(1, shape.outer_depth)) * shape.itemsize
     fit = (machine.l2_bytes // 2) // (inner * nb)
+    if shape.strided_rows:
+        fit = min(fit, (machine.l2_bytes // 2) // (inner * shape.cols))
     if shape.strided_rows and machine.row_pack:
-        fit = min(fit, (machine.l2_bytes // 2) // (inner * shape.cols), (machine.l1_bytes // 2) // (inner * nb))
-    elif shape.strided_rows:
-        fit = min(fit, (machine.l2_bytes // 2) // (inner * (shape.cols + shape.rows)))
+        fit = min(fit, (machine.l1_bytes // 2) // (inner * nb))
     return max(1, min(shape.outer_depth, fit))
 
 
