@@ -172,7 +172,9 @@ def k_chunk(shape: Shape, nb: int, machine: Machine) -> int:
     slower at 8, 9% at 16; 128 x 512 best at 1 or 2 (this gives 2), 8-10% slower at 4. Unpacked
     on this Zen 4 (AVX-512), the panel streams from the L2 as fast: 512 x 128 took 1.21 ms at
     2-step chunks (the L1 bound), 1.19 at 4, 1.18 in one chunk (this gives one); 128 x 512 1.22,
-    1.21, 1.20 (this gives 4); 128 x 128 0.306, 0.302, 0.299 (this gives one)."""
+    1.21, 1.20 (this gives 4); 128 x 128 0.306, 0.302, 0.299 (this gives one). Keeping the
+    chunk's rows of A in half the L2 beside the panels (3-step chunks for the MLP's) made the
+    GPT step's weight gradients 0.2 ms slower in all (per-nest profile, best of 4 runs)."""
     inner = max(1, shape.depth // max(1, shape.outer_depth)) * shape.itemsize
     fit = (machine.l2_bytes // 2) // (inner * nb)
     if shape.strided_rows:
