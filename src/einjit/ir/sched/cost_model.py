@@ -78,7 +78,11 @@ class Machine:
     its one line of row values from the L2 in time: the GPT MLP's 512 x 128 weight gradient
     (1024 rows summed) took 1.28 ms packed, 1.20 ms unpacked, its packing reading a 32-byte
     piece of each of 128 rows 2 KiB apart per block. AVX2's 6x16 blocks step in 6 cycles, where
-    the packing was measured (znver3), so "avx2" and "generic" keep it."""
+    the packing was measured (znver3), so "avx2" and "generic" keep it. The cost: where A comes
+    from DRAM rather than the L2 or L3, each row block's first panel waits on it, a line per
+    step (the packing loop keeps many misses in flight): that 512 x 128 one then took 1.57-1.69
+    ms instead of 1.38-1.43 (64 MiB written between calls). In the GPT step A is the nest
+    before's output, and both MLP weight gradients got faster."""
 
 
 @dataclass(frozen=True)
