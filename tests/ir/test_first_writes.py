@@ -158,10 +158,12 @@ def test_a_contraction_into_a_fresh_node_starts_at_zero_and_drops_the_fill(machi
 
 
 def test_a_chunked_weight_gradient_keeps_its_fill_and_loads():
-    """Chunks after the first add into what the first stored: the blocks load, the fill stays."""
+    """Chunks after the first add into what the first stored: the blocks load, the fill stays.
+    (160 columns: their panels over 18 x 64 rows overfill half an AVX-512 L2, so it chunks
+    there too.)"""
     from test_schedule_weight_grads import weight_grad
 
-    code, x, dy, w = weight_grad(18, 64, 96, 72)
+    code, x, dy, w = weight_grad(18, 64, 96, 160)
     opt = optimize_proc(code, name="wgrad", settings=VirtualizeSettings(reassociate=False)).llc
     assert "-step k chunks" in ll.to_doc(opt) and _zeroed(opt) == {"w"}
 

@@ -1,11 +1,14 @@
 """Weight gradients `w.grad[i, j] += Σ_bt x[b, t, i] · dy[b, t, j]` (`xᵀ·dy`): the row operand
-steps along the summed loops by a whole row, so the scheduler packs its rows too (`apack`) and
-cuts the summed loop into chunks that keep the panel in L1 and the packed rows in L2. Nothing
-is reassociated: the scheduled code gives, bit for bit, what the unscheduled code gives, under
-the interpreter and gcc, for the AVX2 and the AVX-512 descriptions, with tails everywhere."""
+steps along the summed loops by a whole row, so on AVX2 the scheduler packs its rows too
+(`apack`, `Machine.row_pack`) and cuts the summed loop into chunks that keep the panel in L1 and
+the packed rows in L2; on AVX-512 the rows are read where they lie and the chunks keep only the
+panels in L2. Nothing is reassociated: the scheduled code gives, bit for bit, what the
+unscheduled code gives, under the interpreter and gcc, for the AVX2 and the AVX-512
+descriptions, with tails everywhere."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -40,6 +43,12 @@ def reference(ins, x, dy):
     return xs.T @ dys
 
 
+def chunking(machine):
+    """The machine's description, AVX-512's with a 128 KiB L2: it chunks the summed loop only
+    for the panels' room in the L2, which the tests' small nests would not fill."""
+    return MACHINES[machine] if machine == "avx2" else dataclasses.replace(MACHINES[machine], l2_bytes=128 << 10)
+
+
 def check_on_threads(code, sched, x, dy, w, seed):
     """The scheduled nest at 1 and 2 threads gives the unscheduled C's bits, and those are
     the float64 sums."""
@@ -58,7 +67,7 @@ def check_on_threads(code, sched, x, dy, w, seed):
 def test_packed_rows_are_bit_identical_under_the_interpreter_and_gcc(machine, prec, shape, tile):
     code, x, dy, w = weight_grad(*shape, prec=prec)
     sched = schedule_llc(code, OFF, Blocking(min_work=1, min_unroll_work=1, machine=MACHINES[machine], tile=tile))
-    assert "apack" in local_nodes(sched)
+    assert ("apack" in local_nodes(sched)) == MACHINES[machine].row_pack
     ins = inputs_for(x, dy, seed=sum(shape))
     want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[w]
     got = interpret.run(sched, {tn: v.copy() for tn, v in ins.items()})[w]
@@ -79,12 +88,13 @@ def test_long_reductions_chunk_and_match_the_unscheduled_c(machine, shape):
     """A 1152- and a 1035-long reduction, as the cost model tiles them for the machine: chunks
     of the summed loop (the last one shorter), a tail panel and tail rows, the larger one on
     two threads (each packing its own panels, all reading the rows packed before them); bit
-    for bit what the unscheduled C computes."""
+    for bit what the unscheduled C computes. AVX-512 chunks only for the panels' room in the
+    L2: its description gets a 128 KiB one, for these nests to chunk as larger ones do."""
     code, x, dy, w = weight_grad(*shape)
-    blocking = Blocking(machine=MACHINES[machine])
+    blocking = Blocking(machine=chunking(machine))
     sched = schedule_llc(code, OFF, blocking)
     doc = ll.to_doc(sched)
-    assert "apack" in local_nodes(sched) and "-step k chunks" in doc, doc[:400]
+    assert ("apack" in local_nodes(sched)) == blocking.machine.row_pack and "-step k chunks" in doc, doc[:400]
     check_on_threads(code, sched, x, dy, w, seed=shape[0])
 
 
@@ -93,7 +103,8 @@ def test_a_weight_gradient_with_a_head_axis_is_chunked_and_exact(machine):
     """`w[h, r, j] += Σ_bt x[b, t, h, r] · dy[b, t, j]` (an attention projection's weight split
     by heads): the head is a batch loop, so the rows are not packed, but the 1088-long summed
     loop still comes in chunks (AVX2: 0.50-0.57 ms before, 0.43 ms after, for 16 x 64 x 4 x 32
-    x 128 on the shared znver3); bit for bit the unscheduled C."""
+    x 128 on the shared znver3; AVX-512 where the panels would not fit in half its L2, the
+    smaller one of `chunking`); bit for bit the unscheduled C."""
     x, dy, w = Tnode("x", (17, 64, 3, 13), ops.single), Tnode("dy", (17, 64, 40), ops.single), \
         Tnode("w", (3, 13, 40), ops.single)
     b, t, h, r, j = (get_symbol(s) for s in "bthrj")
@@ -102,7 +113,7 @@ def test_a_weight_gradient_with_a_head_axis_is_chunked_and_exact(machine):
     for s, n in reversed([(h, 3), (r, 13), (j, 40), (b, 17), (t, 64)]):
         body = ll.ForLoop(s, 0, n - 1, body)
     code = ll.seq(ll.ZeroOut(w), body)
-    sched = schedule_llc(code, OFF, Blocking(machine=MACHINES[machine]))
+    sched = schedule_llc(code, OFF, Blocking(machine=chunking(machine)))
     assert "-step k chunks" in ll.to_doc(sched) and "apack" not in local_nodes(sched)
     ins = inputs_for(x, dy, seed=3)
     want = run_in_c(code, ins, name="plain").array(w).copy()
@@ -123,6 +134,19 @@ def test_chunks_keep_a_panel_in_l1_and_all_the_panels_in_l2():
     assert cost_model.k_chunk(Shape(128, 512, 1024, 16, 4), 16, avx2) == 16
 
 
+def test_unpacked_rows_chunk_for_the_panels_in_l2_alone():
+    """AVX-512 (1 MiB L2) reads the rows where they lie (`Machine.row_pack` off): no panel kept in
+    half the L1, so the GPT MLP's 512 x 128 and the 128 x 128 weight gradients take the whole
+    summed loop (16 x 64 rows, 512 KiB of 32-wide panels), the 128 x 512 one 4-step chunks (its
+    512 columns' 256-step panels fill half the L2), however many steps there are."""
+    avx512 = MACHINES["avx512"]
+    assert not avx512.row_pack and MACHINES["avx2"].row_pack
+    assert cost_model.k_chunk(Shape(512, 128, 1024, 16, 4, True), 32, avx512) == 16
+    assert cost_model.k_chunk(Shape(128, 128, 1024, 16, 4, True), 32, avx512) == 16
+    assert cost_model.k_chunk(Shape(128, 512, 1024, 16, 4, True), 32, avx512) == 4
+    assert cost_model.k_chunk(Shape(128, 512, 4096, 64, 4, True), 32, avx512) == 4
+
+
 def test_one_panel_reads_its_rows_once_and_packs_none():
     """With a single column panel every row of A is read once anyway: no row packing."""
     code, x, dy, w = weight_grad(2, 8, 12, 16)
@@ -135,11 +159,11 @@ def test_one_panel_reads_its_rows_once_and_packs_none():
 @pytest.mark.parametrize("machine", ["avx2", "avx512"])
 @pytest.mark.parametrize("shape", [(4, 300, 37, 100), (2, 10, 13, 40), (3, 40, 50, 20)])
 def test_row_blocks_go_outside_the_panels(machine, shape):
-    """B's chunk packed whole (`pack` holds every panel), then each row block packs its own
-    rows (`apack` holds one block) and runs against every panel, with more rows than columns
-    too — the 4.4M-multiply-add nest with its row blocks on threads, each thread packing its
-    own block. Tail rows, a tail panel, chunks of the summed loop; bit for bit the unscheduled
-    C at 1 and 2 threads."""
+    """B's chunk packed whole (`pack` holds every panel, each a row longer than the chunk's
+    steps), then each row block — on AVX2 packing its own rows first (`apack` holds one block)
+    — runs against every panel, with more rows than columns too — the 4.4M-multiply-add nest
+    with its row blocks on threads, each thread packing its own block. Tail rows, a tail panel,
+    chunks of the summed loop; bit for bit the unscheduled C at 1 and 2 threads."""
     code, x, dy, w = weight_grad(*shape)
     blocking = Blocking(machine=MACHINES[machine], min_work=1)
     sched = schedule_llc(code, OFF, blocking)
@@ -147,7 +171,8 @@ def test_row_blocks_go_outside_the_panels(machine, shape):
     rows, cols = shape[2:]
     tile = next(iter(cost_model.candidates(Shape(rows, cols, shape[0] * shape[1], shape[0], 4, True),
                                            blocking.nb_choices, blocking.mb_max, blocking.machine)))
-    assert packs["apack"][0] == 1 and packs["pack"][0] == -(-cols // tile.nb), packs
+    assert packs["pack"] == (-(-cols // tile.nb), tile.kc * shape[1] + 1, tile.nb), packs
+    assert packs.get("apack", (0,))[0] == (1 if blocking.machine.row_pack else 0), packs
     check_on_threads(code, sched, x, dy, w, seed=shape[1])
 
 

@@ -71,6 +71,18 @@ class Machine:
     amx_tiles: bool = False
     """The CPU multiplies bf16 tiles into float tiles (AMX: `tdpbf16ps`): bf16 contractions of
     one summed loop are packed in tiles instead of panels (`amx_tiles`)."""
+    row_pack: bool = False
+    """A weight gradient's row operand, which steps along the summed loops by whole rows, is
+    packed one row block at a time (`schedule.py`'s `apack`) rather than read where it lies.
+    On this AVX-512 Zen 4 a step of an 8x32 block is 16 FMAs, and the stride prefetcher brings
+    its one line of row values from the L2 in time: the GPT MLP's 512 x 128 weight gradient
+    (1024 rows summed) took 1.28 ms packed, 1.20 ms unpacked, its packing reading a 32-byte
+    piece of each of 128 rows 2 KiB apart per block. AVX2's 6x16 blocks step in 6 cycles, where
+    the packing was measured (znver3), so "avx2" and "generic" keep it. The cost: where A comes
+    from DRAM rather than the L2 or L3, each row block's first panel waits on it, a line per
+    step (the packing loop keeps many misses in flight): that 512 x 128 one then took 1.57-1.69
+    ms instead of 1.38-1.43 (64 MiB written between calls). In the GPT step A is the nest
+    before's output: its MLP weight gradients took 0.02-0.12 ms less each (one the same)."""
 
 
 @dataclass(frozen=True)
@@ -157,14 +169,22 @@ def row_blocks(rows: int, mb: int) -> tuple[int, int, int]:
 def k_chunk(shape: Shape, nb: int, machine: Machine) -> int:
     """The outermost summed loop's chunk: the whole loop if the panel fits in half the L2.
     With `strided_rows` (row blocks outside the panels, each run against every panel of the
-    chunk) the chunk also keeps all the chunk's panels in half the L2 and one in half the L1.
+    chunk) the chunk also keeps all the chunk's panels in half the L2, and where the rows are
+    packed (`Machine.row_pack`) one panel in half the L1, beside the packed rows.
     On the shared znver3 (AVX2, best of 300 interleaved calls, CPU time) the GPT MLP's weight
     gradients over 16 x 64 rows: 512 x 128 as good at 2- or 4-step chunks (this gives 4), 5-8%
-    slower at 8, 9% at 16; 128 x 512 best at 1 or 2 (this gives 2), 8-10% slower at 4."""
+    slower at 8, 9% at 16; 128 x 512 best at 1 or 2 (this gives 2), 8-10% slower at 4. Unpacked
+    on this Zen 4 (AVX-512), the panel streams from the L2 as fast: 512 x 128 took 1.21 ms at
+    2-step chunks (the L1 bound), 1.19 at 4, 1.18 in one chunk (this gives one); 128 x 512 1.22,
+    1.21, 1.20 (this gives 4); 128 x 128 0.306, 0.302, 0.299 (this gives one). Keeping the
+    chunk's rows of A in half the L2 beside the panels (3-step chunks for the MLP's) made the
+    GPT step's weight gradients 0.2 ms slower in all (per-nest profile, best of 4 runs)."""
     inner = max(1, shape.depth // max(1, shape.outer_depth)) * shape.itemsize
     fit = (machine.l2_bytes // 2) // (inner * nb)
     if shape.strided_rows:
-        fit = min(fit, (machine.l1_bytes // 2) // (inner * nb), (machine.l2_bytes // 2) // (inner * shape.cols))
+        fit = min(fit, (machine.l2_bytes // 2) // (inner * shape.cols))
+    if shape.strided_rows and machine.row_pack:
+        fit = min(fit, (machine.l1_bytes // 2) // (inner * nb))
     return max(1, min(shape.outer_depth, fit))
 
 

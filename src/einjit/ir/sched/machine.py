@@ -34,8 +34,8 @@ MACHINES: dict[str, Machine] = {
     # FMA chain needs more than latency x throughput accumulators, so the model prices more
     # and its L2 is 512 KiB (Zen 2-3; Intel client cores have less): the weight gradients' chunks
     # are sized for it (`cost_model.k_chunk`)
-    "avx2": Machine(vector_bytes=32, vector_registers=16, fma_latency=6, l2_bytes=512 << 10),
-    "generic": Machine(vector_bytes=16, vector_registers=16),
+    "avx2": Machine(vector_bytes=32, vector_registers=16, fma_latency=6, l2_bytes=512 << 10, row_pack=True),
+    "generic": Machine(vector_bytes=16, vector_registers=16, row_pack=True),
 }
 
 

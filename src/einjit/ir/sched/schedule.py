@@ -45,12 +45,16 @@ When A steps along the summed loops by whole rows (a weight gradient `w.grad += 
 summed over the batch × time rows of both operands), each step of a block would read its
 `MB` values from a new cache line, every row of A a power-of-two bytes from the next (a few
 L1 sets), and read all of A again for every panel: those nests ran at 55-60% of the FMA peak
-where `x @ w` of the same size ran at 80-90%. Then A is packed too (when there are two panels
-or more), and the row blocks go outside the panels (`_rows_outer_chunk`): B's k chunk is
-packed whole in one pass along its rows, every panel side by side, then each row block packs
-its own rows (`apack[0, k.., a] := A(MB*i0 + a, k..)`, a few KiB in L1) and runs against every
-panel. The chunk is sized so that the panels stay in half the L2 and one panel would fit in
-half the L1 (`cost_model.k_chunk`). The kernel then streams `MB` adjacent values per step.
+where `x @ w` of the same size ran at 80-90%. Then (when there are two panels or more) the row
+blocks go outside the panels (`_rows_outer_chunk`): B's k chunk is packed whole in one pass
+along its rows, every panel side by side (each a row longer than the chunk, so that the
+panels do not start a power of two bytes apart), then each row block runs against every
+panel. Where the machine wants A packed too (`Machine.row_pack`: AVX2), each row block first
+packs its own rows (`apack[0, k.., a] := A(MB*i0 + a, k..)`, a few KiB in L1), and the chunk
+is sized so that one panel would fit in half the L1; the kernel then streams `MB` adjacent
+values per step. On AVX-512 a block step is long enough for the hardware to bring A's line
+from the L2 in time, and the kernel reads A where it lies. Either way the chunk keeps the
+panels in half the L2 (`cost_model.k_chunk`).
 
 With batch loops around the nest that B does not read (a dense layer over `batch, time`,
 whose weight is B), every panel of a chunk is packed first, into `pack[panel, k.., b]`, and
@@ -287,7 +291,8 @@ class _Contraction:
     a_strided: bool
     """A steps along the innermost summed loop by more than one element: a block's row reads
     hit a new cache line at every step (`xᵀ·dy`, a weight gradient summed over the rows of
-    both operands), so A is packed too when no batch loop comes between (`_Layout.apack`)."""
+    both operands), so its row blocks go outside the panels when no batch loop comes between,
+    and A is packed too where the machine wants it (`_Layout.apack`)."""
 
     def shape(self) -> cost_model.Shape:
         depth = math.prod(self.extent[k] for k in self.summed)
@@ -367,7 +372,7 @@ class _Layout:
     along each axis (rows: `n_rows` blocks of `mb`, then `n_short` of `mb - 1`,
     `cost_model.row_blocks`), and which loops run on threads. With `kl`, the panel holds bf16 pairs
     (`bf16_pairs`): `kp` counts pairs of the innermost summed loop and `kl` the one of a pair. With
-    `apack`, one row block of A at a time is packed per k chunk (`rows_outer`)."""
+    `apack`, one row block of A at a time is packed per k chunk (`rows_outer`, `Machine.row_pack`)."""
 
     c: _Contraction
     mb: int
@@ -397,7 +402,7 @@ class _Layout:
     zero_start: bool = False
     rows_outer: bool = False
     """Row blocks outside the panels (`_rows_outer_chunk`): `pack` holds every panel of the
-    chunk, `apack` one row block."""
+    chunk (a row of padding after each), `apack` (if any) one row block."""
     pack_all: bool = False
     """Every column panel is packed before any row block runs (`pack[panel, k.., b]`), so the
     batch loops go around all the panels (`schedule_batched`): each batch's rows are read from
@@ -416,8 +421,19 @@ class _Layout:
         `rows_outer`)."""
         if self.kl is not None:
             return bf16_pairs.pack_at([self.kp[k] for k in self.c.summed[:-1]], self.kp[self.kz], self.b, self.kl)
+        if self.rows_outer:
+            return panel, self.flat_step(), Iterator(self.b)
         at = (Iterator(self.kp[self.k1]), *(Iterator(self.kp[k]) for k in self.rest), Iterator(self.b))
-        return (panel, *at) if self.pack_all or self.rows_outer else at
+        return (panel, *at) if self.pack_all else at
+
+    def flat_step(self) -> AxisIndex:
+        """The step of the summed loops inside a chunk, counted across all of them: a row of a
+        `rows_outer` panel."""
+        terms, stride = [], 1
+        for k in reversed(self.c.summed):
+            terms.append((stride, self.kp[k]))
+            stride *= self.kc if k == self.k1 else self.c.extent[k]
+        return make_affine(terms)
 
     @property
     def kz(self) -> Symbol:
@@ -468,16 +484,22 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     batch = next((s for s in c.outer if extent[s] > 1), None) if _threaded(c, blocking) else None
     inner_threads = batch is None and _threaded(c, blocking)
     by_panels = inner_threads and n_cols >= 2 * blocking.min_panels_per_thread
-    # A is read once per panel: packing it pays with two panels or more; its row blocks then go
-    # outside the panels (`_rows_outer_chunk`), on threads where the nest is. With every row of
-    # A's chunk packed first and the panels outside (the order before), the chunk had to keep
-    # all the packed rows in half the L2: the GPT MLP's 512 x 128 weight gradient (1024 rows
-    # summed) took 2-step chunks, reloading its output 8 times, and ran 3-10% slower (znver3)
+    # A is read once per panel: packing it (where the machine packs rows) pays with two panels
+    # or more; its row blocks go outside the panels (`_rows_outer_chunk`), on threads where the
+    # nest is, packed or not. With every row of A's chunk packed first and the panels outside
+    # (the order before), the chunk had to keep all the packed rows in half the L2: the GPT
+    # MLP's 512 x 128 weight gradient (1024 rows summed) took 2-step chunks, reloading its
+    # output 8 times, and ran 3-10% slower (znver3)
     rows_outer = c.a_strided and not pairs and panels >= 2 and all(extent[s] == 1 for s in c.outer)
     rest = tuple(extent[k] for k in c.summed[1:])
-    apack = nests.scheduler_local("apack", (1, kc, *rest, mb), prec) if rows_outer else None
+    packs_rows = rows_outer and blocking.machine.row_pack
+    apack = nests.scheduler_local("apack", (1, kc, *rest, mb), prec) if packs_rows else None
     if rows_outer:
-        pack = nests.scheduler_local("pack", (panels, kc, *rest, nb), prec)
+        # one row more per panel than the chunk's steps: panels a power of two bytes apart
+        # (16 KiB at 2-step chunks) took their rows, packed in one pass along B's rows, into
+        # one L1 set; the GPT MLP proj's 128 x 512 weight gradient ran 2-3% faster padded (Zen 4,
+        # operands in the L3), its packing alone took 0.042 ms instead of 0.074
+        pack = nests.scheduler_local("pack", (panels, kc * math.prod(rest) + 1, nb), prec)
     return _Layout(c, mb, nb, kc, pack, block, edge, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, n_short,
                    n_chunks, tail_chunk, unrolled, batch, inner_threads, by_panels,
                    get_symbol("kl") if pairs else None, apack, rows_outer=rows_outer, pack_all=pack_all)
@@ -560,7 +582,8 @@ def _panels(lay: _Layout, k_at: AxisIndex, depth: int, stage: frozenset[str]) ->
 def _rows_outer_chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
     """One k chunk of a weight gradient on one thread, row blocks outside the panels: B's
     chunk packed whole, every panel in one pass along B's rows, then per row block its rows of
-    A packed once (a few KiB, in L1) and run against every panel. Packing one panel at a time
+    A, packed once (a few KiB, in L1) where the machine packs rows (`Machine.row_pack`), run
+    against every panel. Packing one panel at a time
     read a 64-byte piece of each of the chunk's rows of B, 2 KiB apart for a 512-wide operand
     (a few L1 sets), for each panel: on znver3 the MLP proj's weight gradient (128 x 512 over
     1024 rows) took 2.06-2.29 ms of CPU time that way, 1.75-1.85 ms this way (1.5 ms with
@@ -585,12 +608,13 @@ def _rows_outer_chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
                                                     ll.Set(lay.pack, lay.pack_at(tail), ll.Constant(0.0)))))
 
     def block_rows(row: AxisIndex, height: int) -> ll.LLStmt:
-        assert lay.apack is not None
-        r = Iterator(a) if height > 1 else FixedIdx(0)
-        ks = [Iterator(lay.kp[k]) for k in c.summed]
-        pack_rows = ll.Set(lay.apack, (FixedIdx(0), *ks, r), nests.subst(c.a_op, {c.i: row, **k_env}),
-                           "pack a block of rows")
-        steps = [nests.nest([*k_loops, *([(a, height)] if height > 1 else [])], pack_rows)]
+        steps: list[ll.LLStmt] = []
+        if lay.apack is not None:
+            r = Iterator(a) if height > 1 else FixedIdx(0)
+            ks = [Iterator(lay.kp[k]) for k in c.summed]
+            pack_rows = ll.Set(lay.apack, (FixedIdx(0), *ks, r), nests.subst(c.a_op, {c.i: row, **k_env}),
+                               "pack a block of rows")
+            steps.append(nests.nest([*k_loops, *([(a, height)] if height > 1 else [])], pack_rows))
         if lay.n_cols == 1:
             steps.append(_kernel(lay, row, height, Iterator(b), FixedIdx(0), nb, k_at, depth))
         elif lay.n_cols:
