@@ -7,12 +7,6 @@ default, and `gelu(x, approximate="tanh")` the tanh form GPT-2 was trained with
 (`0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, PyTorch's `approximate="tanh"`), computed
 as `x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3))`, the same function through one `exp`. Templates
 with a constant (a slope, clip bounds) are parsed once per constant.
-
-The tanh form's sigmoid gate is a tensor of its own, without a gradient, that the `gelu` tensor
-multiplies by its input: its backprop reads the gate three times, so a training step keeps the
-gate the forward computed (the optimizer materializes a node read more than once at one cell)
-instead of computing the `exp` again, while an inference step, reading it once, inlines it. The
-backward of the GPT step's MLP spent two thirds of its pointwise nest recomputing the gate.
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ import math
 
 from einjit.tensor.notation import Template, make_op
 from einjit.tensor.operation import Like, as_tensor
-from einjit.tensor.tensor import GradSpec, Tensor, TensorError
+from einjit.tensor.tensor import Tensor, TensorError
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -41,15 +35,10 @@ _UNARY = {
     "gelu": (Template(f"t =: t1 * (0.5 + 0.5 * erf({_SQRT1_2!r} * t1))"),
              Template(f"g1 =+ g * ((0.5 + 0.5 * erf({_SQRT1_2!r} * t1)) "
                       f"+ t1 * ({_INV_SQRT_2PI!r} * exp(-0.5 * (t1 * t1))))")),
+    "gelu_tanh": (Template(f"t =: t1 * {_GELU_SIGMOID}"),
+                  Template(f"g1 =+ g * ({_GELU_SIGMOID} + t1 * {_GELU_SIGMOID} * (1 - {_GELU_SIGMOID}) * "
+                           f"{2 * _SQRT_2_PI!r} * (1 + {3 * _GELU_CUBIC!r} * (t1 * t1)))")),
 }
-
-_GELU_GATE = Template(f"t =: {_GELU_SIGMOID}")
-"""The tanh form's gate `sigmoid(2u)` of its one argument, `x`."""
-
-_GELU_GATED = (Template("t =: t1 * t2"),
-               Template(f"g1 =+ g * (t2 + t1 * t2 * (1 - t2) * {2 * _SQRT_2_PI!r} * (1 + {3 * _GELU_CUBIC!r} * (t1 * t1)))"))
-"""`x * gate` and its gradient into `x` alone (the gate has none): `gate + x gate' u'` with
-`gate' = gate (1 - gate)`, the gate read from its tensor."""
 
 
 def _unary(name: str, x: Like, label) -> Tensor:
@@ -74,11 +63,8 @@ def gelu(x: Like, approximate: str = "none", *, label=None) -> Tensor:
         case "none":
             return _unary("gelu", x, label)
         case "tanh":
-            t1 = as_tensor(x)
-            gate = make_op("gelu_gate", [t1], logic=None, forward=_GELU_GATE, backprop=None,
-                           grad_spec=GradSpec.PROHIBIT_GRAD)
-            fwd, bwd = _GELU_GATED
-            return make_op("gelu", [t1, gate], logic=None, forward=fwd, backprop=bwd, label=label)
+            fwd, bwd = _UNARY["gelu_tanh"]
+            return make_op("gelu", [as_tensor(x)], logic=None, forward=fwd, backprop=bwd, label=label)
     raise TensorError(f"einjit: gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
