@@ -104,13 +104,50 @@ typedef {elem} {t} __attribute__((vector_size({lanes * (4 if elem == "float" els
 """
 
 
-HELPERS = {f"vector_{short}x{n}": _helper(short, elem, suffix, n)
-           for short, elem, suffix in _ELEMENTS.values() for n in _LANES}
-"""The helpers of each vector type, by name (`helper`), rendered on demand."""
+def _halves(short: str, lanes: int) -> str:
+    t, h = f"einjit_{short}x{lanes}", f"einjit_{short}x{lanes // 2}"
+    low = ", ".join(str(k) for k in range(lanes // 2))
+    high = ", ".join(str(k) for k in range(lanes // 2, lanes))
+    return f"""\
+/* The lower and the upper half of a {t}, as a {h}: a lane shuffle where the compiler has
+   one (gcc 12, clang), else through memory. */
+{{q}} {h} einjit_low_{short}x{lanes}({t} v) {{{{
+#if defined(__clang__) || __GNUC__ >= 12
+  return __builtin_shufflevector(v, v, {low});
+#else
+  {h} r;
+  memcpy(&r, &v, sizeof r);
+  return r;
+#endif
+}}}}
+{{q}} {h} einjit_high_{short}x{lanes}({t} v) {{{{
+#if defined(__clang__) || __GNUC__ >= 12
+  return __builtin_shufflevector(v, v, {high});
+#else
+  {h} r;
+  memcpy(&r, (const char *)&v + sizeof r, sizeof r);
+  return r;
+#endif
+}}}}
+"""
+
+
+HELPERS = {**{f"vector_{short}x{n}": _helper(short, elem, suffix, n)
+              for short, elem, suffix in _ELEMENTS.values() for n in _LANES},
+           **{f"vector_halves_{short}x{n}": _halves(short, n)
+              for short, _, _ in _ELEMENTS.values() for n in _LANES if n >= 4}}
+"""The helpers of each vector type, by name (`helper`), rendered on demand; the halves
+(`halves`) sorted after every vector type (`vector_halves_*`), whose halves they return."""
 
 
 def helper(tn: Tnode) -> str:
     return f"vector_{vector_name(tn)}"
+
+
+def halves(tn: Tnode) -> list[str]:
+    """The helpers a read of half of `tn`'s vectors needs: both vector types, the halves."""
+    short, lanes = _ELEMENTS[tn.prec][0], tn.dims[-1]
+    return [f"vector_{short}x{lanes}", f"vector_{short}x{lanes // 2}", f"vector_halves_{short}x{lanes}"]
 
 
 def lane_statement(loop: ll.ForLoop) -> ll.Set | None:
@@ -132,11 +169,31 @@ def lane_statement(loop: ll.ForLoop) -> ll.Set | None:
     for x in accesses:
         mode = access_mode(x.tn, x.idcs, lane)
         if is_block(x.tn):
-            if mode != "load" or x.idcs[-1] != Iterator(lane) or x.tn.dims[-1] != lanes:
+            whole = x.idcs[-1] == Iterator(lane) and x.tn.dims[-1] == lanes
+            if mode != "load" or not (whole or (x is not st and half(x.tn, x.idcs, lane) is not None)):
                 return None
         elif mode is None or (x is st and mode != "load"):
             return None
     return st
+
+
+def half(tn: Tnode, idcs: tuple[AxisIndex, ...], lane: Symbol) -> str | None:
+    """"low" or "high" where a loop over half of `tn`'s lanes reads them at `lane` or at
+    `lane` plus that half (summing a vector's lanes pairwise, `schedule._halved`), else None."""
+    n = tn.dims[-1] // 2
+    if tn.dims[-1] < 4:
+        return None
+    match idcs[-1]:
+        case Iterator(s) if s == lane:
+            return "low"
+        case Affine(((1, s),), offset) if s == lane and offset == n:
+            return "high"
+    return None
+
+
+def half_name(tn: Tnode, part: str) -> str:
+    """`einjit_low_f32x16`: the helper taking half of a vector of `tn`'s block."""
+    return f"einjit_{part}_{vector_name(tn)}"
 
 
 def access_mode(tn: Tnode, idcs: tuple[AxisIndex, ...], lane: Symbol) -> str | None:

@@ -37,7 +37,7 @@ from contextvars import ContextVar
 from typing import TypeVar
 
 from einjit.ir import low_level as ll
-from einjit.ir import provenance
+from einjit.ir import ops, provenance
 from einjit.ir.indexing import AxisIndex, Iterator, Symbol, index_symbols, subst_index
 from einjit.ir.tnode import Tnode
 
@@ -174,12 +174,51 @@ def _lane_loop(loop: ll.ForLoop) -> bool:
 
 
 def _innermost(loop: ll.ForLoop) -> bool:
-    """Whether `loop` holds no loop: innermost loops are not fused. gcc vectorizes an innermost
-    loop per statement well, but fused softmax statements sharing a mask (`exp(where(m, s - max,
-    0))`, then `where(m, exp, 0)`) let it compute the `exp` on every lane, the masked -1e30
-    scores included, and then select: libmvec took its slow path for the underflowing lanes and
-    the softmax pass ran 4x slower. The rows an outer fusion keeps in L1 are what fusion is for."""
+    """Whether `loop` holds no loop: innermost loops are fused only when both compute with
+    additions, subtractions, multiplications, divisions and FMAs alone (`_arithmetic`). gcc
+    vectorizes an innermost loop per statement well, but fused softmax statements sharing a mask
+    (`exp(where(m, s - max, 0))`, then `where(m, exp, 0)`) let it compute the `exp` on every
+    lane, the masked -1e30 scores included, and then select: libmvec took its slow path for the
+    underflowing lanes and the softmax pass ran 4x slower. Plain arithmetic has no slow lanes:
+    fused, LayerNorm's row loops (a row's gradients, the column sums of gamma and beta, the
+    residual and embedding gradients) load each operand once and reuse the values stored before."""
     return not _has_loop(loop.body)
+
+
+def _fill(loop: ll.ForLoop) -> bool:
+    """Whether a statement of `loop` stores one value along it (reads nothing the loop moves
+    along): `row_buffers` keeps such a row as one cell, computed once, where it is a loop of
+    its own."""
+    for st in ll.flatten(loop.body):
+        if isinstance(st, ll.Set) and not any(
+                isinstance(x, ll.Get) and any(loop.index in index_symbols(i) for i in x.idcs)
+                for x in ll.iter_scalars(st.llsc)):
+            return True
+    return False
+
+
+_ARITHMETIC = frozenset({ops.Binop.ADD, ops.Binop.SUB, ops.Binop.MUL, ops.Binop.DIV})
+
+
+@_remembered
+def _arithmetic(stmt: ll.LLStmt) -> bool:
+    """Whether `stmt` only stores values of reads, constants, `_ARITHMETIC` and FMAs."""
+    match stmt:
+        case ll.Seq(first, second):
+            return _arithmetic(first) and _arithmetic(second)
+        case ll.Set(llsc=sc):
+            for x in ll.iter_scalars(sc):
+                match x:
+                    case ll.Get() | ll.Constant() | ll.Ternop(ops.Ternop.FMA):
+                        pass
+                    case ll.Binop(op) if op in _ARITHMETIC:
+                        pass
+                    case _:
+                        return False
+            return True
+        case ll.Comment():
+            return True
+    return False
 
 
 @_remembered
@@ -192,7 +231,10 @@ def _has_loop(stmt: ll.LLStmt) -> bool:
 
 def _fuse(a: ll.ForLoop, b: ll.ForLoop) -> ll.ForLoop | None:
     if ((a.from_, a.to_) != (b.from_, b.to_) or _marked(a) or _marked(b) or not _plain(a) or not _plain(b)
-            or _lane_loop(a) or _lane_loop(b) or _innermost(a) or _innermost(b)):
+            or _lane_loop(a) or _lane_loop(b)):
+        return None
+    if (_innermost(a) or _innermost(b)) and not (_innermost(a) and _innermost(b) and _arithmetic(a.body)
+                                                  and _arithmetic(b.body) and not _fill(a) and not _fill(b)):
         return None
     acc_a, acc_b = accesses(a.body), accesses(b.body)
     if not _sliced(acc_a, acc_b, a.index, b.index):
