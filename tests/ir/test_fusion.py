@@ -19,7 +19,7 @@ from einjit.ir.optimize import STAGES, VirtualizeSettings, optimize_proc
 from einjit.ir.sched.fusion import fuse_loops
 from einjit.ir.tnode import MATERIALIZED, Tnode
 from test_random_programs import SETTINGS, build, programs
-from test_schedule import run_c
+from test_schedule import run_c, run_in_c
 
 N, M = 6, 8
 
@@ -141,6 +141,44 @@ def test_innermost_loops_with_calls_selects_or_fills_stay_apart(value):
     row as one cell) is not fused."""
     code, _, _ = _innermost_pair(value)
     assert fuse_loops(code) == code
+
+
+def _row_passes(first_reads_sum: bool):
+    """Three nests over rows: `y[i, j] += x[i, j]` (or `+= s[i]`), the row sum `s[i] += |x[i, k]|`
+    (whose innermost loop does not fuse: `abs` is no plain arithmetic), then
+    `y[i, j] = fma(s[i], 0.5, y[i, j])`."""
+    x, y, s = Tnode("x", (N, M)), Tnode("y", (N, M)), Tnode("s", (N,))
+    i, k = get_symbol("i"), get_symbol("k")
+    first = nest(y, lambda i, j: ll.Binop(ops.Binop.ADD, ll.Get(y, it(i, j)),
+                                          ll.Get(s, it(i)) if first_reads_sum else ll.Get(x, it(i, j))))
+    total = ll.ForLoop(i, 0, N - 1, ll.ForLoop(k, 0, M - 1, ll.Set(s, it(i), ll.Binop(
+        ops.Binop.ADD, ll.Get(s, it(i)), ll.Unop(ops.Unop.ABS, ll.Get(x, it(i, k)))))))
+    last = nest(y, lambda i, j: ll.Ternop(ops.Ternop.FMA, ll.Get(s, it(i)), ll.Constant(0.5), ll.Get(y, it(i, j))))
+    return ll.seq(ll.ZeroOut(s), first, total, last), x, y
+
+
+def test_a_loop_sinks_past_independent_statements_to_join_a_later_pass_over_its_array():
+    """In the fused row: the first loop neither writes what the row sum reads nor reads what it
+    writes, so it sinks past it and joins the last loop, which writes `y` too: one pass over
+    `y`, bit for bit the values of the three nests."""
+    code, x, y = _row_passes(False)
+    fused = fuse_loops(code)
+    [row] = top_loops(fused)
+    inner = [s for s in ll.flatten(row.body) if isinstance(s, ll.ForLoop)]
+    assert len(inner) == 2 and len([s for s in ll.flatten(inner[1].body) if isinstance(s, ll.Set)]) == 2
+    rng = np.random.default_rng(4)
+    ins = {x: rng.standard_normal(x.dims).astype(np.float32), y: rng.standard_normal(y.dims).astype(np.float32)}
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[y]
+    np.testing.assert_array_equal(interpret.run(fused, {tn: v.copy() for tn, v in ins.items()})[y], want)
+    np.testing.assert_array_equal(run_in_c(fused, ins).array(y), run_in_c(code, ins).array(y))
+    ref = ins[y] + ins[x] + 0.5 * np.abs(ins[x]).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_loop_reading_what_the_statements_after_it_write_does_not_sink():
+    code, _, _ = _row_passes(True)
+    [row] = top_loops(fuse_loops(code))
+    assert len([s for s in ll.flatten(row.body) if isinstance(s, ll.ForLoop)]) == 3
 
 
 def test_marked_loops_and_different_ranges_stay_apart():
