@@ -105,9 +105,7 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
   }
   for (int i31 = 0; i31 < 10; ++i31) {
     b3_grad[0] = (b3_grad[0] + mlp_grad[i31]); /* b3_grad =+ mlp_grad */
-  }
-  for (int i32 = 0; i32 < 10; ++i32) {
-    grad_5[i32] = mlp_grad[i32]; /* grad_5 =: mlp_grad */
+    grad_5[i31] = mlp_grad[i31]; /* grad_5 =: mlp_grad */
   }
   for (int i33 = 0; i33 < 10; ++i33) {
     for (int i34 = 0; i34 < 16; ++i34) {
@@ -127,9 +125,7 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
     for (int i44 = 0; i44 < 16; ++i44) {
       for (int i45 = 0; i45 < 16; ++i45) {
         w2_grad[i44 * 16 + i45] = fmaf(row[i44], h1[i33 * 16 + i45], w2_grad[i44 * 16 + i45]); /* w2_grad =+ grad_4 * h1 */
-      }
-      for (int i48 = 0; i48 < 16; ++i48) {
-        h1_grad[i33 * 16 + i48] = fmaf(w2[i44 * 16 + i48], row[i44], h1_grad[i33 * 16 + i48]); /* h1_grad =+ w2 * grad_4 */
+        h1_grad[i33 * 16 + i45] = fmaf(w2[i44 * 16 + i45], row[i44], h1_grad[i33 * 16 + i45]); /* h1_grad =+ w2 * grad_4 */
       }
     }
     for (int i50 = 0; i50 < 16; ++i50) {

@@ -48,9 +48,7 @@ for i30 = 0 to 9 {
 }
 for i31 = 0 to 9 {
   b3_grad[0] := (b3_grad[0] + mlp_grad[i31, 0]);
-}
-for i32 = 0 to 9 {
-  grad_5[i32, 0] := mlp_grad[i32, 0];
+  grad_5[i31, 0] := mlp_grad[i31, 0];
 }
 for i33 = 0 to 9 {
   for i34 = 0 to 15 {
@@ -65,9 +63,7 @@ for i33 = 0 to 9 {
   for i44 = 0 to 15 {
     for i45 = 0 to 15 {
       w2_grad[i44, i45] := fma(row[i44], h1[i33, i45], w2_grad[i44, i45]);
-    }
-    for i48 = 0 to 15 {
-      h1_grad[i33, i48] := fma(w2[i44, i48], row[i44], h1_grad[i33, i48]);
+      h1_grad[i33, i45] := fma(w2[i44, i45], row[i44], h1_grad[i33, i45]);
     }
   }
   for i50 = 0 to 15 {
