@@ -108,12 +108,17 @@ def test_a_zero_fill_of_an_array_the_first_nest_reads_is_not_moved():
     assert fuse_loops(code) == code
 
 
-def _innermost_pair(second_value):
-    """`y[i] = x[i] * 2`, then `z[j] = second_value(j)`: two innermost loops."""
+def _innermost_pair(second_value, into_one_cell=False):
+    """`y[i] = x[i] * 2`, then `z[j] = second_value(j)` (or the sum `z[0] += second_value(j)`):
+    two innermost loops."""
     x, y, z = Tnode("x", (N,)), Tnode("y", (N,)), Tnode("z", (N,))
     i, j = get_symbol("i"), get_symbol("j")
     a = ll.ForLoop(i, 0, N - 1, ll.Set(y, it(i), ll.Binop(ops.Binop.MUL, ll.Get(x, it(i)), ll.Constant(2.0))))
-    b = ll.ForLoop(j, 0, N - 1, ll.Set(z, it(j), second_value(x, y, j)))
+    if into_one_cell:
+        b = ll.ForLoop(j, 0, N - 1, ll.Set(z, (FixedIdx(0),), ll.Binop(
+            ops.Binop.ADD, ll.Get(z, (FixedIdx(0),)), second_value(x, y, j))))
+    else:
+        b = ll.ForLoop(j, 0, N - 1, ll.Set(z, it(j), second_value(x, y, j)))
     return ll.seq(a, b), x, z
 
 
@@ -140,6 +145,12 @@ def test_innermost_loops_with_calls_selects_or_fills_stay_apart(value):
     away, see `_innermost`), or a loop storing one value along its row (`row_buffers` keeps that
     row as one cell) is not fused."""
     code, _, _ = _innermost_pair(value)
+    assert fuse_loops(code) == code
+
+
+def test_an_innermost_sum_into_one_cell_stays_apart():
+    """`z[0] += x[j]`: gcc keeps an in-order float sum scalar, and the loop fused with it too."""
+    code, _, _ = _innermost_pair(lambda x, y, j: ll.Get(x, it(j)), into_one_cell=True)
     assert fuse_loops(code) == code
 
 

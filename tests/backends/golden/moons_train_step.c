@@ -105,7 +105,9 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
   }
   for (int i31 = 0; i31 < 10; ++i31) {
     b3_grad[0] = (b3_grad[0] + mlp_grad[i31]); /* b3_grad =+ mlp_grad */
-    grad_5[i31] = mlp_grad[i31]; /* grad_5 =: mlp_grad */
+  }
+  for (int i32 = 0; i32 < 10; ++i32) {
+    grad_5[i32] = mlp_grad[i32]; /* grad_5 =: mlp_grad */
   }
   for (int i33 = 0; i33 < 10; ++i33) {
     for (int i34 = 0; i34 < 16; ++i34) {

@@ -48,7 +48,9 @@ for i30 = 0 to 9 {
 }
 for i31 = 0 to 9 {
   b3_grad[0] := (b3_grad[0] + mlp_grad[i31, 0]);
-  grad_5[i31, 0] := mlp_grad[i31, 0];
+}
+for i32 = 0 to 9 {
+  grad_5[i32, 0] := mlp_grad[i32, 0];
 }
 for i33 = 0 to 9 {
   for i34 = 0 to 15 {

@@ -229,16 +229,21 @@ def _innermost(loop: ll.ForLoop) -> bool:
     return not _has_loop(loop.body)
 
 
-def _fill(loop: ll.ForLoop) -> bool:
-    """Whether a statement of `loop` stores one value along it (reads nothing the loop moves
-    along): `row_buffers` keeps such a row as one cell, computed once, where it is a loop of
-    its own."""
+def _pointwise(loop: ll.ForLoop) -> bool:
+    """Whether the innermost `loop` may fuse with another: it computes plain arithmetic
+    (`_arithmetic`), and each of its statements stores a cell per iteration from values read
+    along the loop. A sum into one cell (a float reduction gcc keeps scalar, in order) would
+    take the other loop's statements out of vectors; a statement storing one value along the
+    loop is a row that `row_buffers` keeps as one cell, computed once, in a loop of its own."""
+    if not _arithmetic(loop.body):
+        return False
+    moving = loop.index
     for st in ll.flatten(loop.body):
-        if isinstance(st, ll.Set) and not any(
-                isinstance(x, ll.Get) and any(loop.index in index_symbols(i) for i in x.idcs)
-                for x in ll.iter_scalars(st.llsc)):
-            return True
-    return False
+        if isinstance(st, ll.Set) and (not any(moving in index_symbols(i) for i in st.idcs) or not any(
+                isinstance(x, ll.Get) and any(moving in index_symbols(i) for i in x.idcs)
+                for x in ll.iter_scalars(st.llsc))):
+            return False
+    return True
 
 
 _ARITHMETIC = frozenset({ops.Binop.ADD, ops.Binop.SUB, ops.Binop.MUL, ops.Binop.DIV})
@@ -285,8 +290,7 @@ def _fuse(a: ll.ForLoop, b: ll.ForLoop) -> ll.ForLoop | None:
     if ((a.from_, a.to_) != (b.from_, b.to_) or _marked(a) or _marked(b) or not _plain(a) or not _plain(b)
             or _lane_loop(a) or _lane_loop(b)):
         return None
-    if (_innermost(a) or _innermost(b)) and not (_innermost(a) and _innermost(b) and _arithmetic(a.body)
-                                                  and _arithmetic(b.body) and not _fill(a) and not _fill(b)):
+    if (_innermost(a) or _innermost(b)) and not (_innermost(a) and _innermost(b) and _pointwise(a) and _pointwise(b)):
         return None
     acc_a, acc_b = accesses(a.body), accesses(b.body)
     if not _sliced(acc_a, acc_b, a.index, b.index):
