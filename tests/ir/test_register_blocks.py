@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pytest
 
+from einjit.backends import c_vectors
 from einjit.backends.c_syntax import render_routine
 from einjit.backends.cc import toolchain as cc
 from einjit.ir import interpret, ops, provenance
@@ -155,6 +156,25 @@ def test_split_row_sums_total_their_lanes_by_halves(machine, prec, subtract):
     np.testing.assert_array_equal(run_c(sched, inputs, s), want)
     ref = ins[a].astype(np.float64).sum(axis=1)
     np.testing.assert_allclose(want, start - ref if subtract else ref, rtol=1e-5, atol=1e-5)
+
+
+def test_only_a_loop_over_half_a_blocks_lanes_reads_it_by_halves():
+    """`h[l] = b[l] + b[l + 8]` is one vector statement where `h` has 8 lanes and `b` 16, not
+    where `h` has 4 (the halves of `b` are 8 lanes wide), nor with an offset other than the half."""
+    def block(lanes):
+        return Tnode("lanes", (1, 1, lanes), ops.single, memory_mode=LOCAL, provenance=provenance.REGISTER_BLOCK)
+
+    b, lane = block(16), get_symbol("l")
+    at = (FixedIdx(0), FixedIdx(0), Iterator(lane))
+
+    def step(lanes, offset):
+        upper = (FixedIdx(0), FixedIdx(0), Affine(((1, lane),), offset))
+        return ll.ForLoop(lane, 0, lanes - 1, ll.Set(block(lanes), at, ll.Binop(
+            ops.Binop.ADD, ll.Get(b, at), ll.Get(b, upper))))
+
+    assert c_vectors.lane_statement(step(8, 8)) is not None
+    assert c_vectors.lane_statement(step(4, 8)) is None
+    assert c_vectors.lane_statement(step(8, 4)) is None
 
 
 def test_a_reduction_step_the_vectors_cannot_compute_keeps_a_plain_array():

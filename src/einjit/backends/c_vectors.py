@@ -16,7 +16,9 @@ Arithmetic is unchanged lane by lane: `einjit_fma_*` is x86's vector FMA where t
 targets it, else `fmaf`/`fma` per lane (which gcc vectorizes where it can), `+` and `*` on
 vectors round like the scalar operations, so results are bit-identical to the scalar loop.
 Any other use of a block (a loop that does not fit, a single cell) addresses a lane of a
-vector, `acc[3][l]`.
+vector, `acc[3][l]`. A loop over half the lanes of a block may read it by halves, at the lane
+and at the lane plus that half (`half`): the scheduler sums a vector's lanes that way, into a
+block of half the lanes (`einjit_low_*` plus `einjit_high_*`, a shuffle each).
 """
 
 from __future__ import annotations
@@ -153,11 +155,11 @@ def halves(tn: Tnode) -> list[str]:
 def lane_statement(loop: ll.ForLoop) -> ll.Set | None:
     """The statement of a loop over the lanes of a register block that renders as one vector
     statement, or None. Every block it touches must be indexed by the loop at its last axis
-    (only there), every other array read either contiguously along the loop (the loop's
-    coefficient 1 on the last axis) or independently of it, all in the block's precision
-    (a bf16 read only independently of it, widened before the broadcast), with constants,
-    FMAs, additions and multiplications only; another array it writes is written
-    contiguously."""
+    (only there; a block of twice the loop's lanes may be read by halves, `half`), every other
+    array read either contiguously along the loop (the loop's coefficient 1 on the last axis)
+    or independently of it, all in the block's precision (a bf16 read only independently of
+    it, widened before the broadcast), with constants, FMAs, additions and multiplications
+    only; another array it writes is written contiguously."""
     body = list(ll.flatten(loop.body))
     if loop.from_ != 0 or loop.start or loop.stop or len(body) != 1 or not isinstance(body[0], ll.Set):
         return None
@@ -170,7 +172,8 @@ def lane_statement(loop: ll.ForLoop) -> ll.Set | None:
         mode = access_mode(x.tn, x.idcs, lane)
         if is_block(x.tn):
             whole = x.idcs[-1] == Iterator(lane) and x.tn.dims[-1] == lanes
-            if mode != "load" or not (whole or (x is not st and half(x.tn, x.idcs, lane) is not None)):
+            halved = x is not st and x.tn.dims[-1] == 2 * lanes and half(x.tn, x.idcs, lane) is not None
+            if mode != "load" or not (whole or halved):
                 return None
         elif mode is None or (x is st and mode != "load"):
             return None
