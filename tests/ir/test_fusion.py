@@ -19,7 +19,7 @@ from einjit.ir.optimize import STAGES, VirtualizeSettings, optimize_proc
 from einjit.ir.sched.fusion import fuse_loops
 from einjit.ir.tnode import MATERIALIZED, Tnode
 from test_random_programs import SETTINGS, build, programs
-from test_schedule import run_c
+from test_schedule import run_c, run_in_c
 
 N, M = 6, 8
 
@@ -63,7 +63,7 @@ def test_a_row_reduction_and_its_pointwise_consumers_become_one_pass():
     loops = top_loops(fused)
     assert len(top_loops(code)) == 3 and len(loops) == 1
     inner = [s for s in ll.flatten(loops[0].body) if isinstance(s, ll.ForLoop)]
-    assert len(inner) == 3  # the reduction over k, then each pointwise nest's own innermost loop
+    assert len(inner) == 2  # the reduction over k, then the pointwise nests' fused innermost loop
     assert isinstance(list(ll.flatten(fused))[0], ll.ZeroOut)
     v = np.random.default_rng(0).standard_normal(x.dims).astype(np.float32)
     want = interpret.run(code, {x: v.copy()})[y]
@@ -108,12 +108,88 @@ def test_a_zero_fill_of_an_array_the_first_nest_reads_is_not_moved():
     assert fuse_loops(code) == code
 
 
-def test_innermost_loops_stay_apart():
+def _innermost_pair(second_value, into_one_cell=False):
+    """`y[i] = x[i] * 2`, then `z[j] = second_value(j)` (or the sum `z[0] += second_value(j)`):
+    two innermost loops."""
     x, y, z = Tnode("x", (N,)), Tnode("y", (N,)), Tnode("z", (N,))
     i, j = get_symbol("i"), get_symbol("j")
-    a = ll.ForLoop(i, 0, N - 1, ll.Set(y, it(i), ll.Get(x, it(i))))
-    b = ll.ForLoop(j, 0, N - 1, ll.Set(z, it(j), ll.Get(y, it(j))))
-    assert fuse_loops(ll.seq(a, b)) == ll.seq(a, b)
+    a = ll.ForLoop(i, 0, N - 1, ll.Set(y, it(i), ll.Binop(ops.Binop.MUL, ll.Get(x, it(i)), ll.Constant(2.0))))
+    if into_one_cell:
+        b = ll.ForLoop(j, 0, N - 1, ll.Set(z, (FixedIdx(0),), ll.Binop(
+            ops.Binop.ADD, ll.Get(z, (FixedIdx(0),)), second_value(x, y, j))))
+    else:
+        b = ll.ForLoop(j, 0, N - 1, ll.Set(z, it(j), second_value(x, y, j)))
+    return ll.seq(a, b), x, z
+
+
+def test_innermost_loops_of_plain_arithmetic_fuse_bit_identically():
+    """`z = fma(y, x, exp(x) / 3)` after `y = 2 x`: one loop, the values the two loops give."""
+    code, x, z = _innermost_pair(lambda x, y, j: ll.Ternop(ops.Ternop.FMA, ll.Get(y, it(j)), ll.Get(x, it(j)), ll.Binop(
+        ops.Binop.DIV, ll.Unop(ops.Unop.EXP, ll.Get(x, it(j))), ll.Constant(3.0))))
+    fused = fuse_loops(code)
+    assert len(top_loops(code)) == 2 and len(top_loops(fused)) == 1
+    v = np.random.default_rng(3).standard_normal(x.dims).astype(np.float32)
+    want = interpret.run(code, {x: v.copy()})[z]
+    np.testing.assert_array_equal(interpret.run(fused, {x: v.copy()})[z], want)
+    np.testing.assert_array_equal(run_c(fused, {x: v}, z), run_c(code, {x: v}, z))
+    np.testing.assert_allclose(want, 2 * v * v + np.exp(v) / 3, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("value", [
+    lambda x, y, j: ll.Unop(ops.Unop.LOG, ll.Get(y, it(j))),
+    lambda x, y, j: ll.Ternop(ops.Ternop.WHERE, ll.Get(x, it(j)), ll.Get(y, it(j)), ll.Constant(0.0)),
+    lambda x, y, j: ll.Binop(ops.Binop.MUL, ll.Get(x, (FixedIdx(0),)), ll.Constant(2.0)),
+], ids=["log", "where", "fill"])
+def test_innermost_loops_with_calls_selects_or_fills_stay_apart(value):
+    """A math call other than `exp` or a select (masked lanes would compute what they select
+    away, see `_innermost`), or a loop storing one value along its row (`row_buffers` keeps that
+    row as one cell) is not fused."""
+    code, _, _ = _innermost_pair(value)
+    assert fuse_loops(code) == code
+
+
+def test_an_innermost_sum_into_one_cell_stays_apart():
+    """`z[0] += x[j]`: gcc keeps an in-order float sum scalar, and the loop fused with it too."""
+    code, _, _ = _innermost_pair(lambda x, y, j: ll.Get(x, it(j)), into_one_cell=True)
+    assert fuse_loops(code) == code
+
+
+def _row_passes(first_reads_sum: bool):
+    """Three nests over rows: `y[i, j] += x[i, j]` (or `+= s[i]`), the row sum `s[i] += |x[i, k]|`
+    (whose innermost loop does not fuse: `abs` is no plain arithmetic), then
+    `y[i, j] = fma(s[i], 0.5, y[i, j])`."""
+    x, y, s = Tnode("x", (N, M)), Tnode("y", (N, M)), Tnode("s", (N,))
+    i, k = get_symbol("i"), get_symbol("k")
+    first = nest(y, lambda i, j: ll.Binop(ops.Binop.ADD, ll.Get(y, it(i, j)),
+                                          ll.Get(s, it(i)) if first_reads_sum else ll.Get(x, it(i, j))))
+    total = ll.ForLoop(i, 0, N - 1, ll.ForLoop(k, 0, M - 1, ll.Set(s, it(i), ll.Binop(
+        ops.Binop.ADD, ll.Get(s, it(i)), ll.Unop(ops.Unop.ABS, ll.Get(x, it(i, k)))))))
+    last = nest(y, lambda i, j: ll.Ternop(ops.Ternop.FMA, ll.Get(s, it(i)), ll.Constant(0.5), ll.Get(y, it(i, j))))
+    return ll.seq(ll.ZeroOut(s), first, total, last), x, y
+
+
+def test_a_loop_sinks_past_independent_statements_to_join_a_later_pass_over_its_array():
+    """In the fused row: the first loop neither writes what the row sum reads nor reads what it
+    writes, so it sinks past it and joins the last loop, which writes `y` too: one pass over
+    `y`, bit for bit the values of the three nests."""
+    code, x, y = _row_passes(False)
+    fused = fuse_loops(code)
+    [row] = top_loops(fused)
+    inner = [s for s in ll.flatten(row.body) if isinstance(s, ll.ForLoop)]
+    assert len(inner) == 2 and len([s for s in ll.flatten(inner[1].body) if isinstance(s, ll.Set)]) == 2
+    rng = np.random.default_rng(4)
+    ins = {x: rng.standard_normal(x.dims).astype(np.float32), y: rng.standard_normal(y.dims).astype(np.float32)}
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[y]
+    np.testing.assert_array_equal(interpret.run(fused, {tn: v.copy() for tn, v in ins.items()})[y], want)
+    np.testing.assert_array_equal(run_in_c(fused, ins).array(y), run_in_c(code, ins).array(y))
+    ref = ins[y] + ins[x] + 0.5 * np.abs(ins[x]).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_loop_reading_what_the_statements_after_it_write_does_not_sink():
+    code, _, _ = _row_passes(True)
+    [row] = top_loops(fuse_loops(code))
+    assert len([s for s in ll.flatten(row.body) if isinstance(s, ll.ForLoop)]) == 3
 
 
 def test_marked_loops_and_different_ranges_stay_apart():

@@ -454,9 +454,12 @@ def test_switching_virtualization_and_simplification_off(rng):
     llc = asg.to_low_level(code)
     av = rng.standard_normal(4)
     opt = check_program(llc, {a: av}, {b: 2 * np.exp(av)},
-                        settings=VirtualizeSettings(virtualize=False, simplify=False, max_visits=5))
+                        settings=VirtualizeSettings(virtualize=False, simplify=False, fuse=False, max_visits=5))
     assert opt.llc == llc
     assert t.memory_mode == NEVER_VIRTUAL
+    fused = check_program(llc, {a: av}, {b: 2 * np.exp(av)},
+                          settings=VirtualizeSettings(virtualize=False, simplify=False, max_visits=5))
+    assert isinstance(fused.llc, ll.ForLoop)  # the two loops, plain arithmetic and exp, fuse
 
 
 # ---------------------------------------------------------------- static indices, merge buffers, scoping

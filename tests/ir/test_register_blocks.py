@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pytest
 
+from einjit.backends import c_vectors
 from einjit.backends.c_syntax import render_routine
 from einjit.backends.cc import toolchain as cc
 from einjit.ir import interpret, ops, provenance
@@ -89,8 +90,8 @@ def test_the_inner_loop_of_a_large_matmul_has_no_accumulator_array_of_scalars(ma
 @pytest.mark.parametrize("prec", PRECS.values(), ids=PRECS.keys())
 @pytest.mark.parametrize("m", [1000, 48])
 def test_split_reductions_keep_their_partial_sums_in_vectors(machine, prec, m):
-    """A dot product per row (ATL's matvec): the partial sums are vectors, added up lane by
-    lane in lane order, exactly as the interpreter adds the scheduled code's lanes."""
+    """A dot product per row (ATL's matvec): the partial sums are vectors, their lanes summed
+    by halves, exactly as the interpreter adds the scheduled code's lanes."""
     a, x, y = Tnode("a", (5, m), prec), Tnode("x", (m,), prec), Tnode("y", (5,), prec)
     i, k = get_symbol("i"), get_symbol("k")
     fma = ll.Ternop(ops.Ternop.FMA, ll.Get(a, it(i, k)), ll.Get(x, it(k)), ll.Get(y, it(i)))
@@ -104,6 +105,76 @@ def test_split_reductions_keep_their_partial_sums_in_vectors(machine, prec, m):
     if prec is ops.single:
         np.testing.assert_array_equal(got, interpret.run(sched, {t: v.copy() for t, v in ins.items()})[y])
     np.testing.assert_allclose(got, ins[a].astype(np.float64) @ ins[x].astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+def _halving_sum(a: np.ndarray, start: np.ndarray, n_lanes: int, lanes: int, subtract: bool) -> np.ndarray:
+    """The split row sum in the scheduled order, in `a`'s precision: `n_lanes` partial sums
+    over the row's chunks, their vectors of `lanes` folded upper onto lower, the first vector's
+    upper half added onto its lower half down to two lanes, those two added into the start."""
+    part = np.zeros((a.shape[0], n_lanes), a.dtype)
+    for k0 in range(a.shape[1] // n_lanes):
+        part = part + a[:, k0 * n_lanes:(k0 + 1) * n_lanes]
+    vecs = [part[:, v * lanes:(v + 1) * lanes] for v in range(n_lanes // lanes)]
+    while len(vecs) > 1:
+        half, top = len(vecs) // 2, len(vecs) - len(vecs) // 2
+        vecs = [vecs[v] + vecs[v + top] if v < half else vecs[v] for v in range(top)]
+    v = vecs[0]
+    while v.shape[1] > 2:
+        v = v[:, :v.shape[1] // 2] + v[:, v.shape[1] // 2:]
+    total = v[:, 0] + v[:, 1]
+    return start - total if subtract else start + total
+
+
+@pytest.mark.parametrize("machine", MACHINE_NAMES)
+@pytest.mark.parametrize("prec", PRECS.values(), ids=PRECS.keys())
+@pytest.mark.parametrize("subtract", [False, True], ids=["sum", "subtracted"])
+def test_split_row_sums_total_their_lanes_by_halves(machine, prec, subtract):
+    """The partial sums' first vector is summed by halves, into vectors of half its lanes down to
+    two lanes (`schedule._halved`), each step one vector statement (`einjit_low_*` plus
+    `einjit_high_*`), no loop over lanes: gcc and the interpreter give that order's sums bit for
+    bit, a subtracted sum (LayerNorm's backward) leaving the target's prior value in."""
+    n, m = 6, 96
+    a, s = Tnode("a", (n, m), prec), Tnode("s", (n,), prec)
+    i, k = get_symbol("i"), get_symbol("k")
+    op = ops.Binop.SUB if subtract else ops.Binop.ADD
+    step = ll.ForLoop(i, 0, n - 1, ll.ForLoop(k, 0, m - 1, ll.Set(s, it(i), ll.Binop(
+        op, ll.Get(s, it(i)), ll.Get(a, it(i, k))))))
+    code = step if subtract else ll.seq(ll.ZeroOut(s), step)
+    sched = schedule_llc(code, ON, blocking(machine))
+    lanes = lanes_of(machine, prec)
+    halves = sorted(tn.dims[-1] for tn in ll.nodes_of(sched) if tn.is_local() and tn.dims[:2] == (1, 1))
+    assert halves == [2 ** e for e in range(1, lanes.bit_length() - 1)]
+    src = source(sched)
+    short = f"{'f32' if prec is ops.single else 'f64'}x{lanes}"
+    assert f"einjit_low_{short}(lanes" in src and f"einjit_high_{short}(lanes" in src
+    assert not re.search(r"lanes\w*\[0\]\[j", src)
+    ins = inputs_for(a, s, seed=m)
+    start = ins[s] if subtract else np.zeros(n, prec.dtype)
+    want = _halving_sum(ins[a], start, Blocking().lanes, lanes, subtract)
+    inputs = ins if subtract else {a: ins[a]}
+    np.testing.assert_array_equal(interpret.run(sched, {t: v.copy() for t, v in inputs.items()})[s], want)
+    np.testing.assert_array_equal(run_c(sched, inputs, s), want)
+    ref = ins[a].astype(np.float64).sum(axis=1)
+    np.testing.assert_allclose(want, start - ref if subtract else ref, rtol=1e-5, atol=1e-5)
+
+
+def test_only_a_loop_over_half_a_blocks_lanes_reads_it_by_halves():
+    """`h[l] = b[l] + b[l + 8]` is one vector statement where `h` has 8 lanes and `b` 16, not
+    where `h` has 4 (the halves of `b` are 8 lanes wide), nor with an offset other than the half."""
+    def block(lanes):
+        return Tnode("lanes", (1, 1, lanes), ops.single, memory_mode=LOCAL, provenance=provenance.REGISTER_BLOCK)
+
+    b, lane = block(16), get_symbol("l")
+    at = (FixedIdx(0), FixedIdx(0), Iterator(lane))
+
+    def step(lanes, offset):
+        upper = (FixedIdx(0), FixedIdx(0), Affine(((1, lane),), offset))
+        return ll.ForLoop(lane, 0, lanes - 1, ll.Set(block(lanes), at, ll.Binop(
+            ops.Binop.ADD, ll.Get(b, at), ll.Get(b, upper))))
+
+    assert c_vectors.lane_statement(step(8, 8)) is not None
+    assert c_vectors.lane_statement(step(4, 8)) is None
+    assert c_vectors.lane_statement(step(8, 4)) is None
 
 
 def test_a_reduction_step_the_vectors_cannot_compute_keeps_a_plain_array():

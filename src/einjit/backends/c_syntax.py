@@ -540,6 +540,12 @@ class _Writer:
                 return f"einjit_splat_{short}({constant_literal(v, vec.prec, self.syn)})"
             case ll.Get(tn, idcs) if c_vectors.access_mode(tn, idcs, lane) == "splat":
                 return f"einjit_splat_{short}({self.loaded(self.cell(tn, idcs, 'read'), tn.prec)})"
+            case ll.Get(tn, idcs) if c_vectors.is_block(tn) and tn.dims[-1] != vec.dims[-1]:
+                part = c_vectors.half(tn, idcs, lane)
+                assert part is not None, "c_vectors.lane_statement reads other blocks by halves only"
+                self.helpers.update(c_vectors.halves(tn))
+                first = (*idcs[:-1], Iterator(lane))
+                return f"{c_vectors.half_name(tn, part)}({self.vector_ref(tn, first, tn, lane, 'read')})"
             case ll.Get(tn, idcs) if c_vectors.is_block(tn):
                 return self.vector_ref(tn, idcs, vec, lane, "read")
             case ll.Get(tn, idcs):

@@ -16,7 +16,9 @@ Arithmetic is unchanged lane by lane: `einjit_fma_*` is x86's vector FMA where t
 targets it, else `fmaf`/`fma` per lane (which gcc vectorizes where it can), `+` and `*` on
 vectors round like the scalar operations, so results are bit-identical to the scalar loop.
 Any other use of a block (a loop that does not fit, a single cell) addresses a lane of a
-vector, `acc[3][l]`.
+vector, `acc[3][l]`. A loop over half the lanes of a block may read it by halves, at the lane
+and at the lane plus that half (`half`): the scheduler sums a vector's lanes that way, into a
+block of half the lanes (`einjit_low_*` plus `einjit_high_*`, a shuffle each).
 """
 
 from __future__ import annotations
@@ -104,23 +106,60 @@ typedef {elem} {t} __attribute__((vector_size({lanes * (4 if elem == "float" els
 """
 
 
-HELPERS = {f"vector_{short}x{n}": _helper(short, elem, suffix, n)
-           for short, elem, suffix in _ELEMENTS.values() for n in _LANES}
-"""The helpers of each vector type, by name (`helper`), rendered on demand."""
+def _halves(short: str, lanes: int) -> str:
+    t, h = f"einjit_{short}x{lanes}", f"einjit_{short}x{lanes // 2}"
+    low = ", ".join(str(k) for k in range(lanes // 2))
+    high = ", ".join(str(k) for k in range(lanes // 2, lanes))
+    return f"""\
+/* The lower and the upper half of a {t}, as a {h}: a lane shuffle where the compiler has
+   one (gcc 12, clang), else through memory. */
+{{q}} {h} einjit_low_{short}x{lanes}({t} v) {{{{
+#if defined(__clang__) || __GNUC__ >= 12
+  return __builtin_shufflevector(v, v, {low});
+#else
+  {h} r;
+  memcpy(&r, &v, sizeof r);
+  return r;
+#endif
+}}}}
+{{q}} {h} einjit_high_{short}x{lanes}({t} v) {{{{
+#if defined(__clang__) || __GNUC__ >= 12
+  return __builtin_shufflevector(v, v, {high});
+#else
+  {h} r;
+  memcpy(&r, (const char *)&v + sizeof r, sizeof r);
+  return r;
+#endif
+}}}}
+"""
+
+
+HELPERS = {**{f"vector_{short}x{n}": _helper(short, elem, suffix, n)
+              for short, elem, suffix in _ELEMENTS.values() for n in _LANES},
+           **{f"vector_halves_{short}x{n}": _halves(short, n)
+              for short, _, _ in _ELEMENTS.values() for n in _LANES if n >= 4}}
+"""The helpers of each vector type, by name (`helper`), rendered on demand; the halves
+(`halves`) sorted after every vector type (`vector_halves_*`), whose halves they return."""
 
 
 def helper(tn: Tnode) -> str:
     return f"vector_{vector_name(tn)}"
 
 
+def halves(tn: Tnode) -> list[str]:
+    """The helpers a read of half of `tn`'s vectors needs: both vector types, the halves."""
+    short, lanes = _ELEMENTS[tn.prec][0], tn.dims[-1]
+    return [f"vector_{short}x{lanes}", f"vector_{short}x{lanes // 2}", f"vector_halves_{short}x{lanes}"]
+
+
 def lane_statement(loop: ll.ForLoop) -> ll.Set | None:
     """The statement of a loop over the lanes of a register block that renders as one vector
     statement, or None. Every block it touches must be indexed by the loop at its last axis
-    (only there), every other array read either contiguously along the loop (the loop's
-    coefficient 1 on the last axis) or independently of it, all in the block's precision
-    (a bf16 read only independently of it, widened before the broadcast), with constants,
-    FMAs, additions and multiplications only; another array it writes is written
-    contiguously."""
+    (only there; a block of twice the loop's lanes may be read by halves, `half`), every other
+    array read either contiguously along the loop (the loop's coefficient 1 on the last axis)
+    or independently of it, all in the block's precision (a bf16 read only independently of
+    it, widened before the broadcast), with constants, FMAs, additions and multiplications
+    only; another array it writes is written contiguously."""
     body = list(ll.flatten(loop.body))
     if loop.from_ != 0 or loop.start or loop.stop or len(body) != 1 or not isinstance(body[0], ll.Set):
         return None
@@ -132,11 +171,32 @@ def lane_statement(loop: ll.ForLoop) -> ll.Set | None:
     for x in accesses:
         mode = access_mode(x.tn, x.idcs, lane)
         if is_block(x.tn):
-            if mode != "load" or x.idcs[-1] != Iterator(lane) or x.tn.dims[-1] != lanes:
+            whole = x.idcs[-1] == Iterator(lane) and x.tn.dims[-1] == lanes
+            halved = x is not st and x.tn.dims[-1] == 2 * lanes and half(x.tn, x.idcs, lane) is not None
+            if mode != "load" or not (whole or halved):
                 return None
         elif mode is None or (x is st and mode != "load"):
             return None
     return st
+
+
+def half(tn: Tnode, idcs: tuple[AxisIndex, ...], lane: Symbol) -> str | None:
+    """"low" or "high" where a loop over half of `tn`'s lanes reads them at `lane` or at
+    `lane` plus that half (summing a vector's lanes pairwise, `schedule._halved`), else None."""
+    n = tn.dims[-1] // 2
+    if tn.dims[-1] < 4:
+        return None
+    match idcs[-1]:
+        case Iterator(s) if s == lane:
+            return "low"
+        case Affine(((1, s),), offset) if s == lane and offset == n:
+            return "high"
+    return None
+
+
+def half_name(tn: Tnode, part: str) -> str:
+    """`einjit_low_f32x16`: the helper taking half of a vector of `tn`'s block."""
+    return f"einjit_{part}_{vector_name(tn)}"
 
 
 def access_mode(tn: Tnode, idcs: tuple[AxisIndex, ...], lane: Symbol) -> str | None:

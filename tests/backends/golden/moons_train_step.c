@@ -127,9 +127,7 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
     for (int i44 = 0; i44 < 16; ++i44) {
       for (int i45 = 0; i45 < 16; ++i45) {
         w2_grad[i44 * 16 + i45] = fmaf(row[i44], h1[i33 * 16 + i45], w2_grad[i44 * 16 + i45]); /* w2_grad =+ grad_4 * h1 */
-      }
-      for (int i48 = 0; i48 < 16; ++i48) {
-        h1_grad[i33 * 16 + i48] = fmaf(w2[i44 * 16 + i48], row[i44], h1_grad[i33 * 16 + i48]); /* h1_grad =+ w2 * grad_4 */
+        h1_grad[i33 * 16 + i45] = fmaf(w2[i44 * 16 + i45], row[i44], h1_grad[i33 * 16 + i45]); /* h1_grad =+ w2 * grad_4 */
       }
     }
     for (int i50 = 0; i50 < 16; ++i50) {

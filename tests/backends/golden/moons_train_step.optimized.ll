@@ -65,9 +65,7 @@ for i33 = 0 to 9 {
   for i44 = 0 to 15 {
     for i45 = 0 to 15 {
       w2_grad[i44, i45] := fma(row[i44], h1[i33, i45], w2_grad[i44, i45]);
-    }
-    for i48 = 0 to 15 {
-      h1_grad[i33, i48] := fma(w2[i44, i48], row[i44], h1_grad[i33, i48]);
+      h1_grad[i33, i45] := fma(w2[i44, i45], row[i44], h1_grad[i33, i45]);
     }
   }
   for i50 = 0 to 15 {

@@ -259,6 +259,11 @@ def vector_lanes(width: int, prec: ops.Prec, vector_bytes: int) -> int:
     return lanes if lanes >= 2 else 1
 
 
+def one_vector(label: str, lanes: int, prec: ops.Prec) -> Tnode:
+    """A register block of one vector of `lanes` lanes, dims `(1, 1, lanes)`."""
+    return Tnode(label, (1, 1, lanes), prec, memory_mode=LOCAL, provenance=provenance.REGISTER_BLOCK)
+
+
 def register_block(rows: int, width: int, prec: ops.Prec, vector_bytes: int, col: Symbol,
                    label: str = "acc") -> RegisterBlock:
     """An accumulator block of `rows` × `width` cells whose columns loops over `col` address;

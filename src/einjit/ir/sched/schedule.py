@@ -761,20 +761,38 @@ def _split_reduction(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSe
     if n_lanes < n:
         step = ll.ForLoop(k0, 0, n // n_lanes - 1, step)
     summed = [(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index not in lhs]
-    vector = rb.lanes > 1
-    first = ll.Get(rb.node, (FixedIdx(0), FixedIdx(0), Iterator(rb.lane)) if vector else (FixedIdx(0), FixedIdx(0)))
     into = ops.Binop.SUB if kind == "sub" else ops.Binop.ADD
-    add = ll.Set(st.tn, st.idcs, ll.Binop(into, ll.Get(st.tn, st.idcs), first))
-    # the first vector's lanes in lane order, each lane a constant (an indexed vector lane
-    # would keep the block in memory)
-    total = nests.nest([(rb.lane, rb.lanes)], add, frozenset({rb.lane})) if vector else add
+    if rb.lanes > 1:
+        halves, total = _halved(rb.node, rb.lane)
+    else:
+        halves, total = [], ll.Get(rb.node, (FixedIdx(0), FixedIdx(0)))
     body = ll.seq(
         ll.Comment(f"{n_lanes} partial sums into {st.tn.name} (reassociated)"),
         nests.nest(rb.loops(), ll.Set(rb.node, own.idcs, ll.Constant(0.0)), rb.unrolled),
         nests.nest(summed, step),
         *_folded(rb),
-        total)
+        *halves,
+        ll.Set(st.tn, st.idcs, ll.Binop(into, ll.Get(st.tn, st.idcs), total)))
     return nests.nest([(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index in lhs], body)
+
+
+def _halved(block: Tnode, lane: Symbol) -> tuple[list[ll.LLStmt], ll.LLScalar]:
+    """The lanes of the block's first vector summed pairwise: its upper half added onto its
+    lower half into a vector of half the lanes, and so on down to two lanes, whose sum is the
+    total. Each step is one vector statement (`c_vectors`: a block read by halves), so the total
+    is log2(lanes) dependent additions: added into the target lane after lane, LayerNorm's row
+    sums waited 16 dependent additions per row, twice, forward and backward."""
+    steps: list[ll.LLStmt] = []
+    lanes = block.dims[-1]
+    while lanes > 2:
+        half = nests.one_vector("lanes", lanes // 2, block.prec)
+        at: tuple[AxisIndex, ...] = (FixedIdx(0), FixedIdx(0), Iterator(lane))
+        upper = (FixedIdx(0), FixedIdx(0), make_affine(((1, lane),), lanes // 2))
+        steps.append(ll.ForLoop(lane, 0, lanes // 2 - 1, ll.Set(half, at, ll.Binop(
+            ops.Binop.ADD, ll.Get(block, at), ll.Get(block, upper)))))
+        block, lanes = half, lanes // 2
+    cells = [ll.Get(block, (FixedIdx(0), FixedIdx(0), FixedIdx(k))) for k in range(lanes)]
+    return steps, ll.Binop(ops.Binop.ADD, cells[0], cells[1])
 
 
 def _folded(rb: nests.RegisterBlock) -> list[ll.LLStmt]:
@@ -782,7 +800,7 @@ def _folded(rb: nests.RegisterBlock) -> list[ll.LLStmt]:
     step adds the upper part onto the lower, so the sum at the end of a short reduction is
     log2 dependent additions, not one per lane: a decode step's 128-long row sums spent more
     time adding their 32 lanes one by one than in the lanes. Vectors fold as whole vectors;
-    the first vector's lanes are then added into the target one by one (`total`)."""
+    the first vector's lanes are then halved (`_halved`)."""
     vector = rb.lanes > 1
     n = rb.node.dims[1]
     folds: list[ll.LLStmt] = []
