@@ -106,6 +106,51 @@ def test_split_reductions_keep_their_partial_sums_in_vectors(machine, prec, m):
     np.testing.assert_allclose(got, ins[a].astype(np.float64) @ ins[x].astype(np.float64), rtol=1e-5, atol=1e-5)
 
 
+def _lane_order_sums(x: np.ndarray, n_lanes: int, lanes: int) -> np.ndarray:
+    """Row sums of float32 `x` as the split reduction adds them: `n_lanes` partial sums over
+    `k = n_lanes*k0 + j`, their vectors of `lanes` folded pairwise (upper half onto the lower),
+    the first vector's lanes then added in lane order."""
+    out = np.zeros(x.shape[:-1], np.float32)
+    for at in np.ndindex(*x.shape[:-1]):
+        part = np.zeros(n_lanes, np.float32)
+        for step in x[at].reshape(-1, n_lanes):
+            part = part + step
+        vectors, n = list(part.reshape(-1, lanes)), n_lanes // lanes
+        while n > 1:
+            half, top = n // 2, n - n // 2
+            for v in range(half):
+                vectors[v] = vectors[v] + vectors[v + top]
+            n = top
+        total = np.float32(0)
+        for lane in vectors[0]:
+            total = np.float32(total + lane)
+        out[at] = total
+    return out
+
+
+@pytest.mark.parametrize("machine", MACHINE_NAMES)
+@pytest.mark.parametrize("heads,keys,together", [(4, 64, True), (4, 320, False), (12, 64, False)])
+def test_the_totals_of_a_few_short_sums_are_added_side_by_side(machine, heads, keys, together):
+    """The softmax's row sums, `s[b, h] = Σ_k e[b, h, k]` over a few heads: each head's partial
+    sums, then the heads' totals lane by lane side by side (one chain of dependent additions
+    per head, run together), each still in lane order: the bits of one head at a time, as
+    the interpreter adds the scheduled code. Many heads, or a long sum, keep one at a time."""
+    e, s = Tnode("e", (3, heads, keys)), Tnode("s", (3, heads))
+    b, h, k = get_symbol("b"), get_symbol("h"), get_symbol("k")
+    add = ll.Binop(ops.Binop.ADD, ll.Get(s, it(b, h)), ll.Get(e, it(b, h, k)))
+    code = ll.seq(ll.ZeroOut(s), ll.ForLoop(b, 0, 2, ll.ForLoop(h, 0, heads - 1, ll.ForLoop(k, 0, keys - 1, ll.Set(
+        s, it(b, h), add)))))
+    sched = schedule_llc(code, ON, blocking(machine))
+    src = source(sched)
+    side_by_side = re.search(rf"for \(int jl\d+ = 0; jl\d+ < \d+; \+\+jl\d+\) \{{\n\s*#pragma GCC unroll {heads}\n"
+                             rf"\s*for \(int h\d+ = 0; h\d+ < {heads}; ", src)
+    assert bool(side_by_side) == together, src
+    ins = inputs_for(e, seed=keys + heads)
+    got = run_c(sched, ins, s)
+    np.testing.assert_array_equal(got, interpret.run(sched, {t: v.copy() for t, v in ins.items()})[s])
+    np.testing.assert_array_equal(got, _lane_order_sums(ins[e], 32, lanes_of(machine, ops.single)))
+
+
 def test_a_reduction_step_the_vectors_cannot_compute_keeps_a_plain_array():
     """A sum of `exp`s: gcc vectorizes the plain loop (einjit's inline `einjit_expf`); a vector block would be
     addressed lane by lane."""
