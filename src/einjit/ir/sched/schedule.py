@@ -718,7 +718,10 @@ def _split_reduction(loops: list[ll.ForLoop], st: ll.Set, settings: VirtualizeSe
     outputs = [(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index in lhs]
     summed = [(lp.index, lp.to_ + 1) for lp in loops[:-1] if lp.index not in lhs]
     vector_bytes = blocking.machine.vector_bytes if vector else 0
-    together = vector and bool(outputs) and not summed and nests.vector_lanes(n_lanes, prec, vector_bytes) > 1
+    # the innermost output loop indexing an axis of its own: its cells are distinct sums
+    together = (vector and bool(outputs) and not summed and nests.vector_lanes(n_lanes, prec, vector_bytes) > 1
+                and sum(outputs[-1][0] in index_symbols(idx) for idx in st.idcs) == 1
+                and Iterator(outputs[-1][0]) in st.idcs)
     short = n <= TOTALS_TOGETHER * n_lanes
     rows = outputs[-1][1] if together and short and 1 < outputs[-1][1] <= TOTALS_TOGETHER else 1
     row: AxisIndex = Iterator(outputs[-1][0]) if rows > 1 else FixedIdx(0)
