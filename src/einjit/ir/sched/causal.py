@@ -28,7 +28,10 @@ by no other routine; `VirtualizeSettings.local_storage`), zeroed before its accu
 read only that way (*unread above a diagonal*), has its register blocks' row loop clipped to
 the blocks with a cell on or below the diagonal: the skipped cells keep their zeros, which
 the reads ignore or multiply by zero. A clipped loop's other writes must be scheduler locals
-written before they are read, in the loop and after it (register blocks, panels).
+written before they are read, in the loop and after it (register blocks, panels). When every
+such read is a `where` (the scores, read only by the masked softmax) and the contraction
+stores every cell it keeps from zero, the zeros are never used and the fill goes too
+(`_dead_fills`: a 1 MiB `memset` per block at the benchmark's size).
 
 The softmax around them has two more kinds of such loops. A factor computed in place,
 `where(key < query + c, x, 0)`, is zero there whatever `x` is (the scores' gradient
