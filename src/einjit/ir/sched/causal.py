@@ -490,8 +490,7 @@ def _chunked(loop: ll.ForLoop, lanes: int) -> ll.ForLoop:
     body = list(ll.iter_stmts(loop.body))
     own_cells = all(isinstance(x, ll.Set) and any(loop.index in index_symbols(idx) for idx in x.idcs)
                     for x in body if not isinstance(x, (ll.Seq, ll.Comment, ll.Noop)))
-    wide = max(CHUNK, lanes)
-    size = wide if own_cells and extent % wide == 0 and extent > wide else CHUNK
+    size = max(CHUNK, lanes) if own_cells and extent % max(CHUNK, lanes) == 0 else CHUNK
     if (loop.from_ != 0 or extent % size or extent == size
             or any(isinstance(x, ll.ForLoop) for x in body)
             or any(isinstance(x, ll.LocalScope) for st in body for x in ll.deep_parts(st))):
