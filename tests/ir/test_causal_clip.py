@@ -231,28 +231,6 @@ def test_softmax_loops_are_clipped_by_whole_vectors(machine, threads, tmp_path, 
     assert CHUNKED.search(source[at - 600:at]), "the exp loop is not clipped"
 
 
-def _chunks(width: int) -> re.Pattern:
-    return re.compile(rf"for \(int c\d+ = 0; c\d+ < \(i\d+ \+ {width}\) / {width}; \+\+c\d+\) \{{\n"
-                      rf"\s*for \(int l\d+ = 0; l\d+ < {width}; ")
-
-
-@pytest.mark.parametrize("machine,width", [("avx2", 8), ("avx512", 16)])
-def test_loops_storing_their_own_cells_take_chunks_of_a_machine_vector(machine, width, tmp_path, monkeypatch):
-    """T = 64: the softmax's `exp` and the scores' gradient, each iteration storing its own
-    cell, run over chunks of a machine vector of floats (16 under AVX-512), the backward's row
-    sum of `dP * P` over chunks of 8, its partial sums' lanes on every machine; the step is bit
-    for bit that of the full loops."""
-    monkeypatch.setenv("EINJIT_MACHINE", machine)
-    monkeypatch.setenv("EINJIT_DUMP_DIR", str(tmp_path))
-    _clipped_as_full(f"vector_chunks_{machine}", seed=5, shape=(B, 64, D))
-    source = (tmp_path / f"vector_chunks_{machine}_clipped.c").read_text()
-    at = source.index("] = einjit_expf(")
-    assert _chunks(width).search(source[at - 600:at]), "the exp loop's chunks"
-    assert len(_chunks(width).findall(source)) >= 2
-    summed = source.index("partial sums into max_grad")
-    assert _chunks(8).search(source[summed:summed + 600]), "the row sum's chunks"
-
-
 def test_one_and_two_threads_give_the_same_bits(monkeypatch):
     """The clipped step of T = 40 at 1 and at 2 threads: the same loss and gradients. With
     glibc's libmvec the threaded softmax nest's `exp` was its vector `expf` and the serial one

@@ -83,7 +83,6 @@ from einjit.ir.indexing import (
 from einjit.ir.passes.local_storage import is_routine_local, kept_in_context
 from einjit.ir.sched import nests
 from einjit.ir.sched.first_writes import overwrites
-from einjit.ir.sched.machine import host_machine
 from einjit.ir.tnode import LOCAL, Tnode
 
 __all__ = ["clip_causal_loops"]
@@ -93,16 +92,14 @@ __all__ = ["clip_causal_loops"]
 Zeros = dict | None
 
 
-def clip_causal_loops(llc: ll.LLStmt, *, local_storage: bool = True, vector_bytes: int | None = None) -> ll.LLStmt:
+def clip_causal_loops(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStmt:
     """`llc` with the accumulation loops that read nodes zero above a diagonal clipped to
     the iterations whose terms can be non-zero, and, with `local_storage` (the optimizer's
     setting), the loops writing cells of a routine's own scratch that nothing reads (see the
-    module docstring). `vector_bytes`: the machine's vectors (default: the host's), which
-    size the chunks of the clipped loops storing a cell per iteration."""
+    module docstring)."""
     if not any(isinstance(x, ll.Binop) and _false_above(x) for x in ll.deep_parts(llc)):
         return llc  # no causal comparison: nothing is zero above a diagonal
-    width = host_machine().vector_bytes if vector_bytes is None else vector_bytes
-    zeros = _Analysis(llc, local_storage, lanes=width // 4)
+    zeros = _Analysis(llc, local_storage)
     tops = zeros.tops
     dead = _dead_fills(zeros)
     return ll.seq(*(_clip(top, zeros, {}, tuple(tops[k + 1:]))
@@ -187,9 +184,8 @@ class _Analysis:
     """Which nodes are zero above a diagonal, by axis positions (`zeros`), from all their
     writes in the routine."""
 
-    def __init__(self, llc: ll.LLStmt, local_storage: bool, lanes: int):
+    def __init__(self, llc: ll.LLStmt, local_storage: bool):
         self.local_storage = local_storage
-        self.lanes = lanes  # floats in a machine vector (`_chunked`)
         self.sets: dict[Tnode, list[tuple[ll.Set, dict[Symbol, ll.ForLoop]]]] = {}
         self.zeroed: set[Tnode] = set()
         self.other: set[Tnode] = set()
@@ -450,7 +446,7 @@ def _clip(stmt: ll.LLStmt, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]
             inner = _clip(body, zeros, {**outer, index: (loop.from_, loop.to_)}, (body, *after))
             whole = loop is stmt
             loop = loop if inner is body else dataclasses.replace(loop, body=inner)
-            return loop if whole else _chunked(loop, zeros.lanes)
+            return loop if whole else _chunked(loop)
         case ll.Set(llsc=sc) if any(isinstance(x, ll.LocalScope) for x in ll.iter_scalars(sc)):
             return dataclasses.replace(stmt, llsc=_clip_scopes(sc, zeros, outer, after))
     return stmt
@@ -472,38 +468,29 @@ CHUNK = 8
 """The iterations a clipped innermost loop keeps together: gcc at `-O2` vectorizes only a loop
 whose trip count is a known multiple of the vector width, so a loop clipped iteration by
 iteration would run scalar (the softmax's `exp`, its backward's divisions); clipped by chunks
-of 8 (an AVX2 vector of floats), the chunk's loop stays whole and vectorized. A loop writing
-a cell of its own at each iteration (the `exp`, the scores' gradient) takes a machine vector
-of floats when that is more (16 under AVX-512: the softmax nest 0.27 -> 0.25 ms at T=64,
-one vector instruction for the chunk's 8-wide pair): which iterations run does not change
-its values. A sum's chunk stays 8, the lanes of its partial sums (`scope_sums`), on every
-machine."""
+of 8 (an AVX2 vector of floats), the chunk's loop stays whole and vectorized."""
 
 
-def _chunked(loop: ll.ForLoop, lanes: int) -> ll.ForLoop:
-    """`loop`, a clipped innermost loop, as a loop over chunks of `CHUNK` (or, storing a cell
-    per iteration, `lanes`) iterations clipped to the chunks with a kept iteration, around a
-    whole loop over the chunk: the iterations it adds back are iterations of the unclipped
-    loop, which add zeros or write unread cells as the clip's skipped ones do. `loop` itself
-    when its range is not whole chunks from 0."""
+def _chunked(loop: ll.ForLoop) -> ll.ForLoop:
+    """`loop`, a clipped innermost loop, as a loop over chunks of `CHUNK` iterations clipped to
+    the chunks with a kept iteration, around a whole loop over the chunk: the iterations it
+    adds back are iterations of the unclipped loop, which add zeros or write unread cells as
+    the clip's skipped ones do. `loop` itself when its range is not whole chunks from 0."""
     extent = loop.to_ - loop.from_ + 1
     body = list(ll.iter_stmts(loop.body))
-    own_cells = all(isinstance(x, ll.Set) and any(loop.index in index_symbols(idx) for idx in x.idcs)
-                    for x in body if not isinstance(x, (ll.Seq, ll.Comment, ll.Noop)))
-    size = max(CHUNK, lanes) if own_cells and extent % max(CHUNK, lanes) == 0 else CHUNK
-    if (loop.from_ != 0 or extent % size or extent == size
+    if (loop.from_ != 0 or extent % CHUNK or extent == CHUNK
             or any(isinstance(x, ll.ForLoop) for x in body)
             or any(isinstance(x, ll.LocalScope) for st in body for x in ll.deep_parts(st))):
         return loop
     chunk, lane = get_symbol("c"), get_symbol("l")
-    env: dict[Symbol, AxisIndex] = {loop.index: make_affine([(size, chunk), (1, lane)])}
-    whole = ll.ForLoop(lane, 0, size - 1, _substituted(loop.body, env))
+    env: dict[Symbol, AxisIndex] = {loop.index: make_affine([(CHUNK, chunk), (1, lane)])}
+    lanes = ll.ForLoop(lane, 0, CHUNK - 1, _substituted(loop.body, env))
     start = stop = None
-    if loop.start is not None:  # scale * (size * c + size - 1) >= bound for the chunk's last
-        start = ll.LoopClip(_shifted(loop.start.bound, -(size - 1) * loop.start.scale), size * loop.start.scale)
-    if loop.stop is not None:  # scale * size * c < bound for the chunk's first
-        stop = ll.LoopClip(loop.stop.bound, size * loop.stop.scale)
-    return ll.ForLoop(chunk, 0, extent // size - 1, whole, loop.trace_it, start=start, stop=stop)
+    if loop.start is not None:  # scale * (CHUNK * c + CHUNK - 1) >= bound for the chunk's last
+        start = ll.LoopClip(_shifted(loop.start.bound, -(CHUNK - 1) * loop.start.scale), CHUNK * loop.start.scale)
+    if loop.stop is not None:  # scale * CHUNK * c < bound for the chunk's first
+        stop = ll.LoopClip(loop.stop.bound, CHUNK * loop.stop.scale)
+    return ll.ForLoop(chunk, 0, extent // CHUNK - 1, lanes, loop.trace_it, start=start, stop=stop)
 
 
 def _shifted(idx: AxisIndex, by: int) -> AxisIndex:
