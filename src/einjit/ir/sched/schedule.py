@@ -759,8 +759,8 @@ heads), whose totals are added lane by lane side by side after their partial sum
 most steps of partial sums it may take (a short sum, where the total is the long part): a
 total is as many dependent additions as its vector has lanes (16 under AVX-512, 48 cycles),
 which one row of the softmax nest (4 heads of 64 keys, 2 steps) otherwise ran one head after
-another, 21% of the nest's time; 4 chains together take the time of one (the nest 0.257 ->
-0.240 ms at T=64, AVX-512). Each cell still adds its lanes in lane order: the same bits. The
+another, 21% of the nest's time; 4 chains together take the time of one (the nest 0.272 ->
+0.243 ms at T=64, AVX-512). Each cell still adds its lanes in lane order: the same bits. The
 partial sums of a row then sit in memory, not registers (their row is a loop index), which a
 long sum would pay at every step."""
 
