@@ -47,9 +47,16 @@ def _layer_and_loss(causal: bool, seed: int = 0, shape: tuple[int, int, int] = (
     return layer, loss
 
 
-def _run(loss, layer, name: str, settings: VirtualizeSettings, code=None, threads: int = 1) -> dict[str, np.ndarray]:
+def _run(loss, layer, name: str, settings: VirtualizeSettings, code=None, threads: int = 1,
+         poisoned: bool = False) -> dict[str, np.ndarray]:
+    """The loss and the gradients after one step; `poisoned`: every byte of the routine's
+    scratch set to 0xFF first (a NaN in each float), so a cell read before it is written shows."""
     routine = train.to_routine(code or train.grad_update(loss), name=name, settings=settings,
                                options=cc.CcOptions(threads=threads))
+    if poisoned:
+        context = routine.context
+        for scratch in [*(a for arenas in context.arenas.values() for a in arenas), *context.scratch.values()]:
+            scratch.view(np.uint8)[...] = 0xFF
     routine()
     out = {"loss": loss.value.numpy().copy()}
     out.update({p.label_str: p.grad.numpy().copy() for p in layer.params()})
@@ -85,6 +92,31 @@ def test_causal_training_step_is_bit_identical_to_the_full_loops(machine, thread
     assert not (tmp_path / f"step_{machine}_full.causal.ll").exists()
     source = (tmp_path / f"step_{machine}_clipped.c").read_text()
     assert re.search(r"for \(int \w+ = 0; \w+ < \(6\*ib\d+ \+ 6\); ", source) or machine != "avx2"
+
+
+ZERO_FILL = re.compile(r"^zero_out\((\w+)\);", re.MULTILINE)
+
+
+@pytest.mark.parametrize("machine,threads", [("avx2", 1), ("avx512", 2)])
+def test_contractions_of_the_clipped_step_need_no_zero_fill(machine, threads, tmp_path, monkeypatch):
+    """The clipped step fills with zeros only the nodes whose skipped cells are read as zeros:
+    the scores `q kᵀ` (read only under the mask, their skipped blocks never used) and the
+    outputs of `P v`, `Pᵀ dY`, `dS k`, `dSᵀ q` (every cell stored, from register blocks summing
+    fewer terms) get no fill, as with the full loops. Run on a scratch arena of NaNs, the step's
+    loss and gradients are still the full loops' bits."""
+    monkeypatch.setenv("EINJIT_MACHINE", machine)
+    monkeypatch.setenv("EINJIT_DUMP_DIR", str(tmp_path))
+    layer, loss = _layer_and_loss(causal=True, seed=3)
+    code = train.grad_update(loss)
+    clipped = _run(loss, layer, f"fills_{machine}", VirtualizeSettings(), code, threads, poisoned=True)
+    full = _run(loss, layer, f"fills_{machine}_full", VirtualizeSettings(causal=False), code, threads)
+    for label, want in full.items():
+        assert np.all(np.isfinite(want)), label
+        np.testing.assert_array_equal(clipped[label], want, err_msg=label)
+    fills, full_fills = (set(ZERO_FILL.findall((tmp_path / f"{name}.optimized.ll").read_text()))
+                         for name in (f"fills_{machine}", f"fills_{machine}_full"))
+    # only the two nodes whose skipped cells a product reads (`dP * P`, `dS k`) keep theirs
+    assert fills - full_fills == {"attention_weights_grad", "mha_heads_scores_grad"}
 
 
 def test_non_causal_attention_is_not_clipped(tmp_path, monkeypatch):

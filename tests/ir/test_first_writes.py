@@ -12,7 +12,7 @@ import pytest
 from einjit.backends.cc import toolchain as cc
 from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
+from einjit.ir.indexing import FixedIdx, Iterator, get_symbol, make_affine
 from einjit.ir.optimize import STAGES, VirtualizeSettings, optimize_proc
 from einjit.ir.sched.first_writes import first_writes
 from einjit.ir.sched.machine import MACHINES
@@ -128,6 +128,29 @@ def test_fills_stay_where_a_cell_could_keep_its_zero_or_be_read_first():
     k = get_symbol("k")
     inner = ll.ForLoop(k, 0, 3, ll.seq(ll.ZeroOut(g), whole))
     assert _zeroed(first_writes(inner)) == set()
+
+
+def test_a_clipped_sum_inside_the_stores_leaves_them_an_overwrite():
+    """`y[i] := Σ_{k ≤ i} x[i, k]` through an accumulator (a register block of the causal
+    `P v`): the sum's loop is clipped, yet each cell of `y` is stored once, so the fill goes,
+    and the values are those of the code with it; a clip on the loop around the stores (a
+    row block the causal stage skips) keeps the fill."""
+    x, y, acc = Tnode("x", (B, D)), Tnode("y", (B,), memory_mode=MATERIALIZED), Tnode("acc", (1,))
+    i, k = get_symbol("i"), get_symbol("k")
+    one = (FixedIdx(0),)
+    diagonal = ll.LoopClip(make_affine([(1, i)], 1))  # k < i + 1
+    row = ll.seq(ll.Set(acc, one, ll.Constant(0.0)),
+                 ll.ForLoop(k, 0, D - 1, _update(acc, one, ll.Get(x, it(i, k))), stop=diagonal),
+                 ll.Set(y, it(i), ll.Get(acc, one)))
+    code = ll.seq(ll.ZeroOut(y), ll.ForLoop(i, 0, B - 1, row))
+    new = first_writes(code)
+    assert _zeroed(new) == set()
+    ins = _with_nan_outputs(inputs_for(x, seed=2), (y, acc))
+    want = interpret.run(code, {tn: v.copy() for tn, v in ins.items()})[y]
+    np.testing.assert_array_equal(interpret.run(new, {tn: v.copy() for tn, v in ins.items()})[y], want)
+    np.testing.assert_allclose(want, [ins[x][r, :r + 1].astype(np.float64).sum() for r in range(B)], rtol=1e-6)
+    skipped = ll.seq(ll.ZeroOut(y), ll.ForLoop(i, 0, B - 1, row, start=ll.LoopClip(FixedIdx(1))))
+    assert _zeroed(first_writes(skipped)) == {"y"}
 
 
 @pytest.mark.parametrize("machine", ["avx2", "avx512"])

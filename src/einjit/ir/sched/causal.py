@@ -28,7 +28,10 @@ by no other routine; `VirtualizeSettings.local_storage`), zeroed before its accu
 read only that way (*unread above a diagonal*), has its register blocks' row loop clipped to
 the blocks with a cell on or below the diagonal: the skipped cells keep their zeros, which
 the reads ignore or multiply by zero. A clipped loop's other writes must be scheduler locals
-written before they are read, in the loop and after it (register blocks, panels).
+written before they are read, in the loop and after it (register blocks, panels). When every
+such read is a `where` (the scores, read only by the masked softmax) and the contraction
+stores every cell it keeps from zero, the zeros are never used and the fill goes too
+(`_dead_fills`: a 1 MiB `memset` per block at the benchmark's size).
 
 The softmax around them has two more kinds of such loops. A factor computed in place,
 `where(key < query + c, x, 0)`, is zero there whatever `x` is (the scores' gradient
@@ -79,6 +82,7 @@ from einjit.ir.indexing import (
 )
 from einjit.ir.passes.local_storage import is_routine_local, kept_in_context
 from einjit.ir.sched import nests
+from einjit.ir.sched.first_writes import overwrites
 from einjit.ir.tnode import LOCAL, Tnode
 
 __all__ = ["clip_causal_loops"]
@@ -97,11 +101,38 @@ def clip_causal_loops(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStm
         return llc  # no causal comparison: nothing is zero above a diagonal
     zeros = _Analysis(llc, local_storage)
     tops = zeros.tops
+    dead = _dead_fills(zeros)
     return ll.seq(*(_clip(top, zeros, {}, tuple(tops[k + 1:]))
                     if any(zeros.zeros(tn) or zeros.unseen(tn) or zeros.masked(tn) or zeros.constant(tn)
                            for tn in nodes)
                     else top
-                    for k, (top, nodes) in enumerate(zip(tops, zeros.nodes, strict=True))))
+                    for k, (top, nodes) in enumerate(zip(tops, zeros.nodes, strict=True)) if k not in dead))
+
+
+def _dead_fills(zeros: _Analysis) -> set[int]:
+    """The positions of the zero fills nothing uses once the loops are clipped: the fill of a
+    node unread above a diagonal whose every read there is a `where` picking its other branch
+    (the scores `q kᵀ`, read only by the masked softmax), when the statements writing it, as
+    they come unclipped, store each cell once without reading it (a contraction whose register
+    blocks start at zero). Clipped, they skip only blocks of cells the reads ignore, whatever
+    those cells hold; so no cell's zero is ever used. `first_writes` keeps such a fill, since
+    the clipped nest does not store every cell. A later statement writing the node again
+    would escape `unseen`'s reads (it skips the node's own nests): then the fill stays."""
+    dead: set[int] = set()
+    for k, top in enumerate(zeros.tops):
+        if not isinstance(top, ll.ZeroOut):
+            continue
+        tn = top.tn
+        unseen, ignored = zeros.unseen(tn), zeros.unseen(tn, products=False)
+        if not unseen or not all(at in ignored and ignored[at] <= c for at, c in unseen.items()):
+            continue
+        touching = zeros.touching[tn]
+        writers = [t for t in touching[1:] if any(isinstance(s, ll.Set) and s.tn is tn for s in ll.iter_stmts(t))]
+        first = touching[1:len(writers) + 1]
+        if (touching[0] is top and all(a is b for a, b in zip(first, writers, strict=True))
+                and overwrites(writers, tn) and not (len(writers) > 1 and overwrites(writers[:-1], tn))):
+            dead.add(k)  # the writers come first, and the last one completes the node
+    return dead
 
 
 # ---------------------------------------------------------------- zero facts
@@ -170,7 +201,7 @@ class _Analysis:
         self.other |= {s.tn for s in ll.iter_stmts(llc) if isinstance(s, ll.Set) and id(s) not in collected}
         self.memo: dict[Tnode, Zeros] = {}
         self.pending: set[Tnode] = set()
-        self.unseen_memo: dict[Tnode, dict[tuple[int, int], int]] = {}
+        self.unseen_memo: dict[tuple[Tnode, bool], dict[tuple[int, int], int]] = {}
         self.masked_memo: dict[Tnode, dict[tuple[int, int], int]] = {}
         self.constant_memo: dict[Tnode, dict[tuple[int, int], int]] = {}
 
@@ -211,16 +242,17 @@ class _Analysis:
             found = _intersect(found, where)
         return found if found is not None else {}
 
-    def unseen(self, tn: Tnode) -> dict[tuple[int, int], int]:
+    def unseen(self, tn: Tnode, products: bool = True) -> dict[tuple[int, int], int]:
         """`(key axis, query axis) -> c` for a routine-local `tn`, zeroed before it is
         accumulated, whose cells with `key >= query + c` no statement outside its own nests
         reads in a way that matters: under a `where` that picks its other branch there, or
-        times a factor zero there (its zeros, finite, give that product's zero)."""
-        if tn not in self.unseen_memo:
-            self.unseen_memo[tn] = self._node_unseen(tn)
-        return self.unseen_memo[tn]
+        (with `products`) times a factor zero there (its zeros, finite, give that product's
+        zero; without them, any cell value there goes unused)."""
+        if (tn, products) not in self.unseen_memo:
+            self.unseen_memo[tn, products] = self._node_unseen(tn, products)
+        return self.unseen_memo[tn, products]
 
-    def _node_unseen(self, tn: Tnode) -> dict[tuple[int, int], int]:
+    def _node_unseen(self, tn: Tnode, products: bool) -> dict[tuple[int, int], int]:
         if not (self.local_storage and may_be_local(tn)) or tn not in self.zeroed or tn in self.other:
             return {}
         found: dict[tuple[int, int], int] | None = None
@@ -231,9 +263,9 @@ class _Analysis:
                 match s:
                     case ll.Set(llsc=sc) | ll.SetLocal(value=sc):
                         target = s if isinstance(s, ll.Set) else None
-                        here = self._masked_reads(sc, tn, {}, target)
+                        here = self._masked_reads(sc, tn, {}, target, products)
                     case ll.SetFromVec(arg=sc):
-                        here = self._masked_reads(sc, tn, {}, None)
+                        here = self._masked_reads(sc, tn, {}, None, products)
                     case _:
                         continue
                 if here is not None:

@@ -27,11 +27,13 @@ Scheduled contractions get the same treatment in two steps. The scheduler starts
 register blocks of a contraction into a freshly zeroed node at zero instead of loading them
 (`zeroed_before`, `zero_start`; a single k chunk only: later chunks load what the earlier
 ones stored), which leaves the fill in place; this stage then drops a fill whose next nest
-never reads the node and stores into each of its cells exactly once (`_overwrites`: every
+never reads the node and stores into each of its cells exactly once (`overwrites`: every
 store's index an injective affine map of its loops, the stores' index ranges disjoint, their
 cells summing to the node's size). The fill survives until here because `causal` reads it:
 a row block it clips stores nothing, its cells keep their zeros, and a nest with a clipped
-loop is not an overwrite.
+loop around its stores is not an overwrite. A clipped loop inside a register block is (the
+causal `P v`, `dS k`, `dSᵀ q`, `Pᵀ dY`: each block sums only the terms below the diagonal,
+then stores every cell): the clip never reaches the stores.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from einjit.ir import ops
 from einjit.ir.indexing import Affine, FixedIdx, Iterator
 from einjit.ir.tnode import Tnode
 
-__all__ = ["first_writes", "zero_start", "zeroed_before"]
+__all__ = ["first_writes", "overwrites", "zero_start", "zeroed_before"]
 
 
 def zeroed_before(items: list[ll.LLStmt]) -> list[frozenset[Tnode]]:
@@ -93,7 +95,7 @@ def first_writes(llc: ll.LLStmt) -> ll.LLStmt:
             if stored is not None:
                 items[n] = s = stored
                 dropped.add(fill)
-            elif _overwrites(items[n:], tn):
+            elif overwrites(items[n:], tn):
                 dropped.add(fill)
     return ll.seq(*(s for n, s in enumerate(items) if n not in dropped))
 
@@ -170,10 +172,12 @@ def _covers(loops: list[ll.ForLoop], st: ll.Set) -> bool:
     return len(seen) == len(loops)
 
 
-def _overwrites(stmts: list[ll.LLStmt], tn: Tnode) -> bool:
+def overwrites(stmts: list[ll.LLStmt], tn: Tnode) -> bool:
     """Whether `stmts` (a scheduled contraction comes as several: its full panels, its tail
     panel), up to the one completing it, store into each cell of `tn` exactly once before any
-    of them reads `tn` or has a clipped loop."""
+    of them reads `tn` or clips a loop around its stores. A clipped loop that does not touch
+    `tn` is no obstacle: the causal `P v` sums fewer terms into a register block, which the
+    unclipped loops around it still store into every cell."""
     sites: list[list[tuple[int, int]]] = []  # per store, per axis: its first cell and reach
     total = 0
     for top in stmts:
@@ -184,6 +188,8 @@ def _overwrites(stmts: list[ll.LLStmt], tn: Tnode) -> bool:
                 match x:
                     case ll.ForLoop(index=index, from_=lo, to_=hi, body=body, start=None, stop=None):
                         stack.append((body, {**loops, index: (lo, hi)}))
+                    case ll.ForLoop() if tn not in ll.nodes_of(x):
+                        pass  # a clipped loop of register-block updates (`causal`) stores no cell
                     case ll.Set(tn=target, idcs=idcs, llsc=sc) if not _reads(sc, tn):
                         if target is tn:
                             axes = _injective(idcs, tn.dims, loops)
