@@ -488,6 +488,52 @@ def test_a_sum_over_the_columns_moves_the_column_sum_after_the_rows():
     np.testing.assert_allclose(want[db], want[h].astype(np.float64).sum((0, 1)), rtol=1e-5, atol=1e-5)
 
 
+def _fused_bias_backward(row_buffer: bool) -> tuple[ll.LLStmt, dict, tuple[Tnode, ...]]:
+    """`bias_backward` as loop fusion leaves it: `h = g * w`, `db += h` and `dx += h` in one
+    loop over the columns, beside a row sum `s[b, t] += h`. With `row_buffer`, `h` is one row
+    `h[j]` rewritten for every (b, t) (`row_buffers`), which a sum moved after the rows would
+    read only the last of."""
+    g, w, dx = Tnode("g", (6, 10, 64)), Tnode("w", (64,)), Tnode("dx", (6, 10, 64))
+    h, db, s = Tnode("h", (64,) if row_buffer else (6, 10, 64)), Tnode("db", (64,)), Tnode("s", (6, 10))
+    b, t, j1, j2 = get_symbol("b"), get_symbol("t"), get_symbol("j"), get_symbol("j")
+    at_h = it(j1) if row_buffer else it(b, t, j1)
+    row = ll.ForLoop(j1, 0, 63, ll.seq(
+        ll.Set(h, at_h, ll.Binop(ops.Binop.MUL, ll.Get(g, it(b, t, j1)), ll.Get(w, it(j1)))),
+        ll.Set(db, it(j1), ll.Binop(ops.Binop.ADD, ll.Get(db, it(j1)), ll.Get(h, at_h))),
+        ll.Set(dx, it(b, t, j1), ll.Binop(ops.Binop.ADD, ll.Get(dx, it(b, t, j1)), ll.Get(h, at_h)))))
+    at_h2 = it(j2) if row_buffer else it(b, t, j2)
+    total = ll.ForLoop(j2, 0, 63, ll.Set(s, it(b, t), ll.Binop(ops.Binop.ADD, ll.Get(s, it(b, t)), ll.Get(h, at_h2))))
+    nest = ll.ForLoop(b, 0, 5, ll.ForLoop(t, 0, 9, ll.seq(row, total)))
+    return ll.seq(ll.ZeroOut(db), ll.ZeroOut(s), nest), inputs_for(g, w, dx), (db, dx, s)
+
+
+def test_a_column_sum_moves_out_of_the_loop_it_was_fused_into():
+    """Fusion put `db += h` in the loop computing `h` and `dx`: the sum alone moves, into a copy
+    of that loop after the rows (`sum_fission._sums_of`), the rows go on threads, and every
+    cell is bit-identical to the interpreter at 1 and 2 threads."""
+    code, ins, outs = _fused_bias_backward(row_buffer=False)
+    db, dx, s = outs
+    parts = sum_fission.split(list(ll.flatten(code))[2])
+    assert parts is not None
+    rest, sums = parts
+    assert [[st.tn for st in ll.iter_stmts(n) if isinstance(st, ll.Set)] for n in sums] == [[db]]
+    assert [st.tn for st in ll.iter_stmts(rest) if isinstance(st, ll.Set)][1:] == [dx, s]
+    top = list(ll.flatten(parallel_loops.thread_nests(code, 2, 1024, 0)))
+    assert top[2].parallel and db not in ll.nodes_of(top[2]) and top[3].parallel and db in ll.nodes_of(top[3])
+    _, want = check_threads(code, ins, outs, "fused_bias", min_work=1024)
+    g, w, dx0 = ins.values()
+    h = g * w
+    np.testing.assert_allclose(want[db], h.astype(np.float64).sum((0, 1)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(want[dx], dx0 + h)
+
+
+def test_a_column_sum_of_a_row_buffer_stays_in_its_loop():
+    """`db += h[j]` reads a row rewritten for every (b, t): moved after the rows it would add the
+    last row 60 times, so nothing moves and the nest stays on one thread."""
+    code, _, _ = _fused_bias_backward(row_buffer=True)
+    assert sum_fission.split(list(ll.flatten(code))[2]) is None
+
+
 def _sum_then(after: str) -> ll.LLStmt:
     """`db += h` over rows with a row sum beside it, then `after`: "write" changes `h` after the
     sum has read it; "read" reads `db` in the nest."""

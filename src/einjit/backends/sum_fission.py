@@ -97,27 +97,41 @@ def _without_sums(loop: ll.ForLoop, path: tuple[ll.ForLoop, ...], uses: dict[Tno
     for s in ll.flatten(loop.body):
         if not isinstance(s, ll.ForLoop):
             kept.append(s)
-        elif _movable(s, here, uses, places):
-            moved.setdefault(id(loop), (here, []))[1].append(s)
-        else:
+            continue
+        sums, rest = _sums_of(s, here, uses, places)
+        if sums:
+            moved.setdefault(id(loop), (here, []))[1].append(dataclasses.replace(s, body=ll.seq(*sums)))
+        if not sums:
             kept.append(_without_sums(s, here, uses, places, moved))
+        elif any(not isinstance(st, ll.Comment) for st in rest):
+            kept.append(dataclasses.replace(s, body=ll.seq(*rest)))
     if not any(not isinstance(s, ll.Comment) for s in kept):
         return ll.Noop()
     return dataclasses.replace(loop, body=ll.seq(*kept))
 
 
-def _movable(s: ll.ForLoop, path: tuple[ll.ForLoop, ...], uses: dict[Tnode, list[tuple[ll.LLStmt, bool]]],
-             places: dict[int, Place]) -> bool:
-    """`s` is `for j { x[..] := f(x[..], ...) }` summed over a loop of `path` (one that does not
-    index its target as itself: a bias gradient `db[j]`, a position embedding's `dp[t, j]`, a
-    scatter into `dw[ids[b, t], j]`), the only statement of the nest touching `x`, and each
-    node it reads (index arrays included) is either not written in the nest or written only
-    before it, in the cells of the iteration it reads (`_done_before`)."""
-    inner = list(ll.flatten(s.body))
-    if (len(inner) != 1 or not isinstance(inner[0], ll.Set) or s.parallel or s.unroll or s.start or s.stop
+def _sums_of(s: ll.ForLoop, path: tuple[ll.ForLoop, ...], uses: dict[Tnode, list[tuple[ll.LLStmt, bool]]],
+             places: dict[int, Place]) -> tuple[list[ll.LLStmt], list[ll.LLStmt]]:
+    """The statements of the innermost loop `s` that move (`_movable`), and those that stay;
+    none move out of a loop holding a loop. Fusion puts a column sum in the loop of the row's
+    own arithmetic (GELU's backward with its bias gradient, LayerNorm's with gamma's and
+    beta's): the sum moves out of that loop alone, into a copy of it."""
+    body = list(ll.flatten(s.body))
+    if (any(isinstance(st, ll.ForLoop) for st in body) or s.parallel or s.unroll or s.start or s.stop
             or s.from_ != 0):
-        return False
-    st = inner[0]
+        return [], body
+    sums: list[ll.LLStmt] = [st for st in body if isinstance(st, ll.Set) and _movable(st, s, path, uses, places)]
+    return sums, [st for st in body if not any(st is m for m in sums)]
+
+
+def _movable(st: ll.Set, s: ll.ForLoop, path: tuple[ll.ForLoop, ...], uses: dict[Tnode, list[tuple[ll.LLStmt, bool]]],
+             places: dict[int, Place]) -> bool:
+    """`st`, in the innermost loop `s` (`for j { .. x[..] := f(x[..], ...) .. }`), is summed over
+    a loop of `path` (one that does not index its target as itself: a bias gradient `db[j]`, a
+    position embedding's `dp[t, j]`, a scatter into `dw[ids[b, t], j]`), is the only statement
+    of the nest touching `x`, and each node it reads (index arrays included) is either not
+    written in the nest or written only before it, in the cells of the iteration it reads
+    (`_done_before`)."""
     enclosing = {p.index for p in path}
     if (Iterator(s.index) not in st.idcs or all(Iterator(sym) in st.idcs for sym in enclosing)
             or ll.Get(st.tn, st.idcs) not in _gets(st.llsc)):
