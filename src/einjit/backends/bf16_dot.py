@@ -44,12 +44,10 @@ from einjit.ir.indexing import (
     make_affine,
     subst_index,
 )
+from einjit.ir.sched.bf16_pairs import LANES
 from einjit.ir.tnode import Tnode
 
 __all__ = ["HELPER", "Kernel", "PairPack", "kernel", "pair_pack", "render", "render_pack"]
-
-LANES = 16
-"""Floats per AVX-512 vector: columns per `vdpbf16ps`."""
 
 HELPER = """\
 #if defined(__AVX512BF16__)

@@ -183,9 +183,9 @@ def lane_statement(loop: ll.ForLoop) -> ll.Set | None:
 def half(tn: Tnode, idcs: tuple[AxisIndex, ...], lane: Symbol) -> str | None:
     """"low" or "high" where a loop over half of `tn`'s lanes reads them at `lane` or at
     `lane` plus that half (summing a vector's lanes pairwise, `schedule._halved`), else None."""
-    n = tn.dims[-1] // 2
     if tn.dims[-1] < 4:
         return None
+    n = tn.dims[-1] // 2
     match idcs[-1]:
         case Iterator(s) if s == lane:
             return "low"

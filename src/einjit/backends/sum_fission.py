@@ -99,11 +99,11 @@ def _without_sums(loop: ll.ForLoop, path: tuple[ll.ForLoop, ...], uses: dict[Tno
             kept.append(s)
             continue
         sums, rest = _sums_of(s, here, uses, places)
-        if sums:
-            moved.setdefault(id(loop), (here, []))[1].append(dataclasses.replace(s, body=ll.seq(*sums)))
         if not sums:
             kept.append(_without_sums(s, here, uses, places, moved))
-        elif any(not isinstance(st, ll.Comment) for st in rest):
+            continue
+        moved.setdefault(id(loop), (here, []))[1].append(dataclasses.replace(s, body=ll.seq(*sums)))
+        if any(not isinstance(st, ll.Comment) for st in rest):
             kept.append(dataclasses.replace(s, body=ll.seq(*rest)))
     if not any(not isinstance(s, ll.Comment) for s in kept):
         return ll.Noop()

@@ -50,7 +50,9 @@ def applies(a_op: ll.LLScalar, b_op: ll.LLScalar, extents: tuple[int, ...], kc: 
     one summed loop, even chunks."""
     if not (machine.bf16_dot and _bf16_read(a_op) and _bf16_read(b_op) and nb % LANES == 0):
         return False
-    return kc % 2 == 0 and extents[0] % 2 == 0 if len(extents) == 1 else extents[-1] % 2 == 0
+    if len(extents) == 1:
+        return kc % 2 == 0 and extents[0] % 2 == 0
+    return extents[-1] % 2 == 0
 
 
 def pack(outer: tuple[int, ...], depth: int, nb: int) -> Tnode:

@@ -784,9 +784,9 @@ def _halved(block: Tnode, lane: Symbol) -> tuple[list[ll.LLStmt], ll.LLScalar]:
     sums waited 16 dependent additions per row, twice, forward and backward."""
     steps: list[ll.LLStmt] = []
     lanes = block.dims[-1]
+    at: tuple[AxisIndex, ...] = (FixedIdx(0), FixedIdx(0), Iterator(lane))
     while lanes > 2:
         half = nests.one_vector("lanes", lanes // 2, block.prec)
-        at: tuple[AxisIndex, ...] = (FixedIdx(0), FixedIdx(0), Iterator(lane))
         upper = (FixedIdx(0), FixedIdx(0), make_affine(((1, lane),), lanes // 2))
         steps.append(ll.ForLoop(lane, 0, lanes // 2 - 1, ll.Set(half, at, ll.Binop(
             ops.Binop.ADD, ll.Get(block, at), ll.Get(block, upper)))))
