@@ -196,8 +196,10 @@ def on_libgomp(pair, *args):
 
 def thread_rows(threads: int, repeats: int) -> list[dict]:
     """Each workload at 1 and at `threads` threads, side by side (see the module docstring),
-    and at `threads` threads on libgomp (`on_libgomp`, time `tg_s`)."""
-    from machine import measure
+    and at `threads` threads on libgomp (`on_libgomp`, time `tg_s`). Each row also carries the
+    per-CPU median FMA rates taken right after it (`cpu_gflops`): a row whose probe finds one CPU
+    well below the others was measured while the host slowed that CPU."""
+    from machine import measure, per_cpu_gflops
     from run import SETTLE_S, best_times
 
     peak = measure(threads).fma_peak_gflops
@@ -211,7 +213,8 @@ def thread_rows(threads: int, repeats: int) -> list[dict]:
             name = f"fp32 matmul {'w @ x (A·Bᵀ)' if transposed else 'a @ b'} n={n}"
             flops = 2.0 * n**3
             rows.append({"workload": name, "t1_s": t1, "tn_s": tn, "tg_s": tg, "speedup": t1 / tn, "flops": flops,
-                         "gflops": flops / tn / 1e9, "share_of_peak": flops / tn / 1e9 / peak, "tn_cpu_s": cpu[1]})
+                         "gflops": flops / tn / 1e9, "share_of_peak": flops / tn / 1e9 / peak, "tn_cpu_s": cpu[1],
+                         "cpu_gflops": per_cpu_gflops()})
     with tempfile.TemporaryDirectory() as cache:
         os.environ["EINJIT_CACHE_DIR"] = cache
         for name, pair in (("MNIST-size convnet step (einjit.nn), B=64", convnet_pair),
@@ -221,8 +224,13 @@ def thread_rows(threads: int, repeats: int) -> list[dict]:
             cpu = []
             t1, tn, tg = best_times([one, many, gomp], repeats, 1.0, settle=SETTLE_S, cpu=cpu)
             rows.append({"workload": name, "t1_s": t1, "tn_s": tn, "tg_s": tg, "speedup": t1 / tn,
-                         "tn_cpu_s": cpu[1]})
+                         "tn_cpu_s": cpu[1], "cpu_gflops": per_cpu_gflops()})
     return rows
+
+
+def balance(rates: dict[int, float]) -> str:
+    """The slowest CPU's median FMA rate as a share of the fastest's, after a thread row."""
+    return f"slowest CPU at {100 * min(rates.values()) / max(rates.values()):.0f}% of the fastest"
 
 
 def main() -> None:
@@ -242,7 +250,8 @@ def main() -> None:
             extra = f"  {r['gflops']:6.1f} GFLOP/s, {100 * r['share_of_peak']:4.0f}% of peak" if "gflops" in r else ""
             print(f"  {r['workload']:48s} 1 thread {1e3 * r['t1_s']:8.2f} ms  {args.threads} threads "
                   f"{1e3 * r['tn_s']:8.2f} ms (CPU {r['tn_cpu_s'] / r['tn_s']:.2f} cores)  "
-                  f"speed-up {r['speedup']:4.2f}x{extra}, libgomp {1e3 * r['tg_s']:8.2f} ms")
+                  f"speed-up {r['speedup']:4.2f}x{extra}, libgomp {1e3 * r['tg_s']:8.2f} ms; "
+                  f"{balance(r['cpu_gflops'])}")
     if "dp" not in groups:
         return
     print(f"MLP {N_IN} → {HIDDEN} → {HIDDEN} → {N_OUT}, batch {BATCH}, float32, SGD + momentum; "

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -139,7 +141,38 @@ def measure(threads: int = 1, *, big_bytes: int = 128 << 20, repeats: int = 10) 
     return Machine(threads, peak, read_gbs(big_bytes, repeats), triad, read_gbs(8 << 20, 10 * repeats))
 
 
+def per_cpu_gflops(runs: int = 200) -> dict[int, float]:
+    """Each CPU's typical (median) one-thread FMA rate, the process pinned to it in turn.
+
+    The peak above is a best-of, which a vCPU slowed by its host (a busy hyperthread sibling,
+    a neighbour's guest) still reaches now and then; a thread-scaling row measured while one
+    vCPU runs slow is read wrong unless the reader sees the median of each CPU beside it."""
+    lib = _library(1)
+    sink = ctypes.c_float(0)
+    iterations = 2_000
+    flops = lib.fma_probe(iterations, 0.999, 1e-3, ctypes.byref(sink))
+    saved = os.sched_getaffinity(0)
+    rates = {}
+    try:
+        for cpu in sorted(saved):
+            os.sched_setaffinity(0, {cpu})
+            times = []
+            for _ in range(runs):
+                t = time.perf_counter()
+                lib.fma_probe(iterations, 0.999, 1e-3, ctypes.byref(sink))
+                times.append(time.perf_counter() - t)
+            rates[cpu] = flops / statistics.median(times) / 1e9
+    finally:
+        os.sched_setaffinity(0, saved)
+    return rates
+
+
+def describe_cpus(rates: dict[int, float]) -> str:
+    return "median FMA rate per CPU: " + ", ".join(f"cpu{c} {g:.1f}" for c, g in rates.items()) + " GFLOP/s"
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     print(measure(ap.parse_args().threads))
+    print(describe_cpus(per_cpu_gflops()))

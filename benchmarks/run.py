@@ -321,13 +321,15 @@ def thread_rows() -> list[dict]:
     N threads and timed side by side (`bench_parallel.thread_rows`); the "1 thread" ratio is
     the speed-up of N threads, the "libgomp" ratio that of einjit's thread team over libgomp's
     (the same program's OpenMP calls linked to libgomp)."""
+    from bench_parallel import balance
     from bench_parallel import thread_rows as rows_of
 
     threads = ARGS.threads if ARGS else 1
     if threads < 2:
         return []
     return [row(f"{r['workload']}, {threads} threads", r["tn_s"], {"1 thread": r["t1_s"], "libgomp": r["tg_s"]},
-                r.get("flops")) | {"einjit_cpu_s": r["tn_cpu_s"]} for r in rows_of(threads, 7)]
+                r.get("flops")) | {"einjit_cpu_s": r["tn_cpu_s"], "cpu_balance": balance(r["cpu_gflops"])}
+            for r in rows_of(threads, 7)]
 
 
 def compile_row() -> dict:
@@ -408,6 +410,8 @@ def main() -> None:
             line += f" ({r['einjit_gbs']:6.1f} GB/s, {100 * r['share_of_bandwidth']:3.0f}% of bandwidth)"
         if "einjit_cpu_s" in r:
             line += f" [CPU {r['einjit_cpu_s'] / r['einjit_s']:.2f} cores]"
+        if "cpu_balance" in r:
+            line += f" [{r['cpu_balance']}]"
         for key in r:
             if key.startswith("vs_"):
                 peer = key[3:]
