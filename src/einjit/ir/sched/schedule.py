@@ -54,7 +54,10 @@ packs its own rows (`apack[0, k.., a] := A(MB*i0 + a, k..)`, a few KiB in L1), a
 is sized so that one panel would fit in half the L1; the kernel then streams `MB` adjacent
 values per step. On AVX-512 a block step is long enough for the hardware to bring A's line
 from the L2 in time, and the kernel reads A where it lies. Either way the chunk keeps the
-panels in half the L2 (`cost_model.k_chunk`).
+panels in half the L2 (`cost_model.k_chunk`). There B too is read where it lies, nothing
+packed, when its rows are short and a panel would overflow the L1 anyway (`unpacked_panel`:
+the attention projections' and the MLP fc's weight gradients, whose packing ran alone before
+the first FMA, reading its operand cold).
 
 With batch loops around the nest that B does not read (a dense layer over `batch, time`,
 whose weight is B), every panel of a chunk is packed first, into `pack[panel, k.., b]`, and
