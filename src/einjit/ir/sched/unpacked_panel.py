@@ -25,8 +25,9 @@ from einjit.ir.sched.cost_model import Machine
 __all__ = ["MAX_ROW_BYTES", "reads_in_place", "step_bytes"]
 
 MAX_ROW_BYTES = 512
-"""The widest step along the summed loop at which the panel is read in place: 128 floats, eight
-lines, an eighth of a 32 KiB 8-way L1's sets for each line of a row's block."""
+"""The widest step along the summed loop at which the panel is read in place: 128 floats, rows
+eight lines apart, whose lines at one column fall in 8 of a 32 KiB 8-way L1's 64 sets (2 KiB
+apart: in 2 of them)."""
 
 
 def step_bytes(get: ll.Get, s: Symbol) -> int:
