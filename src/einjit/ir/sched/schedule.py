@@ -54,7 +54,10 @@ packs its own rows (`apack[0, k.., a] := A(MB*i0 + a, k..)`, a few KiB in L1), a
 is sized so that one panel would fit in half the L1; the kernel then streams `MB` adjacent
 values per step. On AVX-512 a block step is long enough for the hardware to bring A's line
 from the L2 in time, and the kernel reads A where it lies. Either way the chunk keeps the
-panels in half the L2 (`cost_model.k_chunk`).
+panels in half the L2 (`cost_model.k_chunk`). There B too is read where it lies, nothing
+packed, when its rows are short and a panel would overflow the L1 anyway (`unpacked_panel`:
+the attention projections' and the MLP fc's weight gradients, whose packing ran alone before
+the first FMA, reading its operand cold).
 
 With batch loops around the nest that B does not read (a dense layer over `batch, time`,
 whose weight is B), every panel of a chunk is packed first, into `pack[panel, k.., b]`, and
@@ -128,6 +131,7 @@ from einjit.ir.sched import (
     nests,
     schedule_batched,
     schedule_conv,
+    unpacked_panel,
 )
 from einjit.ir.sched.interchange import best_order, perfect_nest, reorderable, rewrap, unit_stride_symbol
 from einjit.ir.sched.machine import host_machine
@@ -403,6 +407,9 @@ class _Layout:
     rows_outer: bool = False
     """Row blocks outside the panels (`_rows_outer_chunk`): `pack` holds every panel of the
     chunk (a row of padding after each), `apack` (if any) one row block."""
+    in_place: bool = False
+    """B is read where it lies, nothing packed (`unpacked_panel`): a weight gradient whose panel
+    streams from the L2 either way."""
     pack_all: bool = False
     """Every column panel is packed before any row block runs (`pack[panel, k.., b]`), so the
     batch loops go around all the panels (`schedule_batched`): each batch's rows are read from
@@ -470,8 +477,11 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
     pairs = bf16_pairs.applies(c.a_op, c.b_op, tuple(extent[k] for k in c.summed), kc, nb, blocking.machine)
     n_cols, tail_cols = divmod(extent[c.j], nb)
     panels = n_cols + (1 if tail_cols else 0)
-    pack_all = not pairs and _packs_all_panels(c, kc, nb, nb * panels, blocking)
     panel_dims = (kc, *(extent[k] for k in c.summed[1:]), nb)
+    in_place = (c.a_strided and not pairs and not tail_cols and not c.b_along_k
+                and unpacked_panel.reads_in_place(c.b_op, c.summed[-1], prec, math.prod(panel_dims) * prec.itemsize,
+                                                  blocking.machine))
+    pack_all = not pairs and not in_place and _packs_all_panels(c, kc, nb, nb * panels, blocking)
     pack = (bf16_pairs.pack(panel_dims[:-2], panel_dims[-2], nb) if pairs
             else nests.scheduler_local("pack", (panels, *panel_dims) if pack_all else panel_dims, prec))
     j0, i0, kt, a, b = get_symbol("jp"), get_symbol("ib"), get_symbol("kt"), get_symbol("ir"), get_symbol("jr")
@@ -502,7 +512,8 @@ def _layout(c: _Contraction, tile: cost_model.Tile, blocking: Blocking) -> _Layo
         pack = nests.scheduler_local("pack", (panels, kc * math.prod(rest) + 1, nb), prec)
     return _Layout(c, mb, nb, kc, pack, block, edge, j0, i0, kt, a, b, kp, n_cols, tail_cols, n_rows, n_short,
                    n_chunks, tail_chunk, unrolled, batch, inner_threads, by_panels,
-                   get_symbol("kl") if pairs else None, apack, rows_outer=rows_outer, pack_all=pack_all)
+                   get_symbol("kl") if pairs else None, apack, rows_outer=rows_outer, in_place=in_place,
+                   pack_all=pack_all)
 
 
 def _packs_all_panels(c: _Contraction, kc: int, nb: int, width: int, blocking: Blocking) -> bool:
@@ -590,22 +601,7 @@ def _rows_outer_chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
     nothing packed), the 128 x 128 ones 0.47 ms before, 0.44 ms after."""
     c, a, b, nb = lay.c, lay.a, lay.b, lay.nb
     k_loops, k_env = lay.k_loops(depth), lay.k_env(k_at)
-
-    def fill(panel: AxisIndex, col: AxisIndex) -> ll.Set:
-        return ll.Set(lay.pack, lay.pack_at(panel), nests.subst(c.b_op, {c.j: col, **k_env}),
-                      "pack the chunk's panels of the unit-stride operand")
-
-    def along_b(loops: list[tuple[Symbol, int]]) -> list[tuple[Symbol, int]]:
-        return [*loops, *k_loops] if c.b_along_k else [*k_loops, *loops]
-
-    parts: list[ll.LLStmt] = [ll.Comment(f"pack the chunk's {c.extent[c.j]} columns in panels of {nb}")]
-    if lay.n_cols:
-        parts.append(nests.nest(along_b([(lay.j0, lay.n_cols), (b, nb)]), fill(Iterator(lay.j0), _span(nb, lay.j0, b))))
-    if lay.tail_cols:
-        tail = FixedIdx(lay.n_cols)
-        parts.append(nests.nest(along_b([(b, lay.tail_cols)]), fill(tail, _span(nb, None, b, nb * lay.n_cols))))
-        parts.append(nests.nest(k_loops, ll.ForLoop(b, lay.tail_cols, nb - 1,
-                                                    ll.Set(lay.pack, lay.pack_at(tail), ll.Constant(0.0)))))
+    parts = [] if lay.in_place else _chunk_packing(lay, k_loops, k_env)
 
     def block_rows(row: AxisIndex, height: int) -> ll.LLStmt:
         steps: list[ll.LLStmt] = []
@@ -628,6 +624,30 @@ def _rows_outer_chunk(lay: _Layout, k_at: AxisIndex, depth: int) -> ll.LLStmt:
 
     parts.extend(_row_blocks(lay, block_rows, lay.inner_threads))
     return ll.seq(*parts)
+
+
+def _chunk_packing(lay: _Layout, k_loops: list[tuple[Symbol, int]],
+                   k_env: dict[Symbol, AxisIndex]) -> list[ll.LLStmt]:
+    """A `rows_outer` chunk's packing: every panel of B in one pass along its rows, the tail
+    panel zero-padded."""
+    c, b, nb = lay.c, lay.b, lay.nb
+
+    def fill(panel: AxisIndex, col: AxisIndex) -> ll.Set:
+        return ll.Set(lay.pack, lay.pack_at(panel), nests.subst(c.b_op, {c.j: col, **k_env}),
+                      "pack the chunk's panels of the unit-stride operand")
+
+    def along_b(loops: list[tuple[Symbol, int]]) -> list[tuple[Symbol, int]]:
+        return [*loops, *k_loops] if c.b_along_k else [*k_loops, *loops]
+
+    parts: list[ll.LLStmt] = [ll.Comment(f"pack the chunk's {c.extent[c.j]} columns in panels of {nb}")]
+    if lay.n_cols:
+        parts.append(nests.nest(along_b([(lay.j0, lay.n_cols), (b, nb)]), fill(Iterator(lay.j0), _span(nb, lay.j0, b))))
+    if lay.tail_cols:
+        tail = FixedIdx(lay.n_cols)
+        parts.append(nests.nest(along_b([(b, lay.tail_cols)]), fill(tail, _span(nb, None, b, nb * lay.n_cols))))
+        parts.append(nests.nest(k_loops, ll.ForLoop(b, lay.tail_cols, nb - 1,
+                                                    ll.Set(lay.pack, lay.pack_at(tail), ll.Constant(0.0)))))
+    return parts
 
 
 def _row_blocks(lay: _Layout, body: Callable[[AxisIndex, int], ll.LLStmt], threaded: bool) -> list[ll.LLStmt]:
@@ -661,7 +681,7 @@ def _panel(lay: _Layout, col: AxisIndex, panel: AxisIndex, width: int, k_at: Axi
     order = [(b, width), *k_loops] if c.b_along_k else [*k_loops, (b, width)]
     fill = ll.Set(lay.pack, lay.pack_at(panel), nests.subst(c.b_op, k_env), "pack a panel of the unit-stride operand")
     parts: list[ll.LLStmt] = []
-    if "pack" in stage:
+    if "pack" in stage and not lay.in_place:
         parts.append(nests.nest(order, fill))
         if width < nb:
             parts.append(nests.nest(k_loops, ll.ForLoop(b, width, nb - 1, ll.Set(lay.pack, lay.pack_at(panel),
@@ -690,7 +710,10 @@ def _kernel(lay: _Layout, row: AxisIndex, height: int, col: AxisIndex, panel: Ax
         a_read: ll.LLScalar = ll.Get(lay.apack, (FixedIdx(0), *(Iterator(lay.kp[k]) for k in c.summed), r))
     else:
         a_read = nests.subst(c.a_op, {c.i: row, **lay.k_env(k_at)})
-    packed = rb.by_column(ll.Get(lay.pack, lay.pack_at(panel)))
+    if lay.in_place:
+        packed = rb.by_column(nests.subst(c.b_op, {c.j: col, **lay.k_env(k_at)}))
+    else:
+        packed = rb.by_column(ll.Get(lay.pack, lay.pack_at(panel)))
     x, y = (packed, a_read) if c.b_first else (a_read, packed)
     update = ll.Set(rb.node, block, ll.Ternop(ops.Ternop.FMA, x, y, ll.Get(rb.node, block)), st.debug)
     rows = [(a, height)] if height > 1 else []
