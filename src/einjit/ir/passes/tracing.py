@@ -66,6 +66,9 @@ class VirtualizeSettings:
     `inline_scalar_constexprs`: inline scalar constant expressions however often they are read.
     `inline_simple_computations`: inline computations made of a single read, index embeddings
     and scalar constant expressions however often they are read.
+    `inline_broadcast_arithmetic`: inline however often they are read the pointwise `+ - *` of
+    one full-size operand and broadcast ones (`x - mean[row]`), whose recomputation reads no
+    more memory than reading them would (`ir/passes/recompute.py`).
     `inline_complex_computations`: inline computations that loop over a reduction; off by
     default because without common-subexpression elimination each read replays the loop.
     `inline_single_use_reductions`: inline a reduction anyway when no cell of it is read more
@@ -96,6 +99,7 @@ class VirtualizeSettings:
     enable_device_only: bool = True
     inline_scalar_constexprs: bool = True
     inline_simple_computations: bool = True
+    inline_broadcast_arithmetic: bool = True
     inline_complex_computations: bool = False
     inline_single_use_reductions: bool = True
     virtualize: bool = True
