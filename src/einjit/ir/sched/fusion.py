@@ -9,7 +9,7 @@ deep as the ranges agree and the fusion is legal, down to the innermost loops, w
 where both compute plain arithmetic (`_innermost`): softmax becomes one pass over each row, the
 row still in L1 from one step to the next. A loop over the rows alone (LayerNorm's reciprocal
 square root) fuses into the nest over the same rows that it shares an array with, one scalar
-statement per row (`_per_iteration`).
+statement per row, when the nest's rows are long (`_per_iteration`, `ROW_MIN`).
 
 Fusing loop `i` of nest A with loop `i'` of nest B runs B's iteration `i` right after A's
 instead of after all of A. That computes the same values when every array one of them writes
@@ -261,6 +261,19 @@ def _per_iteration(loop: ll.ForLoop) -> bool:
                for st in ll.flatten(loop.body))
 
 
+ROW_MIN = 64
+"""The shortest inner loop a nest needs for a loop over its rows alone to fuse into it
+(`_long_rows`): below, the row is a cache line or two, as cheap to reread as to keep, and the
+fused loop's statements would run scalar beside little vector work (a small MLP's bias and
+activation after each output's dot product of 2 or 16 terms)."""
+
+
+@_remembered
+def _long_rows(nest: ll.ForLoop) -> bool:
+    """Whether some loop inside `nest` runs at least `ROW_MIN` iterations."""
+    return any(isinstance(s, ll.ForLoop) and s.to_ - s.from_ + 1 >= ROW_MIN for s in ll.iter_stmts(nest.body))
+
+
 def _share(acc_a: list[Access], acc_b: list[Access]) -> bool:
     """Whether one body writes an array the other accesses: fusing keeps it in cache from one
     to the other. Unrelated loops (two parameters' updates) gain nothing from sharing a loop."""
@@ -316,7 +329,8 @@ def _fuse(a: ll.ForLoop, b: ll.ForLoop) -> ll.ForLoop | None:
     if _innermost(a) == _innermost(b) and _innermost(a) and not (_pointwise(a) and _pointwise(b)):
         return None
     acc_a, acc_b = accesses(a.body), accesses(b.body)
-    if _innermost(a) != _innermost(b) and not (_per_iteration(a if _innermost(a) else b) and _share(acc_a, acc_b)):
+    if _innermost(a) != _innermost(b) and not (_per_iteration(a if _innermost(a) else b) and _share(acc_a, acc_b)
+                                               and _long_rows(b if _innermost(a) else a)):
         return None
     if not _sliced(acc_a, acc_b, a.index, b.index):
         return None
