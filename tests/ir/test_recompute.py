@@ -54,11 +54,11 @@ def _centre(x, mean, out, centred):
 
 
 def _reads(src, out, n):
-    """`out[i, j] += src[i, j] * src[i, j]`-like statements, `n` reads of `src` in all."""
+    """`out[i, j] += src[i, j] * (k + 2)`, `n` reads of `src` in all, each as a factor."""
     stmts = []
     for k in range(n):
         stmts.append(_rows(lambda i, j, k=k: ll.Set(out, (i, j), ll.Binop(
-            B.ADD, _get(out, i, j), ll.Binop(B.MUL, _get(src, i, j), ll.Constant(k + 1.0))))))
+            B.ADD, _get(out, i, j), ll.Binop(B.MUL, _get(src, i, j), ll.Constant(k + 2.0))))))
     return stmts
 
 
@@ -131,6 +131,24 @@ def test_a_chain_of_broadcast_operations_is_recomputable():
                   _rows(lambda i, j: ll.Set(normed, (i, j), ll.Binop(B.MUL, _get(centred, i, j), _get(inv, i)))),
                   *_reads(centred, out, 2), *_reads(normed, out, 2), _add_row_values(out, inv))
     assert recomputable(code) == {centred, normed}
+
+
+@pytest.mark.parametrize("added", [True, False])
+def test_a_broadcast_product_added_to_something_is_not(added):
+    """`t = x * s[i]` read in `out + t` (or `out + t * 1`): inlined, the simplifier would
+    contract the product and the addition into one FMA, rounded once where the stored product
+    was rounded twice. Read as a factor (`out + t * 2` is `fma(t, 2, out)` either way), it is
+    recomputed."""
+    x, out, t, s = _node("x", (R, C), True), _node("out", (R, C), True), _node("t", (R, C)), _node("s", (R,), True)
+    product = _rows(lambda i, j: ll.Set(t, (i, j), ll.Binop(B.MUL, _get(x, i, j), _get(s, i))))
+    if added:
+        reads = [_rows(lambda i, j: ll.Set(out, (i, j), ll.Binop(B.ADD, _get(out, i, j), _get(t, i, j)))),
+                 _rows(lambda i, j: ll.Set(out, (i, j), ll.Binop(B.ADD, _get(out, i, j), ll.Binop(
+                     B.MUL, ll.Constant(1.0), _get(t, i, j)))))]
+    else:
+        reads = _reads(t, out, 3)
+    code = ll.seq(ll.ZeroOut(out), product, *reads)
+    assert recomputable(code) == (set() if added else {t})
 
 
 def test_a_reduction_or_a_division_is_not():

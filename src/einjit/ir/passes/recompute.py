@@ -87,6 +87,10 @@ class _Walk:
                         self.reread.add(tn)
                 case ll.LocalScope(body=body):
                     self.stmt(body, loops)
+                case ll.Binop(ops.Binop.MUL, a, ll.Constant(1.0)) | ll.Binop(ops.Binop.MUL, ll.Constant(1.0), a):
+                    stack.append((a, added))  # simplified away: the read is where the product is
+                case ll.Unop(ops.Unop.IDENTITY, a):
+                    stack.append((a, added))
                 case _:
                     add = isinstance(x, ll.Binop) and x.op is ops.Binop.ADD
                     stack.extend((c, add) for c in ll.scalar_children(x))
@@ -106,8 +110,7 @@ class _Walk:
             return False
         own = _pointwise_symbols(loops, st.idcs)
         operands = _operands(st.llsc) if own is not None else None
-        if own is None or operands is None or (isinstance(st.llsc, ll.Binop) and st.llsc.op is ops.Binop.MUL
-                                                and tn in self.added):
+        if own is None or operands is None or (_product(st.llsc) and tn in self.added):
             return False
         full = {(t, idcs) for t, idcs in operands if {s for idx in idcs for s in index_symbols(idx)} == own}
         if any(t is tn or not {s for idx in idcs for s in index_symbols(idx)} <= own for t, idcs in operands):
@@ -120,6 +123,16 @@ class _Walk:
         single use), or is recomputable itself. (A broadcast operand is read many times per
         cell, so it is stored, or inlined only when it is a single read.)"""
         return t not in self.sets or self.reads.get(t, 0) > 1 or self.cheap(t, memo)
+
+
+def _product(sc: ll.LLScalar) -> bool:
+    """A product, or a negated one: what the simplifier contracts with an addition."""
+    match sc:
+        case ll.Unop(ops.Unop.NEG, a):
+            return _product(a)
+        case ll.Binop(ops.Binop.MUL):
+            return True
+    return False
 
 
 def _pointwise_symbols(loops: tuple[ll.ForLoop, ...], idcs: tuple[AxisIndex, ...]) -> set[Symbol] | None:
