@@ -106,8 +106,8 @@ class _Walk:
         if len(writes) != 1 or not 0 < self.reads.get(tn, 0) <= MAX_READS or tn in self.reread:
             return False
         loops, st = writes[0]
-        if not isinstance(st, ll.Set):
-            return False
+        if not isinstance(st, ll.Set) or isinstance(st.llsc, (ll.Get, ll.Constant)):
+            return False  # a copy or a fill is a simple computation (`inline_simple_computations`)
         own = _pointwise_symbols(loops, st.idcs)
         operands = _operands(st.llsc) if own is not None else None
         if own is None or operands is None or (_product(st.llsc) and tn in self.added):
