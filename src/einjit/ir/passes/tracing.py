@@ -53,7 +53,8 @@ class VirtualizeSettings:
     """What the optimizer may do (seed 000, `virtualize_settings`).
 
     `max_visits`: a node whose cell is read more often than this stays materialized, unless its
-    computation is simple enough to recompute for free (see `inline_simple_computations`).
+    computation is simple enough to recompute for free (see `inline_simple_computations`) or
+    costs no more memory traffic to recompute than to read (`inline_broadcast_arithmetic`).
     `max_tracing_dim`: how many iterations of each loop tracing executes.
     `max_tracing_nest`: how many iterations of a whole loop nest tracing executes, about: once
     the enclosing loops' traced iterations reach it, inner loops run only their first two
