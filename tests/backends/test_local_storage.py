@@ -153,10 +153,10 @@ def _big_sum_routines(context):
     x = ej.ndarray(np.linspace(0, 1, n), label="big_x")
     t = ej.exp(ej.mul(x, 2.0), label="big_t")
     total = ej.sum(ej.mul(t, t), "...|...->... => 0", label="big_total")
-    step = train.to_routine(train.forward(total), name="big_sum", context=context,
-                            settings=VirtualizeSettings(max_visits=0))
+    stored = VirtualizeSettings(max_visits=0, inline_broadcast_arithmetic=False)   # 2x too, not recomputed
+    step = train.to_routine(train.forward(total), name="big_sum", context=context, settings=stored)
     return n, t, total, step, lambda: train.to_routine(fit.forward_code(total), name="big_sum", context=context,
-                                                       settings=VirtualizeSettings(max_visits=0))
+                                                       settings=stored)
 
 
 def test_a_large_intermediate_lives_in_a_scratch_array_allocated_once(monkeypatch):

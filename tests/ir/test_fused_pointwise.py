@@ -22,8 +22,8 @@ from einjit.ir.optimize import optimize_proc
 from einjit.ir.tnode import Tnode, hosted
 
 B = ops.Binop
-SCALARS = {"lr": 0.05, "b1": 0.9, "b2": 0.999, "c1": 0.1, "c2": 0.001, "bc1": 0.19, "bc2": 0.002, "eps": 1e-8,
-           "wd": 0.01}
+SCALARS = {"b1": 0.9, "b2": 0.999, "c1": 0.1, "c2": 0.001, "step_size": 0.05 / 0.19, "rbc2": 0.002 ** -0.5,
+           "eps": 1e-8, "lr_wd": 0.05 * 0.01}
 
 
 def _nodes(dims: tuple[int, ...]) -> dict[str, Tnode]:
@@ -55,10 +55,10 @@ def _adamw(tns: dict[str, Tnode]) -> list[asg.AccumExpr]:
     m = _expr(tns, "m", ex.Bin(B.ADD, ex.Bin(B.MUL, a(0), a(1)), ex.Bin(B.MUL, a(2), a(3))), ["b1", "m", "c1", "g"])
     v = _expr(tns, "v", ex.Bin(B.ADD, ex.Bin(B.MUL, a(0), a(1)), ex.Bin(B.MUL, a(2), ex.Bin(B.MUL, a(3), a(3)))),
               ["b2", "v", "c2", "g"])
-    step = ex.Bin(B.DIV, ex.Bin(B.DIV, a(1), a(2)),
-                  ex.Bin(B.ADD, ex.Un(ops.Unop.SQRT, ex.Bin(B.DIV, a(3), a(4))), a(5)))
-    p = _expr(tns, "p", ex.Bin(B.MUL, a(0), ex.Bin(B.ADD, step, ex.Bin(B.MUL, a(6), a(7)))),
-              ["lr", "m", "bc1", "v", "bc2", "eps", "wd", "p"], accum=B.SUB)
+    denom = ex.Bin(B.ADD, ex.Bin(B.MUL, ex.Un(ops.Unop.SQRT, a(4)), a(5)), a(6))
+    step = ex.Bin(B.MUL, a(2), ex.Bin(B.DIV, a(3), denom))
+    p = _expr(tns, "p", ex.Bin(B.ADD, ex.Bin(B.MUL, a(0), a(1)), step),
+              ["lr_wd", "p", "step_size", "m", "v", "rbc2", "eps"], accum=B.SUB)
     return [m, v, p]
 
 
@@ -76,7 +76,7 @@ def _numpy_adamw(arrays: dict[Tnode, np.ndarray], tns: dict[str, Tnode]) -> dict
     s = {n: float(np.float32(v)) for n, v in SCALARS.items()}
     m = s["b1"] * x["m"] + s["c1"] * x["g"]
     v = s["b2"] * x["v"] + s["c2"] * x["g"] ** 2
-    p = x["p"] - s["lr"] * (m / s["bc1"] / (np.sqrt(v / s["bc2"]) + s["eps"]) + s["wd"] * x["p"])
+    p = x["p"] - (s["lr_wd"] * x["p"] + s["step_size"] * (m / (np.sqrt(v) * s["rbc2"] + s["eps"])))
     return {"m": m, "v": v, "p": p}
 
 
@@ -129,8 +129,8 @@ def test_fused_group_lowers_to_one_nest():
     doc = asg.to_doc(asg.Fused(tuple(_adamw(tns))))
     assert doc == (f"~fused({n['m']} = (({n['b1']} * {n['m']}) + ({n['c1']} * {n['g']})); "
                    f"{n['v']} = (({n['b2']} * {n['v']}) + ({n['c2']} * ({n['g']} * {n['g']}))); "
-                   f"{n['p']} =- ({n['lr']} * ((({n['m']} / {n['bc1']}) / (sqrt(({n['v']} / {n['bc2']})) "
-                   f"+ {n['eps']})) + ({n['wd']} * {n['p']}))));\n")
+                   f"{n['p']} =- (({n['lr_wd']} * {n['p']}) + ({n['step_size']} * ({n['m']} / "
+                   f"((sqrt({n['v']}) * {n['rbc2']}) + {n['eps']})))));\n")
 
 
 def test_fused_read_of_a_written_node_at_another_cell_is_refused():

@@ -16,7 +16,7 @@ from einjit.ir import interpret, ops
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import Affine, FixedIdx, Iterator, get_symbol
 from einjit.ir.optimize import STAGES, VirtualizeSettings, optimize_proc
-from einjit.ir.sched.fusion import fuse_loops
+from einjit.ir.sched.fusion import ROW_MIN, fuse_loops
 from einjit.ir.tnode import MATERIALIZED, Tnode
 from test_random_programs import SETTINGS, build, programs
 from test_schedule import run_c, run_in_c
@@ -151,6 +151,63 @@ def test_innermost_loops_with_calls_selects_or_fills_stay_apart(value):
 def test_an_innermost_sum_into_one_cell_stays_apart():
     """`z[0] += x[j]`: gcc keeps an in-order float sum scalar, and the loop fused with it too."""
     code, _, _ = _innermost_pair(lambda x, y, j: ll.Get(x, it(j)), into_one_cell=True)
+    assert fuse_loops(code) == code
+
+
+def _row_scalar_between_row_passes(per_row: bool = True, width: int = ROW_MIN):
+    """LayerNorm's forward in miniature: the row mean `m[i]` (a nest), `inv[i] = 1 / sqrt(m[i]^2 + 1)`
+    (a loop over the rows alone, with a math call), then `y[i, j] = (x[i, j] - m[i]) * inv[i]`,
+    over rows of `width`. Without `per_row`, the middle loop also sums the means into one cell,
+    `t[0] += m[r]`."""
+    x, m, inv, y, t = (Tnode("x", (N, width)), Tnode("m", (N,)), Tnode("inv", (N,)), Tnode("y", (N, width)),
+                       Tnode("t", (1,)))
+    i, k, r = get_symbol("i"), get_symbol("k"), get_symbol("r")
+    mean = ll.ForLoop(i, 0, N - 1, ll.ForLoop(k, 0, width - 1, ll.Set(m, it(i), ll.Ternop(
+        ops.Ternop.FMA, ll.Get(x, it(i, k)), ll.Constant(1 / width), ll.Get(m, it(i))))))
+    scalar: ll.LLStmt = ll.Set(inv, it(r), ll.Unop(ops.Unop.RECIP, ll.Unop(ops.Unop.SQRT, ll.Ternop(
+        ops.Ternop.FMA, ll.Get(m, it(r)), ll.Get(m, it(r)), ll.Constant(1.0)))))
+    if not per_row:
+        one = (FixedIdx(0),)
+        scalar = ll.seq(scalar, ll.Set(t, one, ll.Binop(ops.Binop.ADD, ll.Get(t, one), ll.Get(m, it(r)))))
+    last = nest(y, lambda i, j: ll.Binop(ops.Binop.MUL, ll.Binop(ops.Binop.SUB, ll.Get(x, it(i, j)), ll.Get(m, it(i))),
+                                         ll.Get(inv, it(i))), (N, width))
+    return ll.seq(ll.ZeroOut(m), mean, ll.ForLoop(r, 0, N - 1, scalar), last), x, y
+
+
+def test_a_loop_over_the_rows_alone_fuses_between_two_passes_over_them():
+    """The middle loop becomes one scalar statement per row: one pass, bit-identical."""
+    code, x, y = _row_scalar_between_row_passes()
+    fused = fuse_loops(code)
+    assert len(top_loops(code)) == 3 and len(top_loops(fused)) == 1
+    v = np.random.default_rng(4).standard_normal(x.dims).astype(np.float32)
+    want = interpret.run(code, {x: v.copy()})[y]
+    np.testing.assert_array_equal(interpret.run(fused, {x: v.copy()})[y], want)
+    np.testing.assert_array_equal(run_c(fused, {x: v}, y), run_c(code, {x: v}, y))
+    mean = v.mean(axis=1, keepdims=True)
+    np.testing.assert_allclose(want, (v - mean) / np.sqrt(mean * mean + 1), rtol=1e-5, atol=1e-6)
+
+
+def test_a_loop_over_the_rows_alone_stays_apart_from_short_rows():
+    """Rows shorter than `ROW_MIN`: a line or two each, nothing to keep in cache."""
+    code, _, _ = _row_scalar_between_row_passes(width=ROW_MIN // 2)
+    assert len(top_loops(fuse_loops(code))) == 3
+
+
+def test_a_loop_over_the_rows_summing_into_one_cell_stays_apart():
+    """Legal to fuse (nothing else touches `t`), but its in-order sum would run as a scalar
+    statement per row where gcc keeps it in a loop of its own."""
+    code, _, _ = _row_scalar_between_row_passes(per_row=False)
+    assert len(top_loops(fuse_loops(code))) == 3
+
+
+def test_a_loop_over_the_rows_alone_sharing_nothing_with_the_nest_stays_apart():
+    """Two parameters' updates, a vector's and a matrix's over as many rows: nothing to keep in
+    cache from one to the other, and the vector's loop would run a scalar statement per row."""
+    x, y, v, w = Tnode("x", (N, ROW_MIN)), Tnode("y", (N, ROW_MIN)), Tnode("v", (N,)), Tnode("w", (N,))
+    r = get_symbol("r")
+    vector = ll.ForLoop(r, 0, N - 1, ll.Set(w, it(r), ll.Binop(ops.Binop.MUL, ll.Get(v, it(r)), ll.Constant(2.0))))
+    matrix = nest(y, lambda i, j: ll.Binop(ops.Binop.MUL, ll.Get(x, it(i, j)), ll.Constant(2.0)), (N, ROW_MIN))
+    code = ll.seq(vector, matrix)
     assert fuse_loops(code) == code
 
 

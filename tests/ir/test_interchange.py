@@ -43,3 +43,15 @@ def test_interchange_keeps_row_reduction_and_unsafe_nests():
     shifted = ll.ForLoop(i, 0, 7, ll.ForLoop(k, 1, 7, ll.Set(o, it(k, i), ll.Binop(
         ops.Binop.ADD, ll.Get(o, (Affine(((1, k),), -1), Iterator(i))), ll.Get(a, it(i, k))))))
     assert _loop_order(interchange_loops(shifted)) == [i, k]
+
+
+def test_interchange_keeps_a_row_sum_reading_a_row_broadcast_value():
+    """`var[i] += (x[i, k] - mean[i]) * (x[i, k] - mean[i])`: `mean[i]`, read twice and invariant
+    along the row, does not outvote the unit-stride read of `x` (LayerNorm's variance once its
+    `x - mean` is recomputed, not stored: column-outer, it read `x` 512 bytes apart)."""
+    x, mean, var = Tnode("x", (8, 16)), Tnode("mean", (8,)), Tnode("var", (8,))
+    i, k = get_symbol(), get_symbol()
+    d = ll.Binop(ops.Binop.SUB, ll.Get(x, it(i, k)), ll.Get(mean, it(i)))
+    row = ll.ForLoop(i, 0, 7, ll.ForLoop(k, 0, 15, ll.Set(var, it(i), ll.Ternop(
+        ops.Ternop.FMA, d, d, ll.Get(var, it(i))))))
+    assert _loop_order(interchange_loops(row)) == [i, k]

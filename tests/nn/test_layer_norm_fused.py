@@ -6,6 +6,8 @@ they match NumPy's LayerNorm and its gradients."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -30,10 +32,11 @@ def _reference(xin, w, r):
     return x + xhat, grads
 
 
-def _run(fuse, threads, tmp_path, monkeypatch):
+def _run(fuse, threads, tmp_path, monkeypatch, recompute=True):
     """y and the gradients of gamma, beta and the input scale `w` (whose gradient needs the
     LayerNorm's input gradient, where its backward subtracts row sums), and the C source."""
-    monkeypatch.setattr(optimize, "virtualize_settings", VirtualizeSettings(fuse=fuse))
+    settings = VirtualizeSettings(fuse=fuse, inline_broadcast_arithmetic=recompute)
+    monkeypatch.setattr(optimize, "virtualize_settings", settings)
     monkeypatch.setenv("EINJIT_DUMP_DIR", str(tmp_path))
     rng = np.random.default_rng(7)
     xv = (rng.standard_normal((B, T, D)) * 2 + 1).astype(np.float32)
@@ -46,7 +49,7 @@ def _run(fuse, threads, tmp_path, monkeypatch):
     y.hosted()
     loss = ej.sum(y * ej.ndarray(rv, batch_axes=2, label="r"), label="loss")
     train.init_params(loss, seed=4)
-    name = f"ln_fused{int(fuse)}_{threads}"
+    name = f"ln_fused{int(fuse)}_{threads}_{int(recompute)}"
     routine = train.to_routine(train.grad_update(loss), name=name, options=cc.CcOptions(threads=threads))
     routine()
     grads = {p.label_str.split(".")[-1]: p.grad.numpy().copy() for p in [*ln.params(), w]}
@@ -72,3 +75,18 @@ def test_layer_norm_fused_and_unfused_give_the_same_bits_at_one_and_two_threads(
             np.testing.assert_array_equal(g[k], base_g[k], err_msg=f"{k} fuse={fuse} threads={threads}")
         if fuse and threads == 1:
             assert source.count("(int ") < unfused_calls
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_layer_norm_recomputing_its_centred_and_normed_values_gives_the_same_bits(threads, tmp_path, monkeypatch):
+    """`x - mean` and `(x - mean) * rsqrt`, recomputed from `x` at every read
+    (`ir/passes/recompute.py`), not stored: the forward writes `x` and `y` only, and every value
+    and gradient keeps its bits."""
+    want_y, want_g, stored, _ = _run(True, threads, tmp_path, monkeypatch, recompute=False)
+    y, g, source, _ = _run(True, threads, tmp_path, monkeypatch)
+    np.testing.assert_array_equal(y, want_y)
+    for k in want_g:
+        np.testing.assert_array_equal(g[k], want_g[k], err_msg=k)
+    centred = re.compile(r"\] = \(\w+\[[^\]]+\] - (mean|row)\w*\[[^\]]+\]\);")  # a store of x - mean
+    assert centred.search(stored) and not centred.search(source)
+    assert source.count("(int ") <= stored.count("(int ")

@@ -109,11 +109,13 @@ _mlp = NET.build
 
 
 def _per_parameter_adamw(p, lr: float, step, b1=0.9, b2=0.999, eps=1e-8, wd=0.01):
-    """AdamW as `train.adam_one` wrote it before the scalars were shared (`train.adam_scalars`):
-    every parameter's update computed its own `1 - b1`, `1 - b1 ** step`, ... (33 assignments)."""
+    """AdamW as if `train.adam_one` had no shared scalars (`train.adam_scalars`): every parameter
+    computes its own `1 - b1`, step size `lr / (1 - b1 ** step)`, ..., one operation per
+    assignment."""
     text = ('"adam_m" =: b1 * adam_m + (1 - b1) * p.grad; "adam_v" =: b2 * adam_v + (1 - b2) * (p.grad * p.grad); '
-            '"m_hat" =: adam_m / (1 - b1 ** step); "v_hat" =: adam_v / (1 - b2 ** step); '
-            'p =- lr * (m_hat / (sqrt(v_hat) + eps) + wd * p) ~logic:"."')
+            '"step_size" =: lr / (1 - b1 ** step); "rbc2" =: 1 / sqrt(1 - b2 ** step); "lr_wd" =: lr * wd; '
+            '"denom" =: sqrt(adam_v) * rbc2 + eps; "ratio" =: adam_m / denom; '
+            'p =- lr_wd * p + step_size * ratio ~logic:"."')
     return cd(text, p=p, lr=lr, b1=b1, b2=b2, eps=eps, wd=wd, step=step).asgns
 
 

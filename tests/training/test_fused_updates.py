@@ -36,16 +36,16 @@ def _sgd_unfused(p, lr, wd, mom, nesterov):
     return cd("; ".join(text), p=p, lr=lr, wd=wd, mom=mom).asgns
 
 
-def _adam_unfused(p, lr, step, scalars, coupled):
+def _adam_unfused(p, scalars, coupled):
     """`train.adam_one` before `~fused` (with the shared scalars)."""
     grad = "adam_g" if coupled else "p.grad"
     text = ['"adam_g" =: p.grad + wd * p'] if coupled else []
     text += [f'"adam_m" =: b1 * adam_m + c1 * {grad}', f'"adam_v" =: b2 * adam_v + c2 * ({grad} * {grad})',
-             '"m_hat" =: adam_m / bc1', '"v_hat" =: adam_v / bc2',
-             'p =- lr * (m_hat / (sqrt(v_hat) + eps)) ~logic:"."' if coupled
-             else 'p =- lr * (m_hat / (sqrt(v_hat) + eps) + wd * p) ~logic:"."']
-    shared = {k: scalars[f"adam_{k}"] for k in ("b1", "b2", "c1", "c2", "bc1", "bc2", "eps", "wd")}
-    return cd("; ".join(text), p=p, lr=lr, **shared).asgns
+             '"adam_denom" =: sqrt(adam_v) * rbc2 + eps', '"adam_ratio" =: adam_m / adam_denom',
+             'p =- step_size * adam_ratio ~logic:"."' if coupled
+             else 'p =- lr_wd * p + step_size * adam_ratio ~logic:"."']
+    shared = {k: scalars[f"adam_{k}"] for k in ("b1", "b2", "c1", "c2", "eps", "wd", "step_size", "rbc2", "lr_wd")}
+    return cd("; ".join(text), p=p, **shared).asgns
 
 
 def _options(threads: int) -> cc.CcOptions:
@@ -89,9 +89,9 @@ def test_fused_adam_is_bit_identical_to_the_unfused_update(decoupled):
     _steps(loss, opt.update(), f"adam_fused_{tag}", 1, before=opt.step)
     loss_ref, ref = _mlp(f"au{tag}")
     count = state([f"adam_unfused_{tag}", "step"], 0.0, prec=ops.double)
-    scalars = train.adam_scalars(count, weight_decay=0.1)
+    scalars = train.adam_scalars(count, 0.05, weight_decay=0.1)
     update = asg.sequence(cd("n =+ 1", n=count.value).asgns, scalars.asgns,
-                          *[_adam_unfused(p, 0.05, count, scalars, not decoupled) for p in ref])
+                          *[_adam_unfused(p, scalars, not decoupled) for p in ref])
     _steps(loss_ref, update, f"adam_unfused_{tag}", 1)
     for got, want in zip(params, ref, strict=True):
         np.testing.assert_array_equal(got.value.numpy(), want.value.numpy())

@@ -45,6 +45,7 @@ from einjit import config
 from einjit.ir import low_level as ll
 from einjit.ir.indexing import StaticSymbol, Symbol
 from einjit.ir.passes.cleanup import ScopeError, cleanup_virtual_llc
+from einjit.ir.passes.recompute import recomputable
 from einjit.ir.passes.simplify import simplify_llc
 from einjit.ir.passes.tracing import RECURRENT, Trace, TracedArray, VirtualizeSettings, visit_llc
 from einjit.ir.passes.virtualize import (
@@ -100,7 +101,8 @@ class _Run:
 
 def _tracing(run: _Run, code: ll.LLStmt) -> ll.LLStmt:
     run.trace = visit_llc(code, settings=run.settings)
-    decide_from_trace(run.trace, run.settings, run.name)
+    cheap = recomputable(code) if run.settings.inline_broadcast_arithmetic else frozenset()
+    decide_from_trace(run.trace, run.settings, run.name, cheap)
     run.state = VirtualState(run.trace, run.static, run.name)
     return code
 

@@ -122,7 +122,8 @@ class Adam(Optimizer):
 
     def _update(self) -> asg.Asgns:
         b1, b2 = self.betas
-        scalars = train.adam_scalars(self.count, beta1=b1, beta2=b2, eps=self.eps, weight_decay=self.weight_decay)
+        scalars = train.adam_scalars(self.count, self.lr, beta1=b1, beta2=b2, eps=self.eps,
+                                     weight_decay=self.weight_decay)
         out = [cd("n =+ 1", n=self.count.value).asgns, scalars.asgns]
         for p in self.params:
             code = train.adam_one(p, self.lr, step=self.count, beta1=b1, beta2=b2, eps=self.eps,

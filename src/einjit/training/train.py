@@ -98,18 +98,24 @@ def sgd_update(loss_or_params: "Tensor | Iterable[Tensor]", learning_rate: Tenso
                                   nesterov=nesterov).asgns for p in _params_of(loss_or_params)])
 
 
-def adam_scalars(step: Tensor, *, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
-                 weight_decay: float = 0.0) -> Code:
-    """The scalars of Adam's update that do not depend on the parameter, declared once for an
-    update of many parameters (`adam_one`'s `scalars`): the betas and `1 - beta`, the bias
-    corrections `1 - beta ** step`, eps and the weight decay. Each parameter's update took
-    eighteen scalar assignments of its own for them, more than half of AdamW's graph (33 of
-    its assignments per parameter; 15 with these shared). Each is computed as the parameter's
-    own copy was, in the same precision, so the update's values do not change."""
+def adam_scalars(step: Tensor, learning_rate: Tensor | float, *, beta1: float = 0.9, beta2: float = 0.999,
+                 eps: float = 1e-8, weight_decay: float = 0.0) -> Code:
+    """The scalars of Adam's update that do not depend on the parameter, computed once per step
+    for an update of many parameters (`adam_one`'s `scalars`): the betas and `1 - beta`, the
+    bias corrections `1 - beta ** step`, eps, and the scalars that fold the bias corrections and
+    the learning rate as PyTorch's `_single_tensor_adam` does — the step size `lr / bc1`, the
+    reciprocal `1 / sqrt(bc2)` and the decay `lr * wd`. Each element then needs one sqrt and
+    one division (`adam_one`), where dividing by the bias corrections per element took three
+    divisions and a sqrt, the divider's throughput bounding the whole update."""
     text = ['"adam_b1" =: b1', '"adam_b2" =: b2', '"adam_c1" =: 1 - b1', '"adam_c2" =: 1 - b2',
             '"adam_bc1" =: 1 - b1 ** step', '"adam_bc2" =: 1 - b2 ** step', '"adam_eps" =: eps',
-            '"adam_wd" =: wd']
-    return cd(f'~~("adam scalars"; {"; ".join(text)})', b1=beta1, b2=beta2, eps=eps, wd=weight_decay, step=step)
+            '"adam_wd" =: wd', '"adam_step_size" =: lr / adam_bc1', '"adam_rbc2" =: 1 / sqrt(adam_bc2)',
+            '"adam_lr_wd" =: lr * wd']
+    return cd(f'~~("adam scalars"; {"; ".join(text)})', b1=beta1, b2=beta2, eps=eps, wd=weight_decay, step=step,
+              lr=learning_rate)
+
+
+_ADAM_SCALARS = ("b1", "b2", "c1", "c2", "eps", "wd", "step_size", "rbc2", "lr_wd")
 
 
 def adam_one(p: Tensor, learning_rate: Tensor | float, *, step: Tensor, beta1: float = 0.9, beta2: float = 0.999,
@@ -117,25 +123,27 @@ def adam_one(p: Tensor, learning_rate: Tensor | float, *, step: Tensor, beta1: f
              scalars: Code | None = None) -> Code:
     """One parameter's Adam step in `%cd`. Weight decay is decoupled (`p -= lr * wd * p`, AdamW)
     or, with `decoupled=False`, added to the gradient as L2 (PyTorch's Adam). `scalars`: the
-    `adam_scalars` of the same settings, shared by the parameters of one update (without, the
-    code computes its own first).
+    `adam_scalars` of the same settings and learning rate, shared by the parameters of one
+    update (without, the code computes its own first).
 
     One `~fused` group: the moments and the parameter of a cell in one loop nest, each right-hand
-    side one expression (three assignments, where one operation per assignment took fifteen).
-    The expressions are those the one-operation form's intermediates spelled, in the same order
-    and precision, so the update's values do not change."""
+    side one expression. The parameter moves by `step_size * m / (sqrt(v) * rbc2 + eps)`, the
+    bias-corrected `m / bc1 / (sqrt(v / bc2) + eps)` with the corrections folded into the
+    scalars: one sqrt and one division per element, as PyTorch's update (whose
+    `sqrt(v) / sqrt(bc2)` this multiplies by the reciprocal instead, the last bits aside)."""
     coupled = not decoupled and weight_decay != 0.0
     grad = "(p.grad + wd * p)" if coupled else "p.grad"
-    step_of = "adam_m / bc1 / (sqrt(adam_v / bc2) + eps)"
+    step_of = "step_size * (adam_m / (sqrt(adam_v) * rbc2 + eps))"
+    decay = decoupled and weight_decay != 0.0
     text = [f'"adam_m" =: b1 * adam_m + c1 * {grad}',
             f'"adam_v" =: b2 * adam_v + c2 * ({grad} * {grad})',
-            f"p =- lr * ({step_of})" if coupled else f"p =- lr * ({step_of} + wd * p)"]
+            f"p =- lr_wd * p + {step_of}" if decay else f"p =- {step_of}"]
     own = scalars is None
     if scalars is None:
-        scalars = adam_scalars(step, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
-    shared = {k: scalars[f"adam_{k}"] for k in ("b1", "b2", "c1", "c2", "bc1", "bc2", "eps", "wd")}
+        scalars = adam_scalars(step, learning_rate, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+    shared = {k: scalars[f"adam_{k}"] for k in _ADAM_SCALARS}
     # the comment outside the text: one text for every parameter, parsed once
-    fused = cd(f'~fused({"; ".join(text)})', p=p, lr=learning_rate, **shared)
+    fused = cd(f'~fused({"; ".join(text)})', p=p, **shared)
     code = Code(asg.BlockComment(f"adam {p.label_str}", fused.asgns), fused.decls)
     # labelled after the parameter, as when the first tensor named was the gradient, not a scalar
     for name in ("adam_m", "adam_v"):
@@ -149,7 +157,7 @@ def adam_update(loss_or_params: "Tensor | Iterable[Tensor]", learning_rate: Tens
     """Adam over all parameters under a loss (or the given parameters); `step` counts from 1.
     Weight decay as in `adam_one`; the scalars every parameter's update uses are computed
     once (`adam_scalars`)."""
-    scalars = adam_scalars(step, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+    scalars = adam_scalars(step, learning_rate, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
     return asg.sequence(scalars.asgns, *[adam_one(p, learning_rate, step=step, beta1=beta1, beta2=beta2, eps=eps,
                                                   weight_decay=weight_decay, decoupled=decoupled,
                                                   scalars=scalars).asgns

@@ -53,7 +53,8 @@ class VirtualizeSettings:
     """What the optimizer may do (seed 000, `virtualize_settings`).
 
     `max_visits`: a node whose cell is read more often than this stays materialized, unless its
-    computation is simple enough to recompute for free (see `inline_simple_computations`).
+    computation is simple enough to recompute for free (see `inline_simple_computations`) or
+    costs no more memory traffic to recompute than to read (`inline_broadcast_arithmetic`).
     `max_tracing_dim`: how many iterations of each loop tracing executes.
     `max_tracing_nest`: how many iterations of a whole loop nest tracing executes, about: once
     the enclosing loops' traced iterations reach it, inner loops run only their first two
@@ -66,6 +67,9 @@ class VirtualizeSettings:
     `inline_scalar_constexprs`: inline scalar constant expressions however often they are read.
     `inline_simple_computations`: inline computations made of a single read, index embeddings
     and scalar constant expressions however often they are read.
+    `inline_broadcast_arithmetic`: inline however often they are read the pointwise `+ - *` of
+    one full-size operand and broadcast ones (`x - mean[row]`), whose recomputation reads no
+    more memory than reading them would (`ir/passes/recompute.py`).
     `inline_complex_computations`: inline computations that loop over a reduction; off by
     default because without common-subexpression elimination each read replays the loop.
     `inline_single_use_reductions`: inline a reduction anyway when no cell of it is read more
@@ -96,6 +100,7 @@ class VirtualizeSettings:
     enable_device_only: bool = True
     inline_scalar_constexprs: bool = True
     inline_simple_computations: bool = True
+    inline_broadcast_arithmetic: bool = True
     inline_complex_computations: bool = False
     inline_single_use_reductions: bool = True
     virtualize: bool = True

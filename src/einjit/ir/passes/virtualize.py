@@ -121,8 +121,11 @@ def _virtual_origin(tn: Tnode, name: str) -> str:
     return ""
 
 
-def decide_from_trace(trace: Trace, settings: VirtualizeSettings, name: str = "") -> None:
-    """Step 1 of the decision (see the module docstring)."""
+def decide_from_trace(trace: Trace, settings: VirtualizeSettings, name: str = "",
+                      recomputable: frozenset[Tnode] = frozenset()) -> None:
+    """Step 1 of the decision (see the module docstring). `recomputable`: nodes as cheap to
+    recompute at every read as to read (`recompute.recomputable`), inlined however often read
+    when `settings.inline_broadcast_arithmetic`."""
     for ta in trace.traced_store.values():
         tn = ta.tn
         if ta.run_time_indexed and not tn.is_materialized_known():
@@ -136,7 +139,8 @@ def decide_from_trace(trace: Trace, settings: VirtualizeSettings, name: str = ""
         if not is_undecided(tn):
             continue
         free_to_recompute = ((settings.inline_scalar_constexprs and ta.is_scalar_constexpr)
-                             or (settings.inline_simple_computations and ta.is_simple))
+                             or (settings.inline_simple_computations and ta.is_simple)
+                             or (settings.inline_broadcast_arithmetic and tn in recomputable))
         used_once = settings.inline_single_use_reductions and ta.is_local_reduction and ta.max_visits() == 1
         if ta.is_complex and not settings.inline_complex_computations and not free_to_recompute and not used_once:
             tn.update_memory_mode(NEVER_VIRTUAL, COMPLEX_COMPUTATION)

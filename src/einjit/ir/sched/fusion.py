@@ -7,7 +7,9 @@ GPT step spent more time in such small nests than in its attention. Here two con
 whose outer loops have the same range become one loop around both bodies, level by level, as
 deep as the ranges agree and the fusion is legal, down to the innermost loops, which fuse only
 where both compute plain arithmetic (`_innermost`): softmax becomes one pass over each row, the
-row still in L1 from one step to the next.
+row still in L1 from one step to the next. A loop over the rows alone (LayerNorm's reciprocal
+square root) fuses into the nest over the same rows that it shares an array with, one scalar
+statement per row, when the nest's rows are long (`_per_iteration`, `ROW_MIN`).
 
 Fusing loop `i` of nest A with loop `i'` of nest B runs B's iteration `i` right after A's
 instead of after all of A. That computes the same values when every array one of them writes
@@ -246,6 +248,40 @@ def _pointwise(loop: ll.ForLoop) -> bool:
     return True
 
 
+def _per_iteration(loop: ll.ForLoop) -> bool:
+    """Whether the innermost `loop` may fuse with a nest of loops that it shares an array with
+    (`_share`): each of its statements writes a cell of its own per iteration. Fused, each
+    runs as one scalar statement per iteration of the nest, beside that iteration's inner
+    loops: LayerNorm's reciprocal square root between the row's variance and its normalized
+    values, and its backward's variance gradient between the two passes over a row, which then
+    run as one pass over each row, the row in L1, not over a block of rows (the block's buffers
+    were 32 KiB each)."""
+    moving = loop.index
+    return all(not isinstance(st, ll.Set) or any(moving in index_symbols(i) for i in st.idcs)
+               for st in ll.flatten(loop.body))
+
+
+ROW_MIN = 64
+"""The shortest inner loop a nest needs for a loop over its rows alone to fuse into it
+(`_long_rows`): below, the row is a cache line or two, as cheap to reread as to keep, and the
+fused loop's statements would run scalar beside little vector work (a small MLP's bias and
+activation after each output's dot product of 2 or 16 terms)."""
+
+
+@_remembered
+def _long_rows(nest: ll.ForLoop) -> bool:
+    """Whether some loop inside `nest` runs at least `ROW_MIN` iterations."""
+    return any(isinstance(s, ll.ForLoop) and s.to_ - s.from_ + 1 >= ROW_MIN for s in ll.iter_stmts(nest.body))
+
+
+def _share(acc_a: list[Access], acc_b: list[Access]) -> bool:
+    """Whether one body writes an array the other accesses: fusing keeps it in cache from one
+    to the other. Unrelated loops (two parameters' updates) gain nothing from sharing a loop."""
+    written_a = {tn for tn, _, w in acc_a if w}
+    written_b = {tn for tn, _, w in acc_b if w}
+    return bool(written_a & {tn for tn, _, _ in acc_b} or written_b & {tn for tn, _, _ in acc_a})
+
+
 _ARITHMETIC = frozenset({ops.Binop.ADD, ops.Binop.SUB, ops.Binop.MUL, ops.Binop.DIV})
 _ARITHMETIC_UNOPS = frozenset({ops.Unop.NEG, ops.Unop.RECIP, ops.Unop.EXP})
 """`exp` counts as arithmetic: in single precision einjit's inline `exp` (`ir/own_exp.py`), the
@@ -290,9 +326,12 @@ def _fuse(a: ll.ForLoop, b: ll.ForLoop) -> ll.ForLoop | None:
     if ((a.from_, a.to_) != (b.from_, b.to_) or _marked(a) or _marked(b) or not _plain(a) or not _plain(b)
             or _lane_loop(a) or _lane_loop(b)):
         return None
-    if (_innermost(a) or _innermost(b)) and not (_innermost(a) and _innermost(b) and _pointwise(a) and _pointwise(b)):
+    if _innermost(a) == _innermost(b) and _innermost(a) and not (_pointwise(a) and _pointwise(b)):
         return None
     acc_a, acc_b = accesses(a.body), accesses(b.body)
+    if _innermost(a) != _innermost(b) and not (_per_iteration(a if _innermost(a) else b) and _share(acc_a, acc_b)
+                                               and _long_rows(b if _innermost(a) else a)):
+        return None
     if not _sliced(acc_a, acc_b, a.index, b.index):
         return None
     renamed = _rename(b.body, {b.index: Iterator(a.index)})

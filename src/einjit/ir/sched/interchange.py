@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, Symbol
+from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Iterator, Symbol, index_symbols
 from einjit.ir.tnode import Tnode
 
 
@@ -92,13 +92,18 @@ def unit_stride_symbol(tn: Tnode, idcs: tuple[AxisIndex, ...], s: Symbol) -> boo
 
 
 def best_order(loops: list[ll.ForLoop], st: ll.Set) -> list[ll.ForLoop]:
-    """`loops` with the lhs loop of most unit-stride accesses moved innermost, if it beats
-    the innermost loop."""
-    accesses = [(st.tn, st.idcs)] + [(x.tn, x.idcs) for x in ll.iter_scalars(st.llsc)
-                                     if isinstance(x, ll.Get) and x.tn is not st.tn]
+    """`loops` with the lhs loop that scores best moved innermost, if it beats the innermost
+    loop. A loop scores one for each distinct access it steps at unit stride and loses one for
+    each it steps by more; an access it leaves in place costs nothing. So a row sum that
+    reads a row-broadcast value (`var[i] += (x[i, j] - mean[i]) ** 2`, twice in the expression)
+    keeps its row loop innermost: the read of `mean[i]`, invariant there, no longer outvotes the
+    unit-stride read of `x`."""
+    accesses = {(st.tn, st.idcs)} | {(x.tn, x.idcs) for x in ll.iter_scalars(st.llsc)
+                                     if isinstance(x, ll.Get) and x.tn is not st.tn}
 
     def score(loop: ll.ForLoop) -> int:
-        return sum(unit_stride_symbol(tn, idcs, loop.index) for tn, idcs in accesses)
+        return sum(1 if unit_stride_symbol(tn, idcs, loop.index) else -_steps(idcs, loop.index)
+                   for tn, idcs in accesses)
 
     lhs_syms = {idx.symbol for idx in st.idcs if isinstance(idx, Iterator)}
     candidates = [lp for lp in loops[:-1] if lp.index in lhs_syms and lp.to_ > lp.from_]
@@ -108,3 +113,8 @@ def best_order(loops: list[ll.ForLoop], st: ll.Set) -> list[ll.ForLoop]:
     if score(best) <= score(loops[-1]):
         return loops
     return [lp for lp in loops if lp is not best] + [best]
+
+
+def _steps(idcs: tuple[AxisIndex, ...], s: Symbol) -> bool:
+    """Whether stepping `s` moves the access at all."""
+    return any(s in index_symbols(idx) for idx in idcs)
