@@ -72,11 +72,11 @@ def gelu(x: Like, approximate: str = "none", *, label=None) -> Tensor:
     """`x * Phi(x)` with the normal CDF `Phi` from `erf` (`approximate="none"`), or its tanh
     approximation (`approximate="tanh"`), as PyTorch's `gelu`. The result's arguments are `x`
     and the gate (`gelu_gate`, see the module docstring)."""
-    if approximate not in GELU_APPROXIMATIONS:
+    form = _GELU_GATES.get(approximate) if isinstance(approximate, str) else None
+    if form is None:
         raise TensorError(f"einjit: gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     xt = as_tensor(x)
-    gate = make_op("gelu_gate", [xt], logic=None, forward=_GELU_GATES[approximate], backprop=None,
-                   grad_spec=GradSpec.PROHIBIT_GRAD)
+    gate = make_op("gelu_gate", [xt], logic=None, forward=form, backprop=None, grad_spec=GradSpec.PROHIBIT_GRAD)
     return make_op("gelu", [xt, gate], logic=None, forward=_GELU, backprop=_GELU_GRADS[approximate], label=label)
 
 
