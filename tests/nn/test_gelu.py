@@ -42,8 +42,8 @@ def _recomputing_gelu(x, approximate: str):
 
 
 def _mlp(tag: str, gelu, seed: int = 0):
-    """`sum(r * gelu(fc(x)))` with values of either sign well inside and outside the gate's
-    transition (the fc's weights scaled up)."""
+    """`sum(r * gelu(fc(x)))`, the GELU's inputs of either sign, a few units large (`x`
+    scaled by 2)."""
     rng = np.random.default_rng(seed)
     fc = nn.Linear(16, 64, label=f"{tag}_fc")
     x = ej.ndarray((rng.standard_normal((24, 16)) * 2).astype(np.float32), batch_axes=1, label=f"{tag}_x")
