@@ -6,10 +6,10 @@ against PyTorch eager at the step's sizes (16 x 64 rows, d=128, MLP width 512).
 - LayerNorm with its residual, `y = x + LN(x)` where `x = input * scale` (so that the input
   gradient, LayerNorm's subtracted row sums, is computed): gradients of gamma, beta, scale.
 - GELU (tanh approximation, the GPT's) of `input * scale` over 1024 x 512 with the gradient of
-  `scale`: one `exp` per element forward and one backward (einjit's own inline `einjit_expf`,
-  `backends/c_math.py`).
+  `scale`: one `exp` per element (einjit's own inline `einjit_expf`, `backends/c_math.py`), in
+  the forward, which stores the gate `sigmoid(2u)` that the backward reads.
 - The MLP's bias and GELU, `gelu(input * scale + bias)`, with the gradients of `scale` and
-  `bias`: the GPT step's `+, gelu` and `+.grad, mlp.fc.b.grad` nests (the bias gradient sums
+  `bias`: the GPT step's `+, gelu_gate, gelu` and `+.grad, mlp.fc.b.grad` nests (the bias gradient sums
   the rows of the addition's gradient, which backprop hands on to `input * scale` unchanged).
 - Softmax over the attention scores' rows (16 x 4 heads x 64 queries, 64 keys), of
   `input * scale`, with the gradient of `scale`: one `exp` per element.

@@ -279,7 +279,9 @@ def recognize(t: Tensor) -> Fused | None:
 
 
 def gelu_approximation(t: Tensor) -> str:
-    """`"none"` if the `gelu` tensor `t` computes the erf form, else `"tanh"`: the tanh form is
-    computed through `exp` (`sigmoid(2u)`), so `erf` is what tells the two apart."""
-    unops = {a.op for a in asg.flatten_with_comments(t.own_forward) if isinstance(a, asg.AccumUnop)}
+    """`"none"` if the `gelu` tensor `t` computes the erf form, else `"tanh"`: `t` is `x * gate`
+    (`activations.gelu`), the tanh form's gate computed through `exp` (`sigmoid(2u)`), so `erf`
+    in the gate's computation is what tells the two apart."""
+    gate = t.children[1]
+    unops = {a.op for a in asg.flatten_with_comments(gate.own_forward) if isinstance(a, asg.AccumUnop)}
     return "none" if ops.Unop.ERF in unops else "tanh"

@@ -195,7 +195,7 @@ class _Exporter:
         if op == "rsqrt" and n == 1:
             root = self.w.node("Sqrt", [self.aligned(t, 0, proj, letters, out)], f"{base}_sqrt")
             return self.finish(t, self.w.node("Reciprocal", [root], base), proj)
-        if op == "gelu" and n == 1:
+        if op == "gelu" and n == 2:
             x = self.aligned(t, 0, proj, letters, out)
             return self.finish(t, self.gelu(x, onnx_fused.gelu_approximation(t), base), proj)
         if op == "dropout" and n == 3:
@@ -346,8 +346,8 @@ def _leaf_values(t: Tensor) -> np.ndarray:
 def _graph_order(outputs: list[Tensor]) -> tuple[list[Tensor], dict[int, onnx_fused.Fused]]:
     """The tensors the outputs need, in creation (topological) order, and the softmaxes and
     layer norms among them: those need their `Fused.inputs`, not their children (the
-    intermediate tensors are written only if something else needs them). A dropout's random
-    draw is not needed (an exported dropout is the identity)."""
+    intermediate tensors are written only if something else needs them), and no argument an
+    operator computes itself (`_computed_by_the_operator`)."""
     seen: dict[int, Tensor] = {}
     fused: dict[int, onnx_fused.Fused] = {}
     stack = list(outputs)
@@ -361,8 +361,14 @@ def _graph_order(outputs: list[Tensor]) -> tuple[list[Tensor], dict[int, onnx_fu
             fused[t.id] = f
             stack.extend(f.inputs)
         else:
-            stack.extend(c for k, c in enumerate(t.children) if not (t.op_label == "dropout" and k == 1))
+            stack.extend(c for k, c in enumerate(t.children) if not _computed_by_the_operator(t, k))
     return [seen[k] for k in sorted(seen)], fused
+
+
+def _computed_by_the_operator(t: Tensor, k: int) -> bool:
+    """Whether `t`'s argument `k` is part of the ONNX operator `t` becomes, not one of its
+    inputs: a dropout's random draw (an exported dropout is the identity), a GELU's gate."""
+    return k == 1 and t.op_label in ("dropout", "gelu")
 
 
 def export_onnx(model: object, path: str | os.PathLike, *, inputs: Sequence[Tensor] | None = None,

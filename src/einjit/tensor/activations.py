@@ -7,6 +7,12 @@ default, and `gelu(x, approximate="tanh")` the tanh form GPT-2 was trained with
 (`0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, PyTorch's `approximate="tanh"`), computed
 as `x sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3))`, the same function through one `exp`. Templates
 with a constant (a slope, clip bounds) are parsed once per constant.
+
+Both GELUs are `x * gate(x)`, the gate (`Phi(x)`, or the sigmoid) a non-differentiable tensor
+of its own, the `gelu`'s second argument, so that the backprop reads the gate the forward
+computed instead of evaluating it again: the gate's `exp` and division (or `erf`) then run
+once per element in a training step. Read by both, the gate is stored between them; in a
+forward-only routine it is read once and virtualization inlines it, as if it were not there.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import math
 
 from einjit.tensor.notation import Template, make_op
 from einjit.tensor.operation import Like, as_tensor
-from einjit.tensor.tensor import Tensor, TensorError
+from einjit.tensor.tensor import GradSpec, Tensor, TensorError
 
 _SQRT1_2 = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -32,13 +38,19 @@ For large negative `u` the `exp` overflows to infinity and the gate is exactly 0
 _UNARY = {
     "abs": (Template("t =: abs(t1)"), Template("g1 =+ where(t1 < 0, -g, g)")),
     "softplus": (Template("t =: relu(t1) + log1p(exp(-abs(t1)))"), Template("g1 =+ g * recip(1 + exp(-t1))")),
-    "gelu": (Template(f"t =: t1 * (0.5 + 0.5 * erf({_SQRT1_2!r} * t1))"),
-             Template(f"g1 =+ g * ((0.5 + 0.5 * erf({_SQRT1_2!r} * t1)) "
-                      f"+ t1 * ({_INV_SQRT_2PI!r} * exp(-0.5 * (t1 * t1))))")),
-    "gelu_tanh": (Template(f"t =: t1 * {_GELU_SIGMOID}"),
-                  Template(f"g1 =+ g * ({_GELU_SIGMOID} + t1 * {_GELU_SIGMOID} * (1 - {_GELU_SIGMOID}) * "
-                           f"{2 * _SQRT_2_PI!r} * (1 + {3 * _GELU_CUBIC!r} * (t1 * t1)))")),
 }
+
+_GELU_GATES = {"none": Template(f"t =: 0.5 + 0.5 * erf({_SQRT1_2!r} * t1)"),
+               "tanh": Template(f"t =: {_GELU_SIGMOID}")}
+"""The gate `s` of `gelu(x) = x * s(x)` for each approximation."""
+_GELU = Template("t =: t1 * t2")
+_GELU_GRADS = {
+    "none": Template(f"g1 =+ g * (t2 + t1 * ({_INV_SQRT_2PI!r} * exp(-0.5 * (t1 * t1))))"),
+    "tanh": Template(f"g1 =+ g * (t2 + t1 * t2 * (1 - t2) * {2 * _SQRT_2_PI!r} "
+                     f"* (1 + {3 * _GELU_CUBIC!r} * (t1 * t1)))"),
+}
+"""`d/dx x s(x) = s + x s'(x)`, with `t2` the stored gate `s`: `Phi' = exp(-x^2 / 2) / sqrt(2 pi)`,
+and the sigmoid's `s' = s (1 - s) du/dx`, which needs no `exp` of its own."""
 
 
 def _unary(name: str, x: Like, label) -> Tensor:
@@ -58,14 +70,14 @@ def softplus(x: Like, *, label=None) -> Tensor:
 
 def gelu(x: Like, approximate: str = "none", *, label=None) -> Tensor:
     """`x * Phi(x)` with the normal CDF `Phi` from `erf` (`approximate="none"`), or its tanh
-    approximation (`approximate="tanh"`), as PyTorch's `gelu`."""
-    match approximate:
-        case "none":
-            return _unary("gelu", x, label)
-        case "tanh":
-            fwd, bwd = _UNARY["gelu_tanh"]
-            return make_op("gelu", [as_tensor(x)], logic=None, forward=fwd, backprop=bwd, label=label)
-    raise TensorError(f"einjit: gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    approximation (`approximate="tanh"`), as PyTorch's `gelu`. The result's arguments are `x`
+    and the gate (`gelu_gate`, see the module docstring)."""
+    form = _GELU_GATES.get(approximate) if isinstance(approximate, str) else None
+    if form is None:
+        raise TensorError(f"einjit: gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    xt = as_tensor(x)
+    gate = make_op("gelu_gate", [xt], logic=None, forward=form, backprop=None, grad_spec=GradSpec.PROHIBIT_GRAD)
+    return make_op("gelu", [xt, gate], logic=None, forward=_GELU, backprop=_GELU_GRADS[approximate], label=label)
 
 
 @functools.cache
