@@ -22,26 +22,30 @@ from test_schedule import inputs_for, it, run_in_c
 T, D, CHUNK = 16, 8, 4
 
 
-def _attention_backward(reach: int, mode=LOCAL, twice: bool = False):
+def _attention_backward(reach: int, mode=LOCAL, twice: bool = False, summed: bool = False):
     """The softmax's backward and a product of its result, shaped as the causal clipping
     leaves them: `g[t, s] =+ where(s < t + 1, x, 0) * 0.5` over the chunks of 4 keys reaching
     the diagonal (`stop 4*c < t + 1`), then `out[t, :] += g[t, s] * k[s, :]` over the keys of
-    each block of 4 rows `s < 4*ib + reach` (4: the block's own chunk, all written)."""
+    each block of 4 rows `s < 4*ib + reach` (4: the block's own chunk, all written). `twice`:
+    the update comes twice; `summed`: inside a loop of 2 its index does not name."""
     x, k = Tnode("x", (T, T)), Tnode("k", (T, D))
     g = Tnode("g", (T, T), memory_mode=mode)
     out = Tnode("out", (T, D), memory_mode=MATERIALIZED)
     t, c, lane, ib, ir, s, j = (get_symbol(n) for n in ("t", "c", "l", "ib", "ir", "s", "j"))
     key = make_affine([(CHUNK, c), (1, lane)])
     at = (Iterator(t), key)
-    masked = ll.Ternop(ops.Ternop.WHERE, ll.Binop(ops.Binop.CMPLT, ll.EmbedIndex(key), ll.EmbedIndex(make_affine([(1, t)], 1))),
-                       ll.Get(x, at), ll.Constant(0.0))
+    causal = ll.Binop(ops.Binop.CMPLT, ll.EmbedIndex(key), ll.EmbedIndex(make_affine([(1, t)], 1)))
+    masked = ll.Ternop(ops.Ternop.WHERE, causal, ll.Get(x, at), ll.Constant(0.0))
     update = ll.Set(g, at, ll.Ternop(ops.Ternop.FMA, masked, ll.Constant(0.5), ll.Get(g, at)), "g =+ x * 0.5")
     body = ll.seq(update, update) if twice else update
+    if summed:
+        body = ll.ForLoop(get_symbol("r"), 0, 1, body)
     writer = ll.ForLoop(t, 0, T - 1, ll.ForLoop(c, 0, T // CHUNK - 1, ll.ForLoop(lane, 0, CHUNK - 1, body),
                                                  stop=ll.LoopClip(make_affine([(1, t)], 1), CHUNK)))
     row = make_affine([(CHUNK, ib), (1, ir)])
-    product = ll.Set(out, (row, Iterator(j)),
-                     ll.Ternop(ops.Ternop.FMA, ll.Get(g, (row, Iterator(s))), ll.Get(k, it(s, j)), ll.Get(out, (row, Iterator(j)))))
+    cell = (row, Iterator(j))
+    term = ll.Ternop(ops.Ternop.FMA, ll.Get(g, (row, Iterator(s))), ll.Get(k, it(s, j)), ll.Get(out, cell))
+    product = ll.Set(out, cell, term)
     reader = ll.ForLoop(ib, 0, T // CHUNK - 1, ll.ForLoop(ir, 0, CHUNK - 1, ll.ForLoop(
         s, 0, T - 1, ll.ForLoop(j, 0, D - 1, product), stop=ll.LoopClip(make_affine([(CHUNK, ib)], reach)))))
     code = ll.seq(ll.ZeroOut(out), ll.ZeroOut(g), writer, reader)
@@ -75,14 +79,14 @@ def test_a_fill_whose_skipped_cells_no_reader_reaches_goes():
     _same_results(code, new, ins_tn, g, out, seed=1)
 
 
-@pytest.mark.parametrize("case", ["reaches_past", "hosted", "no_local_storage", "updated_twice"])
+@pytest.mark.parametrize("case", ["reaches_past", "hosted", "no_local_storage", "updated_twice", "summed"])
 def test_fills_stay_where_a_skipped_or_summed_cell_is_read(case):
     """A reader reaching one chunk past the diagonal's (its zeros are read); a node the host
-    reads (or any node, without local storage); a cell updated twice (it sums from its zero):
-    the code is kept as it is."""
+    reads (or any node, without local storage); a cell updated twice, by two statements or by
+    a loop its index does not name (it sums from its zero): the code is kept as it is."""
     code, ins_tn, g, out = _attention_backward(
         reach=2 * CHUNK if case == "reaches_past" else CHUNK,
-        mode=MATERIALIZED if case == "hosted" else LOCAL, twice=case == "updated_twice")
+        mode=MATERIALIZED if case == "hosted" else LOCAL, twice=case == "updated_twice", summed=case == "summed")
     new = drop_covered_fills(code, local_storage=case != "no_local_storage")
     assert new == code
     assert _fills(new) == {"out", "g"}

@@ -59,8 +59,8 @@ from einjit.ir.passes.virtualize import (
 from einjit.ir.sched.bf16_fold import bf16_stage
 from einjit.ir.sched.causal import clip_causal_loops
 from einjit.ir.sched.copies import propagate_copies
-from einjit.ir.sched.extrema import split_extrema
 from einjit.ir.sched.covered_fills import drop_covered_fills
+from einjit.ir.sched.extrema import split_extrema
 from einjit.ir.sched.first_writes import first_writes
 from einjit.ir.sched.fusion import fuse_loops
 from einjit.ir.sched.interchange import interchange_loops
@@ -137,7 +137,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("causal", lambda run, code: clip_causal_loops(code, local_storage=run.settings.local_storage),
           lambda s: s.schedule and s.causal, portable=False),
     Stage("scope_sums", lambda run, code: split_scope_sums(code, run.settings), lambda s: s.schedule, portable=False),
-    Stage("first_writes", lambda run, code: drop_covered_fills(first_writes(code), local_storage=run.settings.local_storage),
+    Stage("first_writes",
+          lambda run, code: drop_covered_fills(first_writes(code), local_storage=run.settings.local_storage),
           lambda s: s.schedule, portable=False),
     Stage("copies", lambda run, code: propagate_copies(code, local_storage=run.settings.local_storage),
           lambda s: s.schedule, portable=False),

@@ -93,11 +93,12 @@ def _covering_writers(stmts: list[ll.LLStmt], tn: Tnode) -> list[ll.LLStmt] | No
                 continue
             if not isinstance(access, ll.Set):
                 return None  # a read of the node among its writes, or a vector store
-            cells = _cells(access.idcs, loops, tn.dims, exact=True)
+            update = _reads_node(access.llsc, tn)
+            cells = _cells(access.idcs, loops, tn.dims, exact=True, every=update)
             if cells is None:
                 return None
             own = None
-            if not _reads_node(access.llsc, tn):
+            if not update:
                 stored[cells] = True
                 continue
             term = update_term(access)
@@ -157,13 +158,15 @@ def _scalar_reads(sc: ll.LLScalar, tn: Tnode, loops: tuple[ll.ForLoop, ...]) -> 
 
 
 def _cells(idcs: tuple[AxisIndex, ...], loops: tuple[ll.ForLoop, ...], dims: tuple[int, ...],
-           exact: bool) -> np.ndarray | None:
+           exact: bool, every: bool = False) -> np.ndarray | None:
     """The flat positions of the cells an access at `idcs` reaches over `loops`, enumerated:
     only the loops its indices and their clips depend on (with `exact`, every clipped loop too,
-    and none empty: a write must happen for its cell to count); None when an index is not
-    affine in the loops, leaves the node or the iterations are too many to count."""
+    and none empty: a write must happen for its cell to count; with `every`, every loop, so
+    that a cell comes once per visit: an update inside a loop its index does not name sums
+    into the cell more than once); None when an index is not affine in the loops, leaves the
+    node or the iterations are too many to count."""
     by_symbol = {lp.index: lp for lp in loops}
-    needed: set[Symbol] = set()
+    needed: set[Symbol] = {lp.index for lp in loops} if every else set()
     for idx in idcs:
         if not isinstance(idx, (FixedIdx, Iterator, Affine)):
             return None
