@@ -42,7 +42,7 @@ from einjit.ir.sched.causal import may_be_local
 from einjit.ir.sched.first_writes import update_term
 from einjit.ir.tnode import Tnode
 
-__all__ = ["drop_covered_fills"]
+__all__ = ["MAX_CELLS", "accesses", "cells", "drop_covered_fills"]
 
 #: The most cells a node may have, and the most iterations one access may enumerate, for the
 #: count to be worth its compile time (the benchmark's nodes: 2**18 cells).
@@ -79,7 +79,7 @@ def _covering_writers(stmts: list[ll.LLStmt], tn: Tnode) -> list[ll.LLStmt] | No
     """The writers among `stmts` (the statements touching `tn` after its fill, in order) with
     their updates turned into stores, when they come first and store every cell the others
     read; None otherwise."""
-    writes = [any(isinstance(a, (ll.Set, ll.SetFromVec, ll.ZeroOut)) for a, _ in _accesses(s, tn)) for s in stmts]
+    writes = [any(isinstance(a, (ll.Set, ll.SetFromVec, ll.ZeroOut)) for a, _ in accesses(s, tn)) for s in stmts]
     n_writers = writes.index(False) if False in writes else len(writes)
     if n_writers == 0 or any(writes[n_writers:]):
         return None
@@ -88,34 +88,34 @@ def _covering_writers(stmts: list[ll.LLStmt], tn: Tnode) -> list[ll.LLStmt] | No
     terms: dict[int, ll.Set] = {}
     for stmt in stmts[:n_writers]:
         own = None  # the cell the update just met reads, which comes right after it
-        for access, loops in _accesses(stmt, tn):
+        for access, loops in accesses(stmt, tn):
             if own is not None and access == own:
                 continue
             if not isinstance(access, ll.Set):
                 return None  # a read of the node among its writes, or a vector store
             update = _reads_node(access.llsc, tn)
-            cells = _cells(access.idcs, loops, tn.dims, exact=True, every=update)
-            if cells is None:
+            at = cells(access.idcs, loops, tn.dims, exact=True, every=update)
+            if at is None:
                 return None
             own = None
             if not update:
-                stored[cells] = True
+                stored[at] = True
                 continue
             term = update_term(access)
             if term is None:
                 return None
             own = ll.Get(tn, access.idcs)
-            np.add.at(updated, cells, 1)
+            np.add.at(updated, at, 1)
             terms[id(access)] = ll.Set(tn, access.idcs, term, access.debug.replace(" =+ ", " =: ", 1))
     if np.any(updated > 1) or np.any(stored & (updated > 0)):
         return None
     written = stored | (updated > 0)
     for stmt in stmts[n_writers:]:
-        for access, loops in _accesses(stmt, tn):
+        for access, loops in accesses(stmt, tn):
             if not isinstance(access, (ll.Get, ll.GetMergeBuffer)):
                 return None
-            cells = _cells(access.idcs, loops, tn.dims, exact=False)
-            if cells is None or not np.all(written[cells]):
+            at = cells(access.idcs, loops, tn.dims, exact=False)
+            if at is None or not np.all(written[at]):
                 return None
     return [_with_sets(s, terms) for s in stmts[:n_writers]]
 
@@ -124,14 +124,14 @@ def _reads_node(sc: ll.LLScalar, tn: Tnode) -> bool:
     return any(isinstance(x, (ll.Get, ll.GetMergeBuffer)) and x.tn is tn for x in ll.deep_parts(sc))
 
 
-def _accesses(stmt: ll.LLStmt, tn: Tnode, loops: tuple[ll.ForLoop, ...] = ()) -> PyIterator[Access]:
+def accesses(stmt: ll.LLStmt, tn: Tnode, loops: tuple[ll.ForLoop, ...] = ()) -> PyIterator[Access]:
     """Every write and read of `tn` under `stmt`, with the loops around it (outermost first),
     those of local scopes included; an update `g := g + e` gives its write, then its read. A
     statement touching `tn` that is neither (a fill, a staged compilation) comes as itself."""
     for s in ll.flatten(stmt):
         match s:
             case ll.ForLoop(body=body):
-                yield from _accesses(body, tn, (*loops, s))
+                yield from accesses(body, tn, (*loops, s))
             case ll.Set(llsc=sc) | ll.SetFromVec(arg=sc):
                 if s.tn is tn:
                     yield s, loops
@@ -152,12 +152,12 @@ def _scalar_reads(sc: ll.LLScalar, tn: Tnode, loops: tuple[ll.ForLoop, ...]) -> 
             case ll.Get(tn=t) | ll.GetMergeBuffer(tn=t) if t is tn:
                 yield x, loops
             case ll.LocalScope(body=body):
-                yield from _accesses(body, tn, loops)
+                yield from accesses(body, tn, loops)
             case _:
                 stack.extend(ll.scalar_children(x))
 
 
-def _cells(idcs: tuple[AxisIndex, ...], loops: tuple[ll.ForLoop, ...], dims: tuple[int, ...],
+def cells(idcs: tuple[AxisIndex, ...], loops: tuple[ll.ForLoop, ...], dims: tuple[int, ...],
            exact: bool, every: bool = False) -> np.ndarray | None:
     """The flat positions of the cells an access at `idcs` reaches over `loops`, enumerated:
     only the loops its indices and their clips depend on (with `exact`, every clipped loop too,
