@@ -42,7 +42,7 @@ from einjit.ir.sched.causal import may_be_local
 from einjit.ir.sched.first_writes import update_term
 from einjit.ir.tnode import Tnode
 
-__all__ = ["MAX_CELLS", "accesses", "cells", "drop_covered_fills"]
+__all__ = ["MAX_CELLS", "accesses", "cells", "drop_covered_fills", "touching"]
 
 #: The most cells a node may have, and the most iterations one access may enumerate, for the
 #: count to be worth its compile time (the benchmark's nodes: 2**18 cells).
@@ -60,19 +60,29 @@ def drop_covered_fills(llc: ll.LLStmt, *, local_storage: bool) -> ll.LLStmt:
     clipped = [any(isinstance(x, ll.ForLoop) and (x.start or x.stop) for x in ll.iter_stmts(s)) for s in items]
     if not any(clipped):
         return llc
+    users = touching(items)
     dropped: set[int] = set()
     for n, s in enumerate(items):
         if not isinstance(s, ll.ZeroOut) or not may_be_local(s.tn) or s.tn.size > MAX_CELLS:
             continue
-        touching = [k for k in range(n + 1, len(items)) if s.tn in ll.nodes_of(items[k])]
-        if not any(clipped[k] for k in touching):
+        after = [k for k in users[s.tn] if k > n]
+        if not any(clipped[k] for k in after):
             continue
-        rewritten = _covering_writers([items[k] for k in touching], s.tn)
+        rewritten = _covering_writers([items[k] for k in after], s.tn)
         if rewritten is not None:
-            for k, new in zip(touching, rewritten, strict=False):
+            for k, new in zip(after, rewritten, strict=False):
                 items[k] = new
             dropped.add(n)
     return ll.seq(*(s for n, s in enumerate(items) if n not in dropped))
+
+
+def touching(items: list[ll.LLStmt]) -> dict[Tnode, list[int]]:
+    """For each node, the positions of the statements of `items` that touch it."""
+    out: dict[Tnode, list[int]] = {}
+    for k, s in enumerate(items):
+        for tn in ll.nodes_of(s):
+            out.setdefault(tn, []).append(k)
+    return out
 
 
 def _covering_writers(stmts: list[ll.LLStmt], tn: Tnode) -> list[ll.LLStmt] | None:
@@ -180,11 +190,28 @@ def cells(idcs: tuple[AxisIndex, ...], loops: tuple[ll.ForLoop, ...], dims: tupl
         return None  # a static symbol
     if exact and any(lp.from_ > lp.to_ for lp in loops):
         return np.zeros(0, dtype=np.int64)
-    columns: dict[Symbol, np.ndarray] = {}
-    rows = 1
+    # the flat position is affine in the loop indices: its weights, and each axis in bounds
+    # over the loops' widest ranges (a clip only narrows them)
+    weight: dict[Symbol, int] = {}
+    flat_offset = 0
+    for idx, stride, dim in zip(idcs, ll.row_major_strides(dims), dims, strict=True):
+        terms, offset = _terms(idx)
+        low = high = offset
+        for c, sym in terms:
+            weight[sym] = weight.get(sym, 0) + c * stride
+            ends = (c * by_symbol[sym].from_, c * by_symbol[sym].to_)
+            low, high = low + min(ends), high + max(ends)
+        if low < 0 or high >= dim:
+            return None
+        flat_offset += offset * stride
+    bounded = {sym for lp in loops if lp.index in needed
+               for clip in (lp.start, lp.stop) if clip is not None for sym in index_symbols(clip.bound)}
+    columns: dict[Symbol, np.ndarray] = {}  # the indices later clips read
+    flat = np.full(1, flat_offset, dtype=np.int64)
     for lp in loops:
         if lp.index not in needed:
             continue
+        rows = flat.size
         lo = np.full(rows, lp.from_, dtype=np.int64)
         hi = np.full(rows, lp.to_ + 1, dtype=np.int64)
         if lp.start is not None:
@@ -196,13 +223,23 @@ def cells(idcs: tuple[AxisIndex, ...], loops: tuple[ll.ForLoop, ...], dims: tupl
         if total > MAX_CELLS:
             return None
         picks = np.repeat(np.arange(rows), counts)
-        columns = {s: v[picks] for s, v in columns.items()}
-        columns[lp.index] = lo[picks] + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-        rows = total
-    coords = [np.broadcast_to(_value(idx, columns, rows), (rows,)) for idx in idcs]
-    if any(c.size and (c.min() < 0 or c.max() >= d) for c, d in zip(coords, dims, strict=True)):
-        return None
-    return np.ravel_multi_index(coords, dims) if rows else np.zeros(0, dtype=np.int64)
+        values = lo[picks] + np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        flat = flat[picks] + weight.get(lp.index, 0) * values
+        columns = {sym: v[picks] for sym, v in columns.items()}
+        if lp.index in bounded:
+            columns[lp.index] = values
+    return flat
+
+
+def _terms(idx: AxisIndex) -> tuple[list[tuple[int, Symbol]], int]:
+    match idx:
+        case FixedIdx(k):
+            return [], k
+        case Iterator(sym):
+            return [(1, sym)], 0
+        case Affine(terms, offset):
+            return list(terms), offset
+    raise AssertionError(idx)
 
 
 def _value(idx: AxisIndex, columns: dict[Symbol, np.ndarray], rows: int) -> np.ndarray:

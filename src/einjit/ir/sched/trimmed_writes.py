@@ -29,9 +29,9 @@ import dataclasses
 import numpy as np
 
 from einjit.ir import low_level as ll
-from einjit.ir.indexing import Iterator, make_affine
+from einjit.ir.indexing import Iterator, index_symbols, make_affine
 from einjit.ir.sched.causal import CHUNK, chunked, may_be_local
-from einjit.ir.sched.covered_fills import MAX_CELLS, accesses, cells
+from einjit.ir.sched.covered_fills import MAX_CELLS, accesses, cells, touching
 from einjit.ir.tnode import Tnode
 
 __all__ = ["trim_writes"]
@@ -46,25 +46,42 @@ def trim_writes(llc: ll.LLStmt, *, local_storage: bool) -> ll.LLStmt:
     read_clipped = _read_in_clipped_loops(items)
     if not read_clipped:
         return llc
-    return ll.seq(*(_trimmed(top, (), items, read_clipped) for top in items))
+    routine = _Routine(items, touching(items))
+    return ll.seq(*(_trimmed(top, (), routine, read_clipped) for top in items))
 
 
-def _read_in_clipped_loops(items: list[ll.LLStmt]) -> set[Tnode]:
-    """The nodes some clipped loop reads: only they can be read in part."""
-    found: set[Tnode] = set()
+def _read_in_clipped_loops(items: list[ll.LLStmt]) -> dict[Tnode, set[int]]:
+    """For each node some clipped loop reads, the axes that loop's index reaches: only along
+    those can a store's loop write cells no reader reaches."""
+    found: dict[Tnode, set[int]] = {}
     for top in items:
         for x in ll.iter_stmts(top):
             if isinstance(x, ll.ForLoop) and (x.start is not None or x.stop is not None):
-                found.update(y.tn for y in ll.deep_parts(x) if isinstance(y, ll.Get))
+                for y in ll.deep_parts(x):
+                    if isinstance(y, ll.Get):
+                        axes = (p for p, idx in enumerate(y.idcs) if x.index in index_symbols(idx))
+                        found.setdefault(y.tn, set()).update(axes)
     return found
 
 
-def _trimmed(stmt: ll.LLStmt, loops: tuple[ll.ForLoop, ...], routine: list[ll.LLStmt],
-             candidates: set[Tnode]) -> ll.LLStmt:
+@dataclasses.dataclass(frozen=True)
+class _Routine:
+    """The routine's top-level statements, and for each node the positions of those touching it."""
+
+    items: list[ll.LLStmt]
+    users: dict[Tnode, list[int]]
+
+    def touching(self, tn: Tnode) -> list[ll.LLStmt]:
+        return [self.items[k] for k in self.users.get(tn, [])]
+
+
+def _trimmed(stmt: ll.LLStmt, loops: tuple[ll.ForLoop, ...], routine: _Routine,
+             candidates: dict[Tnode, set[int]]) -> ll.LLStmt:
     match stmt:
         case ll.Seq(a, b):
             return ll.Seq(_trimmed(a, loops, routine, candidates), _trimmed(b, loops, routine, candidates))
-        case ll.ForLoop(body=ll.Set(tn=tn) as st) if tn in candidates:
+        case ll.ForLoop(index=index, body=ll.Set(tn=tn, idcs=idcs) as st) if any(
+                Iterator(index) == idcs[p] for p in candidates.get(tn, ())):
             clipped = _clipped(stmt, st, loops, routine)
             return stmt if clipped is None else clipped
         case ll.ForLoop(body=body):
@@ -73,8 +90,7 @@ def _trimmed(stmt: ll.LLStmt, loops: tuple[ll.ForLoop, ...], routine: list[ll.LL
     return stmt
 
 
-def _clipped(loop: ll.ForLoop, st: ll.Set, loops: tuple[ll.ForLoop, ...], routine: list[ll.LLStmt]
-             ) -> ll.ForLoop | None:
+def _clipped(loop: ll.ForLoop, st: ll.Set, loops: tuple[ll.ForLoop, ...], routine: _Routine) -> ll.ForLoop | None:
     """`loop` (around the store `st` alone) clipped by chunks to the cells the rest of the
     `routine` reads, when that keeps fewer chunks and covers every read; None otherwise."""
     tn = st.tn
@@ -87,7 +103,7 @@ def _clipped(loop: ll.ForLoop, st: ll.Set, loops: tuple[ll.ForLoop, ...], routin
     if loop.index not in axes:
         return None
     read = np.zeros(tn.size, dtype=bool)
-    for top in routine:
+    for top in routine.touching(tn):
         for access, around in accesses(top, tn):
             if access is st:
                 continue
