@@ -40,9 +40,9 @@ __all__ = ["trim_writes"]
 def trim_writes(llc: ll.LLStmt, *, local_storage: bool) -> ll.LLStmt:
     """`llc` with the loops storing only partly read nodes clipped (see the module docstring);
     with `local_storage` off, every node may be read outside the routine, and `llc` is kept."""
-    items = list(ll.flatten(llc))
     if not local_storage:
         return llc
+    items = list(ll.flatten(llc))
     read_clipped = _read_in_clipped_loops(items)
     if not read_clipped:
         return llc
@@ -121,7 +121,7 @@ def _clipped(loop: ll.ForLoop, st: ll.Set, loops: tuple[ll.ForLoop, ...], routin
         query = axes[q.index]
         last = _last_read(read.reshape(tn.dims), key, query)
         if last is None:
-            return None  # a query with no key read: the loop around it would write nothing there
+            continue  # a query no read reaches: no clip of this form keeps its keys alone
         c1 = max(CHUNK * (k // CHUNK) - t for t, k in enumerate(last)) + 1
         kept = sum(max(0, min(extent // CHUNK, -(-(t + c1) // CHUNK))) for t in range(len(last)))
         if kept >= len(last) * (extent // CHUNK):
@@ -129,12 +129,12 @@ def _clipped(loop: ll.ForLoop, st: ll.Set, loops: tuple[ll.ForLoop, ...], routin
         trimmed = chunked(dataclasses.replace(loop, stop=ll.LoopClip(make_affine([(1, q.index)], c1))))
         if best is None or kept < best[0]:
             best = (kept, trimmed)
-    if best is None or best[1].stop is None or best[1].index == loop.index:
-        return None
+    if best is None or best[1].index == loop.index:
+        return None  # `chunked` keeps a loop it cannot split into whole chunks
     written = cells(_chunk_store(best[1]).idcs, (*loops, best[1], _lanes(best[1])), tn.dims, exact=True)
-    covered = np.zeros(tn.size, dtype=bool)
     if written is None:
         return None
+    covered = np.zeros(tn.size, dtype=bool)
     covered[written] = True
     return best[1] if not np.any(read & ~covered) else None
 
