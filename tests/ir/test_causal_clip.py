@@ -97,16 +97,22 @@ def test_causal_training_step_is_bit_identical_to_the_full_loops(machine, thread
 ZERO_FILL = re.compile(r"^zero_out\((\w+)\);", re.MULTILINE)
 
 
-@pytest.mark.parametrize("machine,threads", [("avx2", 1), ("avx512", 2)])
-def test_contractions_of_the_clipped_step_need_no_zero_fill(machine, threads, tmp_path, monkeypatch):
-    """The clipped step fills with zeros only the nodes whose skipped cells are read as zeros:
-    the scores `q kᵀ` (read only under the mask, their skipped blocks never used) and the
-    outputs of `P v`, `Pᵀ dY`, `dS k`, `dSᵀ q` (every cell stored, from register blocks summing
-    fewer terms) get no fill, as with the full loops. Run on a scratch arena of NaNs, the step's
-    loss and gradients are still the full loops' bits."""
+TRIMMED = re.compile(r"for c\d+ = 0 to \d+ \(stop 8\*c\d+ < i\d+\+1\) \{\n"
+                     r"\s*for l\d+ = 0 to 7 \{\n\s*attention_weights\[")
+
+
+@pytest.mark.parametrize("machine,threads,seq", [("avx2", 1, T), ("avx512", 2, T), ("avx512", 1, 40)])
+def test_contractions_of_the_clipped_step_need_no_zero_fill(machine, threads, seq, tmp_path, monkeypatch):
+    """The clipped step fills no node the full loops do not: the scores `q kᵀ` (read only
+    under the mask, their skipped blocks never used), the outputs of `P v`, `Pᵀ dY`, `dS k`,
+    `dSᵀ q` (every cell stored, from register blocks summing fewer terms), and `dY vᵀ` and the
+    softmax's backward `dS`, whose clipped readers (`dP * P`, `dS k`) never reach the cells
+    their clipped writers skip (`covered_fills`). With whole vectors of keys (T = 40), the
+    weights are divided only in the chunks their readers reach (`trimmed_writes`). Run on a
+    scratch arena of NaNs, the step's loss and gradients are still the full loops' bits."""
     monkeypatch.setenv("EINJIT_MACHINE", machine)
     monkeypatch.setenv("EINJIT_DUMP_DIR", str(tmp_path))
-    layer, loss = _layer_and_loss(causal=True, seed=3)
+    layer, loss = _layer_and_loss(causal=True, seed=3, shape=(B, seq, D))
     code = train.grad_update(loss)
     clipped = _run(loss, layer, f"fills_{machine}", VirtualizeSettings(), code, threads, poisoned=True)
     full = _run(loss, layer, f"fills_{machine}_full", VirtualizeSettings(causal=False), code, threads)
@@ -115,8 +121,10 @@ def test_contractions_of_the_clipped_step_need_no_zero_fill(machine, threads, tm
         np.testing.assert_array_equal(clipped[label], want, err_msg=label)
     fills, full_fills = (set(ZERO_FILL.findall((tmp_path / f"{name}.optimized.ll").read_text()))
                          for name in (f"fills_{machine}", f"fills_{machine}_full"))
-    # only the two nodes whose skipped cells a product reads (`dP * P`, `dS k`) keep theirs
-    assert fills - full_fills == {"attention_weights_grad", "mha_heads_scores_grad"}
+    assert not fills - full_fills
+    assert not {"attention_weights_grad", "mha_heads_scores_grad"} & fills
+    trimmed = TRIMMED.search((tmp_path / f"fills_{machine}.optimized.ll").read_text())
+    assert bool(trimmed) == (seq % 8 == 0)
 
 
 def test_non_causal_attention_is_not_clipped(tmp_path, monkeypatch):

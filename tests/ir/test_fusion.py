@@ -261,7 +261,7 @@ def test_marked_loops_and_different_ranges_stay_apart():
 
 
 def test_the_stage_runs_last_but_rows_and_layer_norm_steps_fuse_in_the_pipeline():
-    assert [s.name for s in STAGES][-2:] == ["fuse", "rows"]
+    assert [s.name for s in STAGES][-3:] == ["fuse", "rows", "trim"]
     code, x, y = row_norm()
     on = optimize_proc(code, name="norm").llc
     code2, x2, y2 = row_norm()

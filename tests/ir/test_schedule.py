@@ -236,7 +236,7 @@ def test_random_programs_through_the_scheduler(program, opt_settings, reassociat
 def test_stages_are_named_and_dumped(tmp_path, monkeypatch):
     assert [s.name for s in STAGES] == ["tracing", "virtualize", "cleanup", "simplify", "schedule", "bf16",
                                         "extrema", "interchange", "causal", "scope_sums", "first_writes", "copies",
-                                        "epilogues", "fuse", "rows"]
+                                        "epilogues", "fuse", "rows", "trim"]
     monkeypatch.setenv("EINJIT_DUMP_DIR", str(tmp_path))
     code, *_ = matmul(64, 32, 64, True)
     opt = optimize_proc(code, name="dense")
@@ -244,8 +244,9 @@ def test_stages_are_named_and_dumped(tmp_path, monkeypatch):
     # the unoptimized code is `lower_assignments`'s dump (`<name>.ll`), not the optimizer's
     assert names == sorted(f"dense.{s}.ll" for s in ("virtualize", "cleanup", "simplify", "schedule", "bf16",
                                                      "extrema", "interchange", "causal", "scope_sums",
-                                                     "first_writes", "copies", "epilogues", "fuse", "rows"))
-    assert (tmp_path / "dense.rows.ll").read_text() == ll.to_doc(opt.llc)
+                                                     "first_writes", "copies", "epilogues", "fuse", "rows",
+                                                     "trim"))
+    assert (tmp_path / "dense.trim.ll").read_text() == ll.to_doc(opt.llc)
     assert "pack" in (tmp_path / "dense.schedule.ll").read_text()
     assert "pack" not in ll.to_doc(opt.portable_llc)
 

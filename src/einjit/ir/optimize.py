@@ -22,13 +22,16 @@
 9. "scope_sums" (`scope_sums.split_scope_sums`, CPU) splits the sums computed inside
    expressions (local scopes: softmax's backward row sum) into partial sums over vector lanes;
 10. "first_writes" (`first_writes.first_writes`, CPU) drops a zero fill whose next nest adds
-   one term into every cell, that nest storing its terms instead;
+   one term into every cell, that nest storing its terms instead; `covered_fills` one whose
+   clipped writers store every cell the later clipped readers reach;
 11. "copies" (`copies.propagate_copies`, CPU) drops nests that only copy one array into
     another, the copy's readers reading the source, or the source's writers writing the copy;
 12. "fuse" (`fusion.fuse_loops`, CPU) fuses the outer loops of consecutive nests over the same
     ranges where every dependence between them stays inside one iteration;
 13. "rows" (`row_buffers.row_buffers`, CPU) shrinks a node that one fused nest writes and
-    reads within each row's iteration to a local of one row.
+    reads within each row's iteration to a local of one row;
+14. "trim" (`trimmed_writes.trim_writes`, CPU) clips, by whole vectors, a loop storing cells
+    that no reader reaches once the causal stage has clipped the readers.
 
 Stages 1-4 are portable: their result is `Optimized.portable_llc`, what GPU backends render.
 `EINJIT_DUMP_DIR=dir` writes each stage's result as
@@ -60,6 +63,7 @@ from einjit.ir.passes.virtualize import (
 from einjit.ir.sched.bf16_fold import bf16_stage
 from einjit.ir.sched.causal import clip_causal_loops
 from einjit.ir.sched.copies import propagate_copies
+from einjit.ir.sched.covered_fills import drop_covered_fills
 from einjit.ir.sched.epilogues import fold_epilogues
 from einjit.ir.sched.extrema import split_extrema
 from einjit.ir.sched.first_writes import first_writes
@@ -68,6 +72,7 @@ from einjit.ir.sched.interchange import interchange_loops
 from einjit.ir.sched.row_buffers import row_buffers
 from einjit.ir.sched.schedule import schedule_llc
 from einjit.ir.sched.scope_sums import split_scope_sums
+from einjit.ir.sched.trimmed_writes import trim_writes
 from einjit.ir.tnode import Tnode
 
 virtualize_settings = VirtualizeSettings()
@@ -117,6 +122,11 @@ def _cleanup(run: _Run, code: ll.LLStmt) -> ll.LLStmt:
     return cleanup_virtual_llc(code, run.state, run.settings)
 
 
+def _first_writes(run: _Run, code: ll.LLStmt) -> ll.LLStmt:
+    """Zero fills dropped: `first_writes`, then those of clipped writers (`covered_fills`)."""
+    return drop_covered_fills(first_writes(code), local_storage=run.settings.local_storage)
+
+
 @dataclass(frozen=True)
 class Stage:
     """One named optimizer stage. `portable`: part of the code every backend renders."""
@@ -139,7 +149,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("causal", lambda run, code: clip_causal_loops(code, local_storage=run.settings.local_storage),
           lambda s: s.schedule and s.causal, portable=False),
     Stage("scope_sums", lambda run, code: split_scope_sums(code, run.settings), lambda s: s.schedule, portable=False),
-    Stage("first_writes", lambda run, code: first_writes(code), lambda s: s.schedule, portable=False),
+    Stage("first_writes", _first_writes, lambda s: s.schedule, portable=False),
     Stage("copies", lambda run, code: propagate_copies(code, local_storage=run.settings.local_storage),
           lambda s: s.schedule, portable=False),
     Stage("epilogues", lambda run, code: fold_epilogues(code, local_storage=run.settings.local_storage),
@@ -147,6 +157,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("fuse", lambda run, code: fuse_loops(code), lambda s: s.fuse, portable=False),
     Stage("rows", lambda run, code: row_buffers(code, local_storage=run.settings.local_storage),
           lambda s: s.fuse, portable=False),
+    Stage("trim", lambda run, code: trim_writes(code, local_storage=run.settings.local_storage),
+          lambda s: s.schedule, portable=False),
 )
 
 

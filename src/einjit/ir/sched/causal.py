@@ -85,7 +85,7 @@ from einjit.ir.sched import nests
 from einjit.ir.sched.first_writes import overwrites
 from einjit.ir.tnode import LOCAL, Tnode
 
-__all__ = ["clip_causal_loops"]
+__all__ = ["CHUNK", "chunked", "clip_causal_loops", "may_be_local"]
 
 #: Zero wherever `key >= query + c`, by `(key, query) -> c` (symbols or axis positions);
 #: None: zero everywhere.
@@ -446,7 +446,7 @@ def _clip(stmt: ll.LLStmt, zeros: _Analysis, outer: dict[Symbol, tuple[int, int]
             inner = _clip(body, zeros, {**outer, index: (loop.from_, loop.to_)}, (body, *after))
             whole = loop is stmt
             loop = loop if inner is body else dataclasses.replace(loop, body=inner)
-            return loop if whole else _chunked(loop)
+            return loop if whole else chunked(loop)
         case ll.Set(llsc=sc) if any(isinstance(x, ll.LocalScope) for x in ll.iter_scalars(sc)):
             return dataclasses.replace(stmt, llsc=_clip_scopes(sc, zeros, outer, after))
     return stmt
@@ -471,7 +471,7 @@ iteration would run scalar (the softmax's `exp`, its backward's divisions); clip
 of 8 (an AVX2 vector of floats), the chunk's loop stays whole and vectorized."""
 
 
-def _chunked(loop: ll.ForLoop) -> ll.ForLoop:
+def chunked(loop: ll.ForLoop) -> ll.ForLoop:
     """`loop`, a clipped innermost loop, as a loop over chunks of `CHUNK` iterations clipped to
     the chunks with a kept iteration, around a whole loop over the chunk: the iterations it
     adds back are iterations of the unclipped loop, which add zeros or write unread cells as

@@ -46,7 +46,7 @@ from einjit.ir import ops
 from einjit.ir.indexing import Affine, FixedIdx, Iterator
 from einjit.ir.tnode import Tnode
 
-__all__ = ["first_writes", "overwrites", "zero_start", "zeroed_before"]
+__all__ = ["first_writes", "overwrites", "update_term", "zero_start", "zeroed_before"]
 
 
 def zeroed_before(items: list[ll.LLStmt]) -> list[frozenset[Tnode]]:
@@ -125,7 +125,7 @@ def _stored(s: ll.LLStmt, tn: Tnode) -> ll.LLStmt | None:
     update = parts[k]
     if not isinstance(update, ll.Set) or update.tn is not tn:
         return None
-    term = _term(update)
+    term = update_term(update)
     if term is None or not _covers(loops, update):
         return None
     parts[k] = ll.Set(tn, update.idcs, term, update.debug.replace(" =+ ", " =: ", 1))
@@ -135,7 +135,7 @@ def _stored(s: ll.LLStmt, tn: Tnode) -> ll.LLStmt | None:
     return new
 
 
-def _term(st: ll.Set) -> ll.LLScalar | None:
+def update_term(st: ll.Set) -> ll.LLScalar | None:
     """What `st` adds to its own cell (`fma(a, b, self)` adds `a * b`), when it reads the
     node nowhere else; None when it is not such an update."""
     own = ll.Get(st.tn, st.idcs)
