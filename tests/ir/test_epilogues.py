@@ -14,7 +14,7 @@ import pytest
 from einjit.ir import low_level as ll
 from einjit.ir import ops
 from einjit.ir.indexing import FixedIdx, Iterator, get_symbol
-from einjit.ir.sched.epilogues import fold_epilogues
+from einjit.ir.sched.epilogues import MAX_OPERAND_BYTES, fold_epilogues
 from einjit.ir.sched.first_writes import first_writes
 from einjit.ir.sched.schedule import schedule_llc
 from einjit.ir.tnode import LOCAL, MATERIALIZED, Tnode
@@ -143,3 +143,16 @@ def test_a_bf16_result_stays():
     c.memory_mode = LOCAL
     y, consumer = biased(c, Tnode("bias", (32,), ops.bf16))
     _stays(product, c, consumer)
+
+
+def test_an_operand_as_large_as_the_result_stays():
+    """A residual stream of 32 KiB would be read a block at a time between runs of the summed
+    loop, where no prefetcher follows (`MAX_OPERAND_BYTES`); a bias of the same product moves."""
+    product, a, b, c = product_of(128, 8, 64)
+    r = Tnode("r", (128, 64))
+    y = Tnode("y", (128, 64))
+    assert r.size * 4 > MAX_OPERAND_BYTES
+    _stays(product, c, over(y, lambda i, j: add(ll.Get(r, it(i, j)), ll.Get(c, it(i, j)))))
+    product, a, b, c = product_of(128, 8, 64)
+    y, consumer = biased(c, Tnode("bias", (64,)))
+    assert c not in ll.nodes_of(fold_epilogues(scheduled(ll.seq(product, consumer))))
