@@ -48,7 +48,7 @@ from einjit.ir.sched import nests
 from einjit.ir.sched.causal import may_be_local
 from einjit.ir.tnode import Tnode
 
-__all__ = ["propagate_copies"]
+__all__ = ["accesses", "propagate_copies"]
 
 
 def propagate_copies(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStmt:
@@ -60,7 +60,7 @@ def propagate_copies(llc: ll.LLStmt, *, local_storage: bool = True) -> ll.LLStmt
     writes: list[set[Tnode]] = []
     merged: set[Tnode] = set()
     for s in items:
-        r, w = _accesses(s, merged)
+        r, w = accesses(s, merged)
         if r is None:
             return llc
         reads.append(r)
@@ -135,7 +135,7 @@ def _copy(stmt: ll.LLStmt) -> tuple[Tnode, Tnode] | None:
     return None
 
 
-def _accesses(stmt: ll.LLStmt, merged: set[Tnode]) -> tuple[set[Tnode] | None, set[Tnode]]:
+def accesses(stmt: ll.LLStmt, merged: set[Tnode]) -> tuple[set[Tnode] | None, set[Tnode]]:
     """The nodes `stmt` reads and writes (None read: it holds staged code), adding those it
     reads through a merge buffer to `merged`."""
     reads: set[Tnode] = set()

@@ -39,7 +39,7 @@ import re
 from einjit.ir import low_level as ll
 from einjit.ir import provenance
 from einjit.ir.indexing import AxisIndex, Iterator, Symbol, index_symbols
-from einjit.ir.sched import nests
+from einjit.ir.sched import copies, nests
 from einjit.ir.sched.causal import may_be_local
 from einjit.ir.tnode import Tnode
 
@@ -231,14 +231,6 @@ def _stmt_reads(s: ll.LLStmt) -> set[Tnode]:
 def _accesses(stmt: ll.LLStmt) -> Accesses | None:
     """The nodes `stmt` reads and writes; None when it holds staged code or reads a merge
     buffer (whose text or transfers may name a node)."""
-    reads: set[Tnode] = set()
-    writes: set[Tnode] = set()
-    for x in ll.deep_parts(stmt):
-        match x:
-            case ll.Get(tn, _):
-                reads.add(tn)
-            case ll.Set(tn=tn) | ll.SetFromVec(tn=tn) | ll.ZeroOut(tn):
-                writes.add(tn)
-            case ll.GetMergeBuffer() | ll.StagedCompilation():
-                return None
-    return reads, writes
+    merged: set[Tnode] = set()
+    reads, writes = copies.accesses(stmt, merged)
+    return None if reads is None or merged else (reads, writes)
