@@ -122,16 +122,24 @@ def _innermost_pair(second_value, into_one_cell=False):
     return ll.seq(a, b), x, z
 
 
+def _fused_into_one_loop(code, x, out, *, seed):
+    """`code` fused into one loop that computes `out` from a random `x` bit for bit as `code`
+    does, under the interpreter and gcc; that `x` and `out`."""
+    fused = fuse_loops(code)
+    assert len(top_loops(fused)) == 1
+    v = np.random.default_rng(seed).standard_normal(x.dims).astype(np.float32)
+    want = interpret.run(code, {x: v.copy()})[out]
+    np.testing.assert_array_equal(interpret.run(fused, {x: v.copy()})[out], want)
+    np.testing.assert_array_equal(run_c(fused, {x: v}, out), run_c(code, {x: v}, out))
+    return v, want
+
+
 def test_innermost_loops_of_plain_arithmetic_fuse_bit_identically():
     """`z = fma(y, x, exp(x) / 3)` after `y = 2 x`: one loop, the values the two loops give."""
     code, x, z = _innermost_pair(lambda x, y, j: ll.Ternop(ops.Ternop.FMA, ll.Get(y, it(j)), ll.Get(x, it(j)), ll.Binop(
         ops.Binop.DIV, ll.Unop(ops.Unop.EXP, ll.Get(x, it(j))), ll.Constant(3.0))))
-    fused = fuse_loops(code)
-    assert len(top_loops(code)) == 2 and len(top_loops(fused)) == 1
-    v = np.random.default_rng(3).standard_normal(x.dims).astype(np.float32)
-    want = interpret.run(code, {x: v.copy()})[z]
-    np.testing.assert_array_equal(interpret.run(fused, {x: v.copy()})[z], want)
-    np.testing.assert_array_equal(run_c(fused, {x: v}, z), run_c(code, {x: v}, z))
+    assert len(top_loops(code)) == 2
+    v, want = _fused_into_one_loop(code, x, z, seed=3)
     np.testing.assert_allclose(want, 2 * v * v + np.exp(v) / 3, rtol=1e-6, atol=1e-6)
 
 
@@ -177,12 +185,8 @@ def _row_scalar_between_row_passes(per_row: bool = True, width: int = ROW_MIN):
 def test_a_loop_over_the_rows_alone_fuses_between_two_passes_over_them():
     """The middle loop becomes one scalar statement per row: one pass, bit-identical."""
     code, x, y = _row_scalar_between_row_passes()
-    fused = fuse_loops(code)
-    assert len(top_loops(code)) == 3 and len(top_loops(fused)) == 1
-    v = np.random.default_rng(4).standard_normal(x.dims).astype(np.float32)
-    want = interpret.run(code, {x: v.copy()})[y]
-    np.testing.assert_array_equal(interpret.run(fused, {x: v.copy()})[y], want)
-    np.testing.assert_array_equal(run_c(fused, {x: v}, y), run_c(code, {x: v}, y))
+    assert len(top_loops(code)) == 3
+    v, want = _fused_into_one_loop(code, x, y, seed=4)
     mean = v.mean(axis=1, keepdims=True)
     np.testing.assert_allclose(want, (v - mean) / np.sqrt(mean * mean + 1), rtol=1e-5, atol=1e-6)
 

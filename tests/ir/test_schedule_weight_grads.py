@@ -38,6 +38,19 @@ def weight_grad(batch, time, rows, cols, prec=ops.single):
     return ll.seq(ll.ZeroOut(w), body), x, dy, w
 
 
+def head_weight_grad(batch, time, heads, rows, cols):
+    """`w[h, r, j] =+ x[b, t, h, r] * dy[b, t, j]` summed over `batch, time`: an attention
+    projection's weight gradient, split by heads (lowering's order h, r, j, b, t)."""
+    x, dy = Tnode("x", (batch, time, heads, rows), ops.single), Tnode("dy", (batch, time, cols), ops.single)
+    w = Tnode("w", (heads, rows, cols), ops.single)
+    b, t, h, r, j = (get_symbol(s) for s in "bthrj")
+    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(x, it(b, t, h, r)), ll.Get(dy, it(b, t, j)), ll.Get(w, it(h, r, j)))
+    body: ll.LLStmt = ll.Set(w, it(h, r, j), fma, "w =+ x * dy")
+    for s, n in reversed([(h, heads), (r, rows), (j, cols), (b, batch), (t, time)]):
+        body = ll.ForLoop(s, 0, n - 1, body)
+    return ll.seq(ll.ZeroOut(w), body), x, dy, w
+
+
 def reference(ins, x, dy):
     xs, dys = (ins[tn].astype(np.float64).reshape(-1, tn.dims[-1]) for tn in (x, dy))
     return xs.T @ dys
@@ -105,14 +118,7 @@ def test_a_weight_gradient_with_a_head_axis_is_chunked_and_exact(machine):
     loop still comes in chunks (AVX2: 0.50-0.57 ms before, 0.43 ms after, for 16 x 64 x 4 x 32
     x 128 on the shared znver3; AVX-512 where the panels would not fit in half its L2, the
     smaller one of `chunking`); bit for bit the unscheduled C."""
-    x, dy, w = Tnode("x", (17, 64, 3, 13), ops.single), Tnode("dy", (17, 64, 40), ops.single), \
-        Tnode("w", (3, 13, 40), ops.single)
-    b, t, h, r, j = (get_symbol(s) for s in "bthrj")
-    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(x, it(b, t, h, r)), ll.Get(dy, it(b, t, j)), ll.Get(w, it(h, r, j)))
-    body: ll.LLStmt = ll.Set(w, it(h, r, j), fma, "w =+ x * dy")
-    for s, n in reversed([(h, 3), (r, 13), (j, 40), (b, 17), (t, 64)]):
-        body = ll.ForLoop(s, 0, n - 1, body)
-    code = ll.seq(ll.ZeroOut(w), body)
+    code, x, dy, w = head_weight_grad(17, 64, 3, 13, 40)
     sched = schedule_llc(code, OFF, Blocking(machine=chunking(machine)))
     assert "-step k chunks" in ll.to_doc(sched) and "apack" not in local_nodes(sched)
     ins = inputs_for(x, dy, seed=3)

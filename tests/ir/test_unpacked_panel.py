@@ -20,7 +20,7 @@ from einjit.ir.sched.machine import MACHINES
 from einjit.ir.sched.schedule import Blocking, schedule_llc
 from einjit.ir.tnode import Tnode
 from test_schedule import OFF, inputs_for, it, local_nodes, run_in_c
-from test_schedule_weight_grads import check_on_threads, weight_grad
+from test_schedule_weight_grads import check_on_threads, head_weight_grad, weight_grad
 
 SMALL_L1 = dataclasses.replace(MACHINES["avx512"], l1_bytes=8 << 10)
 """AVX-512 with an 8 KiB L1: the tests' small nests overflow half of it as the GPT step's
@@ -51,14 +51,7 @@ def test_a_head_axis_reads_its_panels_in_place_and_is_exact():
     """`w[h, r, j] += Σ_bt x[b, t, h, r] · dy[b, t, j]` (the attention projections' weight
     gradients, the head a batch loop outside the panels): no pack, bit for bit the unscheduled
     C at 1 and 2 threads."""
-    x, dy, w = Tnode("x", (5, 40, 3, 13), ops.single), Tnode("dy", (5, 40, 64), ops.single), \
-        Tnode("w", (3, 13, 64), ops.single)
-    b, t, h, r, j = (get_symbol(s) for s in "bthrj")
-    fma = ll.Ternop(ops.Ternop.FMA, ll.Get(x, it(b, t, h, r)), ll.Get(dy, it(b, t, j)), ll.Get(w, it(h, r, j)))
-    body: ll.LLStmt = ll.Set(w, it(h, r, j), fma, "w =+ x * dy")
-    for s, n in reversed([(h, 3), (r, 13), (j, 64), (b, 5), (t, 40)]):
-        body = ll.ForLoop(s, 0, n - 1, body)
-    code = ll.seq(ll.ZeroOut(w), body)
+    code, x, dy, w = head_weight_grad(5, 40, 3, 13, 64)
     sched = schedule_llc(code, OFF, Blocking(min_work=1, parallel_min_work=1, machine=SMALL_L1))
     assert not packs(sched), ll.to_doc(sched)[:600]
     ins = inputs_for(x, dy, seed=5)

@@ -26,11 +26,13 @@
    clipped writers store every cell the later clipped readers reach;
 11. "copies" (`copies.propagate_copies`, CPU) drops nests that only copy one array into
     another, the copy's readers reading the source, or the source's writers writing the copy;
-12. "fuse" (`fusion.fuse_loops`, CPU) fuses the outer loops of consecutive nests over the same
+12. "epilogues" (`epilogues.fold_epilogues`, CPU) computes a pointwise statement that reads a
+    scheduled product's cells, and nothing large besides (a bias), where the product stores them;
+13. "fuse" (`fusion.fuse_loops`, CPU) fuses the outer loops of consecutive nests over the same
     ranges where every dependence between them stays inside one iteration;
-13. "rows" (`row_buffers.row_buffers`, CPU) shrinks a node that one fused nest writes and
+14. "rows" (`row_buffers.row_buffers`, CPU) shrinks a node that one fused nest writes and
     reads within each row's iteration to a local of one row;
-14. "trim" (`trimmed_writes.trim_writes`, CPU) clips, by whole vectors, a loop storing cells
+15. "trim" (`trimmed_writes.trim_writes`, CPU) clips, by whole vectors, a loop storing cells
     that no reader reaches once the causal stage has clipped the readers.
 
 Stages 1-4 are portable: their result is `Optimized.portable_llc`, what GPU backends render.

@@ -326,12 +326,14 @@ def _fuse(a: ll.ForLoop, b: ll.ForLoop) -> ll.ForLoop | None:
     if ((a.from_, a.to_) != (b.from_, b.to_) or _marked(a) or _marked(b) or not _plain(a) or not _plain(b)
             or _lane_loop(a) or _lane_loop(b)):
         return None
-    if _innermost(a) == _innermost(b) and _innermost(a) and not (_pointwise(a) and _pointwise(b)):
+    inner_a, inner_b = _innermost(a), _innermost(b)
+    if inner_a and inner_b and not (_pointwise(a) and _pointwise(b)):
         return None
     acc_a, acc_b = accesses(a.body), accesses(b.body)
-    if _innermost(a) != _innermost(b) and not (_per_iteration(a if _innermost(a) else b) and _share(acc_a, acc_b)
-                                               and _long_rows(b if _innermost(a) else a)):
-        return None
+    if inner_a != inner_b:
+        row_loop, nest = (a, b) if inner_a else (b, a)
+        if not (_per_iteration(row_loop) and _share(acc_a, acc_b) and _long_rows(nest)):
+            return None
     if not _sliced(acc_a, acc_b, a.index, b.index):
         return None
     renamed = _rename(b.body, {b.index: Iterator(a.index)})
