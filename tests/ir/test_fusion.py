@@ -264,8 +264,8 @@ def test_marked_loops_and_different_ranges_stay_apart():
     assert len(top_loops(fuse_loops(ll.seq(a, c)))) == 2
 
 
-def test_the_stage_runs_last_but_rows_and_layer_norm_steps_fuse_in_the_pipeline():
-    assert [s.name for s in STAGES][-3:] == ["fuse", "rows", "trim"]
+def test_the_stage_runs_after_the_loop_stages_and_layer_norm_steps_fuse_in_the_pipeline():
+    assert [s.name for s in STAGES][-4:] == ["fuse", "rows", "trim", "prefetch"]
     code, x, y = row_norm()
     on = optimize_proc(code, name="norm").llc
     code2, x2, y2 = row_norm()

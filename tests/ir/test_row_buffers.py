@@ -173,7 +173,7 @@ def test_layer_norm_gradients_are_the_same_with_and_without_the_stage(threads, m
 
 def test_the_stage_follows_fusion():
     names = [s.name for s in optimize.STAGES]
-    assert names[-3:-1] == ["fuse", "rows"]
+    assert names[names.index("fuse") + 1] == "rows"
 
 
 def test_a_result_only_one_nest_touches_stays():

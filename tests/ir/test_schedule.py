@@ -236,7 +236,7 @@ def test_random_programs_through_the_scheduler(program, opt_settings, reassociat
 def test_stages_are_named_and_dumped(tmp_path, monkeypatch):
     assert [s.name for s in STAGES] == ["tracing", "virtualize", "cleanup", "simplify", "schedule", "bf16",
                                         "extrema", "interchange", "causal", "scope_sums", "first_writes", "copies",
-                                        "epilogues", "fuse", "rows", "trim"]
+                                        "epilogues", "fuse", "rows", "trim", "prefetch"]
     monkeypatch.setenv("EINJIT_DUMP_DIR", str(tmp_path))
     code, *_ = matmul(64, 32, 64, True)
     opt = optimize_proc(code, name="dense")
@@ -245,7 +245,7 @@ def test_stages_are_named_and_dumped(tmp_path, monkeypatch):
     assert names == sorted(f"dense.{s}.ll" for s in ("virtualize", "cleanup", "simplify", "schedule", "bf16",
                                                      "extrema", "interchange", "causal", "scope_sums",
                                                      "first_writes", "copies", "epilogues", "fuse", "rows",
-                                                     "trim"))
+                                                     "trim", "prefetch"))
     assert (tmp_path / "dense.trim.ll").read_text() == ll.to_doc(opt.llc)
     assert "pack" in (tmp_path / "dense.schedule.ll").read_text()
     assert "pack" not in ll.to_doc(opt.portable_llc)

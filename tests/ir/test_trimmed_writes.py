@@ -75,5 +75,5 @@ def test_stores_stay_whole_where_the_reads_need_them(case):
     assert trim_writes(code, local_storage=case != "no_local_storage") == code
 
 
-def test_the_stage_runs_last():
-    assert [s.name for s in STAGES][-1] == "trim"
+def test_the_stage_runs_after_the_loop_stages():
+    assert [s.name for s in STAGES][-2:] == ["trim", "prefetch"]

@@ -95,7 +95,9 @@ class ForLoop:
     its vector loop innermost, where interchange, counting unit strides, would put another).
     None of the three changes what the loop computes. `start` / `stop`: bounds that depend on
     outer loop indices (a triangular loop, `LoopClip`); `from_` / `to_` stay the loop's widest
-    range, which is what passes that only need the extent read."""
+    range, which is what passes that only need the extent read. `prefetch`: cells whose cache
+    lines are requested at the top of every iteration (`Prefetch`, a hint that reads nothing);
+    a pass that rebuilds the loop may drop them."""
 
     index: Symbol
     from_: int
@@ -107,6 +109,19 @@ class ForLoop:
     keep_order: bool = False
     start: "LoopClip | None" = None
     stop: "LoopClip | None" = None
+    prefetch: "tuple[Prefetch, ...]" = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Prefetch:
+    """A request for the cache line `ahead` elements past `tn[idcs]` (row-major), ahead of its
+    read. A hint: it reads nothing and changes no value, and backends without prefetch leave it
+    out. The address may lie past the array's end (the next block after the last one): a
+    prefetch never faults, and renderers compute the address as an integer."""
+
+    tn: Tnode
+    idcs: tuple[AxisIndex, ...]
+    ahead: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,9 +492,10 @@ def stmt_to_doc(stmt: LLStmt, cstyle: bool = False, indent: str = "") -> str:
                 out.append(f"{indent}/* {msg} */\n")
             case StagedCompilation(render):
                 out.append(f"{indent}{render()}\n")
-            case ForLoop(index, from_, to_, body, trace_it, unroll, parallel, keep_order, start, stop):
+            case ForLoop(index, from_, to_, body, trace_it, unroll, parallel, keep_order, start, stop, prefetch):
                 clips = "".join(f" ({what} {clip.scale}*{index!r} {rel} {clip.bound!r})"
                                 for what, rel, clip in (("start", ">=", start), ("stop", "<", stop)) if clip)
+                clips += "".join(f" (prefetch {p.tn.name}[{_idx(p.idcs)}] + {p.ahead})" for p in prefetch)
                 note = ("" if trace_it else " (untraced)") + (" (unrolled)" if unroll else "") + \
                     (" (parallel)" if parallel else "") + (" (order kept)" if keep_order else "") + clips
                 head = (f"for (int {index!r} = {from_}; {index!r} <= {to_}; ++{index!r}) {{"

@@ -33,7 +33,9 @@
 14. "rows" (`row_buffers.row_buffers`, CPU) shrinks a node that one fused nest writes and
     reads within each row's iteration to a local of one row;
 15. "trim" (`trimmed_writes.trim_writes`, CPU) clips, by whole vectors, a loop storing cells
-    that no reader reaches once the causal stage has clipped the readers.
+    that no reader reaches once the causal stage has clipped the readers;
+16. "prefetch" (`prefetch.prefetch_kernels`, CPU) asks, in a register-blocked kernel's summed
+    loop, for the lines of its strided operands a few iterations ahead.
 
 Stages 1-4 are portable: their result is `Optimized.portable_llc`, what GPU backends render.
 `EINJIT_DUMP_DIR=dir` writes each stage's result as
@@ -71,6 +73,7 @@ from einjit.ir.sched.extrema import split_extrema
 from einjit.ir.sched.first_writes import first_writes
 from einjit.ir.sched.fusion import fuse_loops
 from einjit.ir.sched.interchange import interchange_loops
+from einjit.ir.sched.prefetch import prefetch_kernels
 from einjit.ir.sched.row_buffers import row_buffers
 from einjit.ir.sched.schedule import schedule_llc
 from einjit.ir.sched.scope_sums import split_scope_sums
@@ -161,6 +164,7 @@ STAGES: tuple[Stage, ...] = (
           lambda s: s.fuse, portable=False),
     Stage("trim", lambda run, code: trim_writes(code, local_storage=run.settings.local_storage),
           lambda s: s.schedule, portable=False),
+    Stage("prefetch", lambda run, code: prefetch_kernels(code), lambda s: s.schedule, portable=False),
 )
 
 

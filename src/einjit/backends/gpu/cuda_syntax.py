@@ -51,6 +51,7 @@ CUDA_SYNTAX = CSyntax(
     bf16_dot=False,
     own_math=False,
     vector_transpose=False,
+    prefetch=False,
 )
 
 _PRELUDE = """\
