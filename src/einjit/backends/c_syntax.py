@@ -515,7 +515,8 @@ class _Writer:
         (past the array's end it would be undefined as a pointer; clamping it into the array
         cost the kernels 18 instructions an iteration)."""
         cell = self.cell(p.tn, p.idcs, "read")
-        return f"__builtin_prefetch((const void *)((__UINTPTR_TYPE__)&{cell} + {p.ahead * p.tn.prec.itemsize}));"
+        address = f"(const void *)((__UINTPTR_TYPE__)&{cell} + {p.ahead * p.tn.prec.itemsize})"
+        return f"__builtin_prefetch({address}, 1);" if p.write else f"__builtin_prefetch({address});"
 
     # -- vector statements (`c_vectors`)
 

@@ -122,6 +122,8 @@ class Prefetch:
     tn: Tnode
     idcs: tuple[AxisIndex, ...]
     ahead: int
+    write: bool = False
+    """With intent to write: the line comes exclusive, so a store to it does not wait again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -495,7 +497,8 @@ def stmt_to_doc(stmt: LLStmt, cstyle: bool = False, indent: str = "") -> str:
             case ForLoop(index, from_, to_, body, trace_it, unroll, parallel, keep_order, start, stop, prefetch):
                 clips = "".join(f" ({what} {clip.scale}*{index!r} {rel} {clip.bound!r})"
                                 for what, rel, clip in (("start", ">=", start), ("stop", "<", stop)) if clip)
-                clips += "".join(f" (prefetch {p.tn.name}[{_idx(p.idcs)}] + {p.ahead})" for p in prefetch)
+                clips += "".join(f" (prefetch{' for write' if p.write else ''} {p.tn.name}[{_idx(p.idcs)}] + {p.ahead})"
+                                 for p in prefetch)
                 note = ("" if trace_it else " (untraced)") + (" (unrolled)" if unroll else "") + \
                     (" (parallel)" if parallel else "") + (" (order kept)" if keep_order else "") + clips
                 head = (f"for (int {index!r} = {from_}; {index!r} <= {to_}; ++{index!r}) {{"
