@@ -3,7 +3,7 @@ place, requests the lines its next block reads at the same row, one per line, an
 tile loop the lines its next tile stores, for writing; the requests change no value (the
 unscheduled C's bits at 1 and 2 threads, the interpreter's), reach past the array's end at the
 last block without harm, and are left out by a syntax without them. Reads the hardware follows
-(a row operand stepping one cell, a packed panel) and short sweeps get none."""
+(a row operand stepping one cell, a packed panel) and the reads of short sweeps get none."""
 
 from __future__ import annotations
 
@@ -122,13 +122,14 @@ def test_a_forward_product_asks_only_for_its_stores():
         check_exact(code, with_requests, ins, c, threads=threads, name="stores_prefetched")
 
 
-def test_a_short_sweep_gets_no_requests():
+def test_a_short_sweep_asks_only_for_its_stores():
     """Summing 64 rows (attention's keys, a head's features): the operands stay in the L1 or
-    L2, and the requests would only add instructions."""
-    code, *_ = weight_grad(2, 32, 64, 128)
-    sched = in_place(code)
-    assert ll.to_doc(prefetch_kernels(sched)) == ll.to_doc(sched)
-    product, *_ = matmul(64, 64, 96, transposed=True)
+    L2, and read requests would only add instructions; the tiles still ask for their stores.
+    Summing 8, nothing is asked at all."""
+    code, x, dy, w = weight_grad(2, 32, 64, 128)
+    got = requests(prefetch_kernels(in_place(code)))
+    assert got and all(p.write and p.tn is w for _, p in got)
+    product, *_ = matmul(64, 8, 96, transposed=True)
     sched = schedule_llc(product, OFF, Blocking(min_work=1))
     assert ll.to_doc(prefetch_kernels(sched)) == ll.to_doc(sched)
 

@@ -246,7 +246,7 @@ def test_stages_are_named_and_dumped(tmp_path, monkeypatch):
                                                      "extrema", "interchange", "causal", "scope_sums",
                                                      "first_writes", "copies", "epilogues", "fuse", "rows",
                                                      "trim", "prefetch"))
-    assert (tmp_path / "dense.trim.ll").read_text() == ll.to_doc(opt.llc)
+    assert (tmp_path / "dense.prefetch.ll").read_text() == ll.to_doc(opt.llc)
     assert "pack" in (tmp_path / "dense.schedule.ll").read_text()
     assert "pack" not in ll.to_doc(opt.portable_llc)
 
