@@ -76,15 +76,21 @@ def prefetch_kernels(llc: ll.LLStmt) -> ll.LLStmt:
 
 
 def _visit(stmt: ll.LLStmt, around: tuple[ll.ForLoop, ...]) -> ll.LLStmt:
+    """`stmt` with its requests; the same object where it gets none (later passes cache by
+    identity)."""
     match stmt:
         case ll.Seq(a, b):
-            return ll.Seq(_visit(a, around), _visit(b, around))
+            first, second = _visit(a, around), _visit(b, around)
+            return stmt if first is a and second is b else ll.Seq(first, second)
         case ll.ForLoop(body=body) if not stmt.unroll:
             inside = _sweep(stmt)
             if inside is not None:
-                return dataclasses.replace(stmt, prefetch=_read_requests(stmt, inside, around))
-            loop = dataclasses.replace(stmt, body=_visit(body, (*around, stmt)))
-            return dataclasses.replace(loop, prefetch=_store_requests(loop, around))
+                requests = _read_requests(stmt, inside, around)
+                return dataclasses.replace(stmt, prefetch=requests) if requests else stmt
+            inner = _visit(body, (*around, stmt))
+            loop = stmt if inner is body else dataclasses.replace(stmt, body=inner)
+            requests = _store_requests(loop, around)
+            return dataclasses.replace(loop, prefetch=requests) if requests else loop
         case _:
             return stmt
 
