@@ -115,7 +115,7 @@ class ForLoop:
 @dataclass(frozen=True, slots=True)
 class Prefetch:
     """A request for the cache line `ahead` elements past `tn[idcs]` (row-major), ahead of its
-    read. A hint: it reads nothing and changes no value, and backends without prefetch leave it
+    use. A hint: it reads nothing and changes no value, and backends without prefetch leave it
     out. The address may lie past the array's end (the next block after the last one): a
     prefetch never faults, and renderers compute the address as an integer."""
 

@@ -34,8 +34,9 @@
     reads within each row's iteration to a local of one row;
 15. "trim" (`trimmed_writes.trim_writes`, CPU) clips, by whole vectors, a loop storing cells
     that no reader reaches once the causal stage has clipped the readers;
-16. "prefetch" (`prefetch.prefetch_kernels`, CPU) asks, in a register-blocked kernel's summed
-    loop, for the lines of its strided operands a few iterations ahead.
+16. "prefetch" (`prefetch.prefetch_kernels`, CPU) asks, in a register-blocked kernel's sweep,
+    for the lines its next block will read of the strided operands, and in its tile loop for
+    the lines the next tile will store.
 
 Stages 1-4 are portable: their result is `Optimized.portable_llc`, what GPU backends render.
 `EINJIT_DUMP_DIR=dir` writes each stage's result as
