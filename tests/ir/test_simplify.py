@@ -89,8 +89,19 @@ def test_identity_rules(expr):
     assert simp(expr) == X
 
 
-def test_zero_minus_x_is_negation():
-    assert simp(ll.Binop(B.SUB, C(0.0), X)) == ll.Unop(U.NEG, X)
+def test_negative_zero_minus_x_is_negation():
+    assert simp(ll.Binop(B.SUB, C(-0.0), X)) == ll.Unop(U.NEG, X)
+    assert simp(ll.Binop(B.SUB, C(0.0), X), ops.int32) == ll.Unop(U.NEG, X)
+
+
+def test_positive_zero_minus_x_keeps_the_sign_of_a_zero_difference():
+    """`0.0 - 0.0` is `0.0` and `-(0.0)` is `-0.0`: as a divisor, `+inf` against `-inf` (a random
+    program found `1 / (0 - x)` turned to `-inf`). Nor is `x - (-0.0)` `x` (`-0.0 + 0.0` is
+    `0.0`)."""
+    for expr in (ll.Binop(B.SUB, C(0.0), X), ll.Binop(B.SUB, X, C(-0.0))):
+        assert simp(expr) == expr
+    quotient = ll.Binop(B.DIV, C(1.0), ll.Binop(B.SUB, C(0.0), X))
+    assert value_of(simp(quotient), arrays={A: [0.0] * 4}) == math.inf == value_of(quotient, arrays={A: [0.0] * 4})
 
 
 def test_times_zero_is_kept_in_floating_point_because_of_nan_and_inf():

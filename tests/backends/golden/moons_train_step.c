@@ -100,7 +100,7 @@ void moons_train_step(const float *restrict moons_flat, const float *restrict mo
       const float t11_ = moons_classes[batch0 * 10 + i30];
       const float t12_ = margin_loss[i30];
       const float t13_ = scalar_loss_grad[0];
-      mlp_grad[i30] = (t11_ * (-(t12_ > 0 ? (t13_ / 10.0f) : 0))); /* mlp_grad =: moons_class * grad_6 */
+      mlp_grad[i30] = (t11_ * (0.0f - (t12_ > 0 ? (t13_ / 10.0f) : 0))); /* mlp_grad =: moons_class * grad_6 */
     }
   }
   for (int i31 = 0; i31 < 10; ++i31) {

@@ -44,7 +44,7 @@ for i26 = 0 to 0 {
   scalar_loss_grad[i26] := 1.0;
 }
 for i30 = 0 to 9 {
-  mlp_grad[i30, 0] := (moons_classes[batch0, i30, 0] * neg((margin_loss[i30, 0] -?/ (scalar_loss_grad[0] / 10.0))));
+  mlp_grad[i30, 0] := (moons_classes[batch0, i30, 0] * (0.0 - (margin_loss[i30, 0] -?/ (scalar_loss_grad[0] / 10.0))));
 }
 for i31 = 0 to 9 {
   b3_grad[0] := (b3_grad[0] + mlp_grad[i31, 0]);

@@ -131,6 +131,19 @@ def _is_positive_zero(sc: ll.LLScalar) -> bool:
     return _is_const(sc, 0.0) and math.copysign(1.0, sc.value) > 0
 
 
+def _is_zero(sc: ll.LLScalar, *, negative: bool, cx: "_Ctx") -> bool:
+    """Whether `sc` is the zero a difference may drop: for floats only the signed one
+    (`x - 0.0` is `x` and `-0.0 - x` is `-x` for every `x`, but `x - -0.0` turns a `-0.0`
+    into `0.0`, and `0.0 - 0.0` is `0.0` where `-(0.0)` is `-0.0`: a random program's
+    `1 / (0 - x)` came out `-inf` for `x = 0`); for integers either. Sums keep dropping any
+    zero (`0 + x` is `x`): a sum that starts from zero takes its first term's sign, as a
+    gradient PyTorch assigns rather than adds, and keeping the `0.0 +` of every zero-filled
+    accumulator changed the code of whole models."""
+    if not _is_const(sc, 0.0):
+        return False
+    return not cx.prec.is_float or (math.copysign(1.0, sc.value) < 0) == negative
+
+
 def _finite_constant(value) -> ll.Constant | None:
     v = float(value)
     return ll.Constant(v) if math.isfinite(v) else None
@@ -182,9 +195,9 @@ def _binop(op: ops.Binop, a: ll.LLScalar, b: ll.LLScalar, cx: _Ctx) -> ll.LLScal
             return a
         case ops.Binop.ADD if _is_const(a, 0.0):
             return b
-        case ops.Binop.SUB if _is_const(b, 0.0):
+        case ops.Binop.SUB if _is_zero(b, negative=False, cx=cx):
             return a
-        case ops.Binop.SUB if _is_const(a, 0.0):
+        case ops.Binop.SUB if _is_zero(a, negative=True, cx=cx):
             return _unop(ops.Unop.NEG, b, cx)
         case ops.Binop.MUL if _is_const(b, 1.0):
             return a
