@@ -20,7 +20,8 @@ from typing import Callable
 from typing import Iterator as PyIterator
 
 from einjit.ir import naming, ops
-from einjit.ir.indexing import AxisIndex, Symbol, gather_indices
+from einjit.ir.indexing import Affine, AxisIndex, FixedIdx, Symbol, gather_indices
+from einjit.ir.indexing import Iterator as IndexIterator
 from einjit.ir.tnode import Tnode
 
 RECURSION_LIMIT = 20_000
@@ -430,6 +431,24 @@ def _nodes_of(stmt: LLStmt) -> tuple[Tnode, ...]:
             case LocalScope(id=sid):
                 seen.setdefault(sid.tn.id, sid.tn)
     return tuple(seen.values())
+
+
+def flat_coefficients(tn: Tnode, idcs: tuple[AxisIndex, ...]) -> dict[Symbol, int] | None:
+    """The row-major offset of the cell `tn[idcs]` as a coefficient per loop symbol (fixed
+    indices add a constant, left out); None when an index is read at run time or a sub-axis."""
+    coeffs: dict[Symbol, int] = {}
+    for stride, idx in zip(row_major_strides(tn.dims), idcs, strict=True):
+        match idx:
+            case FixedIdx():
+                pass
+            case IndexIterator(s):
+                coeffs[s] = coeffs.get(s, 0) + stride
+            case Affine(terms):
+                for c, s in terms:
+                    coeffs[s] = coeffs.get(s, 0) + c * stride
+            case _:
+                return None
+    return coeffs
 
 
 def row_major_strides(dims: tuple[int, ...]) -> list[int]:

@@ -42,7 +42,7 @@ import math
 
 from einjit.ir import low_level as ll
 from einjit.ir import provenance
-from einjit.ir.indexing import Affine, FixedIdx, Iterator, Symbol, subst_index
+from einjit.ir.indexing import FixedIdx, Symbol, subst_index
 from einjit.ir.tnode import Tnode
 
 __all__ = ["LINE_BYTES", "prefetch_kernels"]
@@ -146,35 +146,36 @@ def _store_requests(tile: ll.ForLoop, around: tuple[ll.ForLoop, ...]) -> tuple[l
     the next tile stores, asked for with intent to write: the store is the first touch of its
     lines this step, and a cold line waits for its read before the write."""
     items = [s for s in ll.flatten(tile.body) if not isinstance(s, ll.Comment)]
-    sweeps = [s for s in items if isinstance(s, ll.ForLoop) and _swept(s)]
-    if len(sweeps) != 1 or len(items) < 2:
+    chains = [chain for s in items if isinstance(s, ll.ForLoop) and (chain := _sweep_chain(s))]
+    if len(chains) != 1 or len(items) < 2 or _iterations(*chains[0]) < MIN_STORE_SWEEP:
         return ()
-    chain: list[ll.ForLoop] = [sweeps[0]]
-    while _only_loop(chain[-1]):
-        chain.append(next(s for s in ll.flatten(chain[-1].body) if isinstance(s, ll.ForLoop)))
-    if _iterations(*chain) < MIN_STORE_SWEEP:
-        return ()
-    inside = {s.index: range(s.from_, s.to_ + 1) for item in items if item is not sweeps[0]
+    sweep = chains[0][0]
+    inside = {s.index: range(s.from_, s.to_ + 1) for item in items if item is not sweep
               for s in ll.iter_stmts(item) if isinstance(s, ll.ForLoop)}
     moving = [tile.index, *(b.index for b in reversed(around))]
     requests: list[ll.Prefetch] = []
     seen: set[tuple[Tnode, tuple]] = set()
     for item in items:
-        if item is sweeps[0]:
+        if item is sweep:
             continue
         for x in ll.iter_stmts(item):
             if (isinstance(x, ll.Set) and x.tn.provenance != provenance.REGISTER_BLOCK
                     and (x.tn, x.idcs) not in seen and _reads_block(x)):
                 seen.add((x.tn, x.idcs))
-                requests += _lines(x.tn, x.idcs, inside, moving, write=True, most=MAX_STORE_LINES)
+                coeffs = ll.flat_coefficients(x.tn, x.idcs)
+                offsets = None if coeffs is None else _offsets(coeffs, inside)
+                if coeffs is not None and offsets is not None:
+                    requests += _lines(x.tn, x.idcs, coeffs, offsets, moving, write=True, most=MAX_STORE_LINES)
     return tuple(requests)
 
 
-def _swept(loop: ll.ForLoop) -> bool:
-    """Whether `loop` is a kernel's sweep or the first of the loops summing with it."""
-    while _only_loop(loop):
-        loop = next(s for s in ll.flatten(loop.body) if isinstance(s, ll.ForLoop))
-    return not loop.unroll and _sweep(loop) is not None
+def _sweep_chain(loop: ll.ForLoop) -> list[ll.ForLoop]:
+    """`loop` and the loops it holds alone down to a kernel's sweep (the rows split into batch
+    and time, then the sweep), if they end in one; empty otherwise."""
+    chain = [loop]
+    while _only_loop(chain[-1]):
+        chain.append(next(s for s in ll.flatten(chain[-1].body) if isinstance(s, ll.ForLoop)))
+    return chain if not chain[-1].unroll and _sweep(chain[-1]) is not None else []
 
 
 def _reads_block(st: ll.Set) -> bool:
@@ -196,27 +197,24 @@ def _next_block(get: ll.Get, k: Symbol, inside: dict[Symbol, range], block_loops
     """The lines `get` will read at this row in the next iteration of its block loop, if the
     sweep `k` steps it by a line or more and its cells in one iteration (over the loops
     `inside` it: the block's rows, vectors and lanes) are not the whole step (a dense stream)."""
-    coeffs = _flat_coefficients(get.tn, get.idcs)
+    coeffs = ll.flat_coefficients(get.tn, get.idcs)
     if coeffs is None or abs(coeffs.get(k, 0)) * get.tn.prec.itemsize < LINE_BYTES:
         return []
     offsets = _offsets(coeffs, inside)
     if offsets is None or max(offsets) - min(offsets) + 1 >= abs(coeffs[k]):
         return []
-    return _lines(get.tn, get.idcs, inside, block_loops, write=False, most=MAX_LINES)
+    return _lines(get.tn, get.idcs, coeffs, offsets, block_loops, write=False, most=MAX_LINES)
 
 
-def _lines(tn: Tnode, idcs: tuple, inside: dict[Symbol, range], moving: list[Symbol], *, write: bool,
-           most: int) -> list[ll.Prefetch]:
-    """One request per cache line the access `tn[idcs]` touches over the loops `inside`, one
-    iteration of the first loop of `moving` that moves it on (at least a line on: a block
-    narrower than a line asks for the line after its own); none past `most` lines."""
-    coeffs = _flat_coefficients(tn, idcs)
-    if coeffs is None:
-        return []
+def _lines(tn: Tnode, idcs: tuple, coeffs: dict[Symbol, int], offsets: dict[int, dict[Symbol, int]],
+           moving: list[Symbol], *, write: bool, most: int) -> list[ll.Prefetch]:
+    """One request per cache line the access `tn[idcs]` (its offset's `coeffs`) touches at the
+    `offsets` of the loops inside, one iteration of the first loop of `moving` that moves it on
+    (at least a line on: a block narrower than a line asks for the line after its own); none
+    past `most` lines."""
     size = tn.prec.itemsize
     step = next((coeffs[b] for b in moving if coeffs.get(b, 0) > 0), None)
-    offsets = _offsets(coeffs, inside)
-    if step is None or offsets is None:
+    if step is None:
         return []
     ahead = step * -(-LINE_BYTES // (step * size))
     line = LINE_BYTES // size
@@ -241,21 +239,3 @@ def _offsets(coeffs: dict[Symbol, int], inside: dict[Symbol, range]) -> dict[int
         at = dict(zip(symbols, values, strict=True))
         offsets.setdefault(sum(coeffs[s] * v for s, v in at.items()), at)
     return offsets
-
-
-def _flat_coefficients(tn: Tnode, idcs: tuple) -> dict[Symbol, int] | None:
-    """The row-major offset of `tn[idcs]` as coefficients of its loop symbols; None for an
-    index read at run time or a sub-axis."""
-    coeffs: dict[Symbol, int] = {}
-    for stride, idx in zip(ll.row_major_strides(tn.dims), idcs, strict=True):
-        match idx:
-            case FixedIdx():
-                pass
-            case Iterator(s):
-                coeffs[s] = coeffs.get(s, 0) + stride
-            case Affine(terms):
-                for c, s in terms:
-                    coeffs[s] = coeffs.get(s, 0) + c * stride
-            case _:
-                return None
-    return coeffs

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from einjit.ir import low_level as ll
 from einjit.ir import ops
-from einjit.ir.indexing import Affine, Iterator, Symbol
+from einjit.ir.indexing import Symbol
 from einjit.ir.sched.cost_model import Machine
 
 __all__ = ["MAX_ROW_BYTES", "reads_in_place", "step_bytes"]
@@ -31,15 +31,10 @@ apart: in 2 of them)."""
 
 
 def step_bytes(get: ll.Get, s: Symbol) -> int:
-    """How many bytes one step of the loop `s` moves the read `get` by."""
-    elements = 0
-    for stride, idx in zip(ll.row_major_strides(get.tn.dims), get.idcs, strict=True):
-        match idx:
-            case Iterator(sym) if sym == s:
-                elements += stride
-            case Affine(terms):
-                elements += stride * sum(c for c, sym in terms if sym == s)
-    return abs(elements) * get.tn.prec.itemsize
+    """How many bytes one step of the loop `s` moves the read `get` by; 0 for a read indexed at
+    run time (never read in place)."""
+    coeffs = ll.flat_coefficients(get.tn, get.idcs) or {}
+    return abs(coeffs.get(s, 0)) * get.tn.prec.itemsize
 
 
 def reads_in_place(b_op: ll.LLScalar, k: Symbol, prec: ops.Prec, panel_bytes: int, machine: Machine) -> bool:
